@@ -1,0 +1,35 @@
+# The two entry points of the README. Both set the project up in .venv on first use:
+#   make bench   set-up, then `attn-ext bench --quick` (the main job)
+#   make test    set-up, then the test suite
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# The CPU wheel of torch: a bare `torch` requirement would pull a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.attn_ext-installed
+SOURCES := setup.py pyproject.toml $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null)
+
+.PHONY: setup test bench cuda-check clean
+
+setup: $(STAMP)
+
+$(STAMP): $(SOURCES)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet "$(TORCH_SPEC)"
+	$(PIP) install --quiet setuptools wheel ninja pybind11 "triton>=3.0"
+	# --no-build-isolation: compile against the torch installed above, not a fresh download.
+	$(PIP) install --quiet --no-build-isolation -e ".[dev,triton]"
+	touch $@
+
+test: setup
+	$(PY) -m pytest python_tests -q
+
+bench: setup
+	$(VENV)/bin/attn-ext bench --quick
+
+cuda-check:
+	bash .ci/cuda_compile_check.sh
+
+clean:
+	rm -rf build $(VENV) *.egg-info attn_ext/*.so

@@ -1,0 +1,14 @@
+"""attn_ext: fused, exact, memory-efficient attention kernels for Neural Processes.
+
+>>> import torch, attn_ext as ae
+>>> out = ae.cross_attention(torch.randn(1, 2, 8, 16), torch.randn(1, 2, 100, 16), torch.randn(1, 2, 100, 16))
+>>> out.shape
+torch.Size([1, 2, 8, 16])
+"""
+from attn_ext import ops  # noqa: F401  (registers the custom ops, fake kernels and autograd)
+from attn_ext.backends import BACKENDS, available_backends
+from attn_ext.cross_attention import DEFAULT_CHUNK_SIZE, cross_attention
+
+__version__ = "0.1.0"
+
+__all__ = ["BACKENDS", "DEFAULT_CHUNK_SIZE", "available_backends", "cross_attention", "__version__"]

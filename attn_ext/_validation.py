@@ -1,0 +1,59 @@
+"""Argument checks of the public API: clear errors naming the shapes, nothing broadcast silently."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_cross_attention_args(
+    q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], scale: Optional[float], chunk_size: Optional[int]
+) -> None:
+    """Raises TypeError/ValueError/RuntimeError for inputs that do not follow SPEC §0."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"attn_ext: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            "attn_ext: q, k, v must be 4-D [B, H, M, D], [B, H, N, D], [B, H, N, Dv]; "
+            f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    if not (q.shape[0] == k.shape[0] == v.shape[0] and q.shape[1] == k.shape[1] == v.shape[1]):
+        raise ValueError(
+            f"attn_ext: batch and head sizes of q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must match"
+        )
+    if q.shape[3] != k.shape[3]:
+        raise ValueError(f"attn_ext: q {tuple(q.shape)} and k {tuple(k.shape)} must have the same head dim D")
+    if q.shape[3] == 0:
+        raise ValueError(f"attn_ext: head dim D must be positive, got q {tuple(q.shape)}")
+    if k.shape[2] != v.shape[2]:
+        raise ValueError(f"attn_ext: k {tuple(k.shape)} and v {tuple(v.shape)} must have the same number of keys N")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"attn_ext: q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(f"attn_ext: dtype {q.dtype} is not supported; use float16, bfloat16, float32 or float64")
+    if not (q.device == k.device == v.device):
+        raise RuntimeError(f"attn_ext: q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, Tensor):
+            raise TypeError(f"attn_ext: key_padding_mask must be a bool tensor, got {type(key_padding_mask).__name__}")
+        if key_padding_mask.dtype != torch.bool:
+            raise TypeError(
+                f"attn_ext: key_padding_mask must be bool (True = padding, ignored), got {key_padding_mask.dtype}"
+            )
+        expected = (k.shape[0], k.shape[2])
+        if tuple(key_padding_mask.shape) != expected:
+            raise ValueError(
+                f"attn_ext: key_padding_mask must be [B, N] = {list(expected)} for k {tuple(k.shape)}, "
+                f"got {list(key_padding_mask.shape)}"
+            )
+        if key_padding_mask.device != k.device:
+            raise RuntimeError(f"attn_ext: key_padding_mask is on {key_padding_mask.device} but k is on {k.device}")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0):
+        raise ValueError(f"attn_ext: chunk_size must be a positive int, got {chunk_size!r}")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        raise ValueError(f"attn_ext: scale must be a finite float, got {scale!r}")

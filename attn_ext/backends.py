@@ -1,0 +1,67 @@
+"""Which kernel runs a call: chosen by device and availability, overridable by the caller.
+
+Order of precedence: the ``backend=`` argument, then the ``ATTN_EXT_BACKEND`` environment variable,
+then the automatic choice (CPU: ``cpp``; CUDA: ``triton``; anywhere: ``reference`` as last resort).
+A backend that was asked for but cannot run raises, listing why each backend was rejected.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, Optional
+
+import torch
+from torch import Tensor
+
+from attn_ext._extension import extension_error
+
+BACKENDS = ("cpp", "triton", "reference")
+_AUTOMATIC_ORDER = {"cpu": ("cpp", "reference"), "cuda": ("triton", "reference")}
+ENVIRONMENT_VARIABLE = "ATTN_EXT_BACKEND"
+
+
+def _cpp_rejection(q: Tensor) -> Optional[str]:
+    error = extension_error()
+    if error is not None:
+        return error
+    if q.device.type != "cpu":
+        return f"the compiled kernels of this build run on CPU tensors only, got {q.device}"
+    return None
+
+
+def _triton_rejection(q: Tensor) -> Optional[str]:
+    from attn_ext.triton import triton_unavailable_reason
+
+    reason = triton_unavailable_reason(q.device)
+    if reason is not None:
+        return reason
+    if q.dtype == torch.float64:
+        return "Triton kernels take float16, bfloat16 or float32, not float64"
+    return None
+
+
+def rejection_reasons(q: Tensor) -> Dict[str, Optional[str]]:
+    """For each backend, None if it can run attention on inputs like ``q``, else the reason it cannot."""
+    return {"cpp": _cpp_rejection(q), "triton": _triton_rejection(q), "reference": None}
+
+
+def available_backends(q: Tensor) -> Dict[str, Optional[str]]:
+    """Public form of :func:`rejection_reasons`: ``{name: None or reason}`` for inputs like ``q``."""
+    return rejection_reasons(q)
+
+
+def select_backend(requested: Optional[str], q: Tensor) -> str:
+    """The backend to run ``q``'s call on; raises RuntimeError if a requested one cannot run it."""
+    if requested is None or requested == "auto":
+        requested = os.environ.get(ENVIRONMENT_VARIABLE) or "auto"
+    if requested != "auto" and requested not in BACKENDS:
+        raise ValueError(f"attn_ext: unknown backend {requested!r}; choose one of {', '.join(BACKENDS)} or 'auto'")
+    reasons = rejection_reasons(q)
+    if requested != "auto":
+        if reasons[requested] is None:
+            return requested
+        listing = "; ".join(f"{name}: {reason or 'available'}" for name, reason in reasons.items())
+        raise RuntimeError(f"attn_ext: backend {requested!r} cannot run on {q.device} {q.dtype} inputs ({listing})")
+    for name in _AUTOMATIC_ORDER.get(q.device.type, ("reference",)):
+        if reasons[name] is None:
+            return name
+    return "reference"

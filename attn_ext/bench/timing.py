@@ -1,0 +1,87 @@
+"""Wall-clock timing of zero-argument callables: warm-up, then the median of repeats."""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Result of :func:`time_interleaved` for one function.
+
+    Attributes
+    ----------
+    median_ms : float
+        Median of ``samples_ms``.
+    samples_ms : tuple of float
+        One wall-clock time per repeat, in milliseconds, in the order measured.
+    """
+
+    median_ms: float
+    samples_ms: tuple[float, ...]
+
+
+def time_interleaved(
+    fns: Mapping[str, Callable[[], object]], repeats: int = 5, warmup: int = 1
+) -> dict[str, Timing | Exception]:
+    """Time several callables with their repeats interleaved.
+
+    On a shared machine the background load drifts over seconds; timing A's
+    repeats and then B's would charge that drift to the A/B ratio. Here every
+    round calls each function once, rotating the order from round to round so
+    none is always first after a pause.
+
+    Parameters
+    ----------
+    fns : mapping of str to callable
+        Zero-argument callables, by name.
+    repeats : int
+        Timed calls per function (>= 1); the median is reported because one
+        scheduler hiccup on a 2-core machine would otherwise skew a mean.
+    warmup : int
+        Untimed rounds first, so one-off costs (thread-pool start-up,
+        first-touch page faults, lazy kernel selection) are not timed.
+
+    Returns
+    -------
+    dict
+        Name -> :class:`Timing`, or the exception the function raised; a failing
+        function is dropped from later rounds and does not stop the others.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    names = list(fns)
+    failed: dict[str, Exception] = {}
+    samples: dict[str, list[float]] = {name: [] for name in names}
+
+    def call(name: str, timed: bool) -> None:
+        # A collection triggered inside the timed region would be charged to fns[name].
+        gc.collect()
+        try:
+            start = time.perf_counter()
+            result = fns[name]()
+            elapsed = (time.perf_counter() - start) * 1e3
+        except Exception as exc:  # noqa: BLE001 - reported to the caller per function
+            failed[name] = exc
+            return
+        del result  # so the next call does not run while this output is still alive
+        if timed:
+            samples[name].append(elapsed)
+
+    for _ in range(warmup):
+        for name in names:
+            if name not in failed:
+                call(name, timed=False)
+    for r in range(repeats):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            if name not in failed:
+                call(name, timed=True)
+    return {
+        name: failed[name] if name in failed
+        else Timing(median_ms=statistics.median(samples[name]), samples_ms=tuple(samples[name]))
+        for name in names
+    }

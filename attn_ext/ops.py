@@ -1,0 +1,119 @@
+"""torch.library registrations: the Python-implemented ops, fake kernels and autograd formulas.
+
+Every backend exposes a forward op ``(q, k, v, key_padding_mask, scale, chunk_size) -> (out, lse)``
+and a backward op with the gradients of ``out`` and ``lse`` prepended and ``out, lse`` appended:
+
+* ``attn_ext::cross_attention_fwd`` / ``_bwd``: compiled kernels (csrc/, registered in C++);
+* ``attn_ext::cross_attention_fwd_reference`` / ``_bwd_reference``: attn_ext/reference.py;
+* ``attn_ext::cross_attention_fwd_triton`` / ``_bwd_triton``: attn_ext/triton/.
+
+All forward ops share one autograd formula (SPEC §1): the backward op of the same backend is called
+with the saved inputs and the final ``(out, lse)``, so no [M, N] matrix is kept between the passes.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from attn_ext import reference
+from attn_ext._extension import extension_error
+
+_FwdResult = Tuple[Tensor, Tensor]
+_BwdResult = Tuple[Tensor, Tensor, Tensor]
+
+
+@torch.library.custom_op("attn_ext::cross_attention_fwd_reference", mutates_args=())
+def _cross_attention_fwd_reference(
+    q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], scale: float, chunk_size: int
+) -> _FwdResult:
+    return reference.cross_attention_forward(q, k, v, key_padding_mask, scale, chunk_size)
+
+
+@torch.library.custom_op("attn_ext::cross_attention_bwd_reference", mutates_args=())
+def _cross_attention_bwd_reference(
+    grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
+    out: Tensor, lse: Tensor, scale: float, chunk_size: int,
+) -> _BwdResult:
+    return reference.cross_attention_backward(grad_out, grad_lse, q, k, v, key_padding_mask, out, lse, scale, chunk_size)
+
+
+@torch.library.custom_op("attn_ext::cross_attention_fwd_triton", mutates_args=())
+def _cross_attention_fwd_triton(
+    q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], scale: float, chunk_size: int
+) -> _FwdResult:
+    from attn_ext.triton.cross_attention_fwd import cross_attention_forward
+
+    return cross_attention_forward(q, k, v, key_padding_mask, scale, chunk_size)
+
+
+@torch.library.custom_op("attn_ext::cross_attention_bwd_triton", mutates_args=())
+def _cross_attention_bwd_triton(
+    grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
+    out: Tensor, lse: Tensor, scale: float, chunk_size: int,
+) -> _BwdResult:
+    from attn_ext.triton.cross_attention_bwd import cross_attention_backward
+
+    return cross_attention_backward(grad_out, grad_lse, q, k, v, key_padding_mask, out, lse, scale, chunk_size)
+
+
+def _fake_forward(q, k, v, key_padding_mask, scale, chunk_size):
+    B, H, M, _ = q.shape
+    out = q.new_empty((B, H, M, v.shape[-1]))
+    lse = q.new_empty((B, H, M), dtype=reference.accumulation_dtype(q.dtype))
+    return out, lse
+
+
+def _fake_backward(grad_out, grad_lse, q, k, v, key_padding_mask, out, lse, scale, chunk_size):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, key_padding_mask, scale, chunk_size = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, key_padding_mask, out, lse)
+    ctx.scale, ctx.chunk_size = scale, chunk_size
+
+
+def _autograd_backward(backward_op: Callable[..., _BwdResult]):
+    def backward(ctx, grad_out: Optional[Tensor], grad_lse: Optional[Tensor]):
+        q, k, v, key_padding_mask, out, lse = ctx.saved_tensors
+        grad_out = torch.zeros_like(out) if grad_out is None else grad_out
+        grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse
+        grad_q, grad_k, grad_v = backward_op(
+            grad_out, grad_lse, q, k, v, key_padding_mask, out, lse, ctx.scale, ctx.chunk_size
+        )
+        return grad_q, grad_k, grad_v, None, None, None
+
+    return backward
+
+
+def _register(forward_name: str, backward_name: str) -> None:
+    torch.library.register_fake(forward_name)(_fake_forward)
+    torch.library.register_fake(backward_name)(_fake_backward)
+    backward_op = getattr(torch.ops.attn_ext, backward_name.split("::")[1])
+    torch.library.register_autograd(forward_name, _autograd_backward(backward_op), setup_context=_setup_context)
+
+
+_register("attn_ext::cross_attention_fwd_reference", "attn_ext::cross_attention_bwd_reference")
+_register("attn_ext::cross_attention_fwd_triton", "attn_ext::cross_attention_bwd_triton")
+if extension_error() is None:
+    _register("attn_ext::cross_attention_fwd", "attn_ext::cross_attention_bwd")
+
+#: backend name -> (forward op, backward op)
+CROSS_ATTENTION_OPS: Dict[str, Tuple[str, str]] = {
+    "cpp": ("cross_attention_fwd", "cross_attention_bwd"),
+    "reference": ("cross_attention_fwd_reference", "cross_attention_bwd_reference"),
+    "triton": ("cross_attention_fwd_triton", "cross_attention_bwd_triton"),
+}
+
+
+def forward_op(backend: str):
+    """The ``torch.ops.attn_ext`` forward op of a backend."""
+    return getattr(torch.ops.attn_ext, CROSS_ATTENTION_OPS[backend][0])
+
+
+def backward_op(backend: str):
+    """The ``torch.ops.attn_ext`` backward op of a backend."""
+    return getattr(torch.ops.attn_ext, CROSS_ATTENTION_OPS[backend][1])

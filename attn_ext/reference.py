@@ -1,0 +1,89 @@
+"""Pure-PyTorch chunked cross attention: the readable statement of what every kernel computes.
+
+It follows SPEC §1 step by step — the online-softmax forward over key chunks and the
+FlashAttention backward from the saved log-sum-exp — in fp32 (fp64 for fp64 inputs), so it is
+also the backend of last resort on any device and the fp64 ground truth that tests compare with.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """fp32 accumulation for fp16/bf16/fp32 inputs, fp64 for fp64 (the dtype of the returned lse)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _chunk_scores(q: Tensor, k_chunk: Tensor, padding_chunk: Optional[Tensor], scale: float) -> Tensor:
+    scores = torch.matmul(q, k_chunk.transpose(-1, -2)) * scale
+    if padding_chunk is not None:
+        scores = scores.masked_fill(padding_chunk[:, None, None, :], -math.inf)
+    return scores
+
+
+def cross_attention_forward(
+    q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], scale: float, chunk_size: int
+) -> Tuple[Tensor, Tensor]:
+    """Exact attention over the keys, ``chunk_size`` keys at a time; returns ``(out, lse)``."""
+    acc = accumulation_dtype(q.dtype)
+    B, H, M, _ = q.shape
+    N, Dv = k.shape[2], v.shape[3]
+    qf = q.to(acc)
+    running_max = torch.full((B, H, M), -math.inf, dtype=acc, device=q.device)
+    running_sum = torch.zeros((B, H, M), dtype=acc, device=q.device)
+    out = torch.zeros((B, H, M, Dv), dtype=acc, device=q.device)
+    for n0 in range(0, N, chunk_size):
+        padding = None if key_padding_mask is None else key_padding_mask[:, n0 : n0 + chunk_size]
+        scores = _chunk_scores(qf, k[:, :, n0 : n0 + chunk_size].to(acc), padding, scale)
+        new_max = torch.maximum(running_max, scores.amax(dim=-1))
+        # An empty row shifts by 0, so exp(-inf - 0) = 0 rather than exp(-inf + inf) = NaN.
+        shift = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
+        factor = torch.exp(running_max - shift)
+        probs = torch.exp(scores - shift[..., None])
+        running_sum = running_sum * factor + probs.sum(dim=-1)
+        out = out * factor[..., None] + torch.matmul(probs, v[:, :, n0 : n0 + chunk_size].to(acc))
+        running_max = new_max
+    nonempty = running_sum > 0
+    safe_sum = torch.where(nonempty, running_sum, torch.ones_like(running_sum))
+    lse = torch.where(nonempty, running_max + torch.log(safe_sum), torch.full_like(running_sum, -math.inf))
+    out = torch.where(nonempty[..., None], out / safe_sum[..., None], torch.zeros_like(out))
+    return out.to(q.dtype), lse
+
+
+def cross_attention_backward(
+    grad_out: Tensor,
+    grad_lse: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    key_padding_mask: Optional[Tensor],
+    out: Tensor,
+    lse: Tensor,
+    scale: float,
+    chunk_size: int,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Gradients of q, k, v from those of ``out`` and ``lse`` (SPEC §1 backward), chunk by chunk."""
+    acc = accumulation_dtype(q.dtype)
+    qf, dout = q.to(acc), grad_out.to(acc)
+    lse = lse.to(acc)
+    empty_row = torch.isinf(lse)[..., None]
+    delta_minus_dlse = (dout * out.to(acc)).sum(dim=-1) - grad_lse.to(acc)
+    grad_q = torch.zeros_like(qf)
+    grad_k_chunks, grad_v_chunks = [], []
+    for n0 in range(0, k.shape[2], chunk_size):
+        k_chunk, v_chunk = k[:, :, n0 : n0 + chunk_size].to(acc), v[:, :, n0 : n0 + chunk_size].to(acc)
+        padding = None if key_padding_mask is None else key_padding_mask[:, n0 : n0 + chunk_size]
+        scores = _chunk_scores(qf, k_chunk, padding, scale)
+        probs = torch.where(empty_row, torch.zeros_like(scores), torch.exp(scores - lse[..., None]))
+        grad_probs = torch.matmul(dout, v_chunk.transpose(-1, -2))
+        grad_scores = probs * (grad_probs - delta_minus_dlse[..., None])
+        grad_q = grad_q + scale * torch.matmul(grad_scores, k_chunk)
+        grad_k_chunks.append(scale * torch.matmul(grad_scores.transpose(-1, -2), qf))
+        grad_v_chunks.append(torch.matmul(probs.transpose(-1, -2), dout))
+    grad_k = torch.cat(grad_k_chunks, dim=2) if grad_k_chunks else torch.zeros_like(k, dtype=acc)
+    grad_v = torch.cat(grad_v_chunks, dim=2) if grad_v_chunks else torch.zeros_like(v, dtype=acc)
+    return grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype)

@@ -1,0 +1,157 @@
+// CPU backward of chunked cross attention (SPEC §1 backward, as in FlashAttention): probabilities
+// are recomputed per (query tile, key chunk) from the saved log-sum-exp, so no [M, N] matrix exists.
+//
+// Work is split over (batch·head, part of the keys). Each unit owns the key/value gradients of its
+// keys outright and writes a partial query gradient that is summed in a fixed order at the end:
+// no atomics, so the result is bit-identical run to run.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+
+#include <tuple>
+#include <vector>
+
+#include "attn_ext/online_softmax.h"
+#include "blas.h"
+#include "cross_attention_checks.h"
+#include "cross_attention_cpu.h"
+#include "tile.h"
+#include "vectorized_rows.h"
+
+namespace attn_ext::cpu {
+namespace {
+
+constexpr int64_t kQueryTile = 64;
+
+template <typename scalar_t>
+const scalar_t* matrix_at(const at::Tensor& t, int64_t b, int64_t h, int64_t row) {
+  return t.const_data_ptr<scalar_t>() + b * t.stride(0) + h * t.stride(1) + row * t.stride(2);
+}
+
+template <typename scalar_t>
+void backward_kernel(const at::Tensor& grad_out, const at::Tensor& grad_lse, const at::Tensor& q,
+                     const at::Tensor& k, const at::Tensor& v, const bool* padding, const at::Tensor& out,
+                     const at::Tensor& lse, const CrossAttentionShape& s, double scale_d, int64_t chunk,
+                     at::Tensor& grad_q, at::Tensor& grad_k, at::Tensor& grad_v) {
+  using acc_t = at::opmath_type<scalar_t>;
+  const acc_t scale = static_cast<acc_t>(scale_d);
+  const int64_t B = s.batch, H = s.heads, M = s.queries, N = s.keys, D = s.head_dim, Dv = s.value_dim;
+  const int64_t tile_m = std::min<int64_t>(kQueryTile, std::max<int64_t>(M, 1));
+  chunk = std::min<int64_t>(chunk, std::max<int64_t>(N, 1));
+  const int64_t n_chunks = (N + chunk - 1) / chunk;
+  const int64_t splits = key_splits_for(B * H, n_chunks);
+  const acc_t* lse_data = lse.const_data_ptr<acc_t>();
+  const acc_t* grad_lse_data = grad_lse.const_data_ptr<acc_t>();
+
+  // Δ_i − dlse_i per query row, the only per-row quantity dS needs besides P and dP.
+  std::vector<acc_t> delta_minus_dlse(B * H * M);
+  at::parallel_for(0, B * H * M, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t bh = row / M, m = row % M;
+      const scalar_t* o = matrix_at<scalar_t>(out, bh / H, bh % H, m);
+      const scalar_t* dout = matrix_at<scalar_t>(grad_out, bh / H, bh % H, m);
+      acc_t delta = 0;
+      for (int64_t d = 0; d < Dv; ++d) delta += static_cast<acc_t>(o[d]) * static_cast<acc_t>(dout[d]);
+      delta_minus_dlse[row] = delta - grad_lse_data[row];
+    }
+  });
+
+  std::vector<acc_t> partial_grad_q(splits * B * H * M * D, acc_t(0));
+  scalar_t* grad_k_data = grad_k.mutable_data_ptr<scalar_t>();
+  scalar_t* grad_v_data = grad_v.mutable_data_ptr<scalar_t>();
+
+  at::parallel_for(0, B * H * splits, 1, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> p(tile_m * chunk), dp(tile_m * chunk), q_tile(tile_m * D), do_tile(tile_m * Dv),
+        k_tile(chunk * D), v_tile(chunk * Dv), dk(chunk * D), dv(chunk * Dv);
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t split = unit % splits, bh = unit / splits, b = bh / H, h = bh % H;
+      const bool* padding_row = padding ? padding + b * N : nullptr;
+      acc_t* grad_q_part = partial_grad_q.data() + (split * B * H + bh) * M * D;
+      int64_t c_first, c_last;
+      split_range(n_chunks, splits, split, &c_first, &c_last);
+      for (int64_t c = c_first; c < c_last; ++c) {
+        const int64_t n0 = c * chunk, nc = std::min(chunk, N - n0);
+        std::fill(dk.begin(), dk.begin() + nc * D, acc_t(0));
+        std::fill(dv.begin(), dv.begin() + nc * Dv, acc_t(0));
+        const int64_t valid = count_valid_keys(padding_row, n0, nc);
+        int64_t ldk, ldv, ldq, lddo;
+        const acc_t* kt = rows_as_acc<acc_t>(matrix_at<scalar_t>(k, b, h, n0), k.stride(2), nc, D, k_tile.data(), &ldk);
+        const acc_t* vt = rows_as_acc<acc_t>(matrix_at<scalar_t>(v, b, h, n0), v.stride(2), nc, Dv, v_tile.data(), &ldv);
+        for (int64_t m0 = 0; m0 < M && valid > 0; m0 += tile_m) {
+          const int64_t mt = std::min(tile_m, M - m0);
+          const acc_t* qt = rows_as_acc<acc_t>(matrix_at<scalar_t>(q, b, h, m0), q.stride(2), mt, D, q_tile.data(), &ldq);
+          const acc_t* dot = rows_as_acc<acc_t>(matrix_at<scalar_t>(grad_out, b, h, m0), grad_out.stride(2), mt, Dv,
+                                                do_tile.data(), &lddo);
+          // P = exp(scale·q·kᵀ − lse), 0 for padded keys and for rows without any valid key.
+          gemm(Transpose::kNo, Transpose::kYes, mt, nc, D, scale, qt, ldq, kt, ldk, acc_t(0), p.data(), nc);
+          for (int64_t r = 0; r < mt; ++r) {
+            acc_t* row_p = p.data() + r * nc;
+            const acc_t row_lse = lse_data[bh * M + m0 + r];
+            if (is_negative_infinity(row_lse)) {
+              std::fill(row_p, row_p + nc, acc_t(0));
+              continue;
+            }
+            if (valid < nc) {
+              for (int64_t j = 0; j < nc; ++j) row_p[j] = padding_row[n0 + j] ? negative_infinity<acc_t>() : row_p[j];
+            }
+            exp_shifted_inplace_sum(row_p, nc, row_lse);
+          }
+          // dV += Pᵀ·dO ; dP = dO·Vᵀ ; dS = P ⊙ (dP − Δ + dlse) ; dK += scale·dSᵀ·Q ; dQ += scale·dS·K
+          gemm(Transpose::kYes, Transpose::kNo, nc, Dv, mt, acc_t(1), p.data(), nc, dot, lddo, acc_t(1), dv.data(), Dv);
+          gemm(Transpose::kNo, Transpose::kYes, mt, nc, Dv, acc_t(1), dot, lddo, vt, ldv, acc_t(0), dp.data(), nc);
+          for (int64_t r = 0; r < mt; ++r) {
+            score_gradient_row(p.data() + r * nc, dp.data() + r * nc, dp.data() + r * nc, nc,
+                               delta_minus_dlse[bh * M + m0 + r]);
+          }
+          gemm(Transpose::kYes, Transpose::kNo, nc, D, mt, scale, dp.data(), nc, qt, ldq, acc_t(1), dk.data(), D);
+          gemm(Transpose::kNo, Transpose::kNo, mt, D, nc, scale, dp.data(), nc, kt, ldk, acc_t(1), grad_q_part + m0 * D, D);
+        }
+        for (int64_t j = 0; j < nc; ++j) {
+          scalar_t* gk = grad_k_data + (bh * N + n0 + j) * D;
+          scalar_t* gv = grad_v_data + (bh * N + n0 + j) * Dv;
+          for (int64_t d = 0; d < D; ++d) gk[d] = static_cast<scalar_t>(dk[j * D + d]);
+          for (int64_t d = 0; d < Dv; ++d) gv[d] = static_cast<scalar_t>(dv[j * Dv + d]);
+        }
+      }
+    }
+  });
+
+  scalar_t* grad_q_data = grad_q.mutable_data_ptr<scalar_t>();
+  at::parallel_for(0, B * H * M, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      for (int64_t d = 0; d < D; ++d) {
+        acc_t sum = 0;
+        for (int64_t split = 0; split < splits; ++split) sum += partial_grad_q[(split * B * H * M + row) * D + d];
+        grad_q_data[row * D + d] = static_cast<scalar_t>(sum);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_attention_bwd_cpu(
+    const at::Tensor& grad_out, const at::Tensor& grad_lse, const at::Tensor& q, const at::Tensor& k,
+    const at::Tensor& v, const std::optional<at::Tensor>& key_padding_mask, const at::Tensor& out,
+    const at::Tensor& lse, double scale, int64_t chunk_size) {
+  const CrossAttentionShape s = check_cross_attention_inputs(q, k, v, key_padding_mask, chunk_size);
+  check_cross_attention_grads(s, q, grad_out, grad_lse, out, lse);
+  TORCH_CHECK(q.device().is_cpu(), "attn_ext: the CPU kernel got tensors on ", q.device());
+  auto unit_inner = [](const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); };
+  const at::Tensor qc = unit_inner(q), kc = unit_inner(k), vc = unit_inner(v), oc = unit_inner(out),
+                   doc = unit_inner(grad_out);
+  const at::Tensor lse_c = lse.contiguous(), grad_lse_c = grad_lse.contiguous();
+  at::Tensor mask;
+  if (key_padding_mask.has_value()) mask = key_padding_mask->contiguous();
+  at::Tensor grad_q = at::empty({s.batch, s.heads, s.queries, s.head_dim}, q.options());
+  at::Tensor grad_k = at::empty({s.batch, s.heads, s.keys, s.head_dim}, k.options());
+  at::Tensor grad_v = at::empty({s.batch, s.heads, s.keys, s.value_dim}, v.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ext::cross_attention_bwd", [&] {
+    backward_kernel<scalar_t>(doc, grad_lse_c, qc, kc, vc, mask.defined() ? mask.const_data_ptr<bool>() : nullptr, oc,
+                              lse_c, s, scale, chunk_size, grad_q, grad_k, grad_v);
+  });
+  return {grad_q, grad_k, grad_v};
+}
+
+}  // namespace attn_ext::cpu

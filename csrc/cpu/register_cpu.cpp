@@ -1,0 +1,8 @@
+#include <torch/library.h>
+
+#include "cross_attention_cpu.h"
+
+TORCH_LIBRARY_IMPL(attn_ext, CPU, m) {
+  m.impl("cross_attention_fwd", &attn_ext::cpu::cross_attention_fwd_cpu);
+  m.impl("cross_attention_bwd", &attn_ext::cpu::cross_attention_bwd_cpu);
+}

@@ -1,0 +1,55 @@
+// Helpers that hand the CPU kernels contiguous accumulation-dtype tiles of strided inputs.
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+namespace attn_ext::cpu {
+
+/// Rows [0, rows) × cols of a row-major matrix at `base` with `row_stride`, as acc_t with leading
+/// dimension `*ld`. Inputs already in acc_t with a BLAS-legal stride are used in place; everything
+/// else (fp16/bf16, broadcast rows) is converted into `scratch` (rows·cols elements).
+template <typename acc_t, typename scalar_t>
+const acc_t* rows_as_acc(const scalar_t* base, int64_t row_stride, int64_t rows, int64_t cols,
+                         acc_t* scratch, int64_t* ld) {
+  if constexpr (std::is_same_v<scalar_t, acc_t>) {
+    if (row_stride >= cols || rows == 1) {
+      *ld = std::max<int64_t>(row_stride, cols);
+      return base;
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) scratch[r * cols + c] = static_cast<acc_t>(base[r * row_stride + c]);
+  }
+  *ld = cols;
+  return scratch;
+}
+
+/// Number of parts the keys of each work unit are split into so that both cores have work when the
+/// (batch, head, query tile) units alone are too few (e.g. one query row over a long context).
+/// Depends only on the sizes and the thread count, so results are reproducible run to run.
+inline int64_t key_splits_for(int64_t units, int64_t key_chunks) {
+  const int64_t threads = at::get_num_threads();
+  if (units >= 2 * threads || key_chunks <= 1) return 1;
+  const int64_t wanted = (2 * threads + units - 1) / units;
+  return std::min<int64_t>(wanted, key_chunks);
+}
+
+/// The chunks [first, last) of split `split` out of `splits` over `chunks` chunks.
+inline void split_range(int64_t chunks, int64_t splits, int64_t split, int64_t* first, int64_t* last) {
+  *first = chunks * split / splits;
+  *last = chunks * (split + 1) / splits;
+}
+
+/// Padded-key flags of one batch entry's chunk: returns how many keys of [n0, n0 + nc) are valid.
+inline int64_t count_valid_keys(const bool* padding_row, int64_t n0, int64_t nc) {
+  if (padding_row == nullptr) return nc;
+  int64_t valid = 0;
+  for (int64_t j = 0; j < nc; ++j) valid += padding_row[n0 + j] ? 0 : 1;
+  return valid;
+}
+
+}  // namespace attn_ext::cpu

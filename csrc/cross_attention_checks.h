@@ -1,0 +1,75 @@
+// Argument checks shared by every device's implementation of the cross-attention ops, so that a
+// direct torch.ops.attn_ext call fails with the same messages as the Python API.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+namespace attn_ext {
+
+/// LSE is kept in the accumulation dtype: fp32, except fp64 for fp64 inputs (gradcheck needs it).
+inline at::ScalarType lse_dtype_for(at::ScalarType input) {
+  return input == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+/// Sizes of one cross-attention problem (SPEC §0 layout).
+struct CrossAttentionShape {
+  int64_t batch, heads, queries, keys, head_dim, value_dim;
+};
+
+inline CrossAttentionShape check_cross_attention_inputs(const at::Tensor& q, const at::Tensor& k,
+                                                        const at::Tensor& v,
+                                                        const std::optional<at::Tensor>& key_padding_mask,
+                                                        int64_t chunk_size) {
+  TORCH_CHECK_VALUE(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+                    "attn_ext: q, k, v must be 4-D [B, H, M, D], [B, H, N, D], [B, H, N, Dv]; got q ",
+                    q.sizes(), ", k ", k.sizes(), ", v ", v.sizes());
+  TORCH_CHECK_VALUE(q.size(0) == k.size(0) && k.size(0) == v.size(0) && q.size(1) == k.size(1) &&
+                        k.size(1) == v.size(1),
+                    "attn_ext: batch and head sizes of q ", q.sizes(), ", k ", k.sizes(), " and v ",
+                    v.sizes(), " must match");
+  TORCH_CHECK_VALUE(q.size(3) == k.size(3), "attn_ext: q ", q.sizes(), " and k ", k.sizes(),
+                    " must have the same head dim D");
+  TORCH_CHECK_VALUE(k.size(2) == v.size(2), "attn_ext: k ", k.sizes(), " and v ", v.sizes(),
+                    " must have the same number of keys N");
+  TORCH_CHECK_TYPE(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(),
+                   "attn_ext: q, k, v must share a dtype; got ", q.scalar_type(), ", ", k.scalar_type(),
+                   ", ", v.scalar_type());
+  TORCH_CHECK(q.device() == k.device() && k.device() == v.device(),
+              "attn_ext: q, k, v must be on one device; got ", q.device(), ", ", k.device(), ", ",
+              v.device());
+  TORCH_CHECK_VALUE(chunk_size > 0, "attn_ext: chunk_size must be positive, got ", chunk_size);
+  if (key_padding_mask.has_value()) {
+    const at::Tensor& mask = *key_padding_mask;
+    TORCH_CHECK_TYPE(mask.scalar_type() == at::kBool,
+                     "attn_ext: key_padding_mask must be bool (True = padding), got ", mask.scalar_type());
+    TORCH_CHECK_VALUE(mask.dim() == 2 && mask.size(0) == k.size(0) && mask.size(1) == k.size(2),
+                      "attn_ext: key_padding_mask must be [B, N] = [", k.size(0), ", ", k.size(2),
+                      "], got ", mask.sizes());
+    TORCH_CHECK(mask.device() == k.device(), "attn_ext: key_padding_mask is on ", mask.device(),
+                " but k is on ", k.device());
+  }
+  return CrossAttentionShape{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
+}
+
+inline void check_cross_attention_grads(const CrossAttentionShape& s, const at::Tensor& q,
+                                        const at::Tensor& grad_out, const at::Tensor& grad_lse,
+                                        const at::Tensor& out, const at::Tensor& lse) {
+  const std::vector<int64_t> out_shape{s.batch, s.heads, s.queries, s.value_dim};
+  const std::vector<int64_t> lse_shape{s.batch, s.heads, s.queries};
+  TORCH_CHECK_VALUE(out.sizes() == out_shape && grad_out.sizes() == out_shape,
+                    "attn_ext: out ", out.sizes(), " and grad_out ", grad_out.sizes(), " must be ",
+                    at::IntArrayRef(out_shape));
+  TORCH_CHECK_VALUE(lse.sizes() == lse_shape && grad_lse.sizes() == lse_shape, "attn_ext: lse ",
+                    lse.sizes(), " and grad_lse ", grad_lse.sizes(), " must be ",
+                    at::IntArrayRef(lse_shape));
+  TORCH_CHECK_TYPE(out.scalar_type() == q.scalar_type() && grad_out.scalar_type() == q.scalar_type(),
+                   "attn_ext: out and grad_out must have q's dtype ", q.scalar_type());
+  const auto lse_dtype = lse_dtype_for(q.scalar_type());
+  TORCH_CHECK_TYPE(lse.scalar_type() == lse_dtype && grad_lse.scalar_type() == lse_dtype,
+                   "attn_ext: lse and grad_lse must be ", lse_dtype, " for ", q.scalar_type(),
+                   " inputs; got ", lse.scalar_type(), " and ", grad_lse.scalar_type());
+}
+
+}  // namespace attn_ext

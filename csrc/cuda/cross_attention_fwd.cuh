@@ -1,0 +1,58 @@
+// Host-side interface of the CUDA chunked cross-attention forward kernel (SPEC §1).
+//
+// Only CUDA runtime types appear here (no ATen/c10): the CPU-only torch wheel on the build machines
+// ships no ATen/cuda headers, so the torch-facing op unpacks tensors into this struct itself. The
+// header is includable from g++-compiled host code as long as the CUDA include directory is on the
+// path; the kernel templates live in cross_attention_fwd_kernel.cuh.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "launch_plan.h"
+
+namespace attn_ext {
+namespace cuda {
+
+/// Arguments of the forward kernel: raw device pointers plus element strides.
+///
+/// Layout as SPEC §0: q [B,H,M,D], k [B,H,N,D], v [B,H,N,Dv]. Batch, head and row strides are free
+/// (in elements, may be 0 for broadcast or anything a view produces); the innermost (feature) stride
+/// must be 1. q, k, v and out share `dtype`.
+struct CrossAttentionFwdParams {
+  const void* q = nullptr;  ///< [B,H,M,D] of `dtype`
+  const void* k = nullptr;  ///< [B,H,N,D] of `dtype`
+  const void* v = nullptr;  ///< [B,H,N,Dv] of `dtype`
+  /// Optional [B,N] bytes, nonzero = padding (ignored key), i.e. a torch.bool mask viewed as uint8;
+  /// innermost stride 1. nullptr = every key is valid.
+  const uint8_t* key_padding_mask = nullptr;
+  void* out = nullptr;    ///< [B,H,M,Dv] of `dtype`, contiguous; fully written
+  float* lse = nullptr;   ///< [B,H,M] fp32 contiguous, natural log; −inf for a row with no valid key
+
+  int64_t B = 0, H = 0, M = 0, N = 0, D = 0, Dv = 0;
+
+  int64_t q_stride_b = 0, q_stride_h = 0, q_stride_m = 0;
+  int64_t k_stride_b = 0, k_stride_h = 0, k_stride_n = 0;
+  int64_t v_stride_b = 0, v_stride_h = 0, v_stride_n = 0;
+  int64_t mask_stride_b = 0;  ///< elements between mask rows (batches)
+
+  float scale = 1.0f;  ///< multiplies q·k; the caller resolves the 1/sqrt(D) default
+  ScalarType dtype = ScalarType::kFloat32;
+};
+
+/// Enqueues the forward pass on `stream`: out = softmax(scale·q kᵀ, keys masked) v, and lse.
+///
+/// The kernel streams the keys in tiles of 32 with the online softmax of attn_ext/online_softmax.h,
+/// so no [M, N] matrix exists and memory is O(tile) whatever N is. A query row whose keys are all
+/// padded (or N = 0) gets out = 0 and lse = −inf, never NaN. The tiling is the one
+/// plan_cross_attention_fwd() reports.
+///
+/// Returns cudaErrorInvalidValue for an unsupported shape or dtype (D or Dv outside [1, 256], grid
+/// overflow) or null pointers, and otherwise the launch's cudaGetLastError(). Asynchronous: errors
+/// raised while the kernel runs surface at the next synchronisation, as for any launch. B·H·M = 0
+/// enqueues nothing and returns cudaSuccess.
+cudaError_t launch_cross_attention_fwd(const CrossAttentionFwdParams& p, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace attn_ext

@@ -1,0 +1,239 @@
+// Device code of the chunked cross-attention forward kernel (CUDA cores, fp32 accumulation).
+//
+// Work decomposition (one block = one tile of query rows of one (batch, head)):
+//  * the block's Q tile is converted to fp32, pre-scaled, and kept in shared memory for the whole pass;
+//  * keys and values stream through shared memory in tiles of 32 (fp32, converted once on load);
+//  * each warp owns kRowsPerWarp query rows. In the score phase lane j computes the scores of key j
+//    against all the warp's rows (Q read as broadcasts, K rows conflict-free thanks to the padded
+//    stride); the row max is a warp reduction and feeds online_softmax_advance; in the P·V phase each
+//    lane owns Dv/32 output columns and receives the probabilities by shuffle.
+// The running statistics follow attn_ext/online_softmax.h so that the CPU and CUDA kernels share the
+// empty-row and −inf conventions. One deviation in bookkeeping, not in math: each lane keeps its own
+// partial `sum` (rescaled by the same warp-uniform factor), and the lanes are reduced once at the end
+// instead of once per tile.
+//
+// Included by cross_attention_fwd.cu (nvcc) and by csrc/tests/cuda_fwd_emulation_test.cpp, which
+// runs this source on the host under g++ with shims for the CUDA builtins; keep to the builtins that
+// csrc/tests/cuda_emulation/cuda_emulator.h provides, or extend it.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "attn_ext/online_softmax.h"
+#include "cross_attention_fwd.cuh"
+#include "launch_plan.h"
+
+namespace attn_ext {
+namespace cuda {
+namespace detail {
+
+constexpr unsigned int kFullWarpMask = 0xffffffffu;
+
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename scalar_t>
+__device__ __forceinline__ scalar_t from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+/// Maximum over the warp; fmaxf keeps −inf as the identity, which is what masked keys contribute.
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    x = fmaxf(x, __shfl_xor_sync(kFullWarpMask, x, offset));
+  }
+  return x;
+}
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    x += __shfl_xor_sync(kFullWarpMask, x, offset);
+  }
+  return x;
+}
+
+/// Shared-memory layout of one block, in floats. Mirrors cross_attention_fwd_smem_bytes(), which the
+/// launcher static_asserts against, so the host plan and the device offsets cannot drift apart.
+template <int kBlockM, int kBlockN, int kHeadDim, int kHeadDimV>
+struct FwdSmemLayout {
+  static constexpr int kQStride = kHeadDim;
+  static constexpr int kKStride = kHeadDim + 4;  // see cross_attention_fwd_k_tile_stride()
+  static constexpr int kVStride = kHeadDimV;
+  static constexpr int kQOffset = 0;
+  static constexpr int kKOffset = kQOffset + kBlockM * kQStride;
+  static constexpr int kVOffset = kKOffset + kBlockN * kKStride;
+  static constexpr int kFloats = kVOffset + kBlockN * kVStride;
+};
+
+/// Copies a [kRows, kCols] tile into shared memory as fp32, multiplied by `mul`, with zeros outside
+/// the `rows_valid × cols_valid` corner so that padded rows and head-dimension tails contribute
+/// nothing to dot products. Consecutive threads read consecutive features, so loads coalesce.
+template <int kThreads, int kRows, int kCols, int kDstStride, typename scalar_t>
+__device__ __forceinline__ void load_tile(float* __restrict__ dst, const scalar_t* __restrict__ src,
+                                          int64_t row_stride, int rows_valid, int cols_valid, float mul) {
+#pragma unroll 4
+  for (int idx = threadIdx.x; idx < kRows * kCols; idx += kThreads) {
+    const int r = idx / kCols;  // kCols is a power of two: a shift
+    const int c = idx % kCols;
+    float value = 0.0f;
+    if (r < rows_valid && c < cols_valid) {
+      value = to_float(src[r * row_stride + c]) * mul;
+    }
+    dst[r * kDstStride + c] = value;
+  }
+}
+
+/// The forward kernel for one (dtype, D instantiation, Dv instantiation). Launched with
+/// kWarps·32 threads and FwdSmemLayout<...>::kFloats floats of dynamic shared memory over the 1-D
+/// grid described in launch_plan.h.
+///
+/// The explicit minimum of 2 blocks per SM matters: with `__launch_bounds__(threads)` alone, ptxas
+/// (CUDA 13) squeezed some instantiations to ~72–80 registers and spilled; with a minimum of 2 it
+/// may use up to 255 and settles at ~110–145 with no spills (checked with -Xptxas -v).
+template <typename scalar_t, int kHeadDim, int kHeadDimV, int kRowsPerWarp, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32, 2)
+    cross_attention_fwd_kernel(const CrossAttentionFwdParams p) {
+  constexpr int kThreads = kWarps * 32;
+  constexpr int kBlockN = 32;  // one key per lane in the score phase
+  constexpr int kBlockM = kWarps * kRowsPerWarp;
+  constexpr int kColsPerLane = kHeadDimV / 32;
+  using Layout = FwdSmemLayout<kBlockM, kBlockN, kHeadDim, kHeadDimV>;
+  static_assert(kHeadDim % 32 == 0 && kHeadDimV % 32 == 0, "head dims are instantiated in multiples of 32");
+
+  extern __shared__ float4 smem_raw[];  // float4 so the float4 reads below are 16-byte aligned
+  float* q_tile = reinterpret_cast<float*>(smem_raw) + Layout::kQOffset;
+  float* k_tile = reinterpret_cast<float*>(smem_raw) + Layout::kKOffset;
+  float* v_tile = reinterpret_cast<float*>(smem_raw) + Layout::kVOffset;
+
+  // Query tile fastest in blockIdx.x: neighbouring blocks read the same head's K/V, which stays in L2.
+  // 32-bit division suffices (the plan keeps gridDim.x < 2^31) and avoids the 64-bit division
+  // subroutine, whose call forces spills.
+  const unsigned int num_m_tiles = static_cast<unsigned int>((p.M + kBlockM - 1) / kBlockM);
+  const unsigned int heads = static_cast<unsigned int>(p.H);
+  const int64_t bh = blockIdx.x / num_m_tiles;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x % num_m_tiles) * kBlockM;
+  const int64_t b = static_cast<unsigned int>(bh) / heads;
+  const int64_t h = static_cast<unsigned int>(bh) % heads;
+  const int d = static_cast<int>(p.D);
+  const int dv = static_cast<int>(p.Dv);
+
+  const scalar_t* __restrict__ q = static_cast<const scalar_t*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
+  const scalar_t* __restrict__ k = static_cast<const scalar_t*>(p.k) + b * p.k_stride_b + h * p.k_stride_h;
+  const scalar_t* __restrict__ v = static_cast<const scalar_t*>(p.v) + b * p.v_stride_b + h * p.v_stride_h;
+  const uint8_t* __restrict__ mask =
+      p.key_padding_mask == nullptr ? nullptr : p.key_padding_mask + b * p.mask_stride_b;
+
+  // Pre-scaling Q once makes the score loop pure FMAs.
+  const int64_t m_rows = p.M - m0;
+  load_tile<kThreads, kBlockM, kHeadDim, Layout::kQStride>(
+      q_tile, q + m0 * p.q_stride_m, p.q_stride_m, static_cast<int>(m_rows < kBlockM ? m_rows : kBlockM), d,
+      p.scale);
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const float* __restrict__ q_rows = q_tile + warp * kRowsPerWarp * Layout::kQStride;
+  const float* __restrict__ k_row = k_tile + lane * Layout::kKStride;
+  // Zero-padded Q and K columns add 0, so the dot product may stop at the next multiple of 4 above D.
+  const int d_loop = (d + 3) & ~3;
+
+  // Warp-uniform except `sum`, which is each lane's partial over its keys (see the file comment).
+  OnlineSoftmaxRow<float> row[kRowsPerWarp];
+  float acc[kRowsPerWarp][kColsPerLane];
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    row[r] = online_softmax_empty<float>();
+#pragma unroll
+    for (int t = 0; t < kColsPerLane; ++t) acc[r][t] = 0.0f;
+  }
+
+  for (int64_t n0 = 0; n0 < p.N; n0 += kBlockN) {
+    const int n_rows = static_cast<int>(p.N - n0 < kBlockN ? p.N - n0 : kBlockN);
+    __syncthreads();  // the previous K/V tile has been consumed by every warp
+    load_tile<kThreads, kBlockN, kHeadDim, Layout::kKStride>(k_tile, k + n0 * p.k_stride_n, p.k_stride_n, n_rows,
+                                                             d, 1.0f);
+    load_tile<kThreads, kBlockN, kHeadDimV, Layout::kVStride>(v_tile, v + n0 * p.v_stride_n, p.v_stride_n,
+                                                              n_rows, dv, 1.0f);
+    __syncthreads();
+
+    // Score phase: lane j scores key n0 + j against the warp's rows.
+    float s[kRowsPerWarp];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) s[r] = 0.0f;
+#pragma unroll 1
+    for (int c = 0; c < d_loop; c += 4) {
+      const float4 kk = *reinterpret_cast<const float4*>(k_row + c);
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const float4 qq = *reinterpret_cast<const float4*>(q_rows + r * Layout::kQStride + c);
+        s[r] = fmaf(qq.x, kk.x, fmaf(qq.y, kk.y, fmaf(qq.z, kk.z, fmaf(qq.w, kk.w, s[r]))));
+      }
+    }
+    const bool key_valid = lane < n_rows && (mask == nullptr || mask[n0 + lane] == 0);
+
+    // Online softmax: s[r] becomes the lane's unnormalised probability exp(s − running max).
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const float score = key_valid ? s[r] : negative_infinity<float>();
+      const float factor = online_softmax_advance(row[r], warp_max(score));
+      const float prob = math_exp(score - online_softmax_shift(row[r]));
+      row[r].sum += prob;
+      s[r] = prob;
+#pragma unroll
+      for (int t = 0; t < kColsPerLane; ++t) acc[r][t] *= factor;
+    }
+
+    // P·V phase: lane owns columns lane, lane + 32, ...; V rows are read conflict-free.
+#pragma unroll 2
+    for (int j = 0; j < kBlockN; ++j) {
+      float vv[kColsPerLane];
+#pragma unroll
+      for (int t = 0; t < kColsPerLane; ++t) vv[t] = v_tile[j * Layout::kVStride + t * 32 + lane];
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const float pj = __shfl_sync(kFullWarpMask, s[r], j);
+#pragma unroll
+        for (int t = 0; t < kColsPerLane; ++t) acc[r][t] = fmaf(pj, vv[t], acc[r][t]);
+      }
+    }
+  }
+
+  // Epilogue: reduce the lane-partial sums, normalise, and write out (input dtype) and lse (fp32).
+  scalar_t* __restrict__ out = static_cast<scalar_t*>(p.out) + bh * p.M * p.Dv;
+  float* __restrict__ lse = p.lse + bh * p.M;
+#pragma unroll
+  for (int r = 0; r < kRowsPerWarp; ++r) {
+    OnlineSoftmaxRow<float> total = row[r];
+    total.sum = warp_sum(row[r].sum);
+    const OnlineSoftmaxResult<float> result = online_softmax_finish(total);
+    const int64_t m = m0 + warp * kRowsPerWarp + r;
+    if (m < p.M) {
+#pragma unroll
+      for (int t = 0; t < kColsPerLane; ++t) {
+        const int c = t * 32 + lane;
+        if (c < dv) out[m * p.Dv + c] = from_float<scalar_t>(acc[r][t] * result.inv_sum);
+      }
+      if (lane == 0) lse[m] = result.lse;
+    }
+  }
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace attn_ext

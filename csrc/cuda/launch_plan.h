@@ -1,0 +1,133 @@
+// Launch geometry of the CUDA cross-attention forward kernel, as plain C++17.
+//
+// Kept free of CUDA headers so that host-only code compiled by g++ (the header tests, and later the
+// Python-facing op that wants to report why a shape is rejected) computes exactly the grid, block and
+// shared-memory size that the .cu launcher uses: there is one source of truth for the tiling.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace attn_ext {
+namespace cuda {
+
+/// Element type of q, k, v and out. Accumulation is always fp32; lse is always fp32.
+enum class ScalarType : int {
+  kFloat32 = 0,
+  kFloat16 = 1,   ///< __half
+  kBFloat16 = 2,  ///< __nv_bfloat16
+};
+
+/// Warps per block. Four warps keep a block small enough that short query sets (CMANP's 128 latents)
+/// still spread over many SMs, while each key/value tile in shared memory is reused by 4 warps.
+constexpr int kCrossAttentionFwdWarps = 4;
+/// Keys per shared-memory tile: one key per lane in the score phase, so the tile width is the warp size.
+constexpr int kCrossAttentionFwdBlockN = 32;
+/// Largest head dimension (D or Dv) with an instantiation.
+constexpr int kCrossAttentionFwdMaxHeadDim = 256;
+
+/// The compiled head-dimension instantiation for a runtime head dimension: the next of
+/// {32, 64, 128, 256}; loads are masked, so e.g. D = 40 runs the 64 instantiation. 0 = unsupported.
+constexpr int cross_attention_fwd_head_dim_instantiation(int64_t head_dim) {
+  return head_dim <= 0 ? 0
+         : head_dim <= 32 ? 32
+         : head_dim <= 64 ? 64
+         : head_dim <= 128 ? 128
+         : head_dim <= 256 ? 256
+                           : 0;
+}
+
+/// Query rows owned by each warp. Each lane keeps `rows × Dv/32` fp32 accumulators in registers, so
+/// wide value heads get fewer rows to stay clear of register spills.
+constexpr int cross_attention_fwd_rows_per_warp(int head_dim_v_instantiation) {
+  return head_dim_v_instantiation >= 256 ? 4 : 8;
+}
+
+/// Query rows per block.
+constexpr int cross_attention_fwd_block_m(int head_dim_v_instantiation) {
+  return kCrossAttentionFwdWarps * cross_attention_fwd_rows_per_warp(head_dim_v_instantiation);
+}
+
+/// Row stride (in floats) of the K tile in shared memory. The +4 makes each 8-lane phase of a float4
+/// load hit distinct banks when lane j reads row j, without breaking 16-byte alignment.
+constexpr int cross_attention_fwd_k_tile_stride(int head_dim_instantiation) {
+  return head_dim_instantiation + 4;
+}
+
+/// Dynamic shared memory of one block: the fp32 Q tile, K tile and V tile. Tiles are stored in fp32
+/// (converted once on load) because every K/V element is read by all rows of the block.
+constexpr std::size_t cross_attention_fwd_smem_bytes(int head_dim_instantiation, int head_dim_v_instantiation) {
+  return sizeof(float) *
+         (static_cast<std::size_t>(cross_attention_fwd_block_m(head_dim_v_instantiation)) * head_dim_instantiation +
+          static_cast<std::size_t>(kCrossAttentionFwdBlockN) * cross_attention_fwd_k_tile_stride(head_dim_instantiation) +
+          static_cast<std::size_t>(kCrossAttentionFwdBlockN) * head_dim_v_instantiation);
+}
+
+/// A CUDA-free stand-in for dim3.
+struct LaunchDims {
+  unsigned int x = 1;
+  unsigned int y = 1;
+  unsigned int z = 1;
+};
+
+/// What the launcher will do for one problem shape.
+struct CrossAttentionLaunchPlan {
+  bool supported = false;      ///< false: `error` says why, nothing is launched
+  const char* error = nullptr;  ///< static string, set when !supported
+  bool empty = false;           ///< B·H·M = 0: supported, but there is nothing to launch
+  LaunchDims grid;              ///< 1-D: blockIdx.x = (b·H + h)·num_m_tiles + m_tile
+  LaunchDims block;
+  std::size_t shared_memory_bytes = 0;
+  int head_dim_instantiation = 0;    ///< compiled D (≥ D)
+  int head_dim_v_instantiation = 0;  ///< compiled Dv (≥ Dv)
+  int block_m = 0;                   ///< query rows per block
+  int block_n = 0;                   ///< keys per shared-memory tile
+};
+
+/// Plans the launch of the forward kernel for q [B,H,M,D], k [B,H,N,D], v [B,H,N,Dv].
+///
+/// Pure function of the shape and dtype (no device query): the caller still has to check the
+/// device's opt-in shared-memory limit, which the launcher does via cudaFuncSetAttribute.
+inline CrossAttentionLaunchPlan plan_cross_attention_fwd(int64_t B, int64_t H, int64_t M, int64_t N,
+                                                         int64_t D, int64_t Dv, ScalarType dtype) {
+  CrossAttentionLaunchPlan plan;
+  if (dtype != ScalarType::kFloat32 && dtype != ScalarType::kFloat16 && dtype != ScalarType::kBFloat16) {
+    plan.error = "unsupported dtype (expected float32, float16 or bfloat16)";
+    return plan;
+  }
+  if (B < 0 || H < 0 || M < 0 || N < 0) {
+    plan.error = "negative size";
+    return plan;
+  }
+  plan.head_dim_instantiation = cross_attention_fwd_head_dim_instantiation(D);
+  plan.head_dim_v_instantiation = cross_attention_fwd_head_dim_instantiation(Dv);
+  if (plan.head_dim_instantiation == 0 || plan.head_dim_v_instantiation == 0) {
+    plan.error = "head dimension D and Dv must be in [1, 256] for the CUDA kernel";
+    return plan;
+  }
+  plan.block_m = cross_attention_fwd_block_m(plan.head_dim_v_instantiation);
+  plan.block_n = kCrossAttentionFwdBlockN;
+  plan.block.x = static_cast<unsigned int>(kCrossAttentionFwdWarps * 32);
+  plan.shared_memory_bytes =
+      cross_attention_fwd_smem_bytes(plan.head_dim_instantiation, plan.head_dim_v_instantiation);
+
+  if (B == 0 || H == 0 || M == 0) {
+    plan.supported = true;
+    plan.empty = true;
+    plan.grid.x = 0;
+    return plan;
+  }
+  // Divide before multiplying so that absurd sizes are rejected instead of overflowing int64.
+  constexpr int64_t kMaxGridX = 2147483647;  // CUDA's limit on gridDim.x
+  const int64_t m_tiles = (M + plan.block_m - 1) / plan.block_m;
+  if (H > kMaxGridX / B || m_tiles > kMaxGridX / (B * H)) {
+    plan.error = "too many blocks: B*H*ceil(M/block_m) exceeds the CUDA grid limit";
+    return plan;
+  }
+  plan.grid.x = static_cast<unsigned int>(B * H * m_tiles);
+  plan.supported = true;
+  return plan;
+}
+
+}  // namespace cuda
+}  // namespace attn_ext

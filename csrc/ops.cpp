@@ -1,0 +1,27 @@
+// The operator schemas of attn_ext, in one place. Each backend registers its kernels for them
+// (csrc/cpu/register_cpu.cpp here; CUDA bindings when built with a CUDA torch); Python adds the
+// fake (meta) kernels and autograd formulas in attn_ext/ops.py.
+#include <Python.h>
+#include <torch/library.h>
+
+#include "cpu/blas.h"
+
+// Importing attn_ext._C runs the static registrations below; the module itself has no functions.
+extern "C" PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+
+namespace {
+std::string cpu_gemm_implementation() { return attn_ext::cpu::gemm_implementation(); }
+}  // namespace
+
+TORCH_LIBRARY(attn_ext, m) {
+  m.def("cross_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor? key_padding_mask, float scale, "
+        "int chunk_size) -> (Tensor out, Tensor lse)");
+  m.def("cross_attention_bwd(Tensor grad_out, Tensor grad_lse, Tensor q, Tensor k, Tensor v, "
+        "Tensor? key_padding_mask, Tensor out, Tensor lse, float scale, int chunk_size) "
+        "-> (Tensor grad_q, Tensor grad_k, Tensor grad_v)");
+  // Diagnostics: which GEMM the CPU kernels use in this process (BLAS symbol or portable loops).
+  m.def("cpu_gemm_implementation() -> str", &cpu_gemm_implementation);
+}

@@ -1,0 +1,190 @@
+// A tiny host emulator for CUDA kernel *source*, so the kernels can be tested on machines without a
+// GPU (the dev boxes have nvcc but no device). Test-only: the directory holding this file shadows
+// <cuda_runtime.h>, <cuda_fp16.h> and <cuda_bf16.h> for g++.
+//
+// Model: one block at a time; each CUDA thread is a ucontext fiber on one OS thread. Every
+// synchronisation point (__syncthreads, __shfl*_sync) yields to a scheduler, which runs all fibers up
+// to their next synchronisation point before resuming any, i.e. it treats each of them as a
+// block-wide barrier. That is exact for kernels whose warps all execute the same sequence of
+// synchronisation points (true of ours) and the scheduler aborts when they do not, rather than
+// silently emulating something a GPU would not do. Shared memory is whatever namespace-scope array
+// the test defines for the kernel's `extern __shared__` declaration.
+//
+// Only the builtins our kernels use are provided; add more as kernels need them.
+#pragma once
+
+#include <ucontext.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <math.h>
+#include <vector>
+
+#include "cuda_runtime_api.h"
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__
+#define __launch_bounds__(...)
+
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+struct uint3 {
+  unsigned int x, y, z;
+};
+struct dim3 {
+  unsigned int x, y, z;
+  constexpr dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+// Storage-only 16-bit types with the conversion intrinsics the kernels use. Conversions round to
+// nearest even, as __float2half_rn / __float2bfloat16_rn do.
+struct __half {
+  uint16_t bits;
+};
+inline float __half2float(__half h) {
+  _Float16 f;
+  std::memcpy(&f, &h.bits, sizeof f);
+  return static_cast<float>(f);
+}
+inline __half __float2half_rn(float x) {
+  const _Float16 f = static_cast<_Float16>(x);
+  __half h;
+  std::memcpy(&h.bits, &f, sizeof f);
+  return h;
+}
+struct __nv_bfloat16 {
+  uint16_t bits;
+};
+inline float __bfloat162float(__nv_bfloat16 b) {
+  const uint32_t u = static_cast<uint32_t>(b.bits) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+inline __nv_bfloat16 __float2bfloat16_rn(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return __nv_bfloat16{0x7fc0};  // NaN stays (quiet) NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return __nv_bfloat16{static_cast<uint16_t>(u >> 16)};
+}
+
+namespace cuda_emu {
+
+enum class Sync { kRunning, kSyncThreads, kShuffle, kDone };
+
+struct Fiber {
+  ucontext_t context;
+  uint3 thread_idx;
+  unsigned int linear_id = 0;
+  Sync sync = Sync::kRunning;
+  unsigned int shuffle_generation = 0;
+};
+
+struct Block {
+  std::vector<Fiber> fibers;
+  std::vector<std::vector<char>> stacks;
+  ucontext_t scheduler;
+  int current = -1;
+  std::function<void()> body;
+  uint3 block_idx{0, 0, 0};
+  dim3 block_dim, grid_dim;
+  // Shuffle mailboxes [generation parity][warp][lane]: a value written in generation g is read
+  // after the barrier of g, and the slot is rewritten only in g + 2, after everyone has read it.
+  uint32_t mailbox[2][32][32];
+};
+
+inline Block& block() {
+  static Block b;
+  return b;
+}
+inline Fiber& self() { return block().fibers[static_cast<size_t>(block().current)]; }
+
+[[noreturn]] inline void fail(const char* what) {
+  std::fprintf(stderr, "cuda_emulator: %s\n", what);
+  std::abort();
+}
+
+inline void yield(Sync kind) {
+  Fiber& f = self();
+  f.sync = kind;
+  swapcontext(&f.context, &block().scheduler);
+}
+
+inline void fiber_entry() {
+  block().body();
+  self().sync = Sync::kDone;  // returning resumes the scheduler through uc_link
+}
+
+/// Runs `body` (the kernel call) as every thread of block `block_idx`; returns when all finished.
+inline void run_block(dim3 grid_dim, dim3 block_idx, dim3 block_dim, std::function<void()> body) {
+  constexpr size_t kStackBytes = 256 * 1024;
+  Block& b = block();
+  const unsigned int n = block_dim.x * block_dim.y * block_dim.z;
+  if (n == 0 || n % 32 != 0 || n > 1024) fail("block size must be a positive multiple of 32, at most 1024");
+  b.body = std::move(body);
+  b.block_idx = uint3{block_idx.x, block_idx.y, block_idx.z};
+  b.block_dim = block_dim;
+  b.grid_dim = grid_dim;
+  b.fibers.assign(n, Fiber{});
+  if (b.stacks.size() < n) b.stacks.resize(n, std::vector<char>(kStackBytes));
+  for (unsigned int i = 0; i < n; ++i) {
+    Fiber& f = b.fibers[i];
+    f.linear_id = i;
+    f.thread_idx = uint3{i % block_dim.x, (i / block_dim.x) % block_dim.y, i / (block_dim.x * block_dim.y)};
+    getcontext(&f.context);
+    f.context.uc_stack.ss_sp = b.stacks[i].data();
+    f.context.uc_stack.ss_size = kStackBytes;
+    f.context.uc_link = &b.scheduler;
+    makecontext(&f.context, fiber_entry, 0);
+  }
+  for (;;) {
+    for (unsigned int i = 0; i < n; ++i) {
+      if (b.fibers[i].sync == Sync::kDone) continue;
+      b.current = static_cast<int>(i);
+      swapcontext(&b.scheduler, &b.fibers[i].context);
+    }
+    const Sync first = b.fibers[0].sync;
+    for (const Fiber& f : b.fibers) {
+      if (f.sync != first) fail("threads of a block reached different synchronisation points");
+    }
+    if (first == Sync::kDone) break;
+  }
+  b.current = -1;
+}
+
+template <typename T>
+T shuffle(T value, unsigned int mask, int src_lane) {
+  static_assert(sizeof(T) == sizeof(uint32_t), "only 32-bit shuffles are emulated");
+  if (mask != 0xffffffffu) fail("only full-warp shuffles are emulated");
+  Fiber& f = self();
+  const unsigned int warp = f.linear_id / 32, parity = f.shuffle_generation++ & 1u;
+  std::memcpy(&block().mailbox[parity][warp][f.linear_id % 32], &value, sizeof value);
+  yield(Sync::kShuffle);
+  std::memcpy(&value, &block().mailbox[parity][warp][static_cast<unsigned int>(src_lane) & 31u], sizeof value);
+  return value;
+}
+
+}  // namespace cuda_emu
+
+#define threadIdx (::cuda_emu::self().thread_idx)
+#define blockIdx (::cuda_emu::block().block_idx)
+#define blockDim (::cuda_emu::block().block_dim)
+#define gridDim (::cuda_emu::block().grid_dim)
+
+inline void __syncthreads() { ::cuda_emu::yield(::cuda_emu::Sync::kSyncThreads); }
+template <typename T>
+T __shfl_sync(unsigned int mask, T value, int src_lane) {
+  return ::cuda_emu::shuffle(value, mask, src_lane);
+}
+template <typename T>
+T __shfl_xor_sync(unsigned int mask, T value, int lane_mask) {
+  return ::cuda_emu::shuffle(value, mask, static_cast<int>(::cuda_emu::self().linear_id % 32) ^ lane_mask);
+}

@@ -1,0 +1,34 @@
+"""pytest configuration of the attn_ext suite.
+
+TRITON_INTERPRET must be set before any Triton kernel is decorated, i.e. before attn_ext.triton's
+kernel modules are imported, so it is set here, first thing. ``setdefault`` keeps an explicit
+TRITON_INTERPRET=0 (e.g. on a GPU machine) intact.
+"""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+import attn_ext  # noqa: E402,F401  (registers the ops with TRITON_INTERPRET already set)
+
+settings.register_profile(
+    "attn_ext",
+    deadline=None,
+    max_examples=25,
+    derandomize=True,
+    suppress_health_check=(HealthCheck.too_slow, HealthCheck.data_too_large),
+)
+settings.register_profile("attn_ext_thorough", parent=settings.get_profile("attn_ext"), max_examples=300,
+                          derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "attn_ext"))
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_clean_env(monkeypatch):
+    """Each test starts from seed 0 and without a backend override from the caller's shell."""
+    torch.manual_seed(0)
+    monkeypatch.delenv("ATTN_EXT_BACKEND", raising=False)
+    yield
