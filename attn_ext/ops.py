@@ -19,6 +19,7 @@ from torch import Tensor
 
 from attn_ext import reference
 from attn_ext._extension import extension_error
+from attn_ext._validation import check_cross_attention_args
 
 _FwdResult = Tuple[Tensor, Tensor]
 _BwdResult = Tuple[Tensor, Tensor, Tensor]
@@ -28,6 +29,8 @@ _BwdResult = Tuple[Tensor, Tensor, Tensor]
 def _cross_attention_fwd_reference(
     q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], scale: float, chunk_size: int
 ) -> _FwdResult:
+    # Direct torch.ops calls bypass the public API: check here too, as the C++ ops do.
+    check_cross_attention_args(q, k, v, key_padding_mask, scale, chunk_size)
     return reference.cross_attention_forward(q, k, v, key_padding_mask, scale, chunk_size)
 
 
@@ -36,6 +39,7 @@ def _cross_attention_bwd_reference(
     grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
     out: Tensor, lse: Tensor, scale: float, chunk_size: int,
 ) -> _BwdResult:
+    check_cross_attention_args(q, k, v, key_padding_mask, scale, chunk_size)
     return reference.cross_attention_backward(grad_out, grad_lse, q, k, v, key_padding_mask, out, lse, scale, chunk_size)
 
 

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <optional>
 
 namespace attn_ext {
@@ -21,7 +22,7 @@ struct CrossAttentionShape {
 inline CrossAttentionShape check_cross_attention_inputs(const at::Tensor& q, const at::Tensor& k,
                                                         const at::Tensor& v,
                                                         const std::optional<at::Tensor>& key_padding_mask,
-                                                        int64_t chunk_size) {
+                                                        double scale, int64_t chunk_size) {
   TORCH_CHECK_VALUE(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
                     "attn_ext: q, k, v must be 4-D [B, H, M, D], [B, H, N, D], [B, H, N, Dv]; got q ",
                     q.sizes(), ", k ", k.sizes(), ", v ", v.sizes());
@@ -36,6 +37,10 @@ inline CrossAttentionShape check_cross_attention_inputs(const at::Tensor& q, con
   TORCH_CHECK_TYPE(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(),
                    "attn_ext: q, k, v must share a dtype; got ", q.scalar_type(), ", ", k.scalar_type(),
                    ", ", v.scalar_type());
+  const at::ScalarType dtype = q.scalar_type();
+  TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat || dtype == at::kDouble,
+                   "attn_ext: dtype ", dtype, " is not supported; use float16, bfloat16, float32 or float64");
+  TORCH_CHECK_VALUE(std::isfinite(scale), "attn_ext: scale must be a finite float, got ", scale);
   TORCH_CHECK(q.device() == k.device() && k.device() == v.device(),
               "attn_ext: q, k, v must be on one device; got ", q.device(), ", ", k.device(), ", ",
               v.device());

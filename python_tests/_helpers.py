@@ -260,3 +260,87 @@ def check_forward(backend: str, q, k, v, mask=None, scale=None, chunk_size=None,
 def check_forward_case(backend: str, case, chunk_size=None, *, name: str = ""):
     q, k, v, mask, scale, refs = case
     return check_forward(backend, q, k, v, mask, scale, chunk_size, name=name, refs=refs)
+
+
+# ----------------------------------------------------------------------------------------------
+# Backward
+# ----------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=6)
+def backward_case(
+    B: int, H: int, M: int, N: int, D: int, Dv: Optional[int] = None, dtype=torch.float32, *,
+    layout: str = "contiguous", mask_kind: str = "none", scale: Optional[float] = None, seed: int = 0,
+):
+    """Inputs, random upstream gradients of out and lse, and the gradients of q, k, v by fp64
+    autograd (ground truth) and by autograd in the inputs' dtype, cached like :func:`forward_case`.
+    Returns ``(q, k, v, mask, scale, grad_out, grad_lse, ref_grads, pt_grads)``."""
+    q, k, v = make_qkv(B, H, M, N, D, Dv, dtype, layout=layout, seed=seed)
+    mask = make_mask(mask_kind, B, N, seed=seed + 1)
+    gen = torch.Generator().manual_seed(seed + 2)
+    grad_out = torch.randn(B, H, M, v.shape[-1], generator=gen).to(dtype)
+    grad_lse = torch.randn(B, H, M, generator=gen).to(torch.float64 if dtype == torch.float64 else torch.float32)
+    ref = naive_grads(q, k, v, mask, scale, grad_out, grad_lse, dtype=torch.float64)
+    pt_autograd = naive_grads(q, k, v, mask, scale, grad_out, grad_lse)
+    pt_formula = spec_backward_formula(q, k, v, mask, scale, grad_out, grad_lse)
+    pt = tuple(_worse_of(a, b, r) for a, b, r in zip(pt_autograd, pt_formula, ref))
+    return q, k, v, mask, scale, grad_out, grad_lse, ref, pt
+
+
+def spec_backward_formula(q, k, v, mask, scale, grad_out, grad_lse):
+    """The SPEC §1 (FlashAttention) backward written as full-matrix PyTorch in the inputs' dtype:
+    ``dS = P (dO vᵀ − Δ + dlse)`` with ``Δ = rowsum(dO ∘ O)``.
+
+    Its ``dO·v_j − Δ`` cancels in floating point even where softmax's autograd cancels exactly
+    (a row with a single valid key: P = 1, O = v), an error of a few ulp intrinsic to the specified
+    algorithm. The gradient rule therefore calibrates against the worse of this and autograd.
+    """
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    out, lse = naive_attention(q, k, v, mask, scale)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores.masked_fill(mask[:, None, None, :], -math.inf)
+    empty = torch.isinf(lse)[..., None]
+    lse_safe = torch.where(empty[..., 0], torch.zeros_like(lse), lse)
+    probs = torch.where(empty, torch.zeros_like(scores), torch.exp(scores - lse_safe[..., None]))
+    delta = (grad_out * out).sum(dim=-1)
+    grad_scores = probs * (torch.matmul(grad_out, v.transpose(-1, -2)) - delta[..., None]
+                           + grad_lse.to(q.dtype)[..., None])
+    dq = torch.matmul(grad_scores, k) * scale
+    dk = torch.matmul(grad_scores.transpose(-1, -2), q) * scale
+    dv = torch.matmul(probs.transpose(-1, -2), grad_out)
+    return dq, dk, dv
+
+
+def _worse_of(a: Tensor, b: Tensor, ref: Tensor) -> Tensor:
+    finite = torch.isfinite(ref)
+    return a if _max_abs_err(a, ref, finite) >= _max_abs_err(b, ref, finite) else b
+
+
+def backend_grads(backend: str, q, k, v, mask, scale, chunk_size, grad_out, grad_lse):
+    """Gradients of q, k, v through ``ae.cross_attention(..., return_lse=True)`` on ``backend``."""
+    require_backend(backend, q)
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    out, lse = ae.cross_attention(
+        *leaves, key_padding_mask=mask, scale=scale, chunk_size=chunk_size, return_lse=True, backend=backend
+    )
+    return torch.autograd.grad((out, lse), leaves, (grad_out, grad_lse))
+
+
+def check_backward_case(backend: str, case, chunk_size=None, *, name: str = ""):
+    """Gradients of ``backend`` vs fp64 autograd with the 3x FlashAttention rule; exact zeros for
+    fully padded batch entries and for padded keys."""
+    q, k, v, mask, scale, grad_out, grad_lse, ref, pt = case
+    grads = backend_grads(backend, q, k, v, mask, scale, chunk_size, grad_out, grad_lse)
+    for label, g, leaf, g64, gpt in zip(("dq", "dk", "dv"), grads, (q, k, v), ref, pt):
+        assert g.dtype == leaf.dtype and g.shape == leaf.shape, f"{name} {label}: {g.dtype} {tuple(g.shape)}"
+        assert_within_flash_rule(g, g64, gpt, grad=True, name=f"{name} {label}")
+    if mask is not None:
+        dq, dk, dv = grads
+        for b in fully_padded_entries(mask):
+            assert bool((dq[b] == 0).all()), f"{name}: dq of fully padded batch entry {b} is not 0"
+        padded = mask[:, None, :, None].expand(-1, k.shape[1], -1, 1)
+        assert bool((dk.masked_select(padded) == 0).all()), f"{name}: dk of padded keys is not 0"
+        assert bool((dv.masked_select(padded) == 0).all()), f"{name}: dv of padded keys is not 0"
+    return grads

@@ -26,6 +26,13 @@ settings.register_profile("attn_ext_thorough", parent=settings.get_profile("attn
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "attn_ext"))
 
 
+def pytest_configure(config):
+    # Emitted from inside torch.library.opcheck in torch 2.13, not by attn_ext.
+    config.addinivalue_line(
+        "filterwarnings", r"ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"
+    )
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_clean_env(monkeypatch):
     """Each test starts from seed 0 and without a backend override from the caller's shell."""

@@ -40,7 +40,8 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& grad_lse, con
   const int64_t tile_m = std::min<int64_t>(kQueryTile, std::max<int64_t>(M, 1));
   chunk = std::min<int64_t>(chunk, std::max<int64_t>(N, 1));
   const int64_t n_chunks = (N + chunk - 1) / chunk;
-  const int64_t splits = key_splits_for(B * H, n_chunks);
+  const int64_t total_macs = 2 * B * H * M * N * (D + Dv);
+  const int64_t splits = key_splits_for(B * H, n_chunks, total_macs);
   const acc_t* lse_data = lse.const_data_ptr<acc_t>();
   const acc_t* grad_lse_data = grad_lse.const_data_ptr<acc_t>();
 
@@ -61,7 +62,7 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& grad_lse, con
   scalar_t* grad_k_data = grad_k.mutable_data_ptr<scalar_t>();
   scalar_t* grad_v_data = grad_v.mutable_data_ptr<scalar_t>();
 
-  at::parallel_for(0, B * H * splits, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, B * H * splits, grain_size_for(B * H * splits, total_macs), [&](int64_t begin, int64_t end) {
     std::vector<acc_t> p(tile_m * chunk), dp(tile_m * chunk), q_tile(tile_m * D), do_tile(tile_m * Dv),
         k_tile(chunk * D), v_tile(chunk * Dv), dk(chunk * D), dv(chunk * Dv);
     for (int64_t unit = begin; unit < end; ++unit) {
@@ -135,7 +136,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_attention_bwd_cpu(
     const at::Tensor& grad_out, const at::Tensor& grad_lse, const at::Tensor& q, const at::Tensor& k,
     const at::Tensor& v, const std::optional<at::Tensor>& key_padding_mask, const at::Tensor& out,
     const at::Tensor& lse, double scale, int64_t chunk_size) {
-  const CrossAttentionShape s = check_cross_attention_inputs(q, k, v, key_padding_mask, chunk_size);
+  const CrossAttentionShape s = check_cross_attention_inputs(q, k, v, key_padding_mask, scale, chunk_size);
   check_cross_attention_grads(s, q, grad_out, grad_lse, out, lse);
   TORCH_CHECK(q.device().is_cpu(), "attn_ext: the CPU kernel got tensors on ", q.device());
   auto unit_inner = [](const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); };

@@ -37,7 +37,8 @@ void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   const int64_t q_tiles = (M + tile_m - 1) / tile_m;
   const int64_t n_chunks = (N + chunk - 1) / chunk;
   const int64_t units = B * H * q_tiles;
-  const int64_t splits = key_splits_for(units, n_chunks);
+  const int64_t total_macs = B * H * M * N * (D + Dv);
+  const int64_t splits = key_splits_for(units, n_chunks, total_macs);
 
   const scalar_t* q_data = q.const_data_ptr<scalar_t>();
   const scalar_t* k_data = k.const_data_ptr<scalar_t>();
@@ -49,7 +50,7 @@ void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   std::vector<acc_t> partial_out(splits > 1 ? splits * B * H * M * Dv : 0);
   std::vector<acc_t> partial_lse(splits > 1 ? splits * B * H * M : 0);
 
-  at::parallel_for(0, units * splits, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, units * splits, grain_size_for(units * splits, total_macs), [&](int64_t begin, int64_t end) {
     std::vector<acc_t> scores(tile_m * chunk), acc(tile_m * Dv), q_tile(tile_m * D), k_tile(chunk * D),
         v_tile(chunk * Dv);
     std::vector<OnlineSoftmaxRow<acc_t>> rows(tile_m);
@@ -133,7 +134,7 @@ std::tuple<at::Tensor, at::Tensor> cross_attention_fwd_cpu(const at::Tensor& q, 
                                                           const at::Tensor& v,
                                                           const std::optional<at::Tensor>& key_padding_mask,
                                                           double scale, int64_t chunk_size) {
-  const CrossAttentionShape s = check_cross_attention_inputs(q, k, v, key_padding_mask, chunk_size);
+  const CrossAttentionShape s = check_cross_attention_inputs(q, k, v, key_padding_mask, scale, chunk_size);
   TORCH_CHECK(q.device().is_cpu(), "attn_ext: the CPU kernel got tensors on ", q.device());
   // BLAS needs unit stride along the head dim; other strides are handled by the tile loaders.
   const at::Tensor qc = q.stride(3) == 1 ? q : q.contiguous();

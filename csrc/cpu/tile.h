@@ -28,12 +28,21 @@ const acc_t* rows_as_acc(const scalar_t* base, int64_t row_stride, int64_t rows,
   return scratch;
 }
 
+/// Below this many multiply-adds a call finishes in a few microseconds, less than waking the other
+/// OpenMP threads costs (milliseconds when the machine is oversubscribed): run it on one thread.
+constexpr int64_t kMinThreadedMacs = int64_t(1) << 18;
+
+/// at::parallel_for grain size for `units` work units that do `total_macs` multiply-adds together.
+inline int64_t grain_size_for(int64_t units, int64_t total_macs) {
+  return total_macs < kMinThreadedMacs ? std::max<int64_t>(units, 1) : 1;
+}
+
 /// Number of parts the keys of each work unit are split into so that both cores have work when the
 /// (batch, head, query tile) units alone are too few (e.g. one query row over a long context).
 /// Depends only on the sizes and the thread count, so results are reproducible run to run.
-inline int64_t key_splits_for(int64_t units, int64_t key_chunks) {
+inline int64_t key_splits_for(int64_t units, int64_t key_chunks, int64_t total_macs) {
   const int64_t threads = at::get_num_threads();
-  if (units >= 2 * threads || key_chunks <= 1) return 1;
+  if (units >= 2 * threads || key_chunks <= 1 || total_macs < kMinThreadedMacs) return 1;
   const int64_t wanted = (2 * threads + units - 1) / units;
   return std::min<int64_t>(wanted, key_chunks);
 }
