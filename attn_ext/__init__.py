@@ -6,9 +6,33 @@
 torch.Size([1, 2, 8, 16])
 """
 from attn_ext import ops  # noqa: F401  (registers the custom ops, fake kernels and autograd)
+from attn_ext import nn
 from attn_ext.backends import BACKENDS, available_backends
 from attn_ext.cross_attention import DEFAULT_CHUNK_SIZE, cross_attention
+from attn_ext.state import (
+    AttentionState,
+    attention_state,
+    empty_state,
+    merge_states,
+    remove_from_state,
+    stream_attention,
+    update_state,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["BACKENDS", "DEFAULT_CHUNK_SIZE", "available_backends", "cross_attention", "__version__"]
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_CHUNK_SIZE",
+    "AttentionState",
+    "attention_state",
+    "available_backends",
+    "cross_attention",
+    "empty_state",
+    "merge_states",
+    "nn",
+    "remove_from_state",
+    "stream_attention",
+    "update_state",
+    "__version__",
+]

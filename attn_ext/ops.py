@@ -70,7 +70,8 @@ def _fake_forward(q, k, v, key_padding_mask, scale, chunk_size):
 
 
 def _fake_backward(grad_out, grad_lse, q, k, v, key_padding_mask, out, lse, scale, chunk_size):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # Every backend returns contiguous gradients whatever the inputs' strides (empty_like would copy them).
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
@@ -105,12 +106,98 @@ _register("attn_ext::cross_attention_fwd_triton", "attn_ext::cross_attention_bwd
 if extension_error() is None:
     _register("attn_ext::cross_attention_fwd", "attn_ext::cross_attention_bwd")
 
+
+# ----------------------------------------------------------------------------------------------
+# Merge of two attention states (SPEC §1 merge): (out_a, lse_a, out_b, lse_b) -> (out, lse)
+# ----------------------------------------------------------------------------------------------
+_MergeBwdResult = Tuple[Tensor, Tensor, Tensor, Tensor]
+
+
+@torch.library.custom_op("attn_ext::merge_attention_states_reference", mutates_args=())
+def _merge_reference(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> _FwdResult:
+    return reference.merge_attention_states(out_a, lse_a, out_b, lse_b)
+
+
+@torch.library.custom_op("attn_ext::merge_attention_states_bwd_reference", mutates_args=())
+def _merge_bwd_reference(
+    grad_out: Tensor, grad_lse: Tensor, out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, out: Tensor,
+    lse: Tensor,
+) -> _MergeBwdResult:
+    return reference.merge_attention_states_backward(grad_out, grad_lse, out_a, lse_a, out_b, lse_b, out, lse)
+
+
+@torch.library.custom_op("attn_ext::merge_attention_states_triton", mutates_args=())
+def _merge_triton(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> _FwdResult:
+    from attn_ext.triton.merge_states import merge_attention_states
+
+    return merge_attention_states(out_a, lse_a, out_b, lse_b)
+
+
+@torch.library.custom_op("attn_ext::merge_attention_states_bwd_triton", mutates_args=())
+def _merge_bwd_triton(
+    grad_out: Tensor, grad_lse: Tensor, out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, out: Tensor,
+    lse: Tensor,
+) -> _MergeBwdResult:
+    from attn_ext.triton.merge_states import merge_attention_states_backward
+
+    return merge_attention_states_backward(grad_out, grad_lse, out_a, lse_a, out_b, lse_b, out, lse)
+
+
+def _fake_merge(out_a, lse_a, out_b, lse_b):
+    return out_a.new_empty(out_a.shape), lse_a.new_empty(lse_a.shape)
+
+
+def _fake_merge_backward(grad_out, grad_lse, out_a, lse_a, out_b, lse_b, out, lse):
+    return (out_a.new_empty(out_a.shape), lse_a.new_empty(lse_a.shape), out_b.new_empty(out_b.shape),
+            lse_b.new_empty(lse_b.shape))
+
+
+def _setup_merge_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs, *output)
+
+
+def _merge_autograd_backward(backward_op: Callable[..., _MergeBwdResult]):
+    def backward(ctx, grad_out: Optional[Tensor], grad_lse: Optional[Tensor]):
+        out_a, lse_a, out_b, lse_b, out, lse = ctx.saved_tensors
+        grad_out = torch.zeros_like(out) if grad_out is None else grad_out
+        grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse
+        return backward_op(grad_out, grad_lse, out_a, lse_a, out_b, lse_b, out, lse)
+
+    return backward
+
+
+def _register_merge(forward_name: str, backward_name: str) -> None:
+    torch.library.register_fake(forward_name)(_fake_merge)
+    torch.library.register_fake(backward_name)(_fake_merge_backward)
+    backward_op = getattr(torch.ops.attn_ext, backward_name.split("::")[1])
+    torch.library.register_autograd(forward_name, _merge_autograd_backward(backward_op),
+                                    setup_context=_setup_merge_context)
+
+
+_register_merge("attn_ext::merge_attention_states_reference", "attn_ext::merge_attention_states_bwd_reference")
+_register_merge("attn_ext::merge_attention_states_triton", "attn_ext::merge_attention_states_bwd_triton")
+if extension_error() is None:
+    _register_merge("attn_ext::merge_attention_states", "attn_ext::merge_attention_states_bwd")
+
 #: backend name -> (forward op, backward op)
 CROSS_ATTENTION_OPS: Dict[str, Tuple[str, str]] = {
     "cpp": ("cross_attention_fwd", "cross_attention_bwd"),
     "reference": ("cross_attention_fwd_reference", "cross_attention_bwd_reference"),
     "triton": ("cross_attention_fwd_triton", "cross_attention_bwd_triton"),
 }
+
+
+#: backend name -> (merge op, merge backward op)
+MERGE_OPS: Dict[str, Tuple[str, str]] = {
+    "cpp": ("merge_attention_states", "merge_attention_states_bwd"),
+    "reference": ("merge_attention_states_reference", "merge_attention_states_bwd_reference"),
+    "triton": ("merge_attention_states_triton", "merge_attention_states_bwd_triton"),
+}
+
+
+def merge_op(backend: str):
+    """The ``torch.ops.attn_ext`` state-merge op of a backend."""
+    return getattr(torch.ops.attn_ext, MERGE_OPS[backend][0])
 
 
 def forward_op(backend: str):

@@ -72,7 +72,7 @@ def cross_attention_backward(
     lse = lse.to(acc)
     empty_row = torch.isinf(lse)[..., None]
     delta_minus_dlse = (dout * out.to(acc)).sum(dim=-1) - grad_lse.to(acc)
-    grad_q = torch.zeros_like(qf)
+    grad_q = qf.new_zeros(qf.shape)  # contiguous, as the fake kernel declares
     grad_k_chunks, grad_v_chunks = [], []
     for n0 in range(0, k.shape[2], chunk_size):
         k_chunk, v_chunk = k[:, :, n0 : n0 + chunk_size].to(acc), v[:, :, n0 : n0 + chunk_size].to(acc)
@@ -84,6 +84,37 @@ def cross_attention_backward(
         grad_q = grad_q + scale * torch.matmul(grad_scores, k_chunk)
         grad_k_chunks.append(scale * torch.matmul(grad_scores.transpose(-1, -2), qf))
         grad_v_chunks.append(torch.matmul(probs.transpose(-1, -2), dout))
-    grad_k = torch.cat(grad_k_chunks, dim=2) if grad_k_chunks else torch.zeros_like(k, dtype=acc)
-    grad_v = torch.cat(grad_v_chunks, dim=2) if grad_v_chunks else torch.zeros_like(v, dtype=acc)
+    grad_k = torch.cat(grad_k_chunks, dim=2) if grad_k_chunks else k.new_zeros(k.shape, dtype=acc)
+    grad_v = torch.cat(grad_v_chunks, dim=2) if grad_v_chunks else v.new_zeros(v.shape, dtype=acc)
     return grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype)
+
+
+def _merge_weights(lse_a: Tensor, lse_b: Tensor, lse: Tensor) -> Tuple[Tensor, Tensor]:
+    empty = torch.isinf(lse)
+    zero = torch.zeros_like(lse)
+    weight_a = torch.where(empty, zero, torch.exp(lse_a - torch.where(empty, zero, lse)))
+    weight_b = torch.where(empty, zero, torch.exp(lse_b - torch.where(empty, zero, lse)))
+    return weight_a, weight_b
+
+
+def merge_attention_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
+    """State of the union of two disjoint key sets (SPEC §1 merge); −inf rows stay NaN-free."""
+    acc = lse_a.dtype
+    lse = torch.logaddexp(lse_a, lse_b)  # logaddexp(−inf, −inf) = −inf
+    weight_a, weight_b = _merge_weights(lse_a, lse_b, lse)
+    out = weight_a[..., None] * out_a.to(acc) + weight_b[..., None] * out_b.to(acc)
+    return out.to(out_a.dtype).contiguous(), lse.contiguous()  # every backend returns contiguous states
+
+
+def merge_attention_states_backward(
+    grad_out: Tensor, grad_lse: Tensor, out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, out: Tensor,
+    lse: Tensor,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of both states: ``d out_x = w_x·g``, ``d lse_x = w_x·(g·(out_x − out) + g_lse)``."""
+    acc = lse_a.dtype
+    g, o = grad_out.to(acc), out.to(acc)
+    weight_a, weight_b = _merge_weights(lse_a, lse_b, lse)
+    grad_lse_a = weight_a * ((g * (out_a.to(acc) - o)).sum(-1) + grad_lse)
+    grad_lse_b = weight_b * ((g * (out_b.to(acc) - o)).sum(-1) + grad_lse)
+    grads = ((weight_a[..., None] * g).to(out_a.dtype), grad_lse_a, (weight_b[..., None] * g).to(out_b.dtype), grad_lse_b)
+    return tuple(t.contiguous() for t in grads)

@@ -22,6 +22,10 @@ TORCH_LIBRARY(attn_ext, m) {
   m.def("cross_attention_bwd(Tensor grad_out, Tensor grad_lse, Tensor q, Tensor k, Tensor v, "
         "Tensor? key_padding_mask, Tensor out, Tensor lse, float scale, int chunk_size) "
         "-> (Tensor grad_q, Tensor grad_k, Tensor grad_v)");
+  m.def("merge_attention_states(Tensor out_a, Tensor lse_a, Tensor out_b, Tensor lse_b) -> (Tensor out, Tensor lse)");
+  m.def("merge_attention_states_bwd(Tensor grad_out, Tensor grad_lse, Tensor out_a, Tensor lse_a, Tensor out_b, "
+        "Tensor lse_b, Tensor out, Tensor lse) -> (Tensor grad_out_a, Tensor grad_lse_a, Tensor grad_out_b, "
+        "Tensor grad_lse_b)");
   // Diagnostics: which GEMM the CPU kernels use in this process (BLAS symbol or portable loops).
   m.def("cpu_gemm_implementation() -> str", &cpu_gemm_implementation);
 }

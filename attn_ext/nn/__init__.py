@@ -1,0 +1,11 @@
+"""Drop-in attention modules on the fused kernels: ``MultiheadCrossAttention`` and ``CMAB``.
+
+>>> import torch, attn_ext as ae
+>>> mha = ae.nn.MultiheadCrossAttention(16, 2)
+>>> mha(torch.randn(1, 3, 16), torch.randn(1, 50, 16), torch.randn(1, 50, 16))[0].shape
+torch.Size([1, 3, 16])
+"""
+from attn_ext.nn.cmab import CMAB, CMABState
+from attn_ext.nn.multihead_cross_attention import MultiheadCrossAttention
+
+__all__ = ["CMAB", "CMABState", "MultiheadCrossAttention"]

@@ -1,0 +1,192 @@
+"""``CMAB``: the Constant Memory Attention Block of CMANP (Feng et al., §3.2; SPEC §2).
+
+``CMAB(L_I, D) = SA(CA(L_I, SA(CA(L_B, D))))``. Only the first cross attention, ``CA(L_B, D)``, sees
+the context, and its queries are the block's own learned latents ``L_B``, fixed whatever the
+context is. Its attention state therefore summarises the context in constant size and absorbs or
+forgets context points in O(points) (:mod:`attn_ext.state`); everything after it works on
+``num_latents`` tokens. The context is layer-normed per token, so an update only touches new tokens.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor, nn
+
+from attn_ext.nn.multihead_cross_attention import MultiheadCrossAttention
+from attn_ext.state import DEFAULT_MIN_REMAINING, AttentionState
+
+
+class CMABState(NamedTuple):
+    """What a :class:`CMAB` keeps of its context: the per-head state of ``CA(L_B, D)``.
+
+    ``attention.out [B, H, num_latents, dim / H]`` and ``attention.lse [B, H, num_latents]``;
+    the size does not depend on the number of context points.
+    """
+
+    attention: AttentionState
+
+
+class _PreNormBlock(nn.Module):
+    """``h = x + Attn(LN(x), LN'(c), LN'(c)); h + FF(LN''(h))`` (self attention when ``c`` is ``x``)."""
+
+    def __init__(self, dim: int, num_heads: int, ff_dim: int, cross: bool) -> None:
+        super().__init__()
+        self.norm_query = nn.LayerNorm(dim)
+        # Queries and context come from different distributions, so a cross attention gets its own
+        # context norm (as in Perceiver); a self attention attends over its normalised queries.
+        self.norm_context = nn.LayerNorm(dim) if cross else None
+        self.attention = MultiheadCrossAttention(dim, num_heads, batch_first=True)
+        self.norm_ff = nn.LayerNorm(dim)
+        self.ff = nn.Sequential(nn.Linear(dim, ff_dim), nn.ReLU(), nn.Linear(ff_dim, dim))
+
+    def feed_forward(self, h: Tensor) -> Tensor:
+        return h + self.ff(self.norm_ff(h))
+
+    def forward(self, x: Tensor, context: Optional[Tensor] = None, context_mask: Optional[Tensor] = None) -> Tensor:
+        q = self.norm_query(x)
+        c = q if self.norm_context is None else self.norm_context(context)
+        return self.feed_forward(x + self.attention(q, c, c, key_padding_mask=context_mask)[0])
+
+
+class CMAB(nn.Module):
+    """Constant Memory Attention Block: ``CMAB(L_I, D) = SA(CA(L_I, SA(CA(L_B, D))))``.
+
+    Four pre-norm residual blocks (LayerNorm → attention → residual, LayerNorm → Linear(dim, ff_dim)
+    → ReLU → Linear(ff_dim, dim) → residual), all on :class:`MultiheadCrossAttention`. ``L_B`` is a
+    learned ``[num_latents, dim]`` parameter, so ``CA(L_B, D)`` has fixed queries: its attention
+    state (a :class:`CMABState`, constant size in ``|D|``) supports :meth:`update` and :meth:`remove`
+    of context points in O(points), and :meth:`output` finishes the block from the state in constant
+    memory. ``forward(latents, context) == output(init_state(context), latents)``.
+
+    Parameters
+    ----------
+    dim : int
+        Width of latents and context tokens (embed the context to ``dim`` first).
+    num_latents : int
+        ``|L_B|``, the number of block latents summarising the context.
+    num_heads : int
+        Heads of every attention (must divide ``dim``).
+    ff_dim : int
+        Hidden width of the feed-forward layers.
+    chunk_size : int, optional
+        Keys per chunk of the fused attention kernel (default: the kernel's).
+
+    Examples
+    --------
+    >>> import torch, attn_ext as ae
+    >>> block = ae.nn.CMAB(dim=32, num_latents=16, num_heads=4, ff_dim=64)
+    >>> latents, context = torch.randn(2, 8, 32), torch.randn(2, 100, 32)
+    >>> out = block(latents, context)
+    >>> out.shape
+    torch.Size([2, 8, 32])
+    >>> state = block.init_state(context[:, :90])
+    >>> state = block.update(state, context[:, 90:])          # O(10 points), not O(100)
+    >>> bool(torch.allclose(block.output(state, latents), out, atol=1e-5))
+    True
+    >>> state.attention.out.shape                               # independent of the context size
+    torch.Size([2, 4, 16, 8])
+    """
+
+    def __init__(self, dim: int, num_latents: int, num_heads: int, ff_dim: int, *,
+                 chunk_size: Optional[int] = None) -> None:
+        super().__init__()
+        if num_latents <= 0 or ff_dim <= 0:
+            raise ValueError(f"num_latents and ff_dim must be positive, got {num_latents}, {ff_dim}")
+        self.dim, self.num_latents, self.num_heads, self.ff_dim = dim, num_latents, num_heads, ff_dim
+        # std 0.02 as for learned token embeddings (ViT/BERT): small against the LayerNorm'd scale.
+        self.latents = nn.Parameter(torch.randn(num_latents, dim) * 0.02)
+        self.compress = _PreNormBlock(dim, num_heads, ff_dim, cross=True)        # CA(L_B, D)
+        self.latent_self = _PreNormBlock(dim, num_heads, ff_dim, cross=False)    # SA(·) -> L_B'
+        self.cross = _PreNormBlock(dim, num_heads, ff_dim, cross=True)           # CA(L_I, L_B')
+        self.output_self = _PreNormBlock(dim, num_heads, ff_dim, cross=False)    # SA(·) -> L_I'
+        for block in (self.compress, self.latent_self, self.cross, self.output_self):
+            block.attention.chunk_size = chunk_size
+
+    # ------------------------------------------------------------------------------------------
+
+    def _check_context(self, context: Tensor, mask: Optional[Tensor], name: str) -> None:
+        if not isinstance(context, Tensor) or context.dim() != 3 or context.shape[-1] != self.dim:
+            shape = tuple(context.shape) if isinstance(context, Tensor) else type(context).__name__
+            raise ValueError(f"attn_ext.nn.CMAB: {name} must be [B, N, {self.dim}], got {shape}")
+        if mask is not None and (not isinstance(mask, Tensor) or mask.dtype != torch.bool):
+            raise TypeError(f"attn_ext.nn.CMAB: the mask of {name} must be a bool tensor [B, N] (True = padding)")
+
+    def _block_queries(self, batch: int) -> Tensor:
+        """``LN(L_B)`` broadcast over the batch ``[B, num_latents, dim]`` (a view: no copy per item)."""
+        return self.compress.norm_query(self.latents).expand(batch, -1, -1)
+
+    def _keys(self, context: Tensor) -> Tensor:
+        return self.compress.norm_context(context)
+
+    # ------------------------------------------------------------------------------------------
+
+    def init_state(self, context: Tensor, context_mask: Optional[Tensor] = None, *,
+                   chunk_size: Optional[int] = None) -> CMABState:
+        """Summarise ``context [B, N, dim]`` (bool ``context_mask [B, N]``, True = padding).
+
+        With ``chunk_size``, the context is normalised and projected ``chunk_size`` tokens at a
+        time and streamed into the state, so besides the context itself only one chunk's keys and
+        values are held at once (without autograd; under autograd each chunk is kept for backward).
+        """
+        self._check_context(context, context_mask, "context")
+        attention = self.compress.attention
+        queries = self._block_queries(context.shape[0])
+        if chunk_size is None:
+            keys = self._keys(context)
+            return CMABState(attention.state(queries, keys, keys, context_mask))
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+            raise ValueError(f"attn_ext.nn.CMAB: chunk_size must be a positive int, got {chunk_size!r}")
+        if context.shape[1] == 0:
+            return CMABState(attention.empty_state(queries))
+
+        def chunks():
+            for start in range(0, context.shape[1], chunk_size):
+                keys = self._keys(context[:, start:start + chunk_size])
+                mask = None if context_mask is None else context_mask[:, start:start + chunk_size]
+                yield keys, keys, mask
+
+        return CMABState(attention.stream(queries, chunks()))
+
+    def update(self, state: CMABState, new_context: Tensor, new_mask: Optional[Tensor] = None) -> CMABState:
+        """Add context points ``new_context [B, N_new, dim]``: cost O(N_new · num_latents), whatever
+        the size of the context already in ``state``."""
+        self._check_context(new_context, new_mask, "new_context")
+        keys = self._keys(new_context)
+        queries = self._block_queries(new_context.shape[0])
+        return CMABState(self.compress.attention.update(state.attention, queries, keys, keys, new_mask))
+
+    def remove(self, state: CMABState, old_context: Tensor, old_mask: Optional[Tensor] = None, *,
+               min_remaining: float = DEFAULT_MIN_REMAINING) -> CMABState:
+        """Remove context points that were added before (the caller's responsibility: points never
+        added give a meaningless state). Raises ``ValueError`` where less than ``min_remaining`` of a
+        latent's softmax mass would remain (see :func:`attn_ext.remove_from_state`)."""
+        self._check_context(old_context, old_mask, "old_context")
+        keys = self._keys(old_context)
+        queries = self._block_queries(old_context.shape[0])
+        return CMABState(self.compress.attention.remove(state.attention, queries, keys, keys, old_mask,
+                                                        min_remaining=min_remaining))
+
+    def output(self, state: CMABState, latents: Tensor) -> Tensor:
+        """``CMAB(latents, D)`` for the context ``D`` summarised by ``state``: ``[B, L_I, dim]``.
+
+        ``latents`` is ``[B, L_I, dim]`` or ``[L_I, dim]`` (shared by the batch, e.g. the learned
+        ``L_0`` of the first block of a stack). Memory and time are independent of ``|D|``.
+        """
+        if not isinstance(state, tuple) or len(state) != 1:
+            raise TypeError(f"attn_ext.nn.CMAB: state must be a CMABState, got {type(state).__name__}")
+        batch = state.attention.out.shape[0]
+        if latents.dim() == 2:
+            latents = latents.expand(batch, -1, -1)
+        if latents.dim() != 3 or latents.shape[0] != batch or latents.shape[-1] != self.dim:
+            raise ValueError(f"attn_ext.nn.CMAB: latents must be [{batch}, L_I, {self.dim}] or [L_I, {self.dim}] "
+                             f"for a state of batch {batch}, got {tuple(latents.shape)}")
+        # The residual of CA(L_B, D) is L_B itself, as in the block's forward.
+        compressed = self.compress.feed_forward(self.latents + self.compress.attention.query(state.attention))
+        compressed = self.latent_self(compressed)
+        return self.output_self(self.cross(latents, compressed))
+
+    def forward(self, latents: Tensor, context: Tensor, context_mask: Optional[Tensor] = None) -> Tensor:
+        """``CMAB(latents, context)``: ``latents [B, L_I, dim]`` (or ``[L_I, dim]``), ``context
+        [B, N, dim]``, bool ``context_mask [B, N]`` with True = padding; returns ``[B, L_I, dim]``."""
+        return self.output(self.init_state(context, context_mask), latents)

@@ -1,0 +1,262 @@
+"""attn_ext.nn.MultiheadCrossAttention against torch.nn.MultiheadAttention, and its incremental path."""
+import doctest
+
+import pytest
+import torch
+
+import attn_ext as ae
+import attn_ext.nn.multihead_cross_attention as mca_module
+from attn_ext.nn import MultiheadCrossAttention
+from _helpers import ALL_BACKENDS, require_backend
+
+E, H = 32, 4
+ATOL = 1e-5
+
+
+def _pair(**kwargs):
+    """A torch MHA (random biases, so they are tested too) and ours with its state dict loaded."""
+    reference = torch.nn.MultiheadAttention(E, H, **kwargs)
+    with torch.no_grad():
+        for name, p in reference.named_parameters():
+            if "bias" in name:
+                p.normal_()
+    ours = MultiheadCrossAttention(E, H, **kwargs)
+    ours.load_state_dict(reference.state_dict())
+    return reference, ours
+
+
+def _padding(B, S, valid):
+    """Bool [B, S], True = padding, item b keeping its first valid[b] keys (never zero: torch gives NaN)."""
+    return torch.arange(S)[None, :] >= torch.tensor(valid)[:, None]
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(batch_first=True), dict(batch_first=True, kdim=24, vdim=40), dict(batch_first=False),
+     dict(batch_first=False, kdim=8, vdim=16), dict(batch_first=True, bias=False)],
+    ids=["same-dim", "kdim-vdim", "seq-first", "seq-first-kdim-vdim", "no-bias"],
+)
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "padding"])
+def test_matches_torch_forward_and_gradients(kwargs, masked):
+    reference, ours = _pair(**kwargs)
+    B, L, S = 3, 7, 45
+    kdim, vdim = kwargs.get("kdim", E), kwargs.get("vdim", E)
+    shape = (lambda n, d: (B, n, d)) if kwargs["batch_first"] else (lambda n, d: (n, B, d))
+    q = torch.randn(shape(L, E), requires_grad=True)
+    k = torch.randn(shape(S, kdim), requires_grad=True)
+    v = torch.randn(shape(S, vdim), requires_grad=True)
+    mask = _padding(B, S, [45, 30, 1]) if masked else None
+
+    expected, _ = reference(q, k, v, key_padding_mask=mask, need_weights=False)
+    out, weights = ours(q, k, v, key_padding_mask=mask)
+    assert weights is None
+    assert out.shape == expected.shape
+    torch.testing.assert_close(out, expected, atol=ATOL, rtol=1e-5)
+
+    grad = torch.randn_like(out)
+    expected_grads = torch.autograd.grad(expected, [q, k, v, *reference.parameters()], grad)
+    grads = torch.autograd.grad(out, [q, k, v, *ours.parameters()], grad)
+    names = ["query", "key", "value"] + [n for n, _ in ours.named_parameters()]
+    assert names[3:] == [n for n, _ in reference.named_parameters()]
+    for name, g, eg in zip(names, grads, expected_grads):
+        torch.testing.assert_close(g, eg, atol=1e-4, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("kwargs", [{}, dict(kdim=24, vdim=40), dict(bias=False)])
+def test_same_parameters_and_initialisation_as_torch(kwargs):
+    torch.manual_seed(123)
+    reference = torch.nn.MultiheadAttention(E, H, batch_first=True, **kwargs)
+    torch.manual_seed(123)
+    ours = MultiheadCrossAttention(E, H, batch_first=True, **kwargs)
+    theirs = reference.state_dict()
+    mine = ours.state_dict()
+    assert list(mine) == list(theirs)
+    for name in theirs:
+        assert mine[name].shape == theirs[name].shape, name
+        # Same creation and init order as torch, so the same seed gives the same values.
+        torch.testing.assert_close(mine[name], theirs[name], atol=0, rtol=0, msg=name)
+    assert type(ours.out_proj) is type(reference.out_proj)
+    assert (ours.in_proj_weight is None) == (reference.in_proj_weight is None)
+    # Loading back into torch works too.
+    reference.load_state_dict(ours.state_dict())
+
+
+def test_unbatched_torch_layout_is_rejected_with_shapes():
+    ours = MultiheadCrossAttention(E, H)
+    with pytest.raises(ValueError, match=r"query must be \[B, L, 32\].*\(5, 32\)"):
+        ours(torch.randn(5, E), torch.randn(9, E), torch.randn(9, E))
+    with pytest.raises(ValueError, match=r"key must be \[B, S, 32\].*\(2, 9, 33\)"):
+        ours(torch.randn(2, 5, E), torch.randn(2, 9, E + 1), torch.randn(2, 9, E))
+    with pytest.raises(ValueError, match="same batch and sequence sizes"):
+        ours(torch.randn(2, 5, E), torch.randn(2, 9, E), torch.randn(2, 8, E))
+
+
+def test_fully_padded_row_is_finite():
+    _, ours = _pair(batch_first=True)
+    q, kv = torch.randn(2, 3, E, requires_grad=True), torch.randn(2, 6, E)
+    out, _ = ours(q, kv, kv, key_padding_mask=_padding(2, 6, [6, 0]))
+    assert torch.isfinite(out).all()
+    # No attended value: the output is out_proj applied to zeros.
+    torch.testing.assert_close(out[1], ours.out_proj.bias.expand(3, E))
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# Incremental path
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_state_update_remove_query_equal_forward(batch_first):
+    _, ours = _pair(batch_first=batch_first, kdim=24, vdim=40)
+    B, L = 2, 5
+    cat = 1 if batch_first else 0
+
+    def seq(n, d):
+        return torch.randn((B, n, d) if batch_first else (n, B, d))
+
+    q = seq(L, E)
+    k1, v1, k2, v2, k3, v3 = seq(30, 24), seq(30, 40), seq(12, 24), seq(12, 40), seq(6, 24), seq(6, 40)
+    m1, m2, m3 = _padding(B, 30, [30, 21]), _padding(B, 12, [12, 4]), _padding(B, 6, [6, 2])
+
+    state = ours.state(q, k1, v1, m1)
+    assert state.out.shape == (B, H, L, E // H) and state.lse.shape == (B, H, L)
+    torch.testing.assert_close(ours.query(state), ours(q, k1, v1, key_padding_mask=m1)[0], atol=ATOL, rtol=0)
+
+    state = ours.update(state, q, k2, v2, m2)
+    state = ours.update(state, q, k3, v3, m3)
+    k, v, m = torch.cat([k1, k2, k3], cat), torch.cat([v1, v2, v3], cat), torch.cat([m1, m2, m3], 1)
+    torch.testing.assert_close(ours.query(state), ours(q, k, v, key_padding_mask=m)[0], atol=ATOL, rtol=1e-5)
+
+    # Remove the middle chunk: a small share of the mass, far from the refusal threshold.
+    state = ours.remove(state, q, k2, v2, m2)
+    k, v, m = torch.cat([k1, k3], cat), torch.cat([v1, v3], cat), torch.cat([m1, m3], 1)
+    torch.testing.assert_close(ours.query(state), ours(q, k, v, key_padding_mask=m)[0], atol=1e-4, rtol=1e-4)
+
+
+def test_empty_state_and_stream_equal_forward():
+    _, ours = _pair(batch_first=True)
+    q, kv = torch.randn(2, 4, E), torch.randn(2, 50, E)
+    mask = _padding(2, 50, [50, 33])
+    expected = ours(q, kv, kv, key_padding_mask=mask)[0]
+    state = ours.update(ours.empty_state(q), q, kv, kv, mask)
+    torch.testing.assert_close(ours.query(state), expected, atol=ATOL, rtol=1e-5)
+    chunks = ((kv[:, i:i + 16], kv[:, i:i + 16], mask[:, i:i + 16]) for i in range(0, 50, 16))
+    torch.testing.assert_close(ours.query(ours.stream(q, chunks)), expected, atol=ATOL, rtol=1e-5)
+
+
+def test_incremental_gradients_equal_forward_gradients():
+    _, ours = _pair(batch_first=True)
+    q = torch.randn(2, 4, E, requires_grad=True)
+    kv = torch.randn(2, 40, E, requires_grad=True)
+    grad = torch.randn(2, 4, E)
+    params = list(ours.parameters())
+    expected = torch.autograd.grad(ours(q, kv, kv)[0], [q, kv, *params], grad)
+    state = ours.update(ours.state(q, kv[:, :25], kv[:, :25]), q, kv[:, 25:], kv[:, 25:])
+    grads = torch.autograd.grad(ours.query(state), [q, kv, *params], grad)
+    for g, eg in zip(grads, expected):
+        torch.testing.assert_close(g, eg, atol=1e-4, rtol=1e-4)
+
+
+def test_remove_refuses_when_almost_nothing_remains():
+    _, ours = _pair(batch_first=True)
+    q, kv = torch.randn(1, 3, E), torch.randn(1, 10, E)
+    state = ours.state(q, kv, kv)
+    with pytest.raises(ValueError, match="softmax mass"):
+        ours.remove(state, q, kv, kv)
+
+
+# ----------------------------------------------------------------------------------------------
+# Unsupported options
+# ----------------------------------------------------------------------------------------------
+
+
+def _inputs():
+    return torch.randn(2, 3, E), torch.randn(2, 8, E), torch.randn(2, 8, E)
+
+
+@pytest.mark.parametrize(
+    "call_kwargs, match",
+    [
+        (dict(need_weights=True), r"cannot return attention weights.*never forms the \[L, S\] attention matrix"),
+        (dict(attn_mask=torch.zeros(3, 8, dtype=torch.bool)), r"no attn_mask or is_causal.*key_padding_mask"),
+        (dict(is_causal=True), r"no attn_mask or is_causal"),
+    ],
+    ids=["need_weights", "attn_mask", "is_causal"],
+)
+def test_unsupported_forward_options_raise(call_kwargs, match):
+    ours = MultiheadCrossAttention(E, H)
+    with pytest.raises(NotImplementedError, match=match):
+        ours(*_inputs(), **call_kwargs)
+
+
+@pytest.mark.parametrize("option", ["add_bias_kv", "add_zero_attn"])
+def test_extra_key_options_raise_at_construction(option):
+    with pytest.raises(NotImplementedError, match="add_bias_kv or add_zero_attn"):
+        MultiheadCrossAttention(E, H, **{option: True})
+
+
+def test_dropout_raises_in_training_and_runs_in_eval():
+    reference, ours = _pair(batch_first=True, dropout=0.1)
+    with pytest.raises(NotImplementedError, match=r"dropout=0.1 .*training mode.*\.eval\(\)"):
+        ours(*_inputs())
+    with pytest.raises(NotImplementedError, match="dropout"):
+        ours.state(*_inputs())
+    reference.eval()
+    ours.eval()
+    q, k, v = _inputs()
+    torch.testing.assert_close(ours(q, k, v)[0], reference(q, k, v, need_weights=False)[0], atol=ATOL, rtol=1e-5)
+
+
+def test_float_key_padding_mask_is_rejected():
+    ours = MultiheadCrossAttention(E, H)
+    q, k, v = _inputs()
+    additive = torch.zeros(2, 8)
+    additive[:, 5:] = float("-inf")
+    with pytest.raises(TypeError, match=r"key_padding_mask must be a bool tensor.*float \(additive\) masks"):
+        ours(q, k, v, key_padding_mask=additive)
+    # The suggested conversion gives torch's result.
+    reference = torch.nn.MultiheadAttention(E, H, batch_first=True)
+    reference.load_state_dict(ours.state_dict())
+    torch.testing.assert_close(ours(q, k, v, key_padding_mask=additive == float("-inf"))[0],
+                               reference(q, k, v, key_padding_mask=additive, need_weights=False)[0],
+                               atol=ATOL, rtol=1e-5)
+
+
+def test_bad_construction_arguments():
+    with pytest.raises(ValueError, match="divisible"):
+        MultiheadCrossAttention(30, 4)
+    with pytest.raises(ValueError, match="positive"):
+        MultiheadCrossAttention(0, 4)
+
+
+def test_docstring_examples_run():
+    result = doctest.testmod(mca_module, raise_on_error=False)
+    assert result.attempted > 0 and result.failed == 0
+    import attn_ext.nn as nn_package
+
+    result = doctest.testmod(nn_package, raise_on_error=False)
+    assert result.attempted > 0 and result.failed == 0
+    assert ae.nn is nn_package
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_every_backend_matches_torch(backend):
+    reference, ours = _pair(batch_first=True, kdim=24, vdim=40)
+    ours.backend = backend
+    q, k, v = torch.randn(2, 5, E), torch.randn(2, 33, 24), torch.randn(2, 33, 40)
+    require_backend(backend, q)
+    mask = _padding(2, 33, [33, 12])
+    torch.testing.assert_close(ours(q, k, v, key_padding_mask=mask)[0],
+                               reference(q, k, v, key_padding_mask=mask, need_weights=False)[0], atol=ATOL, rtol=1e-5)
+
+
+def test_torch_compile_fullgraph_matches_eager():
+    _, ours = _pair(batch_first=True)
+    q, kv = torch.randn(2, 5, E, requires_grad=True), torch.randn(2, 50, E)
+    compiled = torch.compile(ours, fullgraph=True)
+    out = compiled(q, kv, kv, key_padding_mask=_padding(2, 50, [50, 20]))[0]
+    torch.testing.assert_close(out, ours(q, kv, kv, key_padding_mask=_padding(2, 50, [50, 20]))[0], atol=ATOL, rtol=0)
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all()
