@@ -21,6 +21,16 @@ from attn_ext.state import (
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name):
+    # Lazy, so that `python -m attn_ext.distributed` (the torchrun demo) does not find its own
+    # module already imported by the package (runpy warns about that on every rank).
+    if name == "distributed":
+        import importlib
+
+        return importlib.import_module("attn_ext.distributed")
+    raise AttributeError(f"module 'attn_ext' has no attribute {name!r}")
+
 __all__ = [
     "BACKENDS",
     "DEFAULT_CHUNK_SIZE",
@@ -28,6 +38,7 @@ __all__ = [
     "attention_state",
     "available_backends",
     "cross_attention",
+    "distributed",
     "empty_state",
     "merge_states",
     "nn",
