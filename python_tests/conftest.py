@@ -4,9 +4,25 @@ TRITON_INTERPRET must be set before any Triton kernel is decorated, i.e. before 
 kernel modules are imported, so it is set here, first thing. ``setdefault`` keeps an explicit
 TRITON_INTERPRET=0 (e.g. on a GPU machine) intact.
 """
+import hashlib
 import os
+import pathlib
+import tempfile
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _inductor_cache_dir() -> str:
+    # Inductor's on-disk cache does not key on our fake kernels, so a graph compiled before a change
+    # to attn_ext would be replayed after it. Key the cache on the package's sources instead.
+    root = pathlib.Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted([*root.joinpath("attn_ext").rglob("*.py"), *root.joinpath("csrc").rglob("*.*")]):
+        digest.update(path.read_bytes())
+    return os.path.join(tempfile.gettempdir(), f"attn_ext_inductor_{digest.hexdigest()[:16]}")
+
+
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", _inductor_cache_dir())
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
