@@ -192,13 +192,19 @@ def stream_attention(
     True
     """
     state: Optional[AttentionState] = None
-    for i, chunk in enumerate(chunks):
+    # No enumerate(): it keeps its last (index, chunk) tuple, and so the previous chunk, alive while
+    # the iterator makes the next one, which doubles the peak memory.
+    i = -1
+    for chunk in chunks:
+        i += 1
         if not isinstance(chunk, (tuple, list)) or len(chunk) not in (2, 3):
             raise TypeError(f"attn_ext: stream_attention chunk {i} must be (k, v) or (k, v, key_padding_mask)")
         k, v = chunk[0], chunk[1]
         mask = chunk[2] if len(chunk) == 3 else None
         new = attention_state(q, k, v, key_padding_mask=mask, scale=scale, chunk_size=chunk_size, backend=backend)
         state = new if state is None else _merge_pair(state, new, backend)
+        # Drop this chunk before the iterator makes the next one, so at most one chunk is alive.
+        del chunk, k, v, mask, new
     if state is None:
         raise ValueError("attn_ext: stream_attention got no chunks; the value dim Dv is unknown (use empty_state)")
     return state

@@ -15,6 +15,8 @@ from pathlib import Path
 #: Benchmark name -> module implementing ``run(options) -> int``.
 BENCHMARKS: dict[str, str] = {
     "cross_attention": "attn_ext.bench.cross_attention",
+    "state_update": "attn_ext.bench.state_update",
+    "streaming_memory": "attn_ext.bench.streaming_memory",
 }
 
 

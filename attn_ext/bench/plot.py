@@ -1,4 +1,4 @@
-"""Two-panel benchmark figure: time vs size and peak memory vs size, log-log."""
+"""Benchmark figures, log-log: time and peak memory vs size (two panels), or one panel."""
 
 from __future__ import annotations
 
@@ -81,6 +81,23 @@ def plot_time_and_memory(
     ax_m.set_ylabel(memory_label)
     ax_m.set_title("memory")
     fig.suptitle(title, fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_panel(series: Sequence[Series], path: str | Path, title: str, xlabel: str, ylabel: str) -> None:
+    """Write a one-panel log-log PNG to ``path`` (Agg backend, no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    _draw(ax, series)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize="medium")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,9 +1,11 @@
-"""Markdown output of benchmarks: tables, and the README block between markers."""
+"""Output of benchmarks: Markdown tables, result files, the README block between markers."""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str | None = None) -> str:
@@ -88,3 +90,70 @@ def update_readme(path: str | Path, name: str, block: str) -> None:
     path = Path(path)
     text = path.read_text(encoding="utf-8")
     path.write_text(replace_block(text, name, block), encoding="utf-8")
+
+
+def progress(msg: str, end: str = "\n") -> None:
+    """Write a progress line to stderr, so stdout carries only the Markdown tables."""
+    print(msg, file=sys.stderr, end=end, flush=True)
+
+
+def format_ms(x: float | None) -> str | None:
+    """Milliseconds for a table cell: 3 significant digits below 10 ms, 1 decimal above."""
+    if x is None:
+        return None
+    return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
+
+
+def publish(
+    name: str,
+    block: str,
+    result: dict,
+    out_dir: str | Path,
+    plot: Callable[[dict, Path], None] | None = None,
+    readme: str | Path | None = None,
+) -> bool:
+    """Print ``block``, write ``<name>.md/.json/.png`` and optionally rewrite a README block.
+
+    Parameters
+    ----------
+    name : str
+        Benchmark name: file stem and README marker name.
+    block : str
+        Markdown for stdout, ``<name>.md`` and the README.
+    result : dict
+        JSON-serialisable raw results, written to ``<name>.json``.
+    out_dir : str or Path
+        Created if needed.
+    plot : callable, optional
+        ``plot(result, path)`` writing the PNG; skipped with a warning when
+        matplotlib is missing, since the numbers matter more than the figure.
+    readme : str or Path, optional
+        README whose ``<!-- bench:<name>:start/end -->`` block is replaced.
+
+    Returns
+    -------
+    bool
+        False when the README could not be updated (the files are written anyway).
+    """
+    print(block)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"{name}.md").write_text(f"# {name} benchmark\n\n{block}\n", encoding="utf-8")
+    (out_dir / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    written = ".md, .json"
+    if plot is not None:
+        try:
+            plot(result, out_dir / f"{name}.png")
+            written += ", .png"
+        except ImportError as exc:
+            progress(f"warning: no {name}.png ({exc})")
+    progress(f"wrote {out_dir / name}{written}")
+    if readme is None:
+        return True
+    try:
+        update_readme(readme, name, block)
+    except (OSError, ValueError) as exc:
+        progress(f"error: could not update {readme}: {exc}")
+        return False
+    progress(f"updated the {name} block of {readme}")
+    return True

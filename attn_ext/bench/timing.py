@@ -18,7 +18,8 @@ class Timing:
     median_ms : float
         Median of ``samples_ms``.
     samples_ms : tuple of float
-        One wall-clock time per repeat, in milliseconds, in the order measured.
+        One wall-clock time per repeat (per call: the mean over ``number``
+        calls), in milliseconds, in the order measured.
     """
 
     median_ms: float
@@ -26,7 +27,7 @@ class Timing:
 
 
 def time_interleaved(
-    fns: Mapping[str, Callable[[], object]], repeats: int = 5, warmup: int = 1
+    fns: Mapping[str, Callable[[], object]], repeats: int = 5, warmup: int = 1, number: int = 1
 ) -> dict[str, Timing | Exception]:
     """Time several callables with their repeats interleaved.
 
@@ -45,6 +46,10 @@ def time_interleaved(
     warmup : int
         Untimed rounds first, so one-off costs (thread-pool start-up,
         first-touch page faults, lazy kernel selection) are not timed.
+    number : int
+        Back-to-back calls per sample, which is their mean (as in ``timeit``).
+        For sub-millisecond calls, so that the cache eviction by the
+        ``gc.collect`` before each sample is not charged to a single call.
 
     Returns
     -------
@@ -52,8 +57,8 @@ def time_interleaved(
         Name -> :class:`Timing`, or the exception the function raised; a failing
         function is dropped from later rounds and does not stop the others.
     """
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if repeats < 1 or number < 1:
+        raise ValueError(f"repeats and number must be >= 1, got {repeats} and {number}")
     names = list(fns)
     failed: dict[str, Exception] = {}
     samples: dict[str, list[float]] = {name: [] for name in names}
@@ -63,8 +68,10 @@ def time_interleaved(
         gc.collect()
         try:
             start = time.perf_counter()
+            for _ in range(number - 1):
+                fns[name]()
             result = fns[name]()
-            elapsed = (time.perf_counter() - start) * 1e3
+            elapsed = (time.perf_counter() - start) * 1e3 / number
         except Exception as exc:  # noqa: BLE001 - reported to the caller per function
             failed[name] = exc
             return

@@ -5,6 +5,7 @@
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <tuple>
 
 #include "attn_ext/online_softmax.h"
@@ -14,7 +15,10 @@
 namespace attn_ext::cpu {
 namespace {
 
-constexpr int64_t kRowsPerTask = 256;
+// A merge is a few flops per element: below ~64K elements waking other threads costs more than it.
+constexpr int64_t kElementsPerTask = int64_t(1) << 16;
+
+int64_t rows_per_task(int64_t dv) { return std::max<int64_t>(1, kElementsPerTask / std::max<int64_t>(dv, 1)); }
 
 // Rows of the flattened [rows, Dv] state tensors, each contiguous.
 struct StateRows {
@@ -53,7 +57,7 @@ std::tuple<at::Tensor, at::Tensor> merge_attention_states_cpu(const at::Tensor& 
     const acc_t *pla = la.const_data_ptr<acc_t>(), *plb = lb.const_data_ptr<acc_t>();
     scalar_t* po = out.mutable_data_ptr<scalar_t>();
     acc_t* pl = lse.mutable_data_ptr<acc_t>();
-    at::parallel_for(0, s.rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, s.rows, rows_per_task(s.dv), [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
         const StateMergeWeights<acc_t> w = state_merge_weights(pla[row], plb[row]);
         for (int64_t d = 0; d < s.dv; ++d) {
@@ -91,7 +95,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> merge_attention_state
                 *pl = l.const_data_ptr<acc_t>();
     scalar_t *pga = grad_out_a.mutable_data_ptr<scalar_t>(), *pgb = grad_out_b.mutable_data_ptr<scalar_t>();
     acc_t *pgla = grad_lse_a.mutable_data_ptr<acc_t>(), *pglb = grad_lse_b.mutable_data_ptr<acc_t>();
-    at::parallel_for(0, s.rows, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, s.rows, rows_per_task(s.dv), [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
         // w = exp(lse_x − lse): the share of the merged softmax mass that came from side x.
         const acc_t wa = softmax_probability(pla[row], pl[row]);

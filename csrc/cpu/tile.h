@@ -28,9 +28,10 @@ const acc_t* rows_as_acc(const scalar_t* base, int64_t row_stride, int64_t rows,
   return scratch;
 }
 
-/// Below this many multiply-adds a call finishes in a few microseconds, less than waking the other
-/// OpenMP threads costs (milliseconds when the machine is oversubscribed): run it on one thread.
-constexpr int64_t kMinThreadedMacs = int64_t(1) << 18;
+/// Below this many multiply-adds (~40 µs on one core) a call costs less than waking the other
+/// OpenMP threads can (milliseconds when the machine is oversubscribed; measured: a 16-key state
+/// update took 4-20 ms threaded on a loaded machine, 0.2 ms on one thread): run it on one thread.
+constexpr int64_t kMinThreadedMacs = int64_t(1) << 22;
 
 /// at::parallel_for grain size for `units` work units that do `total_macs` multiply-adds together.
 inline int64_t grain_size_for(int64_t units, int64_t total_macs) {
