@@ -22,7 +22,6 @@ def _mask(*shape, dtype=torch.bool, device="cpu"):
 def _bad_inputs():
     """(id, kwargs overriding q/k/v/key_padding_mask, exception, message regex) for the public API."""
     q, k, v = _qkv()
-    shapes = r"got q \(2, 3, 4, 8\), k \(2, 3, 6, 8\), v \(2, 3, 6, 5\)"
     return [
         ("q_rank3", dict(q=q[0]), ValueError, r"q, k, v must be 4-D .* got q \(3, 4, 8\)"),
         ("k_rank5", dict(k=k[None]), ValueError, r"must be 4-D .*k \(1, 2, 3, 6, 8\)"),

@@ -98,6 +98,7 @@ def test_chunked_init_state_equals_one_shot(block):
     chunked = block.init_state(context, mask, chunk_size=16)
     torch.testing.assert_close(chunked.attention.out, one_shot.attention.out, **TOL)
     torch.testing.assert_close(chunked.attention.lse, one_shot.attention.lse, **TOL)
+    torch.testing.assert_close(block.output(chunked, latents), block.output(one_shot, latents), **TOL)
     with pytest.raises(ValueError, match="chunk_size"):
         block.init_state(context, chunk_size=0)
     empty = block.init_state(context[:, :0], chunk_size=16)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import gc
 import json
-import sys
 from pathlib import Path
 
 from . import BenchOptions
@@ -24,7 +23,7 @@ from . import cross_attention_workload as wl
 from .machine import load_average, machine_info, machine_markdown
 from .memory import PeakMemory, measure_peak_extra
 from .plot import Series, plot_time_and_memory
-from .report import markdown_table, update_readme
+from .report import format_ms, markdown_table, progress, update_readme
 from .timing import time_interleaved
 
 NAME = "cross_attention"
@@ -34,16 +33,6 @@ _CHECK_MIN_SHARE = 0.95
 #: Large enough that the scores (164 MB) dwarf allocator noise, small enough to take seconds
 #: (at N=1e5 the math path needs 3.7 GB and ~40 s here).
 _CHECK_N = 10_000
-
-
-def _log(msg: str, end: str = "\n") -> None:
-    print(msg, file=sys.stderr, end=end, flush=True)
-
-
-def _fmt_ms(x: float | None) -> str | None:
-    if x is None:
-        return None
-    return f"{x:.1f}" if x >= 10 else f"{x:.2f}"
 
 
 def _fmt(x: float | None, spec: str) -> str | None:
@@ -66,22 +55,22 @@ def _measure(options: BenchOptions, ns: tuple[int, ...]) -> tuple[list[dict], li
         for pass_ in wl.PASSES:
             labels = {impl: wl.impl_label(impl, options.backend) for impl in wl.IMPLS}
             # Announce the first line now; results arrive together since the repeats interleave.
-            _log(f"[{step + 1}/{total}] N={n} {labels[wl.IMPLS[0]]} {pass_} ...", end="")
+            progress(f"[{step + 1}/{total}] N={n} {labels[wl.IMPLS[0]]} {pass_} ...", end="")
             calls = {impl: wl.make_call(fns[impl], pass_, q, k, v) for impl in wl.IMPLS}
             measured = time_interleaved(calls, repeats=options.repeats)
             for i, impl in enumerate(wl.IMPLS):
                 step += 1
                 if i:
-                    _log(f"[{step}/{total}] N={n} {labels[impl]} {pass_} ...", end="")
+                    progress(f"[{step}/{total}] N={n} {labels[impl]} {pass_} ...", end="")
                 entry = {"N": n, "impl": impl, "pass": pass_, "flops": wl.flops(n, pass_)}
                 t = measured[impl]
                 if isinstance(t, Exception):
                     entry.update(median_ms=None, samples_ms=[], gflops=None, error=f"{type(t).__name__}: {t}")
-                    _log(f" failed: {entry['error']}")
+                    progress(f" failed: {entry['error']}")
                 else:
                     gflops = wl.flops(n, pass_) / (t.median_ms * 1e-3) / 1e9
                     entry.update(median_ms=t.median_ms, samples_ms=list(t.samples_ms), gflops=gflops)
-                    _log(f" {t.median_ms:.1f} ms ({gflops:.1f} GFLOP/s)")
+                    progress(f" {t.median_ms:.1f} ms ({gflops:.1f} GFLOP/s)")
                 timings.append(entry)
         # Free this N's inputs (the calls' closures and any exception tracebacks hold them
         # too) before the probes, so two copies never coexist on the machine.
@@ -90,14 +79,14 @@ def _measure(options: BenchOptions, ns: tuple[int, ...]) -> tuple[list[dict], li
         for impl in wl.IMPLS:
             step += 1
             label = wl.impl_label(impl, options.backend)
-            _log(f"[{step}/{total}] N={n} {label} fwd peak extra memory ...", end="")
+            progress(f"[{step}/{total}] N={n} {label} fwd peak extra memory ...", end="")
             mem = measure_peak_extra(_PROBE, {"impl": impl, "n": n, "backend": options.backend})
-            _log(f" {mem.mb:.1f} MB ({mem.method})" if mem.mb is not None else f" n/a ({mem.note})")
+            progress(f" {mem.mb:.1f} MB ({mem.method})" if mem.mb is not None else f" n/a ({mem.note})")
             memory.append(_memory_dict(n, impl, mem))
     step += 1
-    _log(f"[{step}/{total}] memory method check ...", end="")
+    progress(f"[{step}/{total}] memory method check ...", end="")
     check = _check_memory_method(_CHECK_N)
-    _log(f" {check['summary']}")
+    progress(f" {check['summary']}")
     return timings, memory, check
 
 
@@ -127,7 +116,7 @@ def _tables(result: dict) -> str:
             a, s = by_key[(n, "ours", pass_)], by_key[(n, "sdpa", pass_)]
             ratio = a["median_ms"] / s["median_ms"] if a["median_ms"] and s["median_ms"] else None
             time_rows.append([
-                f"{n:,}", pass_, _fmt_ms(a["median_ms"]), _fmt_ms(s["median_ms"]),
+                f"{n:,}", pass_, format_ms(a["median_ms"]), format_ms(s["median_ms"]),
                 _fmt(ratio, ".2f"), _fmt(a["gflops"], ".1f"), _fmt(s["gflops"], ".1f"),
             ])
     mem = {(m["N"], m["impl"]): m for m in result["memory"]}
@@ -200,8 +189,8 @@ def _write_outputs(result: dict, block: str, out_dir: Path) -> None:
     try:
         _plot(result, out_dir / f"{NAME}.png")
     except ImportError as exc:  # matplotlib is a dev extra; the numbers matter more than the figure
-        _log(f"warning: no {NAME}.png ({exc})")
-    _log(f"wrote {out_dir / NAME}.md, .json, .png")
+        progress(f"warning: no {NAME}.png ({exc})")
+    progress(f"wrote {out_dir / NAME}.md, .json, .png")
 
 
 def run(options: BenchOptions) -> int:
@@ -216,13 +205,13 @@ def run(options: BenchOptions) -> int:
     """
     error, warning = wl.check_ours(options.backend)
     if error:
-        _log(f"error: {error}")
+        progress(f"error: {error}")
         return 2
     if warning:
-        _log(f"warning: {warning}")
+        progress(f"warning: {warning}")
     ns = wl.QUICK_NS if options.quick else wl.FULL_NS
     machine = machine_info()
-    _log(f"cross_attention benchmark: N in {list(ns)}, backend={options.backend}, "
+    progress(f"cross_attention benchmark: N in {list(ns)}, backend={options.backend}, "
          f"repeats={options.repeats}; {machine_markdown(machine)}")
     timings, memory, check = _measure(options, ns)
     machine["load_average_end"] = load_average()
@@ -253,7 +242,7 @@ def run(options: BenchOptions) -> int:
         try:
             update_readme(options.update_readme, NAME, block)
         except (OSError, ValueError) as exc:
-            _log(f"error: could not update {options.update_readme}: {exc}")
+            progress(f"error: could not update {options.update_readme}: {exc}")
             return 1
-        _log(f"updated the {NAME} block of {options.update_readme}")
+        progress(f"updated the {NAME} block of {options.update_readme}")
     return 1 if failed else 0

@@ -97,6 +97,26 @@ def progress(msg: str, end: str = "\n") -> None:
     print(msg, file=sys.stderr, end=end, flush=True)
 
 
+def start_run(name: str, options, quick_ns, full_ns):
+    """Common start of a benchmark's ``run``: smoke-test the op, announce the sizes.
+
+    Returns ``(ns, machine, warnings)``, or an exit status (2) when the op cannot run with the backend.
+    """
+    from .cross_attention_workload import check_ours
+    from .machine import machine_info, machine_markdown
+
+    error, warning = check_ours(options.backend)
+    if error:
+        progress(f"error: {error}")
+        return 2
+    if warning:
+        progress(f"warning: {warning}")
+    ns = quick_ns if options.quick else full_ns
+    machine = machine_info()
+    progress(f"{name} benchmark: N in {list(ns)}, backend={options.backend}; {machine_markdown(machine)}")
+    return ns, machine, [warning] if warning else []
+
+
 def format_ms(x: float | None) -> str | None:
     """Milliseconds for a table cell: 3 significant digits below 10 ms, 1 decimal above."""
     if x is None:

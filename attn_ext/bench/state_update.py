@@ -32,10 +32,9 @@ from typing import Callable
 import torch
 
 from . import BenchOptions
-from .cross_attention_workload import check_ours
-from .machine import load_average, machine_info, machine_markdown
+from .machine import load_average, machine_markdown
 from .plot import Series, plot_panel
-from .report import format_ms, markdown_table, progress, publish
+from .report import format_ms, markdown_table, progress, publish, start_run
 from .timing import time_interleaved
 
 NAME = "state_update"
@@ -290,15 +289,10 @@ def run(options: BenchOptions) -> int:
         2 when attn_ext's op cannot run with the requested backend (nothing is
         timed); 1 when a measurement failed or the README could not be updated.
     """
-    error, warning = check_ours(options.backend)
-    if error:
-        progress(f"error: {error}")
-        return 2
-    if warning:
-        progress(f"warning: {warning}")
-    ns = QUICK_NS if options.quick else FULL_NS
-    machine = machine_info()
-    progress(f"{NAME} benchmark: N in {list(ns)}, backend={options.backend}; {machine_markdown(machine)}")
+    started = start_run(NAME, options, QUICK_NS, FULL_NS)
+    if isinstance(started, int):
+        return started
+    ns, machine, warnings = started
     rows = _measure(options, ns)
     machine["load_average_end"] = load_average()
     result = {
@@ -311,7 +305,7 @@ def run(options: BenchOptions) -> int:
         "rows": rows,
         "goals": _goals(rows),
         "goals_judged_on_threads": judged_on(list(rows[0]["update"])),
-        "warnings": [w for w in (warning,) if w],
+        "warnings": warnings,
     }
     timings = [("recompute", r["N"], r["recompute"]) for r in rows]
     timings += [(f"update ({t} thread(s))", r["N"], u) for r in rows for t, u in r["update"].items()]

@@ -26,11 +26,10 @@ from typing import Callable, Iterator
 import torch
 
 from . import BenchOptions
-from .cross_attention_workload import check_ours
-from .machine import load_average, machine_info, machine_markdown
+from .machine import load_average, machine_markdown
 from .memory import measure_peak_extra
 from .plot import Series, plot_panel
-from .report import markdown_table, progress, publish
+from .report import markdown_table, progress, publish, start_run
 
 NAME = "streaming_memory"
 B, H, M, D, DV = 1, 4, 128, 64, 64
@@ -192,15 +191,10 @@ def run(options: BenchOptions) -> int:
         attn_ext's op cannot run with the requested backend; 1 when a probe
         failed or the README could not be updated.
     """
-    error, warning = check_ours(options.backend)
-    if error:
-        progress(f"error: {error}")
-        return 2
-    if warning:
-        progress(f"warning: {warning}")
-    ns = QUICK_NS if options.quick else FULL_NS
-    machine = machine_info()
-    progress(f"{NAME} benchmark: N in {list(ns)}, backend={options.backend}; {machine_markdown(machine)}")
+    started = start_run(NAME, options, QUICK_NS, FULL_NS)
+    if isinstance(started, int):
+        return started
+    ns, machine, warnings = started
     rows = _measure(options, ns)
     machine["load_average_end"] = load_average()
     result = {
@@ -210,7 +204,7 @@ def run(options: BenchOptions) -> int:
         "machine": machine,
         "rows": rows,
         "goals": _goals(rows),
-        "warnings": [w for w in (warning,) if w],
+        "warnings": warnings,
     }
     failed = [f"N={r['N']:,} {r['impl']}: {r['note']}" for r in rows if r["peak_extra_mb"] is None]
     result["warnings"] += failed

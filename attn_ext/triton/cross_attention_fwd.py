@@ -13,7 +13,6 @@ shared with :mod:`attn_ext.triton.cross_attention_bwd`.
 from __future__ import annotations
 
 import functools
-import math
 import os
 
 import torch
