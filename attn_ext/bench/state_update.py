@@ -254,10 +254,10 @@ def _tables(result: dict) -> str:
         ),
         *goal_lines,
         "",
-        "The update reads only the state and the 16 new keys, so its work does not depend on N. With more "
-        "than one thread, each of its two kernels (attention over the new keys, then the merge) wakes the "
-        "other OpenMP threads; on a busy machine (see the load average) that wake-up waits for a free core, "
-        "milliseconds unrelated to N and to the op, so the 1-thread column is the op's own cost.",
+        "The update reads only the state and the 16 new keys, so its work does not depend on N. Its two "
+        "kernels (attention over the new keys, then the merge) keep work this small on one thread, because "
+        "waking the other OpenMP threads on a busy machine costs milliseconds unrelated to N; the 1-thread "
+        "column shows the op's own cost, and a gap between the columns would flag threading overhead.",
         "",
         machine_markdown(result["machine"]),
     ]
