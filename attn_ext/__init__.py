@@ -7,8 +7,17 @@ torch.Size([1, 2, 8, 16])
 """
 from attn_ext import ops  # noqa: F401  (registers the custom ops, fake kernels and autograd)
 from attn_ext import nn
+from attn_ext import tree  # Tree Cross Attention (SPEC §3): pure-PyTorch reference so far
 from attn_ext.backends import BACKENDS, available_backends
 from attn_ext.cross_attention import DEFAULT_CHUNK_SIZE, cross_attention
+from attn_ext.tree import (
+    Tree,
+    TreeAttentionResult,
+    build_tree,
+    tree_aggregate,
+    tree_cross_attention,
+    tree_num_selected,
+)
 from attn_ext.state import (
     AttentionState,
     attention_state,
@@ -45,5 +54,12 @@ __all__ = [
     "remove_from_state",
     "stream_attention",
     "update_state",
+    "Tree",
+    "TreeAttentionResult",
+    "build_tree",
+    "tree",
+    "tree_aggregate",
+    "tree_cross_attention",
+    "tree_num_selected",
     "__version__",
 ]
