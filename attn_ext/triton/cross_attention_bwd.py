@@ -21,8 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
+from attn_ext._validation import check_cross_attention_args
+
 from .cross_attention_fwd import (LOG2E, _block_d, _block_m_interp, _check_device, _check_dtypes,
-                                  _check_qkv, _interpreting, _mask_arg, autotuned, launch)
+                                  _interpreting, _mask_arg, autotuned, launch)
 
 __all__ = ["cross_attention_backward"]
 
@@ -246,7 +248,7 @@ def cross_attention_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | No
     that each recompute ``P``: about 2.5x the forward's FLOPs but no atomics,
     so results are bitwise reproducible run to run.
     """
-    _check_qkv(q, k, v)
+    check_cross_attention_args(q, k, v, key_padding_mask, scale, chunk_size)
     tensors = [grad_out, q, k, v, out, lse] + ([grad_lse] if grad_lse is not None else [])
     _check_device(_bwd_dq, *tensors)
     dtype = _check_dtypes(q=q, k=k, v=v)

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from attn_ext._validation import check_cross_attention_args
+
 __all__ = ["cross_attention_forward"]
 
 LOG2E = 1.4426950408889634
@@ -59,31 +61,12 @@ def _check_dtypes(**tensors: torch.Tensor) -> torch.dtype:
     return dtype
 
 
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dim() != 4:
-            raise ValueError(f"{name} must be 4-D [B, H, L, D], got shape {tuple(t.shape)}")
-    if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
-        raise ValueError(f"q, k, v must share B and H, got q {tuple(q.shape)}, k {tuple(k.shape)}, "
-                         f"v {tuple(v.shape)}")
-    if q.shape[3] != k.shape[3]:
-        raise ValueError(f"q and k must share D, got q {tuple(q.shape)}, k {tuple(k.shape)}")
-    if k.shape[2] != v.shape[2]:
-        raise ValueError(f"k and v must share N, got k {tuple(k.shape)}, v {tuple(v.shape)}")
-
-
 def _mask_arg(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor):
     """Return (pointer tensor, stride_b, stride_n, has_mask) for the kernels."""
     if mask is None:
         # Never dereferenced (HAS_MASK is a constexpr False); any tensor will do.
         return q, 0, 0, False
-    B, N = q.shape[0], k.shape[2]
-    if mask.dtype != torch.bool:
-        raise TypeError(f"key_padding_mask must be bool, got {mask.dtype}")
-    if tuple(mask.shape) != (B, N):
-        raise ValueError(f"key_padding_mask must have shape [B, N] = [{B}, {N}], got {tuple(mask.shape)}")
-    if mask.device != q.device:
-        raise ValueError(f"key_padding_mask is on {mask.device}, q on {q.device}")
+    # dtype, shape and device were checked by check_cross_attention_args.
     # bool loads as i1 which some Triton paths treat awkwardly; uint8 is a free view.
     m8 = mask.contiguous().view(torch.uint8)
     return m8, m8.stride(0), m8.stride(1), True
@@ -297,7 +280,8 @@ def cross_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     because autotuning needs a GPU. Results do not depend on the tiles
     beyond float rounding.
     """
-    _check_qkv(q, k, v)
+    # Shapes, mask and scale as for every backend; then what is particular to Triton.
+    check_cross_attention_args(q, k, v, key_padding_mask, scale, chunk_size)
     _check_device(_fwd_kernel, q, k, v)
     _check_dtypes(q=q, k=k, v=v)
     mask, smb, smn, has_mask = _mask_arg(key_padding_mask, q, k)
