@@ -26,6 +26,11 @@ TORCH_LIBRARY(attn_ext, m) {
   m.def("merge_attention_states_bwd(Tensor grad_out, Tensor grad_lse, Tensor out_a, Tensor lse_a, Tensor out_b, "
         "Tensor lse_b, Tensor out, Tensor lse) -> (Tensor grad_out_a, Tensor grad_lse_a, Tensor grad_out_b, "
         "Tensor grad_lse_b)");
+  // Tree Cross Attention (SPEC §3): fused descent + online-softmax attention over the selected nodes.
+  // Greedy when uniforms is None, else inverse-CDF sampling with uniforms [B, M, height] in [0, 1).
+  m.def("tree_cross_attention_fwd(Tensor q, Tensor node_k, Tensor node_v, Tensor node_padding_mask, "
+        "int branching, int height, int group_size, float scale, Tensor? uniforms) "
+        "-> (Tensor out, Tensor lse, Tensor selected, Tensor log_prob, Tensor entropy)");
   // Diagnostics: which GEMM the CPU kernels use in this process (BLAS symbol or portable loops).
   m.def("cpu_gemm_implementation() -> str", &cpu_gemm_implementation);
 }

@@ -1,11 +1,14 @@
 """Retrieval + attention of Tree Cross Attention (SPEC §3 "Retrieve", "Attend"): readable reference.
 
 Vectorised over batch, heads and queries; the only loop is over the ``k`` levels of the descent.
-The selected set is materialised here (``[B, M, |S|]``), which the fused kernels will avoid.
+The selected set is materialised here (``[B, M, |S|]``), which the fused C++ kernel
+(``attn_ext::tree_cross_attention_fwd``, csrc/cpu/tree_cross_attention.cpp) avoids; its backward
+recomputes :func:`path_forward` on the selected set only (attn_ext/tree/ops.py).
 """
 from __future__ import annotations
 
 import math
+import os
 from typing import NamedTuple, Optional
 
 import torch
@@ -14,6 +17,7 @@ from torch import Tensor
 from attn_ext.tree.build import Tree
 
 POLICIES = ("greedy", "sample", "full")
+TREE_BACKENDS = ("cpp", "reference")
 
 
 class TreeAttentionResult(NamedTuple):
@@ -51,6 +55,7 @@ def tree_cross_attention(
     policy: str = "greedy",
     scale: Optional[float] = None,
     generator: Optional[torch.Generator] = None,
+    backend: Optional[str] = None,
 ) -> TreeAttentionResult:
     """Each query descends the tree, keeps ``O(log N)`` nodes and attends over them (TCA, Algorithm 1).
 
@@ -77,7 +82,15 @@ def tree_cross_attention(
     scale : float, optional
         Score scale of both the policy and the attention, default ``1/sqrt(D)``.
     generator : torch.Generator, optional
-        Source of the draws of ``"sample"``, on the device of ``q``, for reproducibility.
+        Source of the draws of ``"sample"``, on the device of ``q``, for reproducibility. The draws are
+        ``[B, M, height]`` uniforms (``torch.rand``, fp32, fp64 for fp64 inputs) turned into children by
+        inverse CDF of π at each level, identically on every backend: the same generator state gives
+        the same paths.
+    backend : {"cpp", "reference", "auto"}, optional
+        ``None``/``"auto"`` (or ``ATTN_EXT_BACKEND`` if it names one of these): the fused C++ kernel
+        (``attn_ext::tree_cross_attention_fwd``) on CPU when the extension is loaded, else the
+        reference below. For ``"full"`` the ``cpp`` backend runs :func:`attn_ext.cross_attention` over
+        the leaves. A forced backend that cannot run raises ``RuntimeError``.
 
     Returns
     -------
@@ -100,6 +113,10 @@ def tree_cross_attention(
     """
     _check_args(q, node_k, node_v, tree, policy, scale, generator)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    name = _select_tree_backend(backend, q)
+    uniforms = _draw_uniforms(q, tree, generator) if policy == "sample" else None
+    if name == "cpp":
+        return _tree_cross_attention_cpp(q, node_k, node_v, tree, policy, scale, uniforms)
     out_dtype = q.dtype
     if q.dtype in (torch.float16, torch.bfloat16):  # SPEC §0: accumulate in fp32, return the input dtype
         q, node_k, node_v = q.float(), node_k.float(), node_v.float()
@@ -120,21 +137,15 @@ def tree_cross_attention(
     arange_b = torch.arange(b, device=q.device)
     current = torch.zeros(B, M, dtype=torch.long, device=q.device)  # every descent starts at the root
     rejected, log_prob, entropy = [], q.new_zeros(B, M), q.new_zeros(B, M)
-    for _ in range(tree.height):
+    for level in range(tree.height):
         children = current.unsqueeze(-1) * b + 1 + arange_b  # heap layout, see attn_ext.tree.build
-        child_pad = pad.gather(1, children.view(B, M * b)).view(B, M, b)
-        logits = torch.einsum("bhmd,bhmcd->bhmc", q, _gather_nodes(node_k, children)) * scale
-        # A valid node has a valid child, so each row below has a finite entry (no all -inf softmax).
-        weights = torch.softmax(logits.masked_fill(child_pad[:, None], -math.inf), dim=-1)
-        pi = weights.mean(dim=1)  # [B, M, b]; padding children have exactly 0
+        pi = _policy(q, node_k, pad, children, scale)  # [B, M, b]; padding children have exactly 0
         if policy == "greedy":
             action = pi.detach().argmax(dim=-1)
         else:
-            action = torch.multinomial(pi.detach().view(B * M, b), 1, generator=generator).view(B, M)
-        log_prob = log_prob + torch.log(pi.gather(-1, action.unsqueeze(-1)).squeeze(-1))
-        # 0·log 0 = 0 without a NaN gradient: log is taken of 1 where π = 0.
-        positive = pi > 0
-        entropy = entropy - (pi * torch.log(torch.where(positive, pi, torch.ones_like(pi)))).sum(dim=-1)
+            action = _inverse_cdf(pi.detach(), uniforms[:, :, level].to(pi.dtype))
+        step_log_prob, step_entropy = _step_statistics(pi, action)
+        log_prob, entropy = log_prob + step_log_prob, entropy + step_entropy
         # Positions 0..b-2 skip the chosen one: a gather keeps the shapes data-independent (meta, compile).
         others = arange_b[:-1] + (arange_b[:-1] >= action.unsqueeze(-1)).long()
         rejected.append(children.gather(-1, others))
@@ -143,7 +154,7 @@ def tree_cross_attention(
     group = current - tree.level_offset(tree.height)
     leaves = tree.leaf_offset + group.unsqueeze(-1) * tree.group_size + torch.arange(tree.group_size, device=q.device)
     selected = torch.cat([*rejected, leaves], dim=-1)
-    out = _attend(q, node_k, node_v, pad, selected, scale).to(out_dtype)
+    out = _attend(q, node_k, node_v, pad, selected, scale)[0].to(out_dtype)
     return TreeAttentionResult(out, selected, log_prob, entropy)
 
 
@@ -155,14 +166,140 @@ def _gather_nodes(nodes: Tensor, ids: Tensor) -> Tensor:
     return nodes.gather(2, index).view(B, H, M, S, D)
 
 
-def _attend(q: Tensor, node_k: Tensor, node_v: Tensor, pad: Tensor, selected: Tensor, scale: float) -> Tensor:
+def _attend(q: Tensor, node_k: Tensor, node_v: Tensor, pad: Tensor, selected: Tensor, scale: float):
+    """Softmax attention of each query over its selected nodes: ``(out [B,H,M,Dv], lse [B,H,M])``."""
     B, M, S = selected.shape
-    scores = torch.einsum("bhmd,bhmsd->bhms", q, _gather_nodes(node_k, selected)) * scale
     sel_pad = pad.gather(1, selected.reshape(B, M * S)).view(B, 1, M, S)
+    return _attend_gathered(q, _gather_nodes(node_k, selected), _gather_nodes(node_v, selected), sel_pad, scale)
+
+
+def _attend_gathered(q: Tensor, keys: Tensor, values: Tensor, sel_pad: Tensor, scale: float):
+    """:func:`_attend` on gathered ``keys [B,H,M,S,D]``, ``values [B,H,M,S,Dv]`` and ``sel_pad [B,1,M,S]``."""
+    scores = torch.einsum("bhmd,bhmsd->bhms", q, keys) * scale
     # S always holds a valid node (the chosen group has a valid leaf); guard anyway against NaN.
     empty = sel_pad.all(dim=-1, keepdim=True)
-    weights = torch.softmax(scores.masked_fill(sel_pad & ~empty, -math.inf), dim=-1).masked_fill(sel_pad, 0)
-    return torch.einsum("bhms,bhmsd->bhmd", weights, _gather_nodes(node_v, selected))
+    masked = scores.masked_fill(sel_pad & ~empty, -math.inf)
+    weights = torch.softmax(masked, dim=-1).masked_fill(sel_pad, 0)
+    lse = torch.where(empty.squeeze(-1), -math.inf, torch.logsumexp(masked, dim=-1))
+    return torch.einsum("bhms,bhmsd->bhmd", weights, values), lse
+
+
+def _policy(q: Tensor, node_k: Tensor, pad: Tensor, children: Tensor, scale: float) -> Tensor:
+    """``π [B, M, b]``: head mean of the per-head softmax of the query over the valid ``children [B, M, b]``."""
+    B, M, b = children.shape
+    child_pad = pad.gather(1, children.view(B, M * b)).view(B, M, b)
+    logits = torch.einsum("bhmd,bhmcd->bhmc", q, _gather_nodes(node_k, children)) * scale
+    # A valid node has a valid child, so each row below has a finite entry (no all -inf softmax).
+    weights = torch.softmax(logits.masked_fill(child_pad[:, None], -math.inf), dim=-1)
+    return weights.mean(dim=1)
+
+
+def _step_statistics(pi: Tensor, action: Tensor):
+    """``(log π(action), entropy of π)`` per query, both ``[B, M]`` and differentiable."""
+    log_prob = torch.log(pi.gather(-1, action.unsqueeze(-1)).squeeze(-1))
+    # 0·log 0 = 0 without a NaN gradient: log is taken of 1 where π = 0.
+    positive = pi > 0
+    entropy = -(pi * torch.log(torch.where(positive, pi, torch.ones_like(pi)))).sum(dim=-1)
+    return log_prob, entropy
+
+
+def _inverse_cdf(pi: Tensor, u: Tensor) -> Tensor:
+    """The child drawn by uniforms ``u [B, M]`` in [0, 1) from ``pi [B, M, b]``: ``#{c : cdf_c <= u·cdf_last}``.
+
+    Never a child with π = 0 (its cdf equals its predecessor's). The C++ kernel draws identically
+    (attn_ext/tree_descent.h ``tree_choose``).
+    """
+    cdf = pi.cumsum(dim=-1)
+    threshold = u.unsqueeze(-1) * cdf[..., -1:]
+    return (cdf <= threshold).sum(dim=-1).clamp_max(pi.shape[-1] - 1)
+
+
+def _draw_uniforms(q: Tensor, tree: Tree, generator: Optional[torch.Generator]) -> Tensor:
+    """The ``[B, M, height]`` uniforms of a ``"sample"`` descent (fp32, fp64 for fp64 inputs)."""
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    B, _, M, _ = q.shape
+    return torch.rand(B, M, tree.height, generator=generator, device=q.device, dtype=dtype)
+
+
+def path_forward(q: Tensor, node_k: Tensor, node_v: Tensor, node_padding_mask: Tensor, selected: Tensor,
+                 branching: int, height: int, group_size: int, scale: float):
+    """The reference math on a given selected set: ``(out, lse, log_prob, entropy)``, differentiable.
+
+    The path is read back from the ``P`` leaves at the end of ``selected`` (their group, then its
+    ancestors), so only the ``k`` policies along it and the attention over ``S`` are recomputed:
+    O(M·|S|·D). This is the backward of the fused kernels (autograd differentiates it).
+    """
+    out_dtype = q.dtype
+    if q.dtype in (torch.float16, torch.bfloat16):
+        q, node_k, node_v = q.float(), node_k.float(), node_v.float()
+    B, M, S = selected.shape
+    b = branching
+    leaf_offset = (b ** (height + 1) - 1) // (b - 1)
+    group = torch.div(selected[..., S - group_size] - leaf_offset, group_size, rounding_mode="floor")
+    path = [group + (b**height - 1) // (b - 1)]
+    for _ in range(height):
+        path.append(torch.div(path[-1] - 1, b, rounding_mode="floor"))
+    path.reverse()  # path[0] is the root
+    # One gather per tensor for all levels and S: each gather's backward allocates a full-size
+    # node gradient, so k + 2 separate gathers would cost k + 2 passes over all nodes.
+    arange_b = torch.arange(b, device=q.device)
+    children = torch.stack([p.unsqueeze(-1) * b + 1 + arange_b for p in path[:-1]], dim=2)  # [B, M, k, b]
+    ids = torch.cat([children.view(B, M, height * b), selected], dim=-1)
+    keys = _gather_nodes(node_k, ids)  # [B, H, M, k·b + S, D]
+    id_pad = node_padding_mask.gather(1, ids.view(B, -1)).view(B, 1, M, height * b + S)
+    log_prob, entropy = q.new_zeros(B, M), q.new_zeros(B, M)
+    if height > 0:
+        child_keys = keys[:, :, :, : height * b].unflatten(3, (height, b))  # [B, H, M, k, b, D]
+        logits = torch.einsum("bhmd,bhmlcd->bhmlc", q, child_keys) * scale
+        child_pad = id_pad[..., : height * b].unflatten(3, (height, b))
+        pi = torch.softmax(logits.masked_fill(child_pad, -math.inf), dim=-1).mean(dim=1)  # [B, M, k, b]
+        action = torch.stack(path[1:], dim=-1) - children[..., 0]  # [B, M, k]
+        step_log_prob, step_entropy = _step_statistics(pi, action)
+        log_prob, entropy = step_log_prob.sum(dim=-1), step_entropy.sum(dim=-1)
+    out, lse = _attend_gathered(q, keys[:, :, :, height * b:], _gather_nodes(node_v, selected),
+                                id_pad[..., height * b:], scale)
+    return out.to(out_dtype), lse, log_prob, entropy
+
+
+def _select_tree_backend(requested: Optional[str], q: Tensor) -> str:
+    """``"cpp"`` or ``"reference"`` for a call on inputs like ``q`` (see ``backend`` above)."""
+    from attn_ext.backends import ENVIRONMENT_VARIABLE, rejection_reasons
+
+    if requested is None or requested == "auto":
+        env = os.environ.get(ENVIRONMENT_VARIABLE)
+        requested = env if env in TREE_BACKENDS else "auto"
+    if requested != "auto" and requested not in TREE_BACKENDS:
+        raise ValueError(
+            f"attn_ext: unknown backend {requested!r} for tree_cross_attention; choose one of "
+            f"{', '.join(TREE_BACKENDS)} or 'auto'"
+        )
+    reason = rejection_reasons(q)["cpp"] if requested != "reference" else None
+    if requested == "cpp" and reason is not None:
+        raise RuntimeError(f"attn_ext: backend 'cpp' cannot run tree_cross_attention on {q.device} {q.dtype} inputs "
+                           f"({reason})")
+    if requested == "auto":
+        return "cpp" if reason is None else "reference"
+    return requested
+
+
+def _tree_cross_attention_cpp(q, node_k, node_v, tree, policy, scale, uniforms) -> TreeAttentionResult:
+    B, H, M, _ = q.shape
+    acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if policy == "full":
+        from attn_ext.cross_attention import cross_attention
+
+        G = tree.leaf_offset
+        selected = torch.arange(G, tree.num_nodes, device=q.device).expand(B, M, tree.num_leaves)
+        out = cross_attention(q, node_k[:, :, G:], node_v[:, :, G:], key_padding_mask=tree.node_padding_mask[:, G:],
+                              scale=scale, backend="cpp")
+        zero = q.new_zeros(B, M, dtype=acc_dtype)
+        return TreeAttentionResult(out, selected, zero, zero)
+    from attn_ext.tree import ops as _tree_ops  # noqa: F401  (fake kernel and autograd of the fused op)
+
+    out, _, selected, log_prob, entropy = torch.ops.attn_ext.tree_cross_attention_fwd(
+        q, node_k, node_v, tree.node_padding_mask, tree.branching, tree.height, tree.group_size, scale, uniforms
+    )
+    return TreeAttentionResult(out, selected, log_prob, entropy)
 
 
 def _check_args(q, node_k, node_v, tree, policy, scale, generator) -> None:
