@@ -1,4 +1,5 @@
-"""Drop-in attention modules on the fused kernels: ``MultiheadCrossAttention`` and ``CMAB``.
+"""Drop-in attention modules on the fused kernels: ``MultiheadCrossAttention``, ``CMAB`` and
+``TreeCrossAttention`` (with ``tca_loss``).
 
 >>> import torch, attn_ext as ae
 >>> mha = ae.nn.MultiheadCrossAttention(16, 2)
@@ -7,5 +8,16 @@ torch.Size([1, 3, 16])
 """
 from attn_ext.nn.cmab import CMAB, CMABState
 from attn_ext.nn.multihead_cross_attention import MultiheadCrossAttention
+from attn_ext.nn.tca_loss import TCALoss, tca_loss
+from attn_ext.nn.tree_cross_attention import TreeCrossAttention, TreeCrossAttentionOutput, TreeState
 
-__all__ = ["CMAB", "CMABState", "MultiheadCrossAttention"]
+__all__ = [
+    "CMAB",
+    "CMABState",
+    "MultiheadCrossAttention",
+    "TCALoss",
+    "TreeCrossAttention",
+    "TreeCrossAttentionOutput",
+    "TreeState",
+    "tca_loss",
+]
