@@ -17,6 +17,7 @@ BENCHMARKS: dict[str, str] = {
     "cross_attention": "attn_ext.bench.cross_attention",
     "state_update": "attn_ext.bench.state_update",
     "streaming_memory": "attn_ext.bench.streaming_memory",
+    "tree_attention": "attn_ext.bench.tree_attention",
 }
 
 
