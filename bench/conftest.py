@@ -27,3 +27,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         item.add_marker(pytest.mark.bench)
+
+
+@pytest.fixture(scope="session")
+def backend(request: pytest.FixtureRequest) -> str:
+    """The attn_ext backend measured as "ours" (``--attn-ext-backend``)."""
+    return request.config.getoption("--attn-ext-backend")

@@ -19,11 +19,6 @@ from attn_ext.bench import cross_attention_workload as wl  # noqa: E402 - after 
 
 
 @pytest.fixture(scope="session")
-def backend(request: pytest.FixtureRequest) -> str:
-    return request.config.getoption("--attn-ext-backend")
-
-
-@pytest.fixture(scope="session")
 def ours_error(backend: str) -> str | None:
     """Why 'ours' cannot run (then its benchmarks skip and SDPA's still run)."""
     error, _ = wl.check_ours(backend)

@@ -25,11 +25,6 @@ NS = (10_000, 100_000)
 UPDATE_ITERATIONS = 20
 
 
-@pytest.fixture(scope="session")
-def backend(request: pytest.FixtureRequest) -> str:
-    return request.config.getoption("--attn-ext-backend")
-
-
 # Module scope + params: each N's keys are built once and released before the next N.
 @pytest.fixture(scope="module", params=NS, ids=lambda n: f"N={n}")
 def problem(request: pytest.FixtureRequest, backend: str):

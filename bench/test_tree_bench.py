@@ -26,11 +26,6 @@ BRANCHING = 2
 TREE_ITERATIONS = 5
 
 
-@pytest.fixture(scope="session")
-def backend(request: pytest.FixtureRequest) -> str:
-    return request.config.getoption("--attn-ext-backend")
-
-
 # Module scope + params: each N's tensors are built once and released before the next N.
 @pytest.fixture(scope="module", params=NS, ids=lambda n: f"N={n}")
 def problem(request: pytest.FixtureRequest, backend: str):
