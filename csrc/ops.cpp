@@ -31,6 +31,10 @@ TORCH_LIBRARY(attn_ext, m) {
   m.def("tree_cross_attention_fwd(Tensor q, Tensor node_k, Tensor node_v, Tensor node_padding_mask, "
         "int branching, int height, int group_size, float scale, Tensor? uniforms) "
         "-> (Tensor out, Tensor lse, Tensor selected, Tensor log_prob, Tensor entropy)");
+  m.def("tree_cross_attention_bwd(Tensor grad_out, Tensor grad_lse, Tensor grad_log_prob, Tensor grad_entropy, "
+        "Tensor q, Tensor node_k, Tensor node_v, Tensor node_padding_mask, Tensor selected, Tensor lse, "
+        "int branching, int height, int group_size, float scale) "
+        "-> (Tensor grad_q, Tensor grad_node_k, Tensor grad_node_v)");
   // Diagnostics: which GEMM the CPU kernels use in this process (BLAS symbol or portable loops).
   m.def("cpu_gemm_implementation() -> str", &cpu_gemm_implementation);
 }

@@ -6,6 +6,7 @@ import torch
 
 import attn_ext as ae
 from attn_ext.tree import build_tree, tree_aggregate, tree_cross_attention
+from attn_ext.tree.retrieval import path_forward
 
 pytestmark = pytest.mark.skipif(
     ae.available_backends(torch.zeros(1))["cpp"] is not None, reason="attn_ext._C is not built"
@@ -93,6 +94,61 @@ def test_gradients_equal_reference(policy, b, N, masked):
         torch.testing.assert_close(gc, gr, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("with_policy_grads", [False, True])
+@pytest.mark.parametrize("b,N,D,Dv", [(2, 239, 40, 59), (16, 300, 8, 3), (3, 1, 4, 4)])
+def test_gradients_float32_within_flash_rule(with_policy_grads, b, N, D, Dv):
+    tree, q64, k64, v64 = setup(B=2, H=3, M=5, N=N, b=b, D=D, Dv=Dv, masked=N > 1, seed=31 + b)
+    g = torch.Generator().manual_seed(1)
+    w_out = torch.randn(2, 3, 5, Dv, generator=g, dtype=torch.float64)
+
+    def loss_of(out, log_prob, entropy):
+        loss = (out * w_out.to(out.dtype)).sum()
+        return loss + 0.7 * log_prob.sum() - 0.3 * entropy.sum() if with_policy_grads else loss
+
+    inputs = tuple(t.detach().float().requires_grad_() for t in (q64, k64, v64))
+    res = run("cpp", tree, *inputs, "sample")
+    ours = torch.autograd.grad(loss_of(res.out, res.log_prob, res.entropy), inputs)
+
+    def reference_grads(dtype):  # the reference math on the same selected sets
+        inputs = tuple(t.detach().to(dtype).requires_grad_() for t in (q64, k64, v64))
+        out, _, log_prob, entropy = path_forward(*inputs, tree.node_padding_mask, res.selected, tree.branching,
+                                                 tree.height, tree.group_size, 1 / math.sqrt(D))
+        return torch.autograd.grad(loss_of(out, log_prob, entropy), inputs)
+
+    exact, baseline = reference_grads(torch.float64), reference_grads(torch.float32)
+    for name, e, o, r in zip(("dq", "dk", "dv"), exact, ours, baseline):
+        err, ref_err = (o.double() - e).abs().max().item(), (r.double() - e).abs().max().item()
+        assert err <= 3 * ref_err + 1e-6, f"{name}: {err} vs reference fp32 error {ref_err}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gradients_half_precision(dtype):
+    tree, q64, k64, v64 = setup(N=64, masked=True, seed=4)
+
+    def grads(backend, dt):
+        inputs = tuple(t.detach().to(dt).requires_grad_() for t in (q64, k64, v64))
+        res = run(backend, tree, *inputs, "greedy")
+        loss = res.out.float().sum() + res.log_prob.sum() + res.entropy.sum()
+        return torch.autograd.grad(loss, inputs)
+
+    exact = grads("reference", torch.float64)
+    for name, e, o, r in zip(("dq", "dk", "dv"), exact, grads("cpp", dtype), grads("reference", dtype)):
+        assert o.dtype == dtype
+        err, ref_err = (o.double() - e).abs().max().item(), (r.double() - e).abs().max().item()
+        assert err <= 3 * ref_err + 4 * torch.finfo(dtype).eps, f"{name}: {err} vs {ref_err}"
+
+
+def test_backward_is_deterministic():
+    tree, q, node_k, node_v = setup(B=2, H=4, M=64, N=200, b=2, masked=True, seed=12, dtype=torch.float32)
+    runs = []
+    for _ in range(2):
+        inputs = tuple(t.detach().clone().requires_grad_() for t in (q, node_k, node_v))
+        res = run("cpp", tree, *inputs, "sample")
+        runs.append(torch.autograd.grad(res.out.sum() + res.log_prob.sum(), inputs))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
 def test_gradcheck_cpp_with_a_fixed_path():
     tree, q, node_k, node_v = setup(B=1, H=2, M=2, N=9, b=3, D=2, Dv=2, masked=True, seed=5)
     inputs = tuple(t.detach().clone().requires_grad_() for t in (q, node_k, node_v))
@@ -127,8 +183,22 @@ def test_opcheck_backward_op():
     args, tree = _op_args()
     out, lse, selected, log_prob, entropy = torch.ops.attn_ext.tree_cross_attention_fwd(*args)
     grads = (torch.randn_like(out), torch.randn_like(lse), torch.randn_like(log_prob), torch.randn_like(entropy))
-    bwd_args = (*grads, *args[:4], selected, *args[4:8])
-    torch.library.opcheck(torch.ops.attn_ext.tree_cross_attention_bwd_reference, bwd_args, test_utils=OPCHECK_TESTS)
+    bwd_args = (*grads, *args[:4], selected, lse, *args[4:8])
+    torch.library.opcheck(torch.ops.attn_ext.tree_cross_attention_bwd, bwd_args, test_utils=OPCHECK_TESTS)
+
+
+def test_backward_op_rejects_bad_selected_ids():
+    args, tree = _op_args()
+    out, lse, selected, log_prob, entropy = torch.ops.attn_ext.tree_cross_attention_fwd(*args)
+    grads = (torch.ones_like(out), torch.zeros_like(lse), torch.zeros_like(log_prob), torch.zeros_like(entropy))
+    bad = selected.clone()
+    bad[0, 0, 0] = tree.num_nodes
+    with pytest.raises(RuntimeError, match="outside the tree's"):
+        torch.ops.attn_ext.tree_cross_attention_bwd(*grads, *args[:4], bad, lse, *args[4:8])
+    with pytest.raises(RuntimeError, match=r"selected must be int64 \[B, M, S\]"):
+        torch.ops.attn_ext.tree_cross_attention_bwd(*grads, *args[:4], selected[:, :, 1:], lse, *args[4:8])
+    with pytest.raises(RuntimeError, match=r"grad_out must be \[B, H, M, Dv\]"):
+        torch.ops.attn_ext.tree_cross_attention_bwd(out[:, :1], *grads[1:], *args[:4], selected, lse, *args[4:8])
 
 
 def test_fused_op_returns_lse_of_the_selected_set():

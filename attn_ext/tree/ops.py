@@ -1,52 +1,28 @@
-"""torch.library registrations of the fused Tree Cross Attention op (SPEC §0, §3).
+"""torch.library registrations of the fused Tree Cross Attention ops (SPEC §0, §3).
 
-``attn_ext::tree_cross_attention_fwd`` (C++, csrc/cpu/tree_cross_attention.cpp; schema in csrc/ops.cpp)
-returns ``(out, lse, selected, log_prob, entropy)``. It gets here
-
-* a fake kernel (shapes only; ``S = height·(b − 1) + group_size``), for meta tensors and torch.compile;
-* an autograd formula without any C++ backward: ``attn_ext::tree_cross_attention_bwd_reference``
-  reruns the reference math (:func:`attn_ext.tree.retrieval.path_forward`) on the *selected* nodes
-  only — the path is read back from ``selected`` — and differentiates it with autograd. That is
-  O(M·|S|·D) work and gives exactly the reference's gradients (the discrete choices are constants).
+``attn_ext::tree_cross_attention_fwd`` (C++, csrc/cpu/tree_cross_attention.cpp; schemas in csrc/ops.cpp)
+returns ``(out, lse, selected, log_prob, entropy)``; ``attn_ext::tree_cross_attention_bwd``
+(csrc/cpu/tree_cross_attention_bwd.cpp) returns ``(grad_q, grad_node_k, grad_node_v)`` from the
+forward's ``selected`` and ``lse``, without repeating the descent. Here they get fake kernels (shapes
+only; ``S = height·(b − 1) + group_size``) for meta tensors and torch.compile, and the forward gets
+its autograd formula.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from attn_ext._extension import extension_error
-from attn_ext.tree.retrieval import path_forward
-
-_Grads = Tuple[Tensor, Tensor, Tensor]
 
 
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-@torch.library.custom_op("attn_ext::tree_cross_attention_bwd_reference", mutates_args=())
-def _tree_cross_attention_bwd_reference(
-    grad_out: Tensor, grad_lse: Tensor, grad_log_prob: Tensor, grad_entropy: Tensor, q: Tensor, node_k: Tensor,
-    node_v: Tensor, node_padding_mask: Tensor, selected: Tensor, branching: int, height: int, group_size: int,
-    scale: float,
-) -> _Grads:
-    # A custom op's implementation runs below autograd (its dispatch keys are excluded in TLS), so
-    # enable_grad alone records nothing: re-admit the autograd keys for this local recomputation.
-    key = torch._C.DispatchKey
-    with torch._C._SetExcludeDispatchKeyGuard(key.AutogradFunctionality, False), \
-            torch._C._SetExcludeDispatchKeyGuard(key.ADInplaceOrView, False), torch.enable_grad():
-        inputs = [t.detach().requires_grad_() for t in (q, node_k, node_v)]
-        outputs = path_forward(*inputs, node_padding_mask, selected, branching, height, group_size, scale)
-        grads = torch.autograd.grad(outputs, inputs, (grad_out, grad_lse, grad_log_prob, grad_entropy),
-                                    allow_unused=True)
-    return tuple(torch.zeros_like(t) if g is None else g.contiguous() for g, t in zip(grads, (q, node_k, node_v)))
-
-
-@torch.library.register_fake("attn_ext::tree_cross_attention_bwd_reference")
 def _fake_backward(grad_out, grad_lse, grad_log_prob, grad_entropy, q, node_k, node_v, node_padding_mask, selected,
-                   branching, height, group_size, scale):
+                   lse, branching, height, group_size, scale):
     return q.new_empty(q.shape), node_k.new_empty(node_k.shape), node_v.new_empty(node_v.shape)
 
 
@@ -72,12 +48,13 @@ def _backward(ctx, grad_out: Optional[Tensor], grad_lse: Optional[Tensor], grad_
     grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse
     grad_log_prob = torch.zeros_like(log_prob) if grad_log_prob is None else grad_log_prob
     grad_entropy = torch.zeros_like(log_prob) if grad_entropy is None else grad_entropy
-    grad_q, grad_k, grad_v = torch.ops.attn_ext.tree_cross_attention_bwd_reference(
-        grad_out, grad_lse, grad_log_prob, grad_entropy, q, node_k, node_v, node_padding_mask, selected, *ctx.tree
+    grad_q, grad_k, grad_v = torch.ops.attn_ext.tree_cross_attention_bwd(
+        grad_out, grad_lse, grad_log_prob, grad_entropy, q, node_k, node_v, node_padding_mask, selected, lse, *ctx.tree
     )
     return grad_q, grad_k, grad_v, None, None, None, None, None, None
 
 
 if extension_error() is None:
     torch.library.register_fake("attn_ext::tree_cross_attention_fwd")(_fake_forward)
+    torch.library.register_fake("attn_ext::tree_cross_attention_bwd")(_fake_backward)
     torch.library.register_autograd("attn_ext::tree_cross_attention_fwd", _backward, setup_context=_setup_context)

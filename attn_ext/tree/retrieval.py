@@ -1,9 +1,10 @@
 """Retrieval + attention of Tree Cross Attention (SPEC §3 "Retrieve", "Attend"): readable reference.
 
 Vectorised over batch, heads and queries; the only loop is over the ``k`` levels of the descent.
-The selected set is materialised here (``[B, M, |S|]``), which the fused C++ kernel
-(``attn_ext::tree_cross_attention_fwd``, csrc/cpu/tree_cross_attention.cpp) avoids; its backward
-recomputes :func:`path_forward` on the selected set only (attn_ext/tree/ops.py).
+The selected set's keys and values are materialised here (``[B, H, M, |S|, D]``), which the fused
+C++ kernels (``attn_ext::tree_cross_attention_fwd`` / ``_bwd``, csrc/cpu/tree_cross_attention*.cpp)
+avoid. :func:`path_forward` is the reference math on a given selected set, against which the fused
+backward is tested.
 """
 from __future__ import annotations
 
@@ -227,7 +228,8 @@ def path_forward(q: Tensor, node_k: Tensor, node_v: Tensor, node_padding_mask: T
 
     The path is read back from the ``P`` leaves at the end of ``selected`` (their group, then its
     ancestors), so only the ``k`` policies along it and the attention over ``S`` are recomputed:
-    O(M·|S|·D). This is the backward of the fused kernels (autograd differentiates it).
+    O(M·|S|·D). Differentiated by autograd it gives the reference gradients for a fixed path, which
+    the fused backward kernels must match.
     """
     out_dtype = q.dtype
     if q.dtype in (torch.float16, torch.bfloat16):
@@ -243,7 +245,8 @@ def path_forward(q: Tensor, node_k: Tensor, node_v: Tensor, node_padding_mask: T
     # One gather per tensor for all levels and S: each gather's backward allocates a full-size
     # node gradient, so k + 2 separate gathers would cost k + 2 passes over all nodes.
     arange_b = torch.arange(b, device=q.device)
-    children = torch.stack([p.unsqueeze(-1) * b + 1 + arange_b for p in path[:-1]], dim=2)  # [B, M, k, b]
+    children = torch.stack([p.unsqueeze(-1) * b + 1 + arange_b for p in path[:-1]], dim=2) if height > 0 \
+        else selected.new_empty(B, M, 0, b)  # [B, M, k, b]
     ids = torch.cat([children.view(B, M, height * b), selected], dim=-1)
     keys = _gather_nodes(node_k, ids)  # [B, H, M, k·b + S, D]
     id_pad = node_padding_mask.gather(1, ids.view(B, -1)).view(B, 1, M, height * b + S)

@@ -10,4 +10,5 @@ TORCH_LIBRARY_IMPL(attn_ext, CPU, m) {
   m.impl("merge_attention_states", &attn_ext::cpu::merge_attention_states_cpu);
   m.impl("merge_attention_states_bwd", &attn_ext::cpu::merge_attention_states_bwd_cpu);
   m.impl("tree_cross_attention_fwd", &attn_ext::cpu::tree_cross_attention_fwd_cpu);
+  m.impl("tree_cross_attention_bwd", &attn_ext::cpu::tree_cross_attention_bwd_cpu);
 }

@@ -22,76 +22,15 @@
 #include "attn_ext/tree_descent.h"
 #include "cross_attention_checks.h"
 #include "tree_cross_attention_cpu.h"
+#include "tree_shape.h"
 
 namespace attn_ext::cpu {
 namespace {
-
-struct TreeShape {
-  int64_t batch, heads, queries, head_dim, value_dim, nodes;
-  int64_t branching, height, group_size, leaf_offset, group_offset, selected;
-};
 
 int64_t int_pow(int64_t base, int64_t exp) {
   int64_t r = 1;
   for (int64_t i = 0; i < exp; ++i) r *= base;
   return r;
-}
-
-TreeShape check_tree_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                            int64_t branching, int64_t height, int64_t group_size, double scale,
-                            const std::optional<at::Tensor>& uniforms) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-              "attn_ext: q, node_k, node_v must be 4-D [B, H, M, D], [B, H, num_nodes, D], [B, H, num_nodes, Dv]; got q ",
-              q.sizes(), ", node_k ", k.sizes(), ", node_v ", v.sizes());
-  TORCH_CHECK(branching >= 2, "attn_ext: branching must be >= 2, got ", branching);
-  TORCH_CHECK(height >= 0 && height <= 62, "attn_ext: height must be in [0, 62], got ", height);
-  TORCH_CHECK(group_size >= 1, "attn_ext: group_size must be >= 1, got ", group_size);
-  TORCH_CHECK(std::isfinite(scale), "attn_ext: scale must be finite, got ", scale);
-  TreeShape s;
-  s.batch = q.size(0);
-  s.heads = q.size(1);
-  s.queries = q.size(2);
-  s.head_dim = q.size(3);
-  s.value_dim = v.size(3);
-  s.branching = branching;
-  s.height = height;
-  s.group_size = group_size;
-  // Guard the id arithmetic against overflow before computing b^(k+1).
-  double groups_d = 1;
-  for (int64_t i = 0; i <= height; ++i) groups_d *= static_cast<double>(branching);
-  TORCH_CHECK(groups_d * static_cast<double>(group_size) < 4e18, "attn_ext: a tree of branching ", branching,
-              ", height ", height, " and group size ", group_size, " is too large");
-  s.group_offset = (int_pow(branching, height) - 1) / (branching - 1);
-  s.leaf_offset = (int_pow(branching, height + 1) - 1) / (branching - 1);
-  s.nodes = s.leaf_offset + group_size * int_pow(branching, height);
-  s.selected = height * (branching - 1) + group_size;
-  TORCH_CHECK(k.size(0) == s.batch && k.size(1) == s.heads && k.size(2) == s.nodes && k.size(3) == s.head_dim &&
-                  v.size(0) == s.batch && v.size(1) == s.heads && v.size(2) == s.nodes,
-              "attn_ext: node_k must be [B, H, num_nodes, D] = [", s.batch, ", ", s.heads, ", ", s.nodes, ", ",
-              s.head_dim, "] and node_v [B, H, num_nodes, Dv] for q ", q.sizes(), " and a tree with branching ",
-              branching, ", height ", height, ", group size ", group_size, "; got node_k ", k.sizes(), ", node_v ",
-              v.sizes());
-  TORCH_CHECK(s.head_dim > 0, "attn_ext: head dim D must be positive, got q ", q.sizes());
-  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type() && q.is_floating_point(),
-              "attn_ext: q, node_k, node_v must share a floating dtype; got ", q.scalar_type(), ", ", k.scalar_type(),
-              ", ", v.scalar_type());
-  TORCH_CHECK(mask.scalar_type() == at::kBool, "attn_ext: node_padding_mask must be bool (True = padding), got ",
-              mask.scalar_type());
-  TORCH_CHECK(mask.dim() == 2 && mask.size(0) == s.batch && mask.size(1) == s.nodes,
-              "attn_ext: node_padding_mask must be [B, num_nodes] = [", s.batch, ", ", s.nodes, "], got ",
-              mask.sizes());
-  TORCH_CHECK(q.device() == k.device() && q.device() == v.device() && q.device() == mask.device(),
-              "attn_ext: q, node_k, node_v, node_padding_mask must be on one device; got ", q.device(), ", ",
-              k.device(), ", ", v.device(), ", ", mask.device());
-  if (uniforms.has_value()) {
-    const at::Tensor& u = *uniforms;
-    TORCH_CHECK(u.is_floating_point(), "attn_ext: uniforms must be a floating tensor, got ", u.scalar_type());
-    TORCH_CHECK(u.dim() == 3 && u.size(0) == s.batch && u.size(1) == s.queries && u.size(2) == height,
-                "attn_ext: uniforms must be [B, M, height] = [", s.batch, ", ", s.queries, ", ", height, "], got ",
-                u.sizes());
-    TORCH_CHECK(u.device() == q.device(), "attn_ext: uniforms are on ", u.device(), " but q on ", q.device());
-  }
-  return s;
 }
 
 template <typename scalar_t, typename acc_t>
@@ -231,6 +170,63 @@ void tree_forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Ten
 }
 
 }  // namespace
+
+TreeShape check_tree_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
+                            int64_t branching, int64_t height, int64_t group_size, double scale,
+                            const std::optional<at::Tensor>& uniforms) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+              "attn_ext: q, node_k, node_v must be 4-D [B, H, M, D], [B, H, num_nodes, D], [B, H, num_nodes, Dv]; got q ",
+              q.sizes(), ", node_k ", k.sizes(), ", node_v ", v.sizes());
+  TORCH_CHECK(branching >= 2, "attn_ext: branching must be >= 2, got ", branching);
+  TORCH_CHECK(height >= 0 && height <= 62, "attn_ext: height must be in [0, 62], got ", height);
+  TORCH_CHECK(group_size >= 1, "attn_ext: group_size must be >= 1, got ", group_size);
+  TORCH_CHECK(std::isfinite(scale), "attn_ext: scale must be finite, got ", scale);
+  TreeShape s;
+  s.batch = q.size(0);
+  s.heads = q.size(1);
+  s.queries = q.size(2);
+  s.head_dim = q.size(3);
+  s.value_dim = v.size(3);
+  s.branching = branching;
+  s.height = height;
+  s.group_size = group_size;
+  // Guard the id arithmetic against overflow before computing b^(k+1).
+  double groups_d = 1;
+  for (int64_t i = 0; i <= height; ++i) groups_d *= static_cast<double>(branching);
+  TORCH_CHECK(groups_d * static_cast<double>(group_size) < 4e18, "attn_ext: a tree of branching ", branching,
+              ", height ", height, " and group size ", group_size, " is too large");
+  s.group_offset = (int_pow(branching, height) - 1) / (branching - 1);
+  s.leaf_offset = (int_pow(branching, height + 1) - 1) / (branching - 1);
+  s.nodes = s.leaf_offset + group_size * int_pow(branching, height);
+  s.selected = height * (branching - 1) + group_size;
+  TORCH_CHECK(k.size(0) == s.batch && k.size(1) == s.heads && k.size(2) == s.nodes && k.size(3) == s.head_dim &&
+                  v.size(0) == s.batch && v.size(1) == s.heads && v.size(2) == s.nodes,
+              "attn_ext: node_k must be [B, H, num_nodes, D] = [", s.batch, ", ", s.heads, ", ", s.nodes, ", ",
+              s.head_dim, "] and node_v [B, H, num_nodes, Dv] for q ", q.sizes(), " and a tree with branching ",
+              branching, ", height ", height, ", group size ", group_size, "; got node_k ", k.sizes(), ", node_v ",
+              v.sizes());
+  TORCH_CHECK(s.head_dim > 0, "attn_ext: head dim D must be positive, got q ", q.sizes());
+  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type() && q.is_floating_point(),
+              "attn_ext: q, node_k, node_v must share a floating dtype; got ", q.scalar_type(), ", ", k.scalar_type(),
+              ", ", v.scalar_type());
+  TORCH_CHECK(mask.scalar_type() == at::kBool, "attn_ext: node_padding_mask must be bool (True = padding), got ",
+              mask.scalar_type());
+  TORCH_CHECK(mask.dim() == 2 && mask.size(0) == s.batch && mask.size(1) == s.nodes,
+              "attn_ext: node_padding_mask must be [B, num_nodes] = [", s.batch, ", ", s.nodes, "], got ",
+              mask.sizes());
+  TORCH_CHECK(q.device() == k.device() && q.device() == v.device() && q.device() == mask.device(),
+              "attn_ext: q, node_k, node_v, node_padding_mask must be on one device; got ", q.device(), ", ",
+              k.device(), ", ", v.device(), ", ", mask.device());
+  if (uniforms.has_value()) {
+    const at::Tensor& u = *uniforms;
+    TORCH_CHECK(u.is_floating_point(), "attn_ext: uniforms must be a floating tensor, got ", u.scalar_type());
+    TORCH_CHECK(u.dim() == 3 && u.size(0) == s.batch && u.size(1) == s.queries && u.size(2) == height,
+                "attn_ext: uniforms must be [B, M, height] = [", s.batch, ", ", s.queries, ", ", height, "], got ",
+                u.sizes());
+    TORCH_CHECK(u.device() == q.device(), "attn_ext: uniforms are on ", u.device(), " but q on ", q.device());
+  }
+  return s;
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_cross_attention_fwd_cpu(
     const at::Tensor& q, const at::Tensor& node_k, const at::Tensor& node_v, const at::Tensor& node_padding_mask,

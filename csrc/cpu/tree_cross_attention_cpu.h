@@ -16,4 +16,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_cros
     const at::Tensor& q, const at::Tensor& node_k, const at::Tensor& node_v, const at::Tensor& node_padding_mask,
     int64_t branching, int64_t height, int64_t group_size, double scale, const std::optional<at::Tensor>& uniforms);
 
+/// Its backward: (grad_q, grad_node_k, grad_node_v) from the gradients of (out, lse, log_prob,
+/// entropy), given the forward's `selected` and `lse`. Deterministic (no atomics).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_cross_attention_bwd_cpu(
+    const at::Tensor& grad_out, const at::Tensor& grad_lse, const at::Tensor& grad_log_prob,
+    const at::Tensor& grad_entropy, const at::Tensor& q, const at::Tensor& node_k, const at::Tensor& node_v,
+    const at::Tensor& node_padding_mask, const at::Tensor& selected, const at::Tensor& lse, int64_t branching,
+    int64_t height, int64_t group_size, double scale);
+
 }  // namespace attn_ext::cpu

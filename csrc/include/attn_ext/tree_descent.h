@@ -11,6 +11,11 @@
 //    choice is #{c : cdf_c ≤ u·cdf_{b−1}} (capped at b − 1). A child with π = 0 is never chosen, since
 //    a chosen c has cdf_c > cdf_{c−1}. The reference draws the same way from the same uniforms.
 // and reports log π(choice) and the step's entropy −Σ_c π_c log π_c (0·log 0 = 0).
+//
+// Backward (the choices are constants; REINFORCE differentiates log π and the entropy): with upstream
+// gradients g_lp of Σ_t log π(a_t) and g_H of Σ_t H(π_t),
+//     dπ_c = g_lp·[c = a]/π_a − g_H·(log π_c + 1)   for π_c > 0,   0 where π_c = 0,
+// each head's weights get dw_c = dπ_c / H (the mean), and its logits dl_c = w_c (dw_c − Σ_c' w_c' dw_c').
 #pragma once
 
 #include <stdint.h>
@@ -99,6 +104,57 @@ ATTN_EXT_HOST_DEVICE TreeStep<acc_t> tree_descent_step(const acc_t* scores, int6
   step.log_prob = pi[step.choice] > acc_t(0) ? math_log(pi[step.choice]) : negative_infinity<acc_t>();
   step.entropy = tree_policy_entropy(pi, b);
   return step;
+}
+
+/// Gradient of one step's `log π(choice)` and entropy with respect to every head's child weights:
+/// writes `dw[c] = dπ_c / heads` (the same for all heads, since π is their mean). See the file comment.
+template <typename acc_t>
+ATTN_EXT_HOST_DEVICE void tree_policy_backward(const acc_t* pi, int b, int choice, acc_t grad_log_prob,
+                                               acc_t grad_entropy, int64_t heads, acc_t* dw) {
+  const acc_t inv_heads = acc_t(1) / static_cast<acc_t>(heads);
+  for (int c = 0; c < b; ++c) {
+    acc_t d = acc_t(0);
+    if (pi[c] > acc_t(0)) {
+      d = -grad_entropy * (math_log(pi[c]) + acc_t(1));
+      if (c == choice) d += grad_log_prob / pi[c];
+    }
+    dw[c] = d * inv_heads;
+  }
+}
+
+/// One head's softmax weights `w` over the children (0 for padding children) from its `scores`
+/// (`b` entries, padding ones ignored), as in tree_policy.
+template <typename acc_t>
+ATTN_EXT_HOST_DEVICE void tree_head_weights(const acc_t* scores, int b, const bool* child_padding, acc_t* w) {
+  acc_t mx = negative_infinity<acc_t>();
+  for (int c = 0; c < b; ++c) {
+    if (!child_padding[c] && scores[c] > mx) mx = scores[c];
+  }
+  acc_t sum = acc_t(0);
+  for (int c = 0; c < b; ++c) {
+    w[c] = (child_padding[c] || is_negative_infinity(mx)) ? acc_t(0) : math_exp(scores[c] - mx);
+    sum += w[c];
+  }
+  for (int c = 0; c < b; ++c) w[c] = sum > acc_t(0) ? w[c] / sum : acc_t(0);
+}
+
+/// Softmax backward of one head's child weights: `dl[c] = w_c (dw_c − Σ_c' w_c' dw_c')`, the
+/// gradient of its (scaled) child scores.
+template <typename acc_t>
+ATTN_EXT_HOST_DEVICE void tree_head_logit_backward(const acc_t* w, const acc_t* dw, int b, acc_t* dl) {
+  acc_t mean = acc_t(0);
+  for (int c = 0; c < b; ++c) mean += w[c] * dw[c];
+  for (int c = 0; c < b; ++c) dl[c] = w[c] * (dw[c] - mean);
+}
+
+/// The descent path of a query, read back from the id of the first leaf of its chosen group (the
+/// first of the last `group_size` entries of its selected set): `path[0] = 0` (root) … `path[height]`
+/// (the group node). Ids follow attn_ext/tree/build.py (heap layout, leaves after the groups).
+ATTN_EXT_HOST_DEVICE void tree_path_from_leaf(int64_t first_leaf, int64_t branching, int64_t height,
+                                                     int64_t group_size, int64_t group_offset, int64_t leaf_offset,
+                                                     int64_t* path) {
+  path[height] = group_offset + (first_leaf - leaf_offset) / group_size;
+  for (int64_t t = height; t > 0; --t) path[t - 1] = (path[t] - 1) / branching;
 }
 
 }  // namespace attn_ext
