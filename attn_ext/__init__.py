@@ -7,7 +7,8 @@ torch.Size([1, 2, 8, 16])
 """
 from attn_ext import ops  # noqa: F401  (registers the custom ops, fake kernels and autograd)
 from attn_ext import nn
-from attn_ext import tree  # Tree Cross Attention (SPEC §3): pure-PyTorch reference so far
+from attn_ext import ridge  # Intention and σIntention, ridge-regression attention (SPEC §4)
+from attn_ext import tree  # Tree Cross Attention (SPEC §3)
 from attn_ext.backends import BACKENDS, available_backends
 from attn_ext.cross_attention import DEFAULT_CHUNK_SIZE, cross_attention
 from attn_ext.tree import (
@@ -17,6 +18,16 @@ from attn_ext.tree import (
     tree_aggregate,
     tree_cross_attention,
     tree_num_selected,
+)
+from attn_ext.ridge import (
+    IntentionState,
+    intention,
+    intention_from_state,
+    intention_state,
+    merge_intention_states,
+    remove_from_intention_state,
+    sigma_intention,
+    update_intention_state,
 )
 from attn_ext.state import (
     AttentionState,
@@ -61,5 +72,13 @@ __all__ = [
     "tree_aggregate",
     "tree_cross_attention",
     "tree_num_selected",
+    "IntentionState",
+    "intention",
+    "intention_from_state",
+    "intention_state",
+    "merge_intention_states",
+    "remove_from_intention_state",
+    "sigma_intention",
+    "update_intention_state",
     "__version__",
 ]

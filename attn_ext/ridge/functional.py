@@ -1,0 +1,157 @@
+"""``attn_ext.ridge`` and ``attn_ext.sigma_intention``: ridge-regression attention (SPEC §4)."""
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+from attn_ext._validation import check_cross_attention_args
+from attn_ext.ridge import reference
+
+FORMS = ("primal", "dual", "auto")
+AlphaLike = Union[float, Tensor]
+
+
+def intention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    alpha: AlphaLike = 1.0,
+    key_padding_mask: Optional[Tensor] = None,
+    form: str = "auto",
+    scale: float = 1.0,
+    backend: Optional[str] = None,
+) -> Tensor:
+    """Intention: the ridge-regression prediction ``scale·Q (KᵀK + αI)⁻¹ KᵀV`` per batch and head.
+
+    The map fitted by least squares (with ridge ``α``) from the keys to the values, evaluated at the
+    queries (Garnelo & Czarnecki). Linear in N: the keys enter only through ``KᵀK`` and ``KᵀV``.
+
+    Parameters
+    ----------
+    q, k, v : Tensor
+        ``[B, H, M, D]``, ``[B, H, N, D]``, ``[B, H, N, Dv]`` (SDPA layout); fp16/bf16 are computed in fp32.
+    alpha : float or Tensor
+        Ridge ``α >= 0``; a tensor broadcastable to ``[B, H]`` (e.g. one learnable value per head,
+        shape ``[H]``) receives a gradient. ``α = 0`` needs at least ``D`` valid, non-collinear keys:
+        a singular system raises ``ValueError`` (never a NaN result).
+    key_padding_mask : Tensor, optional
+        Bool ``[B, N]``, True = padding (dropped from the regression).
+    form : {"auto", "primal", "dual"}
+        ``"primal"`` solves the D×D system ``(KᵀK + αI) W = KᵀV``; ``"dual"`` the N×N system
+        ``(KKᵀ + αI) Z = V`` and returns ``scale·Q Kᵀ Z`` (equal for α > 0); ``"auto"`` picks the
+        smaller system (dual only when N < D).
+    scale : float
+        Multiplies the queries (default 1: the exact ridge prediction; the paper's App. 9 uses √D in
+        deep stacks).
+    backend : {"reference", "auto"}, optional
+        Kernel choice (the same rules as :func:`attn_ext.cross_attention`).
+
+    Returns
+    -------
+    Tensor
+        ``[B, H, M, Dv]`` in the input dtype.
+
+    Examples
+    --------
+    >>> import torch, attn_ext as ae
+    >>> k = torch.randn(1, 1, 50, 3, dtype=torch.float64)
+    >>> v = k @ torch.tensor([[1.0], [2.0], [-1.0]], dtype=torch.float64)   # an exactly linear map
+    >>> q = torch.eye(3, dtype=torch.float64).view(1, 1, 3, 3)
+    >>> ae.intention(q, k, v, alpha=0.0).flatten().round(decimals=6).tolist()   # recovers its weights
+    [1.0, 2.0, -1.0]
+    """
+    check_cross_attention_args(q, k, v, key_padding_mask, scale, None)
+    alpha_t = _alpha_tensor(alpha, q)
+    if form not in FORMS:
+        raise ValueError(f"attn_ext: unknown form {form!r}; choose one of {', '.join(FORMS)}")
+    _check_backend(backend)
+    if form == "auto":
+        form = "dual" if k.shape[2] < k.shape[3] else "primal"
+    fn = reference.intention_dual if form == "dual" else reference.intention_primal
+    q_, k_, v_, alpha_ = _upcast(q, k, v, alpha_t)
+    return fn(q_, k_, v_, alpha_, key_padding_mask, float(scale)).to(q.dtype)
+
+
+def sigma_intention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    alpha: AlphaLike = 1.0,
+    key_padding_mask: Optional[Tensor] = None,
+    scale: float = 1.0,
+    backend: Optional[str] = None,
+) -> Tensor:
+    """σIntention: ``softmax(scale·Q (KᵀK + αI)⁻¹ Kᵀ) V`` per batch and head.
+
+    The softmax attention of the transformed queries ``Q̃ = scale·Q (KᵀK + αI)⁻¹`` over the keys,
+    computed by :func:`attn_ext.cross_attention` (score scale 1), so its memory is linear in N.
+
+    Parameters
+    ----------
+    q, k, v, alpha, key_padding_mask, scale, backend
+        As in :func:`intention`. A query row whose keys are all padding gets 0.
+
+    Returns
+    -------
+    Tensor
+        ``[B, H, M, Dv]`` in the input dtype.
+
+    Examples
+    --------
+    >>> import torch, attn_ext as ae
+    >>> q, k, v = torch.randn(2, 4, 16, 8), torch.randn(2, 4, 100, 8), torch.randn(2, 4, 100, 5)
+    >>> ae.sigma_intention(q, k, v, alpha=0.5).shape
+    torch.Size([2, 4, 16, 5])
+    """
+    from attn_ext.cross_attention import cross_attention
+
+    check_cross_attention_args(q, k, v, key_padding_mask, scale, None)
+    alpha_t = _alpha_tensor(alpha, q)
+    _check_backend(backend)
+    q_, k_, _, alpha_ = _upcast(q, k, v, alpha_t)
+    q_tilde = reference.transformed_queries(q_, k_, alpha_, key_padding_mask, float(scale)).to(q.dtype)
+    return cross_attention(q_tilde, k, v, key_padding_mask=key_padding_mask, scale=1.0)
+
+
+def _upcast(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor):
+    """fp16/bf16 inputs are solved in fp32 (SPEC §0); ``alpha`` follows the compute dtype."""
+    dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    return q.to(dtype), k.to(dtype), v.to(dtype), alpha.to(dtype)
+
+
+def _alpha_tensor(alpha: AlphaLike, q: Tensor) -> Tensor:
+    """``alpha`` as a ``[B, H]`` tensor (a broadcast view), validated: finite and ``>= 0``."""
+    B, H = q.shape[:2]
+    if isinstance(alpha, Tensor):
+        if alpha.is_complex() or not alpha.is_floating_point():
+            raise TypeError(f"attn_ext: alpha must be a real floating tensor, got {alpha.dtype}")
+        if alpha.device != q.device:
+            raise RuntimeError(f"attn_ext: alpha is on {alpha.device} but q on {q.device}")
+        try:
+            shape = torch.broadcast_shapes(alpha.shape, (B, H))
+        except RuntimeError:
+            shape = None
+        if shape != (B, H):
+            raise ValueError(
+                f"attn_ext: alpha must be a float or a tensor broadcastable to [B, H] = {[B, H]} "
+                f"(e.g. [H] per head), got shape {tuple(alpha.shape)}"
+            )
+        if alpha.device.type != "meta":
+            bad = ~torch.isfinite(alpha.detach()) | (alpha.detach() < 0)
+            if bool(bad.any()):
+                raise ValueError(f"attn_ext: alpha must be finite and >= 0, got {alpha.detach().flatten()[:8].tolist()}")
+        return alpha.expand(B, H)
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha < 0:
+        raise ValueError(f"attn_ext: alpha must be a finite float >= 0 or a tensor, got {alpha!r}")
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return torch.full((B, H), float(alpha), dtype=dtype, device=q.device)
+
+
+def _check_backend(backend: Optional[str]) -> None:
+    if backend not in (None, "auto", "reference"):
+        raise ValueError(f"attn_ext: unknown backend {backend!r} for intention; choose 'reference' or 'auto'")

@@ -1,0 +1,138 @@
+"""Intention and σIntention (SPEC §4) against independent fp64 computations."""
+import pytest
+import torch
+
+import attn_ext as ae
+from attn_ext.ridge import reference
+
+BACKENDS = ["reference"]
+F64 = torch.float64
+
+
+def problem(B=2, H=3, M=5, N=40, D=8, Dv=4, masked=False, seed=0, dtype=F64):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, n, d, generator=g, dtype=F64) for n, d in ((M, D), (N, D), (N, Dv)))
+    mask = None
+    if masked:
+        mask = torch.rand(B, N, generator=g) < 0.3
+        mask[:, 0] = False
+    return q.to(dtype), k.to(dtype), v.to(dtype), mask
+
+
+def ridge_by_lstsq(q, k, v, alpha, mask):
+    """The ridge prediction from the augmented least-squares system ``[K; √α I] W ≈ [V; 0]``."""
+    B, H, _, D = k.shape
+    if mask is not None:
+        k, v = k[:, :, ~mask[0]] if B == 1 else k, v[:, :, ~mask[0]] if B == 1 else v
+    eye = torch.eye(D, dtype=F64).expand(B, H, D, D) * alpha**0.5
+    W = torch.linalg.lstsq(torch.cat([k, eye], 2), torch.cat([v, torch.zeros(B, H, D, v.shape[-1], dtype=F64)], 2))
+    return q @ W.solution
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("D", [8, 40, 64, 128])
+@pytest.mark.parametrize("N", [1, 7, 130, 4099])
+def test_equals_ridge_regression_by_lstsq(backend, D, N):
+    q, k, v, _ = problem(B=1, H=2, M=3, N=N, D=D, Dv=5, seed=D + N)
+    out = ae.intention(q, k, v, alpha=0.3, backend=backend)
+    torch.testing.assert_close(out, ridge_by_lstsq(q, k, v, 0.3, None), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_masked_keys_are_left_out(backend):
+    q, k, v, mask = problem(B=1, N=60, masked=True, seed=3)
+    out = ae.intention(q, k, v, alpha=0.5, key_padding_mask=mask, backend=backend)
+    torch.testing.assert_close(out, ridge_by_lstsq(q, k, v, 0.5, mask), rtol=1e-10, atol=1e-10)
+    # Whatever padding keys hold does not matter.
+    k2 = k.masked_fill(mask[:, None, :, None], 1e3)
+    torch.testing.assert_close(ae.intention(q, k2, v, alpha=0.5, key_padding_mask=mask, backend=backend), out)
+
+
+@pytest.mark.parametrize("N,masked", [(3, False), (20, True), (200, True)])
+def test_primal_equals_dual(N, masked):
+    q, k, v, mask = problem(N=N, D=16, masked=masked, seed=N)
+    primal = ae.intention(q, k, v, alpha=0.2, key_padding_mask=mask, form="primal")
+    dual = ae.intention(q, k, v, alpha=0.2, key_padding_mask=mask, form="dual")
+    torch.testing.assert_close(primal, dual, rtol=1e-9, atol=1e-9)
+    assert torch.equal(ae.intention(q, k, v, alpha=0.2, key_padding_mask=mask), primal if N >= 16 else dual)
+
+
+def test_large_alpha_limits():
+    q, k, v, _ = problem(N=30, D=6, seed=5)
+    a = 1e9  # the limits hold up to O(|KᵀK| / α)
+    linear = (q @ k.transpose(-1, -2)) @ v
+    torch.testing.assert_close(ae.intention(q * a, k, v, alpha=a), linear, rtol=1e-5, atol=1e-5)
+    softmax = torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ v
+    torch.testing.assert_close(ae.sigma_intention(q * a, k, v, alpha=a), softmax, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_sigma_intention_is_attention_of_transformed_queries(masked):
+    q, k, v, mask = problem(N=50, D=8, masked=masked, seed=7)
+    alpha = torch.tensor([0.1, 1.0, 3.0], dtype=F64)
+    out = ae.sigma_intention(q, k, v, alpha=alpha, key_padding_mask=mask, scale=0.5)
+    A = reference.regularised(reference.statistics(k, v, mask)[0], alpha.expand(2, 3))
+    q_tilde = 0.5 * q @ torch.linalg.inv(A)
+    scores = q_tilde @ k.transpose(-1, -2)
+    if mask is not None:
+        scores = scores.masked_fill(mask[:, None, None], float("-inf"))
+    torch.testing.assert_close(out, torch.softmax(scores, -1) @ v, rtol=1e-10, atol=1e-10)
+
+
+def test_per_head_alpha_and_its_gradient():
+    q, k, v, mask = problem(B=2, H=3, N=25, D=5, masked=True, seed=9)
+    alpha = torch.tensor([0.2, 0.7, 1.5], dtype=F64, requires_grad=True)
+    inputs = tuple(t.clone().requires_grad_() for t in (q, k, v))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, a: ae.intention(q, k, v, alpha=a, key_padding_mask=mask), (*inputs, alpha))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, a: ae.sigma_intention(q, k, v, alpha=a, key_padding_mask=mask), (*inputs, alpha))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_low_precision_inputs(dtype):
+    q, k, v, mask = problem(N=300, D=40, Dv=59, masked=True, seed=11)
+    exact = ae.intention(q, k, v, alpha=1.0, key_padding_mask=mask)
+    out = ae.intention(q.to(dtype), k.to(dtype), v.to(dtype), alpha=1.0, key_padding_mask=mask)
+    assert out.dtype == dtype
+    # fp32 compute, one rounding of the inputs and of the output: relative to the output's scale.
+    tol = 8 * torch.finfo(dtype).eps * exact.abs().max().item() * (1 if dtype == torch.float32 else 4)
+    assert (out.double() - exact).abs().max().item() <= tol
+
+
+def test_streaming_merge_and_remove_equal_one_shot():
+    q, k, v, mask = problem(N=90, D=6, masked=True, seed=13)
+    full = ae.intention(q, k, v, alpha=0.4, key_padding_mask=mask)
+    st = ae.intention_state(k[:, :, :30], v[:, :, :30], key_padding_mask=mask[:, :30])
+    st = ae.update_intention_state(st, k[:, :, 30:60], v[:, :, 30:60], key_padding_mask=mask[:, 30:60])
+    other = ae.intention_state(k[:, :, 60:], v[:, :, 60:], key_padding_mask=mask[:, 60:])
+    merged = ae.merge_intention_states(st, other)
+    torch.testing.assert_close(ae.intention_from_state(q, merged, alpha=0.4), full, rtol=1e-10, atol=1e-10)
+    assert merged.count[:, 0].tolist() == (~mask).sum(1).tolist()
+    removed = ae.remove_from_intention_state(merged, k[:, :, 60:], v[:, :, 60:], key_padding_mask=mask[:, 60:])
+    torch.testing.assert_close(ae.intention_from_state(q, removed, alpha=0.4),
+                               ae.intention(q, k[:, :, :60], v[:, :, :60], alpha=0.4, key_padding_mask=mask[:, :60]),
+                               rtol=1e-9, atol=1e-9)
+
+
+def test_bad_inputs_raise_clear_errors():
+    q, k, v, _ = problem(N=3, D=8, seed=1)
+    with pytest.raises(ValueError, match="not positive definite.*use alpha > 0"):
+        ae.intention(q, k, v, alpha=0.0, form="primal")
+    with pytest.raises(ValueError, match="alpha must be a finite float >= 0"):
+        ae.intention(q, k, v, alpha=-1.0)
+    with pytest.raises(ValueError, match="alpha must be finite and >= 0"):
+        ae.intention(q, k, v, alpha=torch.tensor([1.0, -1.0, 1.0], dtype=F64))
+    with pytest.raises(ValueError, match=r"broadcastable to \[B, H\] = \[2, 3\]"):
+        ae.intention(q, k, v, alpha=torch.ones(4, dtype=F64))
+    with pytest.raises(ValueError, match="unknown form"):
+        ae.intention(q, k, v, form="both")
+    with pytest.raises(ValueError, match="same head dim D"):
+        ae.intention(q[..., :4], k, v)
+    with pytest.raises(ValueError, match="same number of keys N"):
+        ae.intention(q, k, v[:, :, :2])
+    st = ae.intention_state(k, v)
+    with pytest.raises(ValueError, match="cannot remove"):
+        ae.remove_from_intention_state(st, torch.cat([k, k], 2), torch.cat([v, v], 2))
+    with pytest.raises(ValueError, match="does not match the state"):
+        ae.intention_from_state(q[..., :4], st)
