@@ -232,12 +232,14 @@ def test_compile_fused_path():
 
 def test_backend_selection():
     tree, q, node_k, node_v = setup(N=10)
-    with pytest.raises(ValueError, match="unknown backend 'triton' for tree_cross_attention"):
+    with pytest.raises(ValueError, match="unknown backend 'cuda'"):
+        tree_cross_attention(q, node_k, node_v, tree, backend="cuda")
+    with pytest.raises(RuntimeError, match="backend 'triton' cannot run on cpu torch.float64 inputs"):
         tree_cross_attention(q, node_k, node_v, tree, backend="triton")
     meta_tree = build_tree(torch.randn(2, 10, 1, device="meta"))
     qm = torch.randn(2, 3, 4, 5, device="meta")
     nodes = torch.randn(2, 3, meta_tree.num_nodes, 5, device="meta")
-    with pytest.raises(RuntimeError, match="backend 'cpp' cannot run tree_cross_attention on meta"):
+    with pytest.raises(RuntimeError, match="backend 'cpp' cannot run on meta"):
         tree_cross_attention(qm, nodes, nodes, meta_tree, backend="cpp")
     assert tree_cross_attention(qm, nodes, nodes, meta_tree).out.device.type == "meta"  # auto -> reference
 

@@ -274,3 +274,37 @@ def test_backward_row_without_valid_node():
                                                  tree.group_size, args[7])
     assert bool((dq[0] == 0).all()) and bool((dk[0] == 0).all()) and bool((dv[0] == 0).all())
     assert not any(bool(torch.isnan(t).any()) for t in (dq, dk, dv))
+
+
+# ------------------------------------------------------------------------ custom ops and public API
+
+OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+@pytest.mark.parametrize("policy", ["greedy", "sample"])
+def test_opcheck_triton_ops(policy):
+    tree, q, node_k, node_v = setup(B=1, H=2, M=4, N=13, D=8, Dv=5, seed=17)
+    args = op_args(tree, q.requires_grad_(), node_k.requires_grad_(), node_v.requires_grad_(), policy)
+    torch.library.opcheck(torch.ops.attn_ext.tree_cross_attention_fwd_triton, args, test_utils=OPCHECK_TESTS)
+    out, lse, selected, log_prob, entropy = torch.ops.attn_ext.tree_cross_attention_fwd_triton(*args)
+    grads = tuple(torch.randn_like(t) for t in (out, lse, log_prob, entropy))
+    bwd_args = (*grads, *(t.detach() for t in args[:3]), args[3], selected, lse.detach(), *args[4:8])
+    torch.library.opcheck(torch.ops.attn_ext.tree_cross_attention_bwd_triton, bwd_args, test_utils=OPCHECK_TESTS)
+
+
+@needs_cpp
+@pytest.mark.parametrize("policy", ["greedy", "sample", "full"])
+def test_public_api_triton_equals_cpp_with_gradients(policy):
+    tree, q, node_k, node_v = setup(B=2, H=2, M=6, N=50, b=3, D=8, Dv=6, seed=23)
+    results = {}
+    for backend in ("triton", "cpp"):
+        inputs = tuple(t.detach().clone().requires_grad_() for t in (q, node_k, node_v))
+        res = tree_cross_attention(*inputs, tree, policy=policy, backend=backend,
+                                   generator=torch.Generator().manual_seed(5))
+        loss = res.out.square().sum() + 0.5 * res.log_prob.sum() - 0.2 * res.entropy.sum()
+        results[backend] = (res, torch.autograd.grad(loss, inputs))
+    (tri, tri_grads), (cpp, cpp_grads) = results["triton"], results["cpp"]
+    assert torch.equal(tri.selected, cpp.selected)
+    torch.testing.assert_close(tri.out, cpp.out, rtol=1e-5, atol=1e-5)
+    for g_tri, g_cpp in zip(tri_grads, cpp_grads):
+        torch.testing.assert_close(g_tri, g_cpp, rtol=1e-4, atol=1e-5)

@@ -18,7 +18,6 @@ from torch import Tensor
 from attn_ext.tree.build import Tree
 
 POLICIES = ("greedy", "sample", "full")
-TREE_BACKENDS = ("cpp", "reference")
 
 
 class TreeAttentionResult(NamedTuple):
@@ -87,11 +86,11 @@ def tree_cross_attention(
         ``[B, M, height]`` uniforms (``torch.rand``, fp32, fp64 for fp64 inputs) turned into children by
         inverse CDF of π at each level, identically on every backend: the same generator state gives
         the same paths.
-    backend : {"cpp", "reference", "auto"}, optional
-        ``None``/``"auto"`` (or ``ATTN_EXT_BACKEND`` if it names one of these): the fused C++ kernel
-        (``attn_ext::tree_cross_attention_fwd``) on CPU when the extension is loaded, else the
-        reference below. For ``"full"`` the ``cpp`` backend runs :func:`attn_ext.cross_attention` over
-        the leaves. A forced backend that cannot run raises ``RuntimeError``.
+    backend : {"cpp", "triton", "reference", "auto"}, optional
+        As for :func:`attn_ext.cross_attention` (``backend=``, else ``ATTN_EXT_BACKEND``, else CPU:
+        the fused C++ kernels, CUDA: the fused Triton kernels, the reference below as last resort).
+        For ``"full"`` the fused backends run :func:`attn_ext.cross_attention` over the leaves. A
+        forced backend that cannot run raises ``RuntimeError`` listing why.
 
     Returns
     -------
@@ -116,8 +115,8 @@ def tree_cross_attention(
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     name = _select_tree_backend(backend, q)
     uniforms = _draw_uniforms(q, tree, generator) if policy == "sample" else None
-    if name == "cpp":
-        return _tree_cross_attention_cpp(q, node_k, node_v, tree, policy, scale, uniforms)
+    if name in ("cpp", "triton"):
+        return _tree_cross_attention_fused(name, q, node_k, node_v, tree, policy, scale, uniforms)
     out_dtype = q.dtype
     if q.dtype in (torch.float16, torch.bfloat16):  # SPEC §0: accumulate in fp32, return the input dtype
         q, node_k, node_v = q.float(), node_k.float(), node_v.float()
@@ -265,27 +264,16 @@ def path_forward(q: Tensor, node_k: Tensor, node_v: Tensor, node_padding_mask: T
 
 
 def _select_tree_backend(requested: Optional[str], q: Tensor) -> str:
-    """``"cpp"`` or ``"reference"`` for a call on inputs like ``q`` (see ``backend`` above)."""
-    from attn_ext.backends import ENVIRONMENT_VARIABLE, rejection_reasons
+    """The backend for a call on inputs like ``q``: the rules of :func:`attn_ext.cross_attention`."""
+    from attn_ext.backends import select_backend
 
-    if requested is None or requested == "auto":
-        env = os.environ.get(ENVIRONMENT_VARIABLE)
-        requested = env if env in TREE_BACKENDS else "auto"
-    if requested != "auto" and requested not in TREE_BACKENDS:
-        raise ValueError(
-            f"attn_ext: unknown backend {requested!r} for tree_cross_attention; choose one of "
-            f"{', '.join(TREE_BACKENDS)} or 'auto'"
-        )
-    reason = rejection_reasons(q)["cpp"] if requested != "reference" else None
-    if requested == "cpp" and reason is not None:
-        raise RuntimeError(f"attn_ext: backend 'cpp' cannot run tree_cross_attention on {q.device} {q.dtype} inputs "
-                           f"({reason})")
-    if requested == "auto":
-        return "cpp" if reason is None else "reference"
-    return requested
+    return select_backend(requested, q)
 
 
-def _tree_cross_attention_cpp(q, node_k, node_v, tree, policy, scale, uniforms) -> TreeAttentionResult:
+_FUSED_OPS = {"cpp": "tree_cross_attention_fwd", "triton": "tree_cross_attention_fwd_triton"}
+
+
+def _tree_cross_attention_fused(backend, q, node_k, node_v, tree, policy, scale, uniforms) -> TreeAttentionResult:
     B, H, M, _ = q.shape
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     if policy == "full":
@@ -294,12 +282,13 @@ def _tree_cross_attention_cpp(q, node_k, node_v, tree, policy, scale, uniforms) 
         G = tree.leaf_offset
         selected = torch.arange(G, tree.num_nodes, device=q.device).expand(B, M, tree.num_leaves)
         out = cross_attention(q, node_k[:, :, G:], node_v[:, :, G:], key_padding_mask=tree.node_padding_mask[:, G:],
-                              scale=scale, backend="cpp")
+                              scale=scale, backend=backend)
         zero = q.new_zeros(B, M, dtype=acc_dtype)
         return TreeAttentionResult(out, selected, zero, zero)
-    from attn_ext.tree import ops as _tree_ops  # noqa: F401  (fake kernel and autograd of the fused op)
+    from attn_ext.tree import ops as _tree_ops  # noqa: F401  (fake kernels and autograd of the fused ops)
 
-    out, _, selected, log_prob, entropy = torch.ops.attn_ext.tree_cross_attention_fwd(
+    op = getattr(torch.ops.attn_ext, _FUSED_OPS[backend])
+    out, _, selected, log_prob, entropy = op(
         q, node_k, node_v, tree.node_padding_mask, tree.branching, tree.height, tree.group_size, scale, uniforms
     )
     return TreeAttentionResult(out, selected, log_prob, entropy)
