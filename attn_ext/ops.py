@@ -19,6 +19,7 @@ from torch import Tensor
 
 from attn_ext import reference
 from attn_ext._extension import extension_error
+from attn_ext._registration import register_op_pair
 from attn_ext._validation import check_cross_attention_args
 
 _FwdResult = Tuple[Tensor, Tensor]
@@ -95,10 +96,7 @@ def _autograd_backward(backward_op: Callable[..., _BwdResult]):
 
 
 def _register(forward_name: str, backward_name: str) -> None:
-    torch.library.register_fake(forward_name)(_fake_forward)
-    torch.library.register_fake(backward_name)(_fake_backward)
-    backward_op = getattr(torch.ops.attn_ext, backward_name.split("::")[1])
-    torch.library.register_autograd(forward_name, _autograd_backward(backward_op), setup_context=_setup_context)
+    register_op_pair(forward_name, backward_name, _fake_forward, _fake_backward, _autograd_backward, _setup_context)
 
 
 _register("attn_ext::cross_attention_fwd_reference", "attn_ext::cross_attention_bwd_reference")
@@ -167,11 +165,8 @@ def _merge_autograd_backward(backward_op: Callable[..., _MergeBwdResult]):
 
 
 def _register_merge(forward_name: str, backward_name: str) -> None:
-    torch.library.register_fake(forward_name)(_fake_merge)
-    torch.library.register_fake(backward_name)(_fake_merge_backward)
-    backward_op = getattr(torch.ops.attn_ext, backward_name.split("::")[1])
-    torch.library.register_autograd(forward_name, _merge_autograd_backward(backward_op),
-                                    setup_context=_setup_merge_context)
+    register_op_pair(forward_name, backward_name, _fake_merge, _fake_merge_backward, _merge_autograd_backward,
+                     _setup_merge_context)
 
 
 _register_merge("attn_ext::merge_attention_states_reference", "attn_ext::merge_attention_states_bwd_reference")

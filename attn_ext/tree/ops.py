@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from attn_ext._extension import extension_error
+from attn_ext._registration import register_op_pair
 
 
 def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -81,10 +82,7 @@ def _autograd_backward(backward_op: Callable[..., Tuple[Tensor, Tensor, Tensor]]
 
 
 def _register(forward_name: str, backward_name: str) -> None:
-    torch.library.register_fake(forward_name)(_fake_forward)
-    torch.library.register_fake(backward_name)(_fake_backward)
-    backward_op = getattr(torch.ops.attn_ext, backward_name.split("::")[1])
-    torch.library.register_autograd(forward_name, _autograd_backward(backward_op), setup_context=_setup_context)
+    register_op_pair(forward_name, backward_name, _fake_forward, _fake_backward, _autograd_backward, _setup_context)
 
 
 _register("attn_ext::tree_cross_attention_fwd_triton", "attn_ext::tree_cross_attention_bwd_triton")
