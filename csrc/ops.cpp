@@ -35,6 +35,12 @@ TORCH_LIBRARY(attn_ext, m) {
         "Tensor q, Tensor node_k, Tensor node_v, Tensor node_padding_mask, Tensor selected, Tensor lse, "
         "int branching, int height, int group_size, float scale) "
         "-> (Tensor grad_q, Tensor grad_node_k, Tensor grad_node_v)");
+  // Intention (SPEC §4), primal form; the factor and weights are saved for the backward. Without v
+  // (C = I) it returns σIntention's transformed queries scale·Q (KᵀK + αI)⁻¹.
+  m.def("intention_fwd(Tensor q, Tensor k, Tensor? v, Tensor? key_padding_mask, Tensor alpha, float scale) "
+        "-> (Tensor out, Tensor factor, Tensor weights)");
+  m.def("intention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor? v, Tensor? key_padding_mask, Tensor factor, "
+        "Tensor weights, float scale) -> (Tensor grad_q, Tensor grad_k, Tensor grad_v, Tensor grad_alpha)");
   // Diagnostics: which GEMM the CPU kernels use in this process (BLAS symbol or portable loops).
   m.def("cpu_gemm_implementation() -> str", &cpu_gemm_implementation);
 }

@@ -5,7 +5,7 @@ import torch
 import attn_ext as ae
 from attn_ext.ridge import reference
 
-BACKENDS = ["reference"]
+BACKENDS = ["reference", "cpp"]
 F64 = torch.float64
 
 
@@ -136,3 +136,88 @@ def test_bad_inputs_raise_clear_errors():
         ae.remove_from_intention_state(st, torch.cat([k, k], 2), torch.cat([v, v], 2))
     with pytest.raises(ValueError, match="does not match the state"):
         ae.intention_from_state(q[..., :4], st)
+
+
+OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+def _op_names(backend):
+    return {"cpp": ("intention_fwd", "intention_bwd"),
+            "triton": ("intention_fwd_triton", "intention_bwd_triton")}[backend]
+
+
+def _skip_unless(backend):
+    reason = ae.available_backends(torch.zeros(1))[backend]
+    if reason is not None:
+        pytest.skip(f"backend {backend} unavailable: {reason}")
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+@pytest.mark.parametrize("masked", [False, True])
+def test_opcheck(backend, masked):
+    _skip_unless(backend)
+    dtype = torch.float32 if backend == "triton" else F64
+    q, k, v, mask = problem(B=2, H=2, M=3, N=11, D=5, Dv=3, masked=masked, seed=2, dtype=dtype)
+    alpha = torch.tensor([[0.5, 1.0], [2.0, 0.1]], dtype=dtype)
+    args = (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), mask, alpha.requires_grad_(), 0.7)
+    fwd_name, bwd_name = _op_names(backend)
+    torch.library.opcheck(getattr(torch.ops.attn_ext, fwd_name), args, test_utils=OPCHECK_TESTS)
+    out, factor, weights = getattr(torch.ops.attn_ext, fwd_name)(*args)
+    bwd_args = (torch.randn_like(out), *(t.detach() for t in args[:3]), mask, factor.detach(), weights.detach(), 0.7)
+    torch.library.opcheck(getattr(torch.ops.attn_ext, bwd_name), bwd_args, test_utils=OPCHECK_TESTS)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_backends_equal_reference_with_gradients(backend, dtype):
+    _skip_unless(backend)
+    q, k, v, mask = problem(B=2, H=2, M=6, N=70, D=40, Dv=59, masked=True, seed=4)
+    alpha = torch.tensor([0.3, 2.0], dtype=F64)
+    w = torch.randn(2, 2, 6, 59, generator=torch.Generator().manual_seed(0), dtype=F64)
+
+    def run(name, dt):
+        inputs = tuple(t.detach().to(dt).requires_grad_() for t in (q, k, v))
+        a = alpha.clone().to(torch.float32 if dt != F64 else F64).requires_grad_()
+        out = ae.intention(*inputs, alpha=a, key_padding_mask=mask, scale=0.8, backend=name)
+        grads = torch.autograd.grad((out.to(F64) * w).sum(), (*inputs, a))
+        return out, grads
+
+    exact_out, exact_grads = run("reference", F64)
+    base_out, base_grads = run("reference", dtype)
+    out, grads = run(backend, dtype)
+    assert out.dtype == dtype and all(g.dtype == dtype for g in grads[:3])
+    floor = 1e-5 if dtype == torch.float32 else 1e-2
+    for name, e, o, r in zip(("out", "dq", "dk", "dv", "dalpha"), (exact_out, *exact_grads), (out, *grads),
+                             (base_out, *base_grads)):
+        scale = e.abs().max().item() + 1e-12
+        err, ref_err = (o.double() - e).abs().max().item(), (r.double() - e).abs().max().item()
+        assert err <= 3 * ref_err + floor * scale, f"{name}: {err} vs reference {dtype} error {ref_err}"
+
+
+def test_transformed_queries_op_without_values():
+    _skip_unless("cpp")
+    q, k, _, mask = problem(B=2, H=2, M=3, N=11, D=5, masked=True, seed=6)
+    alpha = torch.tensor([[0.5, 1.0], [2.0, 0.1]], dtype=F64)
+    args = (q.requires_grad_(), k.requires_grad_(), None, mask, alpha.requires_grad_(), 0.7)
+    torch.library.opcheck(torch.ops.attn_ext.intention_fwd, args, test_utils=OPCHECK_TESTS)
+    q_tilde = torch.ops.attn_ext.intention_fwd(*args)[0]
+    expected = reference.transformed_queries(q, k, alpha, mask, 0.7)
+    torch.testing.assert_close(q_tilde, expected, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda q, k, a: torch.ops.attn_ext.intention_fwd(q, k, None, mask, a, 0.7)[0],
+                                    (q, k, alpha))
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_sigma_intention_cpp_equals_reference_float32(masked):
+    _skip_unless("cpp")
+    q, k, v, mask = problem(B=2, H=2, M=7, N=90, D=16, Dv=9, masked=masked, seed=8, dtype=torch.float32)
+
+    def run(name):
+        inputs = tuple(t.detach().clone().requires_grad_() for t in (q, k, v))
+        out = ae.sigma_intention(*inputs, alpha=0.5, key_padding_mask=mask, backend=name)
+        return out, torch.autograd.grad(out.square().sum(), inputs)
+
+    (out, grads), (ref, ref_grads) = run("cpp"), run("reference")
+    torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)

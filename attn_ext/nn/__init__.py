@@ -1,5 +1,5 @@
-"""Drop-in attention modules on the fused kernels: ``MultiheadCrossAttention``, ``CMAB`` and
-``TreeCrossAttention`` (with ``tca_loss``).
+"""Drop-in attention modules on the fused kernels: ``MultiheadCrossAttention``, ``CMAB``,
+``TreeCrossAttention`` (with ``tca_loss``) and ``Intention`` (with ``InformerLayer``, ``Informer``).
 
 >>> import torch, attn_ext as ae
 >>> mha = ae.nn.MultiheadCrossAttention(16, 2)
@@ -7,6 +7,7 @@
 torch.Size([1, 3, 16])
 """
 from attn_ext.nn.cmab import CMAB, CMABState
+from attn_ext.nn.intention import Informer, InformerLayer, Intention
 from attn_ext.nn.multihead_cross_attention import MultiheadCrossAttention
 from attn_ext.nn.tca_loss import TCALoss, tca_loss
 from attn_ext.nn.tree_cross_attention import TreeCrossAttention, TreeCrossAttentionOutput, TreeState
@@ -14,6 +15,9 @@ from attn_ext.nn.tree_cross_attention import TreeCrossAttention, TreeCrossAttent
 __all__ = [
     "CMAB",
     "CMABState",
+    "Informer",
+    "InformerLayer",
+    "Intention",
     "MultiheadCrossAttention",
     "TCALoss",
     "TreeCrossAttention",

@@ -1,6 +1,7 @@
 """Intention and σIntention (SPEC §4): ridge-regression attention ``Q (KᵀK + αI)⁻¹ KᵀV``.
 
 The folder is named ``ridge`` because ``attn_ext.intention`` is the function."""
+from attn_ext.ridge import ops  # noqa: F401  (registers the custom ops, fake kernels and autograd)
 from attn_ext.ridge.functional import intention, sigma_intention
 from attn_ext.ridge.state import (
     IntentionState,

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from attn_ext._validation import check_cross_attention_args
+from attn_ext.backends import select_backend
 from attn_ext.ridge import reference
 
 FORMS = ("primal", "dual", "auto")
@@ -47,8 +48,11 @@ def intention(
     scale : float
         Multiplies the queries (default 1: the exact ridge prediction; the paper's App. 9 uses √D in
         deep stacks).
-    backend : {"reference", "auto"}, optional
-        Kernel choice (the same rules as :func:`attn_ext.cross_attention`).
+    backend : {"cpp", "triton", "reference", "auto"}, optional
+        Kernel of the primal form, chosen as for :func:`attn_ext.cross_attention`: the fused C++
+        kernel on CPU (``attn_ext::intention_fwd``: Gram accumulation over valid keys, Cholesky,
+        solves, output; backward by one more solve with the saved factor), Triton on CUDA, the
+        PyTorch reference otherwise. The dual form always runs the reference (it is for N < D).
 
     Returns
     -------
@@ -68,9 +72,12 @@ def intention(
     alpha_t = _alpha_tensor(alpha, q)
     if form not in FORMS:
         raise ValueError(f"attn_ext: unknown form {form!r}; choose one of {', '.join(FORMS)}")
-    _check_backend(backend)
+    name = select_backend(backend, q)
     if form == "auto":
         form = "dual" if k.shape[2] < k.shape[3] else "primal"
+    if form == "primal" and name != "reference":
+        op = torch.ops.attn_ext.intention_fwd if name == "cpp" else torch.ops.attn_ext.intention_fwd_triton
+        return op(q, k, v, key_padding_mask, alpha_t, float(scale))[0]
     fn = reference.intention_dual if form == "dual" else reference.intention_primal
     q_, k_, v_, alpha_ = _upcast(q, k, v, alpha_t)
     return fn(q_, k_, v_, alpha_, key_padding_mask, float(scale)).to(q.dtype)
@@ -112,10 +119,13 @@ def sigma_intention(
 
     check_cross_attention_args(q, k, v, key_padding_mask, scale, None)
     alpha_t = _alpha_tensor(alpha, q)
-    _check_backend(backend)
-    q_, k_, _, alpha_ = _upcast(q, k, v, alpha_t)
-    q_tilde = reference.transformed_queries(q_, k_, alpha_, key_padding_mask, float(scale)).to(q.dtype)
-    return cross_attention(q_tilde, k, v, key_padding_mask=key_padding_mask, scale=1.0)
+    name = select_backend(backend, q)
+    if name == "cpp":  # the Intention kernel without values (C = I) gives Q̃ with its backward
+        q_tilde = torch.ops.attn_ext.intention_fwd(q, k, None, key_padding_mask, alpha_t, float(scale))[0]
+    else:
+        q_, k_, _, alpha_ = _upcast(q, k, v, alpha_t)
+        q_tilde = reference.transformed_queries(q_, k_, alpha_, key_padding_mask, float(scale)).to(q.dtype)
+    return cross_attention(q_tilde, k, v, key_padding_mask=key_padding_mask, scale=1.0, backend=name)
 
 
 def _upcast(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor):
@@ -151,7 +161,3 @@ def _alpha_tensor(alpha: AlphaLike, q: Tensor) -> Tensor:
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     return torch.full((B, H), float(alpha), dtype=dtype, device=q.device)
 
-
-def _check_backend(backend: Optional[str]) -> None:
-    if backend not in (None, "auto", "reference"):
-        raise ValueError(f"attn_ext: unknown backend {backend!r} for intention; choose 'reference' or 'auto'")

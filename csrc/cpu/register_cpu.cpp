@@ -1,6 +1,7 @@
 #include <torch/library.h>
 
 #include "cross_attention_cpu.h"
+#include "intention_cpu.h"
 #include "merge_states_cpu.h"
 #include "tree_cross_attention_cpu.h"
 
@@ -11,4 +12,6 @@ TORCH_LIBRARY_IMPL(attn_ext, CPU, m) {
   m.impl("merge_attention_states_bwd", &attn_ext::cpu::merge_attention_states_bwd_cpu);
   m.impl("tree_cross_attention_fwd", &attn_ext::cpu::tree_cross_attention_fwd_cpu);
   m.impl("tree_cross_attention_bwd", &attn_ext::cpu::tree_cross_attention_bwd_cpu);
+  m.impl("intention_fwd", &attn_ext::cpu::intention_fwd_cpu);
+  m.impl("intention_bwd", &attn_ext::cpu::intention_bwd_cpu);
 }

@@ -1,0 +1,274 @@
+// CPU forward and backward of Intention (SPEC §4), primal form: out = scale·Q (KᵀK + αI)⁻¹ KᵀV.
+//
+// One work item is one (batch, head) (at::parallel_for); inside it everything is BLAS on small
+// thread-local buffers in the accumulation dtype:
+//  * the statistics G = KᵀK and C = KᵀV are accumulated together as Kᵀ[K | V] over chunks of
+//    valid keys, copied (and upcast) into a buffer: padding keys are skipped, never multiplied by 0,
+//    and no masked or fp32 copy of K/V is materialised;
+//  * A = G + αI is factorised (cholesky_simd.h, the batched Cholesky ops' per-matrix code);
+//  * W = A⁻¹C by two triangular solves, out = scale·Q W.
+// The factor L and W are returned for the backward, which then needs one more solve and no inverse:
+//     dQ = scale·dY Wᵀ,  dB = A⁻¹(scale·Qᵀ dY),  dK = −K(dB Wᵀ + W dBᵀ) + V dBᵀ,  dV = K dB,
+//     dα = −Σ dB ⊙ W.
+// Without values (v = None) C is the identity: out = scale·Q (KᵀK + αI)⁻¹ are σIntention's
+// transformed queries, and the same formulas hold without the V terms.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <tuple>
+#include <vector>
+
+#include "blas.h"
+#include "cholesky_simd.h"
+#include "cross_attention_checks.h"
+#include "intention_cpu.h"
+
+namespace attn_ext::cpu {
+namespace {
+
+constexpr int64_t kRowChunk = 256;  // rows per BLAS call: big enough for BLAS, small enough for L2
+
+/// Raw views of one call's inputs (last dims contiguous) and its sizes; v is null when C = I.
+template <typename scalar_t>
+struct IntentionArgs {
+  const scalar_t *q, *k, *v;
+  const bool* mask;  // [B, N] or nullptr
+  int64_t B, H, M, N, D, Dv;
+  int64_t qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2;
+};
+
+/// Copies up to kRowChunk valid rows of k (and v) from `*next` on into `kbuf [rows, D]` / `vbuf
+/// [rows, Dv]`, upcast; returns the number copied and their key indices in `rows_out`.
+template <typename scalar_t, typename acc_t>
+int64_t gather_valid_rows(const IntentionArgs<scalar_t>& a, int64_t b, int64_t h, int64_t* next, acc_t* kbuf,
+                          acc_t* vbuf, int64_t* rows_out) {
+  const bool* mask_row = a.mask ? a.mask + b * a.N : nullptr;
+  int64_t count = 0;
+  for (; *next < a.N && count < kRowChunk; ++*next) {
+    const int64_t n = *next;
+    if (mask_row && mask_row[n]) continue;
+    const scalar_t* kr = a.k + b * a.ks0 + h * a.ks1 + n * a.ks2;
+    for (int64_t d = 0; d < a.D; ++d) kbuf[count * a.D + d] = static_cast<acc_t>(kr[d]);
+    if (a.v) {
+      const scalar_t* vr = a.v + b * a.vs0 + h * a.vs1 + n * a.vs2;
+      for (int64_t d = 0; d < a.Dv; ++d) vbuf[count * a.Dv + d] = static_cast<acc_t>(vr[d]);
+    }
+    rows_out[count++] = n;
+  }
+  return count;
+}
+
+template <typename scalar_t, typename acc_t>
+void upcast_rows(const scalar_t* src, int64_t stride, int64_t rows, int64_t cols, acc_t* dst) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) dst[r * cols + c] = static_cast<acc_t>(src[r * stride + c]);
+  }
+}
+
+/// Forward of one (b, h): writes out rows, the factor L [D, D] and W [D, Dv]; returns the Cholesky info.
+template <typename scalar_t, typename acc_t>
+int forward_head(const IntentionArgs<scalar_t>& a, int64_t b, int64_t h, acc_t alpha, acc_t scale, scalar_t* out,
+                 acc_t* factor, acc_t* weights) {
+  const int64_t D = a.D, Dv = a.Dv, E = D + Dv;
+  std::vector<acc_t> kv(kRowChunk * E), kbuf(kRowChunk * D), vbuf(kRowChunk * Dv), stats(D * E, acc_t(0));
+  std::vector<int64_t> rows(kRowChunk);
+  int64_t next = 0;
+  while (true) {
+    const int64_t count = gather_valid_rows(a, b, h, &next, kbuf.data(), vbuf.data(), rows.data());
+    if (count == 0) break;
+    if (a.v) {
+      for (int64_t r = 0; r < count; ++r) {  // [K | V] rows side by side: one GEMM gives G and C
+        std::copy_n(&kbuf[r * D], D, &kv[r * E]);
+        std::copy_n(&vbuf[r * Dv], Dv, &kv[r * E + D]);
+      }
+      gemm(Transpose::kYes, Transpose::kNo, D, E, count, acc_t(1), kv.data(), E, kv.data(), E, acc_t(1), stats.data(),
+           E);
+    } else {
+      gemm(Transpose::kYes, Transpose::kNo, D, D, count, acc_t(1), kbuf.data(), D, kbuf.data(), D, acc_t(1),
+           stats.data(), E);
+    }
+  }
+  for (int64_t i = 0; i < D; ++i) {
+    stats[i * E + i] += alpha;
+    if (!a.v) stats[i * E + D + i] = acc_t(1);  // C = I
+  }
+  // A = stats[:, :D] and C = stats[:, D:] are read in place through their row stride E.
+  int32_t info = 0;
+  cholesky_factor_batch(stats.data(), BatchStrides{0, E, 1}, factor, &info, D, 0, 1);
+  if (info != 0) return info;
+  cholesky_solve_batch(factor, BatchStrides{0, D, 1}, stats.data() + D, BatchStrides{0, E, 1}, weights, D, Dv, 0, 1);
+  std::vector<acc_t> qbuf(kRowChunk * D), obuf(kRowChunk * Dv);
+  for (int64_t m0 = 0; m0 < a.M; m0 += kRowChunk) {
+    const int64_t rows_m = std::min(kRowChunk, a.M - m0);
+    upcast_rows(a.q + b * a.qs0 + h * a.qs1 + m0 * a.qs2, a.qs2, rows_m, D, qbuf.data());
+    gemm(Transpose::kNo, Transpose::kNo, rows_m, Dv, D, scale, qbuf.data(), D, weights, Dv, acc_t(0), obuf.data(), Dv);
+    scalar_t* dst = out + ((b * a.H + h) * a.M + m0) * Dv;
+    for (int64_t i = 0; i < rows_m * Dv; ++i) dst[i] = static_cast<scalar_t>(obuf[i]);
+  }
+  return 0;
+}
+
+/// Backward of one (b, h); see the file comment.
+template <typename scalar_t, typename acc_t>
+void backward_head(const IntentionArgs<scalar_t>& a, const scalar_t* grad_out, const acc_t* factor,
+                   const acc_t* weights, int64_t b, int64_t h, acc_t scale, scalar_t* dq, scalar_t* dk, scalar_t* dv,
+                   acc_t* dalpha) {
+  const int64_t D = a.D, Dv = a.Dv, bh = b * a.H + h;
+  std::vector<acc_t> qbuf(kRowChunk * D), gbuf(kRowChunk * Dv), dqbuf(kRowChunk * D), db(D * Dv, acc_t(0));
+  for (int64_t m0 = 0; m0 < a.M; m0 += kRowChunk) {
+    const int64_t rows_m = std::min(kRowChunk, a.M - m0);
+    upcast_rows(a.q + b * a.qs0 + h * a.qs1 + m0 * a.qs2, a.qs2, rows_m, D, qbuf.data());
+    upcast_rows(grad_out + (bh * a.M + m0) * Dv, Dv, rows_m, Dv, gbuf.data());
+    gemm(Transpose::kNo, Transpose::kYes, rows_m, D, Dv, scale, gbuf.data(), Dv, weights, Dv, acc_t(0), dqbuf.data(),
+         D);
+    scalar_t* dst = dq + (bh * a.M + m0) * D;
+    for (int64_t i = 0; i < rows_m * D; ++i) dst[i] = static_cast<scalar_t>(dqbuf[i]);
+    gemm(Transpose::kYes, Transpose::kNo, D, Dv, rows_m, scale, qbuf.data(), D, gbuf.data(), Dv, acc_t(1), db.data(),
+         Dv);
+  }
+  std::vector<acc_t> rhs(db);
+  cholesky_solve_batch(factor, BatchStrides{0, D, 1}, rhs.data(), BatchStrides{0, Dv, 1}, db.data(), D, Dv, 0, 1);
+  acc_t da = acc_t(0);
+  for (int64_t i = 0; i < D * Dv; ++i) da -= db[i] * weights[i];
+  *dalpha = da;
+  // E = dB Wᵀ + W dBᵀ (symmetric), the gradient of G up to the sign.
+  std::vector<acc_t> e(D * D);
+  gemm(Transpose::kNo, Transpose::kYes, D, D, Dv, acc_t(1), db.data(), Dv, weights, Dv, acc_t(0), e.data(), D);
+  for (int64_t i = 0; i < D; ++i) {
+    for (int64_t j = 0; j < i; ++j) e[i * D + j] = e[j * D + i] = e[i * D + j] + e[j * D + i];
+    e[i * D + i] *= acc_t(2);
+  }
+  std::vector<acc_t> kbuf(kRowChunk * D), vbuf(kRowChunk * Dv), dkbuf(kRowChunk * D), dvbuf(kRowChunk * Dv);
+  std::vector<int64_t> rows(kRowChunk);
+  // Padding keys keep zero gradients: the outputs were zero-filled and only valid rows are written.
+  int64_t next = 0;
+  while (true) {
+    const int64_t count = gather_valid_rows(a, b, h, &next, kbuf.data(), vbuf.data(), rows.data());
+    if (count == 0) break;
+    gemm(Transpose::kNo, Transpose::kNo, count, D, D, acc_t(-1), kbuf.data(), D, e.data(), D, acc_t(0), dkbuf.data(),
+         D);
+    if (a.v) {
+      gemm(Transpose::kNo, Transpose::kYes, count, D, Dv, acc_t(1), vbuf.data(), Dv, db.data(), Dv, acc_t(1),
+           dkbuf.data(), D);
+      gemm(Transpose::kNo, Transpose::kNo, count, Dv, D, acc_t(1), kbuf.data(), D, db.data(), Dv, acc_t(0),
+           dvbuf.data(), Dv);
+    }
+    for (int64_t r = 0; r < count; ++r) {
+      scalar_t* dk_row = dk + (bh * a.N + rows[r]) * D;
+      for (int64_t d = 0; d < D; ++d) dk_row[d] = static_cast<scalar_t>(dkbuf[r * D + d]);
+      if (!a.v) continue;
+      scalar_t* dv_row = dv + (bh * a.N + rows[r]) * Dv;
+      for (int64_t d = 0; d < Dv; ++d) dv_row[d] = static_cast<scalar_t>(dvbuf[r * Dv + d]);
+    }
+  }
+}
+
+/// `v` undefined means C = I (then Dv = D).
+template <typename scalar_t>
+IntentionArgs<scalar_t> make_args(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& mask) {
+  const bool has_v = v.defined();
+  return IntentionArgs<scalar_t>{q.const_data_ptr<scalar_t>(), k.const_data_ptr<scalar_t>(),
+                                 has_v ? v.const_data_ptr<scalar_t>() : nullptr,
+                                 mask.defined() ? mask.const_data_ptr<bool>() : nullptr,
+                                 q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), has_v ? v.size(3) : q.size(3),
+                                 q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                                 has_v ? v.stride(0) : 0, has_v ? v.stride(1) : 0, has_v ? v.stride(2) : 0};
+}
+
+at::Tensor last_dim_contiguous(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
+
+/// Checks q/k (and v when given; else the identity's stand-in, k itself) with the cross-attention rules.
+CrossAttentionShape check_inputs(const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& v,
+                                 const std::optional<at::Tensor>& key_padding_mask, double scale) {
+  CrossAttentionShape s = check_cross_attention_inputs(q, k, v.has_value() ? *v : k, key_padding_mask, scale, 1);
+  if (!v.has_value()) s.value_dim = s.head_dim;
+  return s;
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> intention_fwd_cpu(const at::Tensor& q, const at::Tensor& k,
+                                                                 const std::optional<at::Tensor>& v,
+                                                                 const std::optional<at::Tensor>& key_padding_mask,
+                                                                 const at::Tensor& alpha, double scale) {
+  const CrossAttentionShape s = check_inputs(q, k, v, key_padding_mask, scale);
+  const at::ScalarType acc_dtype = lse_dtype_for(q.scalar_type());
+  TORCH_CHECK(alpha.sizes() == at::IntArrayRef({s.batch, s.heads}),
+              "attn_ext: alpha must be [B, H] = ", at::IntArrayRef({s.batch, s.heads}), ", got ", alpha.sizes());
+  const at::Tensor qc = last_dim_contiguous(q), kc = last_dim_contiguous(k);
+  const at::Tensor vc = v.has_value() ? last_dim_contiguous(*v) : at::Tensor();
+  const at::Tensor mask = key_padding_mask.has_value() ? key_padding_mask->contiguous() : at::Tensor();
+  const at::Tensor alpha_c = alpha.to(acc_dtype).contiguous();
+  at::Tensor out = at::empty({s.batch, s.heads, s.queries, s.value_dim}, q.options());
+  at::Tensor factor = at::empty({s.batch, s.heads, s.head_dim, s.head_dim}, q.options().dtype(acc_dtype));
+  at::Tensor weights = at::empty({s.batch, s.heads, s.head_dim, s.value_dim}, q.options().dtype(acc_dtype));
+  std::atomic<int64_t> failed{-1};
+  std::atomic<int> failed_info{0};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ext::intention_fwd", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const IntentionArgs<scalar_t> a = make_args<scalar_t>(qc, kc, vc, mask);
+    const acc_t* alpha_data = alpha_c.const_data_ptr<acc_t>();
+    at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t bh = begin; bh < end; ++bh) {
+        const int info = forward_head<scalar_t, acc_t>(
+            a, bh / s.heads, bh % s.heads, alpha_data[bh], static_cast<acc_t>(scale), out.mutable_data_ptr<scalar_t>(),
+            factor.mutable_data_ptr<acc_t>() + bh * s.head_dim * s.head_dim,
+            weights.mutable_data_ptr<acc_t>() + bh * s.head_dim * s.value_dim);
+        int64_t none = -1;
+        if (info != 0 && failed.compare_exchange_strong(none, bh)) failed_info = info;
+      }
+    });
+  });
+  const int64_t bad = failed.load();
+  TORCH_CHECK_VALUE(bad < 0, "attn_ext: KᵀK + αI is not positive definite at [batch, head] = [", bad / s.heads, ", ",
+                    bad % s.heads, "] (Cholesky failed at column ", failed_info.load() - 1, " of ", s.head_dim,
+                    "); with alpha = 0 this happens when there are fewer valid keys than D or the keys are "
+                    "collinear: use alpha > 0");
+  return {out, factor, weights};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> intention_bwd_cpu(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& v,
+    const std::optional<at::Tensor>& key_padding_mask, const at::Tensor& factor, const at::Tensor& weights,
+    double scale) {
+  const CrossAttentionShape s = check_inputs(q, k, v, key_padding_mask, scale);
+  const at::ScalarType acc_dtype = lse_dtype_for(q.scalar_type());
+  TORCH_CHECK(grad_out.sizes() == at::IntArrayRef({s.batch, s.heads, s.queries, s.value_dim}),
+              "attn_ext: grad_out must be [B, H, M, Dv], got ", grad_out.sizes(), " for q ", q.sizes());
+  TORCH_CHECK(factor.sizes() == at::IntArrayRef({s.batch, s.heads, s.head_dim, s.head_dim}) &&
+                  weights.sizes() == at::IntArrayRef({s.batch, s.heads, s.head_dim, s.value_dim}),
+              "attn_ext: factor must be [B, H, D, D] and weights [B, H, D, Dv]; got ", factor.sizes(), " and ",
+              weights.sizes());
+  const at::Tensor qc = last_dim_contiguous(q), kc = last_dim_contiguous(k);
+  const at::Tensor vc = v.has_value() ? last_dim_contiguous(*v) : at::Tensor();
+  const at::Tensor mask = key_padding_mask.has_value() ? key_padding_mask->contiguous() : at::Tensor();
+  const at::Tensor go = grad_out.to(q.scalar_type()).contiguous();
+  const at::Tensor fc = factor.to(acc_dtype).contiguous(), wc = weights.to(acc_dtype).contiguous();
+  at::Tensor dq = at::empty({s.batch, s.heads, s.queries, s.head_dim}, q.options());
+  at::Tensor dk = at::zeros({s.batch, s.heads, s.keys, s.head_dim}, q.options());
+  // Without values the op still returns a grad_v slot: an empty tensor (autograd maps it to None).
+  at::Tensor dv = v.has_value() ? at::zeros({s.batch, s.heads, s.keys, s.value_dim}, q.options()) : q.new_empty({0});
+  at::Tensor dalpha = at::empty({s.batch, s.heads}, q.options().dtype(acc_dtype));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ext::intention_bwd", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const IntentionArgs<scalar_t> a = make_args<scalar_t>(qc, kc, vc, mask);
+    at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t bh = begin; bh < end; ++bh) {
+        backward_head<scalar_t, acc_t>(a, go.const_data_ptr<scalar_t>(),
+                                       fc.const_data_ptr<acc_t>() + bh * s.head_dim * s.head_dim,
+                                       wc.const_data_ptr<acc_t>() + bh * s.head_dim * s.value_dim, bh / s.heads,
+                                       bh % s.heads, static_cast<acc_t>(scale), dq.mutable_data_ptr<scalar_t>(),
+                                       dk.mutable_data_ptr<scalar_t>(), dv.mutable_data_ptr<scalar_t>(),
+                                       dalpha.mutable_data_ptr<acc_t>() + bh);
+      }
+    });
+  });
+  return {dq, dk, dv, dalpha};
+}
+
+}  // namespace attn_ext::cpu
