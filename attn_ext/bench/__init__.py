@@ -15,6 +15,7 @@ from pathlib import Path
 #: Benchmark name -> module implementing ``run(options) -> int``.
 BENCHMARKS: dict[str, str] = {
     "cross_attention": "attn_ext.bench.cross_attention",
+    "intention": "attn_ext.bench.intention",
     "state_update": "attn_ext.bench.state_update",
     "streaming_memory": "attn_ext.bench.streaming_memory",
     "tree_attention": "attn_ext.bench.tree_attention",
