@@ -31,6 +31,12 @@ TORCH_LIBRARY(attn_ext, m) {
   m.def("tree_cross_attention_fwd(Tensor q, Tensor node_k, Tensor node_v, Tensor node_padding_mask, "
         "int branching, int height, int group_size, float scale, Tensor? uniforms) "
         "-> (Tensor out, Tensor lse, Tensor selected, Tensor log_prob, Tensor entropy)");
+  // Masked-mean aggregation of a tree's nodes from its tokens' values (SPEC §3 "Aggregate") and its
+  // backward; node ids as in attn_ext/tree/build.py, leaf_token -1 at padding leaf slots.
+  m.def("tree_aggregate_mean_fwd(Tensor leaf_values, Tensor leaf_token, Tensor node_padding_mask, int branching, "
+        "int height, int group_size) -> Tensor");
+  m.def("tree_aggregate_mean_bwd(Tensor grad_nodes, Tensor leaf_token, Tensor token_leaf, Tensor node_padding_mask, "
+        "int branching, int height, int group_size, int num_tokens) -> Tensor");
   // Diagnostics: which GEMM the CPU kernels use in this process (BLAS symbol or portable loops).
   m.def("cpu_gemm_implementation() -> str", &cpu_gemm_implementation);
 }

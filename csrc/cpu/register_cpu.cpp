@@ -2,6 +2,7 @@
 
 #include "cross_attention_cpu.h"
 #include "merge_states_cpu.h"
+#include "tree_aggregate_cpu.h"
 #include "tree_cross_attention_cpu.h"
 
 TORCH_LIBRARY_IMPL(attn_ext, CPU, m) {
@@ -10,4 +11,6 @@ TORCH_LIBRARY_IMPL(attn_ext, CPU, m) {
   m.impl("merge_attention_states", &attn_ext::cpu::merge_attention_states_cpu);
   m.impl("merge_attention_states_bwd", &attn_ext::cpu::merge_attention_states_bwd_cpu);
   m.impl("tree_cross_attention_fwd", &attn_ext::cpu::tree_cross_attention_fwd_cpu);
+  m.impl("tree_aggregate_mean_fwd", &attn_ext::cpu::tree_aggregate_mean_fwd_cpu);
+  m.impl("tree_aggregate_mean_bwd", &attn_ext::cpu::tree_aggregate_mean_bwd_cpu);
 }
