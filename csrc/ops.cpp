@@ -41,6 +41,12 @@ TORCH_LIBRARY(attn_ext, m) {
         "-> (Tensor out, Tensor factor, Tensor weights)");
   m.def("intention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor? v, Tensor? key_padding_mask, Tensor factor, "
         "Tensor weights, float scale) -> (Tensor grad_q, Tensor grad_k, Tensor grad_v, Tensor grad_alpha)");
+  // Masked-mean aggregation of a tree's nodes from its tokens' values (SPEC §3 "Aggregate") and its
+  // backward; node ids as in attn_ext/tree/build.py, leaf_token -1 at padding leaf slots.
+  m.def("tree_aggregate_mean_fwd(Tensor leaf_values, Tensor leaf_token, Tensor node_padding_mask, int branching, "
+        "int height, int group_size) -> Tensor");
+  m.def("tree_aggregate_mean_bwd(Tensor grad_nodes, Tensor leaf_token, Tensor token_leaf, Tensor node_padding_mask, "
+        "int branching, int height, int group_size, int num_tokens) -> Tensor");
   // Diagnostics: which GEMM the CPU kernels use in this process (BLAS symbol or portable loops).
   m.def("cpu_gemm_implementation() -> str", &cpu_gemm_implementation);
 }

@@ -12,7 +12,7 @@ True
 from attn_ext.tree.aggregate import masked_mean, tree_aggregate
 from attn_ext.tree.build import Tree, build_tree, tree_height_and_group_size, tree_num_selected
 from attn_ext.tree.retrieval import POLICIES, TreeAttentionResult, tree_cross_attention
-from attn_ext.tree import ops  # noqa: F401,E402  (fake kernel and autograd of the fused C++ op)
+from attn_ext.tree import aggregate_ops, ops  # noqa: F401,E402  (fake kernels and autograd of the fused ops)
 
 __all__ = [
     "POLICIES",

@@ -1,7 +1,14 @@
-"""Bottom-up aggregation of leaf values into node values (SPEC §3 "Aggregate"), level by level."""
+"""Bottom-up aggregation of leaf values into node values (SPEC §3 "Aggregate").
+
+Two implementations of the masked mean: the fused C++ op ``attn_ext::tree_aggregate_mean_fwd``
+(csrc/cpu/tree_aggregate.cpp, one depth-first pass; its fake kernel and autograd are in
+:mod:`attn_ext.tree.aggregate_ops`) and the vectorised PyTorch reference below, level by level, which also
+runs any callable reducer.
+"""
 from __future__ import annotations
 
-from typing import Callable, Union
+import os
+from typing import Callable, Optional, Union
 
 import torch
 from torch import Tensor
@@ -21,9 +28,13 @@ def masked_mean(children: Tensor, padding_mask: Tensor) -> Tensor:
 
 
 _REDUCERS = {"mean": masked_mean}
+AGGREGATE_BACKENDS = ("cpp", "reference")
+_CPP_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def tree_aggregate(tree: Tree, leaf_values: Tensor, reduce: Union[str, Reducer] = "mean") -> Tensor:
+def tree_aggregate(
+    tree: Tree, leaf_values: Tensor, reduce: Union[str, Reducer] = "mean", *, backend: Optional[str] = None
+) -> Tensor:
     """Values of every node of ``tree``: the leaves' own values, and ``reduce`` of the children above.
 
     Parameters
@@ -39,6 +50,12 @@ def tree_aggregate(tree: Tree, leaf_values: Tensor, reduce: Union[str, Reducer] 
         ``c = P`` for the group nodes, ``b`` above) and returns ``[B, n, E]``. Rows whose children are
         all padding are zeroed afterwards, but the callable must not produce NaN for them (NaN would
         leak into the gradients through ``torch.where``).
+    backend : {"cpp", "reference", "auto"}, optional
+        ``"cpp"``: the fused C++ kernel (``reduce="mean"`` on CPU, float16/bfloat16/float32/float64;
+        fp32 sums for the half types); ``"reference"``: the PyTorch code, level by level. None or
+        ``"auto"`` follows ``ATTN_EXT_BACKEND`` when it names one of these, else takes ``cpp`` where
+        it can run and the reference elsewhere. Callable reducers always run on the reference; a
+        forced ``"cpp"`` that cannot run raises ``RuntimeError``.
 
     Returns
     -------
@@ -57,6 +74,10 @@ def tree_aggregate(tree: Tree, leaf_values: Tensor, reduce: Union[str, Reducer] 
     """
     reducer = _resolve_reducer(reduce)
     _check_leaf_values(tree, leaf_values)
+    if _select_backend(backend, reduce, leaf_values) == "cpp":
+        # Its fake kernel and autograd are registered by attn_ext.tree, which imports attn_ext.tree.aggregate_ops.
+        return torch.ops.attn_ext.tree_aggregate_mean_fwd(leaf_values, tree.leaf_token, tree.node_padding_mask,
+                                                          tree.branching, tree.height, tree.group_size)
     B, E = leaf_values.shape[0], leaf_values.shape[2]
     b, k, P = tree.branching, tree.height, tree.group_size
     G = tree.leaf_offset
@@ -84,6 +105,33 @@ def _reduce_level(reducer: Reducer, children: Tensor, child_pad: Tensor, pad: Te
         )
     start = tree.level_offset(level)
     return out.masked_fill(pad[:, start : start + n, None], 0)
+
+
+def _select_backend(requested: Optional[str], reduce: Union[str, Reducer], leaf_values: Tensor) -> str:
+    """``"cpp"`` or ``"reference"`` for this call (see ``backend`` of :func:`tree_aggregate`)."""
+    from attn_ext.backends import ENVIRONMENT_VARIABLE, rejection_reasons
+
+    if requested is not None and requested != "auto" and requested not in AGGREGATE_BACKENDS:
+        raise ValueError(
+            f"attn_ext: unknown backend {requested!r} for tree_aggregate; choose one of "
+            f"{', '.join(AGGREGATE_BACKENDS)} or 'auto'"
+        )
+    if not isinstance(reduce, str):
+        if requested == "cpp":
+            raise RuntimeError("attn_ext: backend 'cpp' of tree_aggregate runs reduce='mean' only, not a callable")
+        return "reference"
+    if requested is None or requested == "auto":
+        env = os.environ.get(ENVIRONMENT_VARIABLE)
+        requested = env if env in AGGREGATE_BACKENDS else "auto"
+    if requested == "reference":
+        return requested
+    reason = rejection_reasons(leaf_values)["cpp"]
+    if reason is None and leaf_values.dtype not in _CPP_DTYPES:
+        reason = f"the kernel takes float16, bfloat16, float32 or float64, not {leaf_values.dtype}"
+    if requested == "cpp" and reason is not None:
+        raise RuntimeError(f"attn_ext: backend 'cpp' cannot run tree_aggregate on {leaf_values.device} "
+                           f"{leaf_values.dtype} leaf values ({reason})")
+    return "cpp" if reason is None else "reference"
 
 
 def _resolve_reducer(reduce: Union[str, Reducer]) -> Reducer:

@@ -32,8 +32,14 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional, Tuple, Union
 
+import numpy as np
 import torch
 from torch import Tensor
+
+# Sort keys with an exact order-preserving 32-bit code, and the room left for the token index.
+_PACKABLE_KEYS = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int16, torch.int8, torch.uint8,
+                  torch.bool)
+_INDEX_BITS = 30
 
 
 def tree_height_and_group_size(n: int, branching: int) -> Tuple[int, int]:
@@ -195,10 +201,7 @@ def build_tree(
     device = key.device
     pad = key_padding_mask if key_padding_mask is not None else torch.zeros(B, N, dtype=torch.bool, device=device)
 
-    # Two stable sorts = a lexicographic sort by (is padding, key): valid tokens first, in key order,
-    # without overwriting the key with a sentinel that a legitimately infinite key could equal.
-    order = torch.sort(key, dim=1, stable=True).indices
-    order = order.gather(1, torch.sort(pad.gather(1, order).to(torch.uint8), dim=1, stable=True).indices)
+    order = _token_order(key, key_padding_mask)
 
     L = P * branching**k
     leaf_token = torch.cat([order, order.new_full((B, L - N), -1)], dim=1)
@@ -213,6 +216,40 @@ def build_tree(
 
     offsets = torch.tensor([(branching**lv - 1) // (branching - 1) for lv in range(k + 2)], device=device)
     return Tree(leaf_token, token_leaf, node_padding_mask, offsets, chosen_axis, branching, k, P, N)
+
+
+def _token_order(key: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
+    """Token indices ``[B, N]`` sorted by (is padding, key), ties in index order: valid tokens first."""
+    B, N = key.shape
+    key = key.detach()  # positions may carry grad; the order is discrete
+    if key.dtype in _PACKABLE_KEYS and N <= 2**_INDEX_BITS:
+        # Distinct int64s (padding bit, 32-bit key code, index) sort like the lexicographic stable
+        # sort, in one unstable sort; on CPU numpy's (SIMD quicksort) is ~10x faster than torch's.
+        packed = (_key_code(key) << _INDEX_BITS) | torch.arange(N, device=key.device)
+        if key_padding_mask is not None:
+            packed |= key_padding_mask.long() << (32 + _INDEX_BITS)
+        if packed.device.type == "cpu":
+            packed = torch.from_numpy(np.sort(packed.numpy(), axis=1))
+        else:
+            packed = torch.sort(packed, dim=1).values
+        return packed & (2**_INDEX_BITS - 1)
+    order = torch.sort(key, dim=1, stable=True).indices
+    if key_padding_mask is None:
+        return order
+    # Two stable sorts = the lexicographic sort, without overwriting the key with a sentinel that a
+    # legitimately infinite key could equal.
+    return order.gather(1, torch.sort(key_padding_mask.gather(1, order).to(torch.uint8), dim=1, stable=True).indices)
+
+
+def _key_code(key: Tensor) -> Tensor:
+    """int64 in ``[0, 2^32)`` ordered as ``torch.sort`` orders ``key``: −0 ties +0, every NaN ties and comes last."""
+    if not key.is_floating_point():
+        return key.long() + 2**31
+    x = key.float() + 0.0  # -0.0 + 0.0 = +0.0
+    x = torch.where(torch.isnan(x), torch.nan, x)  # one positive NaN, above +inf
+    bits = x.view(torch.int32).long()
+    # IEEE sign-magnitude to two's-complement order: negatives reversed below the positives.
+    return torch.where(bits < 0, ~bits, bits + 2**31)
 
 
 def _sort_key(points: Tensor, key_padding_mask: Optional[Tensor], axis: Optional[int]) -> Tuple[Tensor, Tensor]:
@@ -261,6 +298,8 @@ def _sort_key(points: Tensor, key_padding_mask: Optional[Tensor], axis: Optional
         return points[:, :, axis], torch.full((B,), axis % C, dtype=torch.long, device=points.device)
     if C == 0:
         raise ValueError(f"attn_ext: points {tuple(points.shape)} have no coordinate to sort along")
+    if C == 1:  # nothing to choose: skip the spread's passes over the points
+        return points[:, :, 0], torch.zeros(B, dtype=torch.long, device=points.device)
     valid = torch.ones(B, N, 1, dtype=torch.bool, device=points.device)
     if key_padding_mask is not None:
         valid = ~key_padding_mask[:, :, None]

@@ -9,7 +9,6 @@ backward is tested.
 from __future__ import annotations
 
 import math
-import os
 from typing import NamedTuple, Optional
 
 import torch

@@ -3,6 +3,7 @@
 #include "cross_attention_cpu.h"
 #include "intention_cpu.h"
 #include "merge_states_cpu.h"
+#include "tree_aggregate_cpu.h"
 #include "tree_cross_attention_cpu.h"
 
 TORCH_LIBRARY_IMPL(attn_ext, CPU, m) {
@@ -14,4 +15,6 @@ TORCH_LIBRARY_IMPL(attn_ext, CPU, m) {
   m.impl("tree_cross_attention_bwd", &attn_ext::cpu::tree_cross_attention_bwd_cpu);
   m.impl("intention_fwd", &attn_ext::cpu::intention_fwd_cpu);
   m.impl("intention_bwd", &attn_ext::cpu::intention_bwd_cpu);
+  m.impl("tree_aggregate_mean_fwd", &attn_ext::cpu::tree_aggregate_mean_fwd_cpu);
+  m.impl("tree_aggregate_mean_bwd", &attn_ext::cpu::tree_aggregate_mean_bwd_cpu);
 }

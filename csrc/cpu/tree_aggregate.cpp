@@ -1,0 +1,393 @@
+// CPU masked-mean aggregation of a Tree Cross Attention tree (SPEC §3 "Aggregate") and its backward.
+//
+// The reference (attn_ext/tree/aggregate.py) gathers the leaves, masks them, reduces each level and
+// concatenates: some eight passes of [B, L, E] through memory. Here both directions walk the tree
+// depth first with one row of sums per level (fp32 for fp16/bf16): each token row is read once and
+// each node row written once, in a sequential sweep of every level's id range of the subtree, and
+// nothing of the output's size is allocated besides the output itself.
+//
+// The parallel tasks are the subtrees rooted at the "cut" level, the shallowest level with enough
+// roots over the batch to keep every thread busy; the few levels above the cut are done afterwards
+// from the roots' (fp32) values. A node always sums its children in order, so the result does not
+// depend on the cut, i.e. on the number of threads.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+#include "tree_aggregate_cpu.h"
+
+namespace attn_ext::cpu {
+namespace {
+
+// More tasks than threads: subtrees over the padding at the end of the leaves are cheaper.
+constexpr int64_t kTasksPerThread = 4;
+// Below ~64K elements per task waking other threads costs more than the copy.
+constexpr int64_t kElementsPerTask = int64_t(1) << 16;
+
+struct Layout {
+  int64_t batch, tokens, dim, branching, height, group_size, leaf_offset, leaves, nodes;
+  std::vector<int64_t> offset;  // first id of levels 0 … height, then the leaf offset G
+  int64_t cut;
+
+  int64_t width(int64_t level) const { return offset[level + 1] - offset[level]; }
+};
+
+Layout make_layout(int64_t batch, int64_t tokens, int64_t dim, int64_t branching, int64_t height,
+                   int64_t group_size) {
+  TORCH_CHECK_VALUE(branching >= 2, "attn_ext: branching must be >= 2, got ", branching);
+  TORCH_CHECK_VALUE(height >= 0 && height <= 62, "attn_ext: height must be in [0, 62], got ", height);
+  TORCH_CHECK_VALUE(group_size >= 1, "attn_ext: group_size must be >= 1, got ", group_size);
+  // Guard the id arithmetic against overflow before computing b^(k+1).
+  double nodes_d = static_cast<double>(group_size);
+  for (int64_t i = 0; i <= height; ++i) nodes_d *= static_cast<double>(branching);
+  TORCH_CHECK_VALUE(nodes_d < 4e18, "attn_ext: a tree of branching ", branching, ", height ", height,
+                    " and group size ", group_size, " is too large");
+  Layout s{batch, tokens, dim, branching, height, group_size, 0, 0, 0, std::vector<int64_t>(height + 2, 0), 0};
+  int64_t width = 1;
+  for (int64_t level = 0; level <= height; ++level) {
+    s.offset[level + 1] = s.offset[level] + width;
+    if (level < height) width *= branching;
+  }
+  s.leaf_offset = s.offset[height + 1];
+  s.leaves = group_size * width;
+  s.nodes = s.leaf_offset + s.leaves;
+  const int64_t wanted = kTasksPerThread * at::get_num_threads();
+  for (int64_t roots = batch; s.cut < height && roots < wanted; roots *= branching) ++s.cut;
+  return s;
+}
+
+void check_payload(const at::Tensor& x, const char* name) {
+  TORCH_CHECK_VALUE(x.dim() == 3, "attn_ext: ", name, " must be 3-D, got ", x.sizes());
+  const at::ScalarType t = x.scalar_type();
+  TORCH_CHECK_TYPE(t == at::kHalf || t == at::kBFloat16 || t == at::kFloat || t == at::kDouble, "attn_ext: ", name,
+                   " dtype ", t, " is not supported; use float16, bfloat16, float32 or float64");
+}
+
+void check_tree_tensors(const Layout& s, const at::Tensor& payload, const at::Tensor& leaf_token,
+                        const at::Tensor& mask) {
+  TORCH_CHECK_TYPE(leaf_token.scalar_type() == at::kLong, "attn_ext: leaf_token must be int64, got ",
+                   leaf_token.scalar_type());
+  TORCH_CHECK_VALUE(leaf_token.dim() == 2 && leaf_token.size(0) == s.batch && leaf_token.size(1) == s.leaves,
+                    "attn_ext: leaf_token must be [B, group_size·branching^height] = [", s.batch, ", ", s.leaves,
+                    "] for branching ", s.branching, ", height ", s.height, ", group size ", s.group_size, "; got ",
+                    leaf_token.sizes());
+  TORCH_CHECK_TYPE(mask.scalar_type() == at::kBool, "attn_ext: node_padding_mask must be bool (True = padding), got ",
+                   mask.scalar_type());
+  TORCH_CHECK_VALUE(mask.dim() == 2 && mask.size(0) == s.batch && mask.size(1) == s.nodes,
+                    "attn_ext: node_padding_mask must be [B, num_nodes] = [", s.batch, ", ", s.nodes, "], got ",
+                    mask.sizes());
+  TORCH_CHECK(leaf_token.device() == payload.device() && mask.device() == payload.device(),
+              "attn_ext: tree tensors must be on the values' device ", payload.device(), "; got leaf_token on ",
+              leaf_token.device(), ", node_padding_mask on ", mask.device());
+}
+
+// Rows along E must have unit stride; batch and row strides are free.
+at::Tensor with_unit_stride_rows(const at::Tensor& x) {
+  return x.size(2) <= 1 || x.stride(2) == 1 ? x : x.contiguous();
+}
+
+// A fresh output of hundreds of MB is first touched here, and with 4 KB pages the kernel's page
+// faults cost more than the writes themselves; ask for transparent huge pages on its 2 MB-aligned
+// part before touching it (a no-op where THP is off; errors are ignored, it is only advice).
+void advise_huge_pages(const at::Tensor& fresh) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr std::uintptr_t kHuge = std::uintptr_t(1) << 21;
+  const auto begin = reinterpret_cast<std::uintptr_t>(fresh.const_data_ptr());
+  const std::uintptr_t end = begin + static_cast<std::uintptr_t>(fresh.nbytes());
+  const std::uintptr_t first = (begin + kHuge - 1) & ~(kHuge - 1), last = end & ~(kHuge - 1);
+  if (last >= first + 2 * kHuge) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+#else
+  (void)fresh;
+#endif
+}
+
+int64_t grain_for(const Layout& s) {
+  const int64_t per_task = std::max<int64_t>(1, s.nodes / s.width(s.cut) * s.dim);
+  return std::max<int64_t>(1, kElementsPerTask / per_task);
+}
+
+template <typename T>
+inline void zero_row(T* x, int64_t n) {
+  std::fill(x, x + n, T(0));
+}
+
+template <typename acc_t, typename T>
+inline void add_row(acc_t* sum, const T* x, int64_t n) {
+  for (int64_t d = 0; d < n; ++d) sum[d] += static_cast<acc_t>(x[d]);
+}
+
+template <typename scalar_t>
+struct ForwardWalk {
+  using acc_t = at::opmath_type<scalar_t>;
+  const Layout& s;
+  const scalar_t* values;
+  int64_t values_batch_stride, values_token_stride;
+  const int64_t* leaf_token;
+  const bool* mask;
+  scalar_t* out;
+  std::atomic<bool>& bad_token;
+
+  // `sum` of the valid children → their mean (0 for a padding node or one without valid children),
+  // kept in `sum` for the parent and stored in the node's row.
+  void finish(int64_t e, int64_t id, int64_t count, acc_t* sum) const {
+    scalar_t* row = out + (e * s.nodes + id) * s.dim;
+    if (mask[e * s.nodes + id] || count == 0) {
+      zero_row(sum, s.dim);
+      zero_row(row, s.dim);
+      return;
+    }
+    const acc_t c = static_cast<acc_t>(count);
+    for (int64_t d = 0; d < s.dim; ++d) {
+      sum[d] /= c;
+      row[d] = static_cast<scalar_t>(sum[d]);
+    }
+  }
+
+  void group(int64_t e, int64_t g, acc_t* sum) const {
+    zero_row(sum, s.dim);
+    int64_t count = 0;
+    const bool* leaf_pad = mask + e * s.nodes + s.leaf_offset;
+    const int64_t* tokens = leaf_token + e * s.leaves;
+    for (int64_t slot = g * s.group_size; slot < (g + 1) * s.group_size; ++slot) {
+      scalar_t* row = out + (e * s.nodes + s.leaf_offset + slot) * s.dim;
+      const int64_t t = tokens[slot];
+      if (leaf_pad[slot] || t < 0 || t >= s.tokens) {
+        // Only a valid slot must name a token; a bad one is reported after the parallel region.
+        if (!leaf_pad[slot]) bad_token.store(true, std::memory_order_relaxed);
+        zero_row(row, s.dim);
+        continue;
+      }
+      const scalar_t* x = values + e * values_batch_stride + t * values_token_stride;
+      for (int64_t d = 0; d < s.dim; ++d) {
+        row[d] = x[d];
+        sum[d] += static_cast<acc_t>(x[d]);
+      }
+      ++count;
+    }
+    finish(e, s.offset[s.height] + g, count, sum);
+  }
+
+  // Node `index` of `level` and everything below it; its value is left in sums[level].
+  void subtree(int64_t e, int64_t level, int64_t index, acc_t* sums) const {
+    acc_t* sum = sums + level * s.dim;
+    if (level == s.height) return group(e, index, sum);
+    const acc_t* child = sum + s.dim;
+    const int64_t id = s.offset[level] + index;
+    const bool* child_pad = mask + e * s.nodes + s.branching * id + 1;
+    zero_row(sum, s.dim);
+    int64_t count = 0;
+    for (int64_t j = 0; j < s.branching; ++j) {
+      subtree(e, level + 1, index * s.branching + j, sums);
+      if (!child_pad[j]) {
+        add_row(sum, child, s.dim);
+        ++count;
+      }
+    }
+    finish(e, id, count, sum);
+  }
+};
+
+template <typename scalar_t>
+struct BackwardWalk {
+  using acc_t = at::opmath_type<scalar_t>;
+  const Layout& s;
+  const scalar_t* grad;
+  int64_t grad_batch_stride, grad_node_stride;
+  const int64_t* leaf_token;
+  const int64_t* token_leaf;
+  const bool* mask;
+  scalar_t* grad_values;
+  std::atomic<bool>& bad_token;
+
+  const scalar_t* grad_row(int64_t e, int64_t id) const {
+    return grad + e * grad_batch_stride + id * grad_node_stride;
+  }
+
+  // What each valid child of node `id` receives: the node's total gradient (its own plus
+  // `from_parent`, nullptr for none) over its valid-child count. False when nothing flows down
+  // (a padding node, or one without valid children, whose value is a constant 0).
+  bool share_of(int64_t e, int64_t level, int64_t id, const acc_t* from_parent, acc_t* share) const {
+    const bool* pad = mask + e * s.nodes;
+    if (pad[id]) return false;
+    const bool group = level == s.height;
+    const int64_t first = group ? s.leaf_offset + (id - s.offset[level]) * s.group_size : s.branching * id + 1;
+    const int64_t children = group ? s.group_size : s.branching;
+    int64_t count = 0;
+    for (int64_t j = 0; j < children; ++j) count += !pad[first + j];
+    if (count == 0) return false;
+    const scalar_t* g = grad_row(e, id);
+    const acc_t c = static_cast<acc_t>(count);
+    if (from_parent != nullptr) {
+      for (int64_t d = 0; d < s.dim; ++d) share[d] = (static_cast<acc_t>(g[d]) + from_parent[d]) / c;
+    } else {
+      for (int64_t d = 0; d < s.dim; ++d) share[d] = static_cast<acc_t>(g[d]) / c;
+    }
+    return true;
+  }
+
+  // The tokens of group `g`: each gets its leaf slot's own gradient plus the group's share.
+  // Returns how many tokens it wrote, for the caller's check that every token was.
+  int64_t group(int64_t e, int64_t g, const acc_t* share) const {
+    const bool* leaf_pad = mask + e * s.nodes + s.leaf_offset;
+    const int64_t* tokens = leaf_token + e * s.leaves;
+    int64_t written = 0;
+    for (int64_t slot = g * s.group_size; slot < (g + 1) * s.group_size; ++slot) {
+      const int64_t t = tokens[slot];
+      if (t < 0) continue;
+      if (t >= s.tokens || token_leaf[e * s.tokens + t] != slot) {
+        bad_token.store(true, std::memory_order_relaxed);
+        continue;
+      }
+      ++written;
+      scalar_t* dst = grad_values + (e * s.tokens + t) * s.dim;
+      if (leaf_pad[slot]) {
+        zero_row(dst, s.dim);
+        continue;
+      }
+      const scalar_t* own = grad_row(e, s.leaf_offset + slot);
+      if (share != nullptr) {
+        for (int64_t d = 0; d < s.dim; ++d) dst[d] = static_cast<scalar_t>(static_cast<acc_t>(own[d]) + share[d]);
+      } else {
+        std::copy(own, own + s.dim, dst);
+      }
+    }
+    return written;
+  }
+
+  // Node `index` of `level` and everything below it; shares[level] holds its share while below runs.
+  int64_t subtree(int64_t e, int64_t level, int64_t index, const acc_t* from_parent, acc_t* shares) const {
+    acc_t* share = shares + level * s.dim;
+    const acc_t* down = share_of(e, level, s.offset[level] + index, from_parent, share) ? share : nullptr;
+    if (level == s.height) return group(e, index, down);
+    int64_t written = 0;
+    for (int64_t j = 0; j < s.branching; ++j) written += subtree(e, level + 1, index * s.branching + j, down, shares);
+    return written;
+  }
+};
+
+}  // namespace
+
+at::Tensor tree_aggregate_mean_fwd_cpu(const at::Tensor& leaf_values, const at::Tensor& leaf_token,
+                                       const at::Tensor& node_padding_mask, int64_t branching, int64_t height,
+                                       int64_t group_size) {
+  check_payload(leaf_values, "leaf_values [B, N, E]");
+  const Layout s = make_layout(leaf_values.size(0), leaf_values.size(1), leaf_values.size(2), branching, height,
+                               group_size);
+  check_tree_tensors(s, leaf_values, leaf_token, node_padding_mask);
+  const at::Tensor values = with_unit_stride_rows(leaf_values);
+  const at::Tensor tokens = leaf_token.contiguous(), pad = node_padding_mask.contiguous();
+  at::Tensor out = at::empty({s.batch, s.nodes, s.dim}, values.options());
+  advise_huge_pages(out);
+  std::atomic<bool> bad_token{false};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "attn_ext::tree_aggregate_mean_fwd",
+                                  [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const ForwardWalk<scalar_t> walk{s, values.const_data_ptr<scalar_t>(), values.stride(0), values.stride(1),
+                                     tokens.const_data_ptr<int64_t>(), pad.const_data_ptr<bool>(),
+                                     out.mutable_data_ptr<scalar_t>(), bad_token};
+    const int64_t E = s.dim, cut = s.cut, width = s.width(cut), above = s.offset[cut + 1];
+    // Values of levels 0 … cut per batch entry, kept in acc_t so the top levels round only once.
+    std::vector<acc_t> top(s.batch * above * E);
+    at::parallel_for(0, s.batch * width, grain_for(s), [&](int64_t begin, int64_t end) {
+      std::vector<acc_t> sums((s.height + 1) * E);
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t e = task / width, index = task % width;
+        walk.subtree(e, cut, index, sums.data());
+        std::copy(sums.begin() + cut * E, sums.begin() + (cut + 1) * E,
+                  top.begin() + (e * above + s.offset[cut] + index) * E);
+      }
+    });
+    for (int64_t level = cut - 1; level >= 0; --level) {
+      for (int64_t e = 0; e < s.batch; ++e) {
+        const bool* pad_row = pad.const_data_ptr<bool>() + e * s.nodes;
+        for (int64_t id = s.offset[level]; id < s.offset[level + 1]; ++id) {
+          acc_t* sum = top.data() + (e * above + id) * E;
+          zero_row(sum, E);
+          int64_t count = 0;
+          for (int64_t child = branching * id + 1; child <= branching * id + branching; ++child) {
+            if (pad_row[child]) continue;
+            add_row(sum, top.data() + (e * above + child) * E, E);
+            ++count;
+          }
+          walk.finish(e, id, count, sum);
+        }
+      }
+    }
+  });
+  TORCH_CHECK_VALUE(!bad_token.load(), "attn_ext: leaf_token names a token outside [0, N = ", s.tokens,
+                    ") at a non-padding leaf slot");
+  return out;
+}
+
+at::Tensor tree_aggregate_mean_bwd_cpu(const at::Tensor& grad_nodes, const at::Tensor& leaf_token,
+                                       const at::Tensor& token_leaf, const at::Tensor& node_padding_mask,
+                                       int64_t branching, int64_t height, int64_t group_size, int64_t num_tokens) {
+  check_payload(grad_nodes, "grad_nodes [B, num_nodes, E]");
+  TORCH_CHECK_VALUE(num_tokens >= 0, "attn_ext: num_tokens must be >= 0, got ", num_tokens);
+  const Layout s = make_layout(grad_nodes.size(0), num_tokens, grad_nodes.size(2), branching, height, group_size);
+  check_tree_tensors(s, grad_nodes, leaf_token, node_padding_mask);
+  TORCH_CHECK_VALUE(grad_nodes.size(1) == s.nodes, "attn_ext: grad_nodes must be [B, num_nodes, E] with num_nodes = ",
+                    s.nodes, ", got ", grad_nodes.sizes());
+  TORCH_CHECK_TYPE(token_leaf.scalar_type() == at::kLong, "attn_ext: token_leaf must be int64, got ",
+                   token_leaf.scalar_type());
+  TORCH_CHECK_VALUE(token_leaf.dim() == 2 && token_leaf.size(0) == s.batch && token_leaf.size(1) == num_tokens,
+                    "attn_ext: token_leaf must be [B, num_tokens] = [", s.batch, ", ", num_tokens, "], got ",
+                    token_leaf.sizes());
+  TORCH_CHECK(token_leaf.device() == grad_nodes.device(), "attn_ext: token_leaf is on ", token_leaf.device(),
+              " but grad_nodes on ", grad_nodes.device());
+  const at::Tensor grad = with_unit_stride_rows(grad_nodes);
+  const at::Tensor tokens = leaf_token.contiguous(), slots = token_leaf.contiguous(),
+                   pad = node_padding_mask.contiguous();
+  at::Tensor grad_values = at::empty({s.batch, num_tokens, s.dim}, grad.options());
+  advise_huge_pages(grad_values);
+  std::atomic<bool> bad_token{false};
+  std::atomic<int64_t> written{0};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "attn_ext::tree_aggregate_mean_bwd",
+                                  [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const BackwardWalk<scalar_t> walk{s, grad.const_data_ptr<scalar_t>(), grad.stride(0), grad.stride(1),
+                                      tokens.const_data_ptr<int64_t>(), slots.const_data_ptr<int64_t>(),
+                                      pad.const_data_ptr<bool>(), grad_values.mutable_data_ptr<scalar_t>(),
+                                      bad_token};
+    const int64_t E = s.dim, cut = s.cut, width = s.width(cut), above = s.offset[cut];
+    // Shares of the levels above the cut, top-down (has_share: something flows down from the node).
+    std::vector<acc_t> top(s.batch * above * E);
+    std::vector<char> has_share(s.batch * above, 0);
+    for (int64_t level = 0; level < cut; ++level) {
+      for (int64_t e = 0; e < s.batch; ++e) {
+        for (int64_t id = s.offset[level]; id < s.offset[level + 1]; ++id) {
+          const int64_t parent = e * above + (id - 1) / branching;
+          const acc_t* from_parent = level > 0 && has_share[parent] ? top.data() + parent * E : nullptr;
+          has_share[e * above + id] = walk.share_of(e, level, id, from_parent, top.data() + (e * above + id) * E);
+        }
+      }
+    }
+    at::parallel_for(0, s.batch * width, grain_for(s), [&](int64_t begin, int64_t end) {
+      std::vector<acc_t> shares((s.height + 1) * E);
+      int64_t count = 0;
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t e = task / width, index = task % width;
+        const int64_t parent = e * above + (s.offset[cut] + index - 1) / branching;
+        const acc_t* from_parent = cut > 0 && has_share[parent] ? top.data() + parent * E : nullptr;
+        count += walk.subtree(e, cut, index, from_parent, shares.data());
+      }
+      written.fetch_add(count, std::memory_order_relaxed);
+    });
+  });
+  TORCH_CHECK_VALUE(!bad_token.load() && written.load() == s.batch * num_tokens,
+                    "attn_ext: leaf_token [B, L] and token_leaf [B, N] must be inverse maps, every one of the N = ",
+                    num_tokens, " tokens at exactly one leaf slot (-1 at the padding slots)");
+  return grad_values;
+}
+
+}  // namespace attn_ext::cpu
