@@ -8,6 +8,7 @@ torch.Size([1, 2, 8, 16])
 from attn_ext import ops  # noqa: F401  (registers the custom ops, fake kernels and autograd)
 from attn_ext import nn
 from attn_ext import tree  # Tree Cross Attention (SPEC §3): pure-PyTorch reference so far
+from attn_ext import intention  # Intention (SPEC §4): batched Cholesky kernels so far
 from attn_ext.backends import BACKENDS, available_backends
 from attn_ext.cross_attention import DEFAULT_CHUNK_SIZE, cross_attention
 from attn_ext.tree import (
@@ -49,6 +50,7 @@ __all__ = [
     "cross_attention",
     "distributed",
     "empty_state",
+    "intention",
     "merge_states",
     "nn",
     "remove_from_state",

@@ -11,7 +11,8 @@ def test_docstring_examples_run():
     # import_module, because the package attribute `attn_ext.cross_attention` is the function.
     for module in map(importlib.import_module, ("attn_ext", "attn_ext.cross_attention", "attn_ext.state",
                                                 "attn_ext.nn.multihead_cross_attention", "attn_ext.nn.cmab",
-                                                "attn_ext.nn.tree_cross_attention", "attn_ext.nn.tca_loss")):
+                                                "attn_ext.nn.tree_cross_attention", "attn_ext.nn.tca_loss",
+                                                "attn_ext.intention", "attn_ext.intention.cholesky")):
         result = doctest.testmod(module, raise_on_error=False)
         assert result.attempted > 0, f"{module.__name__} has no examples"
         assert result.failed == 0, f"{module.__name__}: {result.failed} of {result.attempted} examples failed"

@@ -1,5 +1,6 @@
 #include <torch/library.h>
 
+#include "batched_cholesky_cpu.h"
 #include "cross_attention_cpu.h"
 #include "merge_states_cpu.h"
 #include "tree_cross_attention_cpu.h"
@@ -10,4 +11,6 @@ TORCH_LIBRARY_IMPL(attn_ext, CPU, m) {
   m.impl("merge_attention_states", &attn_ext::cpu::merge_attention_states_cpu);
   m.impl("merge_attention_states_bwd", &attn_ext::cpu::merge_attention_states_bwd_cpu);
   m.impl("tree_cross_attention_fwd", &attn_ext::cpu::tree_cross_attention_fwd_cpu);
+  m.impl("batched_cholesky", &attn_ext::cpu::batched_cholesky_cpu);
+  m.impl("batched_cholesky_solve", &attn_ext::cpu::batched_cholesky_solve_cpu);
 }
