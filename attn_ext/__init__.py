@@ -21,6 +21,8 @@ from attn_ext.tree import (
 )
 from attn_ext.ridge import (
     IntentionState,
+    batched_cholesky,
+    batched_cholesky_solve,
     intention,
     intention_from_state,
     intention_state,
@@ -60,6 +62,7 @@ __all__ = [
     "cross_attention",
     "distributed",
     "empty_state",
+    "intention",
     "merge_states",
     "nn",
     "remove_from_state",
@@ -73,7 +76,8 @@ __all__ = [
     "tree_cross_attention",
     "tree_num_selected",
     "IntentionState",
-    "intention",
+    "batched_cholesky",
+    "batched_cholesky_solve",
     "intention_from_state",
     "intention_state",
     "merge_intention_states",

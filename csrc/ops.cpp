@@ -47,6 +47,11 @@ TORCH_LIBRARY(attn_ext, m) {
         "int height, int group_size) -> Tensor");
   m.def("tree_aggregate_mean_bwd(Tensor grad_nodes, Tensor leaf_token, Tensor token_leaf, Tensor node_padding_mask, "
         "int branching, int height, int group_size, int num_tokens) -> Tensor");
+  // Batched small-SPD Cholesky (SPEC §4, under the Intention op): L with A = L Lᵀ from A's lower
+  // triangle and info as torch.linalg.cholesky_ex; then X = (L Lᵀ)⁻¹ B. No autograd (the Intention
+  // backward differentiates through its factor by hand).
+  m.def("batched_cholesky(Tensor A) -> (Tensor L, Tensor info)");
+  m.def("batched_cholesky_solve(Tensor L, Tensor B) -> Tensor X");
   // Diagnostics: which GEMM the CPU kernels use in this process (BLAS symbol or portable loops).
   m.def("cpu_gemm_implementation() -> str", &cpu_gemm_implementation);
 }

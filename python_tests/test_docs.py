@@ -14,7 +14,8 @@ def test_docstring_examples_run():
                                                 "attn_ext.nn.tree_cross_attention", "attn_ext.nn.tca_loss",
                                                 "attn_ext.tree.build", "attn_ext.tree.aggregate",
                                                 "attn_ext.tree.retrieval", "attn_ext.ridge.functional",
-                                                "attn_ext.ridge.state", "attn_ext.nn.intention")):
+                                                "attn_ext.ridge.state", "attn_ext.nn.intention",
+                                                "attn_ext.ridge.cholesky")):
         result = doctest.testmod(module, raise_on_error=False)
         assert result.attempted > 0, f"{module.__name__} has no examples"
         assert result.failed == 0, f"{module.__name__}: {result.failed} of {result.attempted} examples failed"

@@ -1,5 +1,6 @@
 #include <torch/library.h>
 
+#include "batched_cholesky_cpu.h"
 #include "cross_attention_cpu.h"
 #include "intention_cpu.h"
 #include "merge_states_cpu.h"
@@ -17,4 +18,6 @@ TORCH_LIBRARY_IMPL(attn_ext, CPU, m) {
   m.impl("intention_bwd", &attn_ext::cpu::intention_bwd_cpu);
   m.impl("tree_aggregate_mean_fwd", &attn_ext::cpu::tree_aggregate_mean_fwd_cpu);
   m.impl("tree_aggregate_mean_bwd", &attn_ext::cpu::tree_aggregate_mean_bwd_cpu);
+  m.impl("batched_cholesky", &attn_ext::cpu::batched_cholesky_cpu);
+  m.impl("batched_cholesky_solve", &attn_ext::cpu::batched_cholesky_solve_cpu);
 }

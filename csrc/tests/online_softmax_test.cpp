@@ -11,17 +11,11 @@
 #include "attn_ext/online_softmax.h"
 #include "cuda/launch_plan.h"
 
+#include "tests/check.h"
+
 namespace {
 
-int g_failures = 0;
-
-#define CHECK(cond)                                                           \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      ++g_failures;                                                           \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-    }                                                                         \
-  } while (0)
+using attn_ext_tests::g_failures;
 
 #define CHECK_NEAR(a, b, tol)                                                                  \
   do {                                                                                         \

@@ -19,6 +19,8 @@ ATTN_EXT_HOST_DEVICE float math_log(float x) { return logf(x); }
 ATTN_EXT_HOST_DEVICE double math_log(double x) { return log(x); }
 ATTN_EXT_HOST_DEVICE float math_log1p(float x) { return log1pf(x); }
 ATTN_EXT_HOST_DEVICE double math_log1p(double x) { return log1p(x); }
+ATTN_EXT_HOST_DEVICE float math_sqrt(float x) { return sqrtf(x); }
+ATTN_EXT_HOST_DEVICE double math_sqrt(double x) { return sqrt(x); }
 
 template <typename T>
 ATTN_EXT_HOST_DEVICE T negative_infinity() {

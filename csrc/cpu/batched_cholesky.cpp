@@ -1,0 +1,98 @@
+// Batched Cholesky factorisation and solves of small SPD matrices on the CPU (the Intention op's
+// (KᵀK + αI)⁻¹ and its backward, SPEC §4): input checks, batch flattening and threading here; the
+// per-matrix arithmetic is in cholesky_simd.cpp.
+//
+// One work item is one matrix: at::parallel_for hands each thread a contiguous range of the batch,
+// which cholesky_simd streams through with one scratch buffer (prefetching the next matrix).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <tuple>
+#include <vector>
+
+#include "batched_cholesky_cpu.h"
+#include "cholesky_simd.h"
+
+namespace attn_ext::cpu {
+namespace {
+
+void check_dtype(const char* op, const char* name, const at::Tensor& t) {
+  // Half inputs are refused rather than upcast: the Intention op accumulates KᵀK in fp32 anyway,
+  // and a half-precision factor would be too inexact to be worth returning.
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, "attn_ext.", op,
+              ": supports float32 and float64 only, got ", name, " of dtype ", t.scalar_type(),
+              " (convert with .float(); a half-precision factor would be too inexact)");
+  TORCH_CHECK(t.device().is_cpu(), "attn_ext.", op, ": the CPU kernel got ", name, " on ", t.device());
+}
+
+/// The matrices of t [..., rows, cols] as a 3-D [batch, rows, cols] view (a copy only when the
+/// batch dimensions cannot be merged), and the batch size.
+at::Tensor as_batch_of_matrices(const at::Tensor& t, int64_t batch) {
+  return t.reshape({batch, t.size(-2), t.size(-1)});
+}
+
+BatchStrides strides_of(const at::Tensor& t3) { return BatchStrides{t3.stride(0), t3.stride(1), t3.stride(2)}; }
+
+/// Matrices per parallel_for chunk so that a chunk carries at least ~50k multiply-adds.
+int64_t grain_size(int64_t macs_per_matrix) {
+  constexpr int64_t kMinChunkMacs = 1 << 16;
+  return std::max<int64_t>(1, kMinChunkMacs / std::max<int64_t>(macs_per_matrix, 1));
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> batched_cholesky_cpu(const at::Tensor& a) {
+  TORCH_CHECK(a.dim() >= 2 && a.size(-1) == a.size(-2),
+              "attn_ext.batched_cholesky: A must be a batch of square matrices [..., n, n], got shape ", a.sizes());
+  check_dtype("batched_cholesky", "A", a);
+  const int64_t n = a.size(-1);
+  const std::vector<int64_t> batch_sizes(a.sizes().begin(), a.sizes().end() - 2);
+  at::Tensor l = at::empty(a.sizes(), a.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor info = at::zeros(batch_sizes, a.options().dtype(at::kInt));
+  const int64_t batch = info.numel();
+  if (batch == 0 || n == 0) return {l, info};
+  const at::Tensor a3 = as_batch_of_matrices(a, batch);
+  const BatchStrides a_strides = strides_of(a3);
+  int32_t* info_data = info.mutable_data_ptr<int32_t>();
+  AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "attn_ext_batched_cholesky", [&] {
+    const scalar_t* a_data = a3.const_data_ptr<scalar_t>();
+    scalar_t* l_data = l.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, batch, grain_size(n * n * n / 6), [&](int64_t begin, int64_t end) {
+      cholesky_factor_batch(a_data, a_strides, l_data, info_data, n, begin, end);
+    });
+  });
+  return {l, info};
+}
+
+at::Tensor batched_cholesky_solve_cpu(const at::Tensor& l, const at::Tensor& b) {
+  TORCH_CHECK(l.dim() >= 2 && l.size(-1) == l.size(-2),
+              "attn_ext.batched_cholesky_solve: L must be a batch of square matrices [..., n, n], got shape ",
+              l.sizes());
+  TORCH_CHECK(b.dim() == l.dim() && b.size(-2) == l.size(-1) &&
+                  std::equal(l.sizes().begin(), l.sizes().end() - 2, b.sizes().begin()),
+              "attn_ext.batched_cholesky_solve: B must be [..., n, r] with the batch dimensions and n of L ",
+              l.sizes(), " (no broadcasting), got B of shape ", b.sizes());
+  check_dtype("batched_cholesky_solve", "L", l);
+  check_dtype("batched_cholesky_solve", "B", b);
+  TORCH_CHECK(l.scalar_type() == b.scalar_type(), "attn_ext.batched_cholesky_solve: L and B must share a dtype, got ",
+              l.scalar_type(), " and ", b.scalar_type());
+  const int64_t n = l.size(-1), r = b.size(-1);
+  at::Tensor x = at::empty(b.sizes(), b.options().memory_format(at::MemoryFormat::Contiguous));
+  const int64_t batch = x.numel() == 0 ? 0 : x.numel() / (n * r);
+  if (batch == 0) return x;
+  const at::Tensor l3 = as_batch_of_matrices(l, batch);
+  const at::Tensor b3 = as_batch_of_matrices(b, batch);
+  const BatchStrides l_strides = strides_of(l3), b_strides = strides_of(b3);
+  AT_DISPATCH_FLOATING_TYPES(l.scalar_type(), "attn_ext_batched_cholesky_solve", [&] {
+    const scalar_t* l_data = l3.const_data_ptr<scalar_t>();
+    const scalar_t* b_data = b3.const_data_ptr<scalar_t>();
+    scalar_t* x_data = x.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, batch, grain_size(n * n * r), [&](int64_t begin, int64_t end) {
+      cholesky_solve_batch(l_data, l_strides, b_data, b_strides, x_data, n, r, begin, end);
+    });
+  });
+  return x;
+}
+
+}  // namespace attn_ext::cpu
