@@ -221,3 +221,10 @@ def test_sigma_intention_cpp_equals_reference_float32(masked):
     torch.testing.assert_close(out, ref, rtol=2e-5, atol=2e-5)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+
+
+def test_triton_backend_runs_large_heads_through_torch_linalg():
+    _skip_unless("triton")
+    q, k, v, mask = problem(B=1, H=1, M=2, N=300, D=130, Dv=3, masked=True, seed=12, dtype=torch.float32)
+    out = ae.intention(q, k, v, alpha=0.5, key_padding_mask=mask, backend="triton")
+    torch.testing.assert_close(out, ae.intention(q, k, v, alpha=0.5, key_padding_mask=mask, backend="reference"))

@@ -51,8 +51,10 @@ def intention(
     backend : {"cpp", "triton", "reference", "auto"}, optional
         Kernel of the primal form, chosen as for :func:`attn_ext.cross_attention`: the fused C++
         kernel on CPU (``attn_ext::intention_fwd``: Gram accumulation over valid keys, Cholesky,
-        solves, output; backward by one more solve with the saved factor), Triton on CUDA, the
-        PyTorch reference otherwise. The dual form always runs the reference (it is for N < D).
+        solves, output; backward by one more solve with the saved factor), Triton on CUDA (D ≤ 128,
+        Dv ≤ 256: its factor lives in registers; larger heads run the reference, i.e.
+        ``torch.linalg.cholesky_ex`` with an explicit info check), the PyTorch reference otherwise.
+        The dual form always runs the reference (it is for N < D).
 
     Returns
     -------
@@ -75,6 +77,8 @@ def intention(
     name = select_backend(backend, q)
     if form == "auto":
         form = "dual" if k.shape[2] < k.shape[3] else "primal"
+    if name == "triton" and _beyond_triton_tiles(q, v):
+        name = "reference"  # torch.linalg's Cholesky (cholesky_ex + an explicit info check) for big D
     if form == "primal" and name != "reference":
         op = torch.ops.attn_ext.intention_fwd if name == "cpp" else torch.ops.attn_ext.intention_fwd_triton
         return op(q, k, v, key_padding_mask, alpha_t, float(scale))[0]
@@ -126,6 +130,12 @@ def sigma_intention(
         q_, k_, _, alpha_ = _upcast(q, k, v, alpha_t)
         q_tilde = reference.transformed_queries(q_, k_, alpha_, key_padding_mask, float(scale)).to(q.dtype)
     return cross_attention(q_tilde, k, v, key_padding_mask=key_padding_mask, scale=1.0, backend=name)
+
+
+def _beyond_triton_tiles(q: Tensor, v: Tensor) -> bool:
+    from attn_ext.triton.intention import MAX_HEAD_DIM, MAX_VALUE_DIM
+
+    return q.shape[-1] > MAX_HEAD_DIM or v.shape[-1] > MAX_VALUE_DIM
 
 
 def _upcast(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor):
