@@ -32,14 +32,18 @@ using simd::round_up;
 constexpr int kBlockRows = 6;
 constexpr int kPanelVectors = 4;
 
-/// How a block of rows is completed after the contributions of the rows outside it.
-enum class Finish { kNone, kForward, kBackward };
+/// How a block of rows is completed once the contributions of the rows outside it are subtracted:
+///  * kForward (kBackward): each row rr subtracts coef(rr, first + q) · row q of the block's rows
+///    q < rr (q > rr), in that order, and is scaled by inv_diag[rr];
+///  * kFactor, the Cholesky step on the panel holding the block's diagonal: row rr subtracts
+///    U[first + q][first + rr] · row q (q < rr); its pivot, the entry U[first + rr][first + rr], must
+///    be positive and finite; the row is divided by the pivot's square root, which replaces the
+///    pivot, and 1/√pivot goes to inv_diag_out[rr] (for the other panels: kForward with coef = U).
+enum class Finish { kForward, kBackward, kFactor };
 
 /// One block of rows of a substitution: rows[rr] (rr < kBlockRows, stride ld, from the panel's first
 /// column) become rows[rr] − Σ_{p ∈ [p_begin, p_end)} coef(rr, p) · src[p], where coef(rr, p) =
-/// coef[rr·coef_rr + p·coef_p] and src[p] are finished rows (stride ld). With kForward (kBackward)
-/// each row rr then subtracts coef(rr, first + q) · row q of the block's rows q < rr (q > rr), in
-/// that order, and is scaled by inv_diag[rr].
+/// coef[rr·coef_rr + p·coef_p] and src[p] are finished rows (stride ld); then Finish.
 template <typename T>
 struct BlockArgs {
   T* rows;
@@ -48,10 +52,16 @@ struct BlockArgs {
   const T* coef;
   int64_t coef_rr, coef_p, first;
   const T* inv_diag;
+  // kFactor only: the panel column of U[first][first], the rows that are not padding, the output.
+  int64_t diag_column = 0;
+  int real_rows = kBlockRows;
+  T* inv_diag_out = nullptr;
 };
 
+/// Returns 0, or for kFactor the LAPACK info (first + rr + 1) of a bad pivot; the block's rows from
+/// that one on are then left unfinished.
 template <typename T, int NV, Finish kFinish>
-ATTN_EXT_ALWAYS_INLINE void update_block(const BlockArgs<T>& args) {
+ATTN_EXT_ALWAYS_INLINE int32_t update_block(const BlockArgs<T>& args) {
   using V = typename simd::Vector<T>::type;
   constexpr int R = kBlockRows;
   constexpr int64_t W = kLanes<T>;
@@ -75,7 +85,44 @@ ATTN_EXT_ALWAYS_INLINE void update_block(const BlockArgs<T>& args) {
       for (int v = 0; v < NV; ++v) acc[rr][v] -= c * s[v];
     }
   }
-  if constexpr (kFinish != Finish::kNone) {
+  int32_t info = 0;
+  if constexpr (kFinish == Finish::kFactor) {
+    // The diagonal lies in the panel's first two vectors (the panel starts at most W − 1 columns
+    // left of it); a copy of them is where single entries (pivots, coefficients) are read back from.
+    constexpr int kHead = NV < 2 ? NV : 2;
+    alignas(64) T head[R][kHead * W];
+#pragma GCC unroll 8
+    for (int rr = 0; rr < R; ++rr) {
+      if (rr >= args.real_rows || info != 0) continue;
+      const int64_t d = args.diag_column + rr;
+#pragma GCC unroll 8
+      for (int q = 0; q < rr; ++q) {
+        const T c = head[q][d];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; ++v) acc[rr][v] -= c * acc[q][v];
+      }
+#pragma GCC unroll 2
+      for (int v = 0; v < kHead; ++v) simd::store(head[rr] + v * W, acc[rr][v]);
+      const T pivot = head[rr][d];
+      if (!(pivot > T(0) && pivot <= std::numeric_limits<T>::max())) {
+        info = static_cast<int32_t>(args.first + rr + 1);
+        continue;
+      }
+      const T diag = std::sqrt(pivot);
+      const T inv_diag = T(1) / diag;
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[rr][v] *= inv_diag;
+      // The exact square root on the diagonal; left of it the lanes computed throwaway values, and
+      // zeroing them keeps what later blocks compute from them of the input's magnitude.
+#pragma GCC unroll 2
+      for (int v = 0; v < kHead; ++v) {
+        const V with_diag = simd::select<T>(simd::lane_at<T>(d - v * W), V{} + diag, acc[rr][v]);
+        acc[rr][v] = simd::select<T>(simd::lanes_before<T>(d - v * W), V{}, with_diag);
+        simd::store(head[rr] + v * W, acc[rr][v]);
+      }
+      args.inv_diag_out[rr] = inv_diag;
+    }
+  } else {
     const T* diag_coef = args.coef + args.first * coef_p;
 #pragma GCC unroll 8
     for (int step = 0; step < R; ++step) {
@@ -98,24 +145,35 @@ ATTN_EXT_ALWAYS_INLINE void update_block(const BlockArgs<T>& args) {
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) simd::store(args.rows + rr * ld + v * W, acc[rr][v]);
   }
+  return info;
 }
 
-/// The block's rows over the columns [column_begin, ld), in panels of up to kPanelVectors vectors.
-/// `args.rows` and `args.src` point at column 0.
 template <typename T, Finish kFinish>
-ATTN_EXT_ALWAYS_INLINE void update_rows(int64_t column_begin, const BlockArgs<T>& args) {
+ATTN_EXT_ALWAYS_INLINE int32_t update_panel(int vectors, const BlockArgs<T>& panel) {
+  switch (vectors) {
+    case 1: return update_block<T, 1, kFinish>(panel);
+    case 2: return update_block<T, 2, kFinish>(panel);
+    case 3: return update_block<T, 3, kFinish>(panel);
+    default: return update_block<T, 4, kFinish>(panel);
+  }
+}
+
+/// The block's rows over the columns [column_begin, ld), in panels of up to kPanelVectors vectors,
+/// the first one with kFirst and the others with kRest. `args.rows` and `args.src` point at column 0.
+template <typename T, Finish kFirst, Finish kRest>
+ATTN_EXT_ALWAYS_INLINE int32_t update_rows(int64_t column_begin, const BlockArgs<T>& args) {
   constexpr int64_t W = kLanes<T>;
   for (int64_t c = column_begin; c < args.ld; c += kPanelVectors * W) {
     BlockArgs<T> panel = args;
     panel.rows += c;
     panel.src += c;
-    switch ((args.ld - c) / W) {
-      case 1: update_block<T, 1, kFinish>(panel); break;
-      case 2: update_block<T, 2, kFinish>(panel); break;
-      case 3: update_block<T, 3, kFinish>(panel); break;
-      default: update_block<T, 4, kFinish>(panel); break;
-    }
+    panel.diag_column = args.first - c;
+    const int vectors = static_cast<int>((args.ld - c) / W);
+    const int32_t info = c == column_begin ? update_panel<T, kFirst>(vectors, panel)
+                                           : update_panel<T, kRest>(vectors, panel);
+    if (info != 0) return info;
   }
+  return 0;
 }
 
 /// U ← tril(A)ᵀ (row j of U holds column j of A's lower triangle from the diagonal on), zeros
@@ -164,31 +222,6 @@ ATTN_EXT_ALWAYS_INLINE void store_lower_transposed(const T* u, int64_t ld, T* l,
   }
 }
 
-/// Completes the real rows of the block at i0 of U (outside contributions already subtracted) over
-/// the columns [column_begin, ld): pivots, square roots, scaling. Returns 0 or the info of a bad pivot.
-template <typename T>
-ATTN_EXT_ALWAYS_INLINE int32_t finish_factor_block(T* u, int64_t ld, int64_t n, int64_t i0, int64_t column_begin) {
-  const int64_t block_end = i0 + kBlockRows < n ? i0 + kBlockRows : n;
-  for (int64_t i = i0; i < block_end; ++i) {
-    T* row = u + i * ld;
-    for (int64_t k = i0; k < i; ++k) {
-      const T* finished = u + k * ld;
-      const T c = finished[i];
-      for (int64_t col = column_begin; col < ld; ++col) row[col] -= c * finished[col];
-    }
-    const T pivot = row[i];
-    if (!(pivot > T(0) && pivot <= std::numeric_limits<T>::max())) return static_cast<int32_t>(i + 1);
-    const T diag = std::sqrt(pivot);
-    const T inv_diag = T(1) / diag;
-    for (int64_t col = column_begin; col < ld; ++col) row[col] *= inv_diag;
-    row[i] = diag;
-    // The lanes left of the diagonal computed throwaway values; zeroing them keeps what later blocks
-    // compute from them of the input's magnitude (never denormal, never overflowing).
-    for (int64_t col = column_begin; col < i; ++col) row[col] = T(0);
-  }
-  return 0;
-}
-
 /// The next matrix's input and output, fetched a slice per block of the current one.
 struct NextMatrix {
   simd::Prefetch input, second_input, output;
@@ -210,11 +243,13 @@ ATTN_EXT_ALWAYS_INLINE int32_t factor_matrix(const T* a, const BatchStrides& s, 
     next.step();
     // The panels start at a whole vector: the lanes left of the block's diagonal are throwaway.
     const int64_t column_begin = i0 / W * W;
+    T inv_diag[kBlockRows] = {};
     // coef(rr, p) = U[p][i0 + rr]. For a padding row (i0 + rr ≥ n) that may run past the end of
     // U's row p into the start of row p + 1: a value of the buffer that reaches only padding rows.
-    const BlockArgs<T> args{u + i0 * ld, u, ld, 0, i0, u + i0, 1, ld, i0, nullptr};
-    update_rows<T, Finish::kNone>(column_begin, args);
-    info = finish_factor_block(u, ld, n, i0, column_begin);
+    BlockArgs<T> args{u + i0 * ld, u, ld, 0, i0, u + i0, 1, ld, i0, inv_diag};
+    args.real_rows = static_cast<int>(n - i0 < kBlockRows ? n - i0 : kBlockRows);
+    args.inv_diag_out = inv_diag;
+    info = update_rows<T, Finish::kFactor, Finish::kForward>(column_begin, args);
   }
   if (info != 0) simd::zero_row(u + (info - 1) * ld, (n - (info - 1)) * ld);
   store_lower_transposed(u, ld, l, n);
@@ -290,14 +325,14 @@ ATTN_EXT_ALWAYS_INLINE void solve_matrix(const T* l, const BatchStrides& ls, con
   for (int64_t i0 = 0; i0 < rows; i0 += kBlockRows) {
     next.step();
     const BlockArgs<T> args{w.y + i0 * ld_y, w.y, ld_y, 0, i0, w.l + i0 * ld_l, ld_l, 1, i0, w.inv_diag + i0};
-    update_rows<T, Finish::kForward>(0, args);
+    update_rows<T, Finish::kForward, Finish::kForward>(0, args);
   }
   // Lᵀ X = Y, blocks from the bottom: coef(rr, p) = L[p][i0 + rr].
   for (int64_t i0 = rows - kBlockRows; i0 >= 0; i0 -= kBlockRows) {
     next.step();
     const BlockArgs<T> args{w.y + i0 * ld_y, w.y, ld_y, i0 + kBlockRows, rows, w.l + i0, 1, ld_l, i0,
                             w.inv_diag + i0};
-    update_rows<T, Finish::kBackward>(0, args);
+    update_rows<T, Finish::kBackward, Finish::kBackward>(0, args);
   }
   for (int64_t i = 0; i < n; ++i) simd::copy_row(x + i * r, w.y + i * ld_y, r);
 }

@@ -19,13 +19,18 @@ namespace attn_ext::cpu::simd {
 
 template <typename T>
 struct Vector;
+// `mask`: integers of the element's width, what lane comparisons yield (all ones or zero).
 template <>
 struct Vector<float> {
   typedef float type __attribute__((vector_size(64)));
+  typedef int32_t lane_int;
+  typedef lane_int mask __attribute__((vector_size(64)));
 };
 template <>
 struct Vector<double> {
   typedef double type __attribute__((vector_size(64)));
+  typedef int64_t lane_int;
+  typedef lane_int mask __attribute__((vector_size(64)));
 };
 
 template <typename T>
@@ -63,38 +68,142 @@ ATTN_EXT_ALWAYS_INLINE void zero_row(T* dst, int64_t count) {
   for (; i < count; ++i) dst[i] = T(0);
 }
 
-/// One step of the block-swap transpose: for rows a = r[t], b = r[t + H] (bit H of t clear), the
-/// lanes whose bit H is set trade places between a's upper and b's lower H-lane groups.
-template <typename T, int H, bool kSecond, size_t... J>
-ATTN_EXT_ALWAYS_INLINE typename Vector<T>::type swap_lanes(const typename Vector<T>::type& a,
-                                                           const typename Vector<T>::type& b, std::index_sequence<J...>) {
-  constexpr size_t W = kLanes<T>;
-  return __builtin_shufflevector(a, b, (kSecond ? ((J & H) ? W + J : J + H) : ((J & H) ? W + J - H : J))...);
-}
+/// The two-vector shuffles of the classic in-register transposes, each a single AVX-512 instruction
+/// (vunpcklps/vunpckhps, vunpcklpd/vunpckhpd, vshuff32x4/vshuff64x2), written as lane patterns so
+/// that they stay portable: element j of the result is element index(j) of the concatenation a:b.
+enum class Shuffle { kLow32, kHigh32, kLow64, kHigh64, kEvenLanes, kOddLanes };
 
-template <typename T, int H>
-ATTN_EXT_ALWAYS_INLINE void transpose_step(typename Vector<T>::type* r) {
-  constexpr int W = kLanes<T>;
-#pragma GCC unroll 16
-  for (int t = 0; t < W; ++t) {
-    if (t & H) continue;
-    const auto first = swap_lanes<T, H, false>(r[t], r[t + H], std::make_index_sequence<W>());
-    const auto second = swap_lanes<T, H, true>(r[t], r[t + H], std::make_index_sequence<W>());
-    r[t] = first;
-    r[t + H] = second;
+template <typename T, Shuffle kShuffle>
+constexpr int shuffle_index(int j) {
+  constexpr int W = kLanes<T>, per_lane = 16 / sizeof(T);  // elements per 128-bit lane
+  const int lane = j / per_lane, k = j % per_lane, base = lane * per_lane;
+  const int pair = 8 / sizeof(T);  // elements per 64-bit pair
+  switch (kShuffle) {
+    case Shuffle::kLow32: return base + k / 2 + (k % 2 ? W : 0);
+    case Shuffle::kHigh32: return base + per_lane / 2 + k / 2 + (k % 2 ? W : 0);
+    case Shuffle::kLow64: return base + k % pair + (k / pair ? W : 0);
+    case Shuffle::kHigh64: return base + pair + k % pair + (k / pair ? W : 0);
+    case Shuffle::kEvenLanes: return (lane < 2 ? 0 : W) + (lane % 2) * 2 * per_lane + k;
+    case Shuffle::kOddLanes: return (lane < 2 ? 0 : W) + ((lane % 2) * 2 + 1) * per_lane + k;
   }
+  return 0;
 }
 
-template <typename T, size_t... J>
-ATTN_EXT_ALWAYS_INLINE typename Vector<T>::type lane_indices(std::index_sequence<J...>) {
-  return typename Vector<T>::type{static_cast<T>(J)...};
+template <typename T, Shuffle kShuffle, size_t... J>
+ATTN_EXT_ALWAYS_INLINE typename Vector<T>::type shuffle(const typename Vector<T>::type& a,
+                                                        const typename Vector<T>::type& b, std::index_sequence<J...>) {
+  return __builtin_shufflevector(a, b, shuffle_index<T, kShuffle>(J)...);
+}
+
+template <typename T, Shuffle kShuffle>
+ATTN_EXT_ALWAYS_INLINE typename Vector<T>::type shuffle(const typename Vector<T>::type& a,
+                                                        const typename Vector<T>::type& b) {
+  return shuffle<T, kShuffle>(a, b, std::make_index_sequence<kLanes<T>>());
+}
+
+/// r[i] ← column i of the W×W matrix whose rows are r[0..W): interleave neighbouring rows by single
+/// elements (floats only), then by pairs, then exchange 128-bit lanes twice — 4·16 (3·8) shuffles.
+template <typename T>
+ATTN_EXT_ALWAYS_INLINE void transpose_in_registers(typename Vector<T>::type* r) {
+  using V = typename Vector<T>::type;
+  constexpr int W = kLanes<T>;
+  V t[W];
+  if constexpr (W == 16) {
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = shuffle<T, Shuffle::kLow32>(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = shuffle<T, Shuffle::kHigh32>(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) {
+      r[4 * g] = shuffle<T, Shuffle::kLow64>(t[4 * g], t[4 * g + 2]);
+      r[4 * g + 1] = shuffle<T, Shuffle::kHigh64>(t[4 * g], t[4 * g + 2]);
+      r[4 * g + 2] = shuffle<T, Shuffle::kLow64>(t[4 * g + 1], t[4 * g + 3]);
+      r[4 * g + 3] = shuffle<T, Shuffle::kHigh64>(t[4 * g + 1], t[4 * g + 3]);
+    }
+  } else {
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = shuffle<T, Shuffle::kLow64>(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = shuffle<T, Shuffle::kHigh64>(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) r[i] = t[i];
+  }
+  // Lane exchanges: within each half (rows h·W/2 + k and h·W/2 + W/4 + k), then across the halves.
+  constexpr int kHalf = W / 2, kQuarter = W / 4;
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 4
+    for (int k = 0; k < kQuarter; ++k) {
+      t[h * kHalf + k] = shuffle<T, Shuffle::kEvenLanes>(r[h * kHalf + k], r[h * kHalf + kQuarter + k]);
+      t[h * kHalf + kQuarter + k] = shuffle<T, Shuffle::kOddLanes>(r[h * kHalf + k], r[h * kHalf + kQuarter + k]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int k = 0; k < kHalf; ++k) {
+    r[k] = shuffle<T, Shuffle::kEvenLanes>(t[k], t[kHalf + k]);
+    r[kHalf + k] = shuffle<T, Shuffle::kOddLanes>(t[k], t[kHalf + k]);
+  }
 }
 
 /// Which triangle of a transposed diagonal tile to keep (the rest is written as zeros).
 enum class Keep { kAll, kUpper, kLower };
 
-/// dst[c·dst_ld + t] = src[t·src_ld + c] for a W×W tile (W = kLanes<T>, rows of src contiguous):
-/// log2(W) rounds of W two-vector shuffles instead of W² scalar moves.
+/// Constant lane masks, loaded rather than computed: GCC assembles vector constants and lane
+/// comparisons against a broadcast index lane by lane (a masked broadcast per lane) in these
+/// inlined functions.
+template <typename T>
+struct LaneMasks {
+  using Int = typename Vector<T>::lane_int;
+  static constexpr int W = kLanes<T>;
+  alignas(64) Int before[W + 1][W];  // row k: all ones in the lanes j < k
+  alignas(64) Int at[W + 1][W];      // row k < W: all ones in lane k only; row W: none
+  constexpr LaneMasks() : before(), at() {
+    for (int k = 0; k <= W; ++k) {
+      for (int j = 0; j < W; ++j) {
+        before[k][j] = j < k ? Int(-1) : Int(0);
+        at[k][j] = j == k ? Int(-1) : Int(0);
+      }
+    }
+  }
+};
+
+template <typename T>
+inline constexpr LaneMasks<T> kLaneMasks{};
+
+template <typename T>
+ATTN_EXT_ALWAYS_INLINE typename Vector<T>::mask load_mask(const typename Vector<T>::lane_int* p) {
+  typename Vector<T>::mask m;
+  std::memcpy(&m, p, sizeof(m));
+  return m;
+}
+
+/// Lanes j with j < k, for any integer k.
+template <typename T>
+ATTN_EXT_ALWAYS_INLINE typename Vector<T>::mask lanes_before(int64_t k) {
+  return load_mask<T>(kLaneMasks<T>.before[k < 0 ? 0 : (k > kLanes<T> ? kLanes<T> : k)]);
+}
+
+/// Lane k alone, or no lane if k is outside [0, W).
+template <typename T>
+ATTN_EXT_ALWAYS_INLINE typename Vector<T>::mask lane_at(int64_t k) {
+  return load_mask<T>(kLaneMasks<T>.at[k < 0 || k >= kLanes<T> ? kLanes<T> : k]);
+}
+
+/// a in the lanes where `mask` is all ones, b where it is zero. Bitwise, because GCC lowers the
+/// vector ?: on floating lanes to per-lane code here.
+template <typename T>
+ATTN_EXT_ALWAYS_INLINE typename Vector<T>::type select(const typename Vector<T>::mask& mask,
+                                                       const typename Vector<T>::type& a,
+                                                       const typename Vector<T>::type& b) {
+  using V = typename Vector<T>::type;
+  using M = typename Vector<T>::mask;
+  return (V)((mask & (M)a) | (~mask & (M)b));
+}
+
+/// dst[c·dst_ld + t] = src[t·src_ld + c] for a W×W tile (W = kLanes<T>, rows of src contiguous),
+/// in registers instead of W² scalar moves.
 template <typename T, Keep kKeep>
 ATTN_EXT_ALWAYS_INLINE void transpose_tile(const T* src, int64_t src_ld, T* dst, int64_t dst_ld) {
   using V = typename Vector<T>::type;
@@ -102,16 +211,12 @@ ATTN_EXT_ALWAYS_INLINE void transpose_tile(const T* src, int64_t src_ld, T* dst,
   V r[W];
 #pragma GCC unroll 16
   for (int t = 0; t < W; ++t) r[t] = load(src + t * src_ld);
-  if constexpr (W == 16) transpose_step<T, 8>(r);
-  transpose_step<T, 4>(r);
-  transpose_step<T, 2>(r);
-  transpose_step<T, 1>(r);
-  const V lane = lane_indices<T>(std::make_index_sequence<W>());
+  transpose_in_registers<T>(r);
 #pragma GCC unroll 16
   for (int t = 0; t < W; ++t) {
     V v = r[t];
-    if constexpr (kKeep == Keep::kUpper) v = lane >= static_cast<T>(t) ? v : V{};
-    if constexpr (kKeep == Keep::kLower) v = lane <= static_cast<T>(t) ? v : V{};
+    if constexpr (kKeep == Keep::kUpper) v = select<T>(lanes_before<T>(t), V{}, v);
+    if constexpr (kKeep == Keep::kLower) v = select<T>(lanes_before<T>(t + 1), v, V{});
     store(dst + t * dst_ld, v);
   }
 }
