@@ -52,9 +52,14 @@ struct BlockArgs {
   const T* coef;
   int64_t coef_rr, coef_p, first;
   const T* inv_diag;
-  // kFactor only: the panel column of U[first][first], the rows that are not padding, the output.
+  int real_rows = kBlockRows;  // the block's rows that are not padding
+  // Optional: read the rows' initial values from `init` (stride init_ld; padding rows start at 0)
+  // and write the real rows to `out` (stride ld) instead of `rows`, which saves copy passes.
+  const T* init = nullptr;
+  int64_t init_ld = 0;
+  T* out = nullptr;
+  // kFactor only: the panel column of U[first][first], where 1/√pivot goes.
   int64_t diag_column = 0;
-  int real_rows = kBlockRows;
   T* inv_diag_out = nullptr;
 };
 
@@ -70,7 +75,11 @@ ATTN_EXT_ALWAYS_INLINE int32_t update_block(const BlockArgs<T>& args) {
 #pragma GCC unroll 8
   for (int rr = 0; rr < R; ++rr) {
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[rr][v] = simd::load(args.rows + rr * ld + v * W);
+    for (int v = 0; v < NV; ++v) {
+      acc[rr][v] = args.init == nullptr        ? simd::load(args.rows + rr * ld + v * W)
+                   : rr < args.real_rows ? simd::load(args.init + rr * args.init_ld + v * W)
+                                         : V{};
+    }
   }
   const T* src = args.src + args.p_begin * ld;
   const T* coef = args.coef + args.p_begin * coef_p;
@@ -142,8 +151,10 @@ ATTN_EXT_ALWAYS_INLINE int32_t update_block(const BlockArgs<T>& args) {
   }
 #pragma GCC unroll 8
   for (int rr = 0; rr < R; ++rr) {
+    if (args.out != nullptr && rr >= args.real_rows) continue;
+    T* out = (args.out != nullptr ? args.out : args.rows) + rr * ld;
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) simd::store(args.rows + rr * ld + v * W, acc[rr][v]);
+    for (int v = 0; v < NV; ++v) simd::store(out + v * W, acc[rr][v]);
   }
   return info;
 }
@@ -167,6 +178,8 @@ ATTN_EXT_ALWAYS_INLINE int32_t update_rows(int64_t column_begin, const BlockArgs
     BlockArgs<T> panel = args;
     panel.rows += c;
     panel.src += c;
+    if (panel.init != nullptr) panel.init += c;
+    if (panel.out != nullptr) panel.out += c;
     panel.diag_column = args.first - c;
     const int vectors = static_cast<int>((args.ld - c) / W);
     const int32_t info = c == column_begin ? update_panel<T, kFirst>(vectors, panel)
@@ -297,12 +310,15 @@ struct SolveScratch {
 template <typename T>
 ATTN_EXT_ALWAYS_INLINE void solve_matrix(const T* l, const BatchStrides& ls, const T* b, const BatchStrides& bs,
                                          T* x, int64_t n, int64_t r, const SolveScratch<T>& w, NextMatrix& next) {
+  constexpr int64_t W = kLanes<T>;
   const int64_t ld_y = w.ld_y, ld_l = w.ld_l, rows = w.rows;
   for (int64_t i = 0; i < n; ++i) {
     const T* in = l + i * ls.row;
     T* row = w.l + i * ld_l;
     if (ls.col == 1) {
-      simd::copy_row(row, in, i + 1);
+      // Whole vectors as far as the row goes: the upper-triangle entries copied along are never read.
+      const int64_t whole = round_up(i + 1, W);
+      simd::copy_row(row, in, whole < n ? whole : n);
     } else {
       for (int64_t k = 0; k <= i; ++k) row[k] = in[k * ls.col];
     }
@@ -310,31 +326,49 @@ ATTN_EXT_ALWAYS_INLINE void solve_matrix(const T* l, const BatchStrides& ls, con
   }
   simd::zero_row(w.l + n * ld_l, (rows - n) * ld_l);
   for (int64_t i = n; i < rows; ++i) w.inv_diag[i] = T(0);
-  for (int64_t i = 0; i < n; ++i) {
-    T* row = w.y + i * ld_y;
-    const T* in = b + i * bs.row;
-    if (bs.col == 1) {
-      simd::copy_row(row, in, r);
-    } else {
-      for (int64_t c = 0; c < r; ++c) row[c] = in[c * bs.col];
+  // With whole-vector rows, the first pass reads B and the last one writes X directly; otherwise
+  // B is copied into the padded Y first and X out of it last.
+  const bool direct = r % W == 0 && bs.col == 1;
+  if (!direct) {
+    for (int64_t i = 0; i < n; ++i) {
+      T* row = w.y + i * ld_y;
+      const T* in = b + i * bs.row;
+      if (bs.col == 1) {
+        simd::copy_row(row, in, r);
+      } else {
+        for (int64_t c = 0; c < r; ++c) row[c] = in[c * bs.col];
+      }
+      simd::zero_row(row + r, ld_y - r);
     }
-    simd::zero_row(row + r, ld_y - r);
+    simd::zero_row(w.y + n * ld_y, (rows - n) * ld_y);
   }
-  simd::zero_row(w.y + n * ld_y, (rows - n) * ld_y);
   // L Y = B, blocks from the top: coef(rr, p) = L[i0 + rr][p].
   for (int64_t i0 = 0; i0 < rows; i0 += kBlockRows) {
     next.step();
-    const BlockArgs<T> args{w.y + i0 * ld_y, w.y, ld_y, 0, i0, w.l + i0 * ld_l, ld_l, 1, i0, w.inv_diag + i0};
+    BlockArgs<T> args{w.y + i0 * ld_y, w.y, ld_y, 0, i0, w.l + i0 * ld_l, ld_l, 1, i0, w.inv_diag + i0};
+    if (direct) {
+      args.real_rows = static_cast<int>(n - i0 < kBlockRows ? n - i0 : kBlockRows);
+      args.init = b + i0 * bs.row;
+      args.init_ld = bs.row;
+    }
     update_rows<T, Finish::kForward, Finish::kForward>(0, args);
   }
-  // Lᵀ X = Y, blocks from the bottom: coef(rr, p) = L[p][i0 + rr].
+  // Lᵀ X = Y, blocks from the bottom: coef(rr, p) = L[p][i0 + rr]. Directly, the finished rows are
+  // X's (ld_y = r), which has no padding rows: they are zero and add nothing, so p stops at n.
   for (int64_t i0 = rows - kBlockRows; i0 >= 0; i0 -= kBlockRows) {
     next.step();
-    const BlockArgs<T> args{w.y + i0 * ld_y, w.y, ld_y, i0 + kBlockRows, rows, w.l + i0, 1, ld_l, i0,
-                            w.inv_diag + i0};
+    BlockArgs<T> args{w.y + i0 * ld_y, w.y, ld_y, i0 + kBlockRows, rows, w.l + i0, 1, ld_l, i0, w.inv_diag + i0};
+    if (direct) {
+      args.src = x;
+      args.p_end = n;
+      args.real_rows = static_cast<int>(n - i0 < kBlockRows ? n - i0 : kBlockRows);
+      args.out = x + i0 * r;
+    }
     update_rows<T, Finish::kBackward, Finish::kBackward>(0, args);
   }
-  for (int64_t i = 0; i < n; ++i) simd::copy_row(x + i * r, w.y + i * ld_y, r);
+  if (!direct) {
+    for (int64_t i = 0; i < n; ++i) simd::copy_row(x + i * r, w.y + i * ld_y, r);
+  }
 }
 
 template <typename T>

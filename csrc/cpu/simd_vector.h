@@ -50,13 +50,19 @@ ATTN_EXT_ALWAYS_INLINE void store(T* p, const typename Vector<T>::type& v) {
   std::memcpy(p, &v, sizeof(v));
 }
 
-/// dst[0..count) = src[0..count): whole vectors, then a scalar tail. Inlined, because the rows here
-/// are a few hundred bytes, where a call to memcpy costs as much as the copy.
+// An empty asm with a memory clobber: it keeps GCC from recognising the loops below as memcpy/memset
+// and calling the library, whose per-call cost exceeds a copy of one of these few-hundred-byte rows.
+#define ATTN_EXT_NOT_A_LIBRARY_CALL() __asm__ volatile("" ::: "memory")
+
+/// dst[0..count) = src[0..count): whole vectors, then a scalar tail, inline.
 template <typename T>
 ATTN_EXT_ALWAYS_INLINE void copy_row(T* dst, const T* src, int64_t count) {
   constexpr int W = kLanes<T>;
   int64_t i = 0;
-  for (; i + W <= count; i += W) store(dst + i, load(src + i));
+  for (; i + W <= count; i += W) {
+    store(dst + i, load(src + i));
+    ATTN_EXT_NOT_A_LIBRARY_CALL();
+  }
   for (; i < count; ++i) dst[i] = src[i];
 }
 
@@ -64,7 +70,10 @@ template <typename T>
 ATTN_EXT_ALWAYS_INLINE void zero_row(T* dst, int64_t count) {
   constexpr int W = kLanes<T>;
   int64_t i = 0;
-  for (; i + W <= count; i += W) store(dst + i, typename Vector<T>::type{});
+  for (; i + W <= count; i += W) {
+    store(dst + i, typename Vector<T>::type{});
+    ATTN_EXT_NOT_A_LIBRARY_CALL();
+  }
   for (; i < count; ++i) dst[i] = T(0);
 }
 
