@@ -17,12 +17,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdint>
 #include <vector>
-
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
 
 #include "tree_aggregate_cpu.h"
 
@@ -94,21 +89,6 @@ void check_tree_tensors(const Layout& s, const at::Tensor& payload, const at::Te
 // Rows along E must have unit stride; batch and row strides are free.
 at::Tensor with_unit_stride_rows(const at::Tensor& x) {
   return x.size(2) <= 1 || x.stride(2) == 1 ? x : x.contiguous();
-}
-
-// A fresh output of hundreds of MB is first touched here, and with 4 KB pages the kernel's page
-// faults cost more than the writes themselves; ask for transparent huge pages on its 2 MB-aligned
-// part before touching it (a no-op where THP is off; errors are ignored, it is only advice).
-void advise_huge_pages(const at::Tensor& fresh) {
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  constexpr std::uintptr_t kHuge = std::uintptr_t(1) << 21;
-  const auto begin = reinterpret_cast<std::uintptr_t>(fresh.const_data_ptr());
-  const std::uintptr_t end = begin + static_cast<std::uintptr_t>(fresh.nbytes());
-  const std::uintptr_t first = (begin + kHuge - 1) & ~(kHuge - 1), last = end & ~(kHuge - 1);
-  if (last >= first + 2 * kHuge) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
-#else
-  (void)fresh;
-#endif
 }
 
 int64_t grain_for(const Layout& s) {
@@ -287,7 +267,6 @@ at::Tensor tree_aggregate_mean_fwd_cpu(const at::Tensor& leaf_values, const at::
   const at::Tensor values = with_unit_stride_rows(leaf_values);
   const at::Tensor tokens = leaf_token.contiguous(), pad = node_padding_mask.contiguous();
   at::Tensor out = at::empty({s.batch, s.nodes, s.dim}, values.options());
-  advise_huge_pages(out);
   std::atomic<bool> bad_token{false};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "attn_ext::tree_aggregate_mean_fwd",
                                   [&] {
@@ -349,7 +328,6 @@ at::Tensor tree_aggregate_mean_bwd_cpu(const at::Tensor& grad_nodes, const at::T
   const at::Tensor tokens = leaf_token.contiguous(), slots = token_leaf.contiguous(),
                    pad = node_padding_mask.contiguous();
   at::Tensor grad_values = at::empty({s.batch, num_tokens, s.dim}, grad.options());
-  advise_huge_pages(grad_values);
   std::atomic<bool> bad_token{false};
   std::atomic<int64_t> written{0};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "attn_ext::tree_aggregate_mean_bwd",
