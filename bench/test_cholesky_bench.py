@@ -6,9 +6,11 @@ Dv = D). ``cholesky`` is ``attn_ext.ridge.batched_cholesky(A)`` vs ``torch.linal
 ``solve`` is ``batched_cholesky_solve(L, B)`` vs ``torch.cholesky_solve(B, L)``, and
 ``cholesky+solve`` both. Grouped per (shape, op), so the table compares ours and torch side by side.
 
-Outputs of 64 MB and more (4096×64×64 fp32) come from fresh mmap'd memory on every call in glibc,
-so each such call pays for faulting its pages in, as much for torch as for us; ``THP_MEM_ALLOC_ENABLE=1``
-(PyTorch's huge-page allocation) makes that cost small. Threads: PyTorch's setting (default: all cores).
+Outputs above glibc's 32 MB mmap threshold (4096×64×64 and 512×128×128 fp32) come from fresh
+mmap'd memory on every call, so each such call pays for faulting its pages in, as much for torch as
+for us; ``alloc_floor`` in the ``cholesky`` groups times just that (``torch.empty_like(A).fill_(0)``).
+``THP_MEM_ALLOC_ENABLE=1`` (PyTorch's huge-page allocation) makes it smaller. Threads: PyTorch's
+setting (default: all cores).
 
 Run: ``python -m pytest bench/test_cholesky_bench.py --benchmark-only``.
 """
@@ -62,3 +64,13 @@ def test_batched_cholesky(benchmark, request: pytest.FixtureRequest, problem, im
                                 threads=torch.get_num_threads())
     rounds = max(request.config.getoption("--bench-rounds"), 5)
     benchmark.pedantic(make_call(impl, op, a, b, l), rounds=rounds, warmup_rounds=1, iterations=1)
+
+
+def test_output_allocation_floor(benchmark, request: pytest.FixtureRequest, problem):
+    """What allocating and touching one output of A's size costs, whoever computes it."""
+    batch, n, a, _, _ = problem
+    benchmark.group = f"cholesky {batch}x{n}x{n} r={n} cholesky"
+    benchmark.extra_info.update(batch=batch, n=n, impl="alloc_floor", op="empty_like+fill_", dtype="float32",
+                                threads=torch.get_num_threads())
+    rounds = max(request.config.getoption("--bench-rounds"), 5)
+    benchmark.pedantic(lambda: torch.empty_like(a).fill_(0.0), rounds=rounds, warmup_rounds=1, iterations=1)

@@ -184,6 +184,26 @@ def test_many_matrices_split_across_threads():
     assert torch.allclose(batched_cholesky_solve(L, b), torch.cholesky_solve(b, L), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("isa", ("avx2", "baseline"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_narrower_instruction_sets(monkeypatch, isa, dtype):
+    # The kernels are compiled per ISA with its own vector and panel widths; ATTN_EXT_CPU_ISA makes
+    # this machine run the narrower ones too.
+    monkeypatch.setenv("ATTN_EXT_CPU_ISA", isa)
+    for n, r in ((7, 3), (40, 64), (59, 1), (130, 16)):
+        a = spd((3,), n, dtype)
+        L, info = batched_cholesky(a)
+        assert (info == 0).all()
+        assert_as_accurate_as_torch(L, torch.linalg.cholesky(a), torch.linalg.cholesky(a.double()), "L",
+                                    floor_ulps=4 if dtype == torch.float32 else 4 * n)
+        b = rhs((3,), n, r, dtype)
+        x = batched_cholesky_solve(L, b)
+        assert_as_accurate_as_torch(x, torch.cholesky_solve(b, L), torch.cholesky_solve(b.double(), L.double()), "X",
+                                    floor_ulps=4 if dtype == torch.float32 else 4 * n)
+    _, info = batched_cholesky(torch.stack([spd((), 40, dtype), indefinite_at(40, 17).to(dtype)]))
+    assert info.tolist() == [0, 18]
+
+
 def test_empty_shapes():
     L, info = batched_cholesky(torch.empty(0, 4, 4))
     assert L.shape == (0, 4, 4) and info.shape == (0,)

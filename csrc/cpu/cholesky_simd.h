@@ -3,7 +3,9 @@
 //
 // Inputs are strided views (any strides ≥ 0); outputs are written contiguous and row-major. Each
 // call handles the matrices [begin, end) of its batch with one scratch buffer, so that a caller can
-// hand every thread one contiguous range.
+// hand every thread one contiguous range. The kernels are compiled for AVX-512, AVX2 and baseline
+// x86-64 and picked per call from the CPU; the environment variable ATTN_EXT_CPU_ISA=avx2|baseline
+// caps the choice (for tests and comparisons).
 #pragma once
 
 #include <cstdint>

@@ -1,52 +1,45 @@
-// 64-byte vectors (GCC/Clang vector extensions) and the tile transposes and prefetching built on
-// them, for kernels compiled as target_clones: the AVX-512 clone keeps each vector in one zmm
-// register, the AVX2 and baseline clones split it. Include only from .cpp files whose callers of
-// these helpers are cloned entry points, and inline everything into them (ATTN_EXT_ALWAYS_INLINE):
+// Fixed-width vectors (GCC/Clang vector extensions of VB = 16, 32 or 64 bytes) and the tile
+// transposes, lane masks, row copies and prefetching built on them, for kernels compiled once per
+// instruction set (VB = 64 for AVX-512, 32 for AVX2, 16 for SSE2). Include only from .cpp files, and
+// inline everything (ATTN_EXT_ALWAYS_INLINE) into functions compiled for the ISA that matches VB:
 // an out-of-line helper would be compiled for the baseline ISA only.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 
 #define ATTN_EXT_ALWAYS_INLINE inline __attribute__((always_inline))
 
-// GCC notes that 64-byte vector values have a different ABI per ISA; they never cross a real call.
+// GCC notes that wide vector values have a different ABI per ISA; they never cross a real call.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace attn_ext::cpu::simd {
 
-template <typename T>
-struct Vector;
-// `mask`: integers of the element's width, what lane comparisons yield (all ones or zero).
-template <>
-struct Vector<float> {
-  typedef float type __attribute__((vector_size(64)));
-  typedef int32_t lane_int;
-  typedef lane_int mask __attribute__((vector_size(64)));
-};
-template <>
-struct Vector<double> {
-  typedef double type __attribute__((vector_size(64)));
-  typedef int64_t lane_int;
-  typedef lane_int mask __attribute__((vector_size(64)));
+/// `type`: VB bytes of T; `mask`: integers of T's width, what lane comparisons yield (all ones or 0).
+template <typename T, int VB>
+struct Vector {
+  typedef T type __attribute__((vector_size(VB)));
+  typedef std::conditional_t<sizeof(T) == 4, int32_t, int64_t> lane_int;
+  typedef lane_int mask __attribute__((vector_size(VB)));
 };
 
-template <typename T>
-constexpr int kLanes = 64 / sizeof(T);
+template <typename T, int VB>
+constexpr int kLanes = VB / sizeof(T);
 
 constexpr int64_t round_up(int64_t x, int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
 
-template <typename T>
-ATTN_EXT_ALWAYS_INLINE typename Vector<T>::type load(const T* p) {
-  typename Vector<T>::type v;
+template <typename T, int VB>
+ATTN_EXT_ALWAYS_INLINE typename Vector<T, VB>::type load(const T* p) {
+  typename Vector<T, VB>::type v;
   std::memcpy(&v, p, sizeof(v));
   return v;
 }
 
-template <typename T>
-ATTN_EXT_ALWAYS_INLINE void store(T* p, const typename Vector<T>::type& v) {
+template <typename T, int VB>
+ATTN_EXT_ALWAYS_INLINE void store(T* p, const typename Vector<T, VB>::type& v) {
   std::memcpy(p, &v, sizeof(v));
 }
 
@@ -55,104 +48,134 @@ ATTN_EXT_ALWAYS_INLINE void store(T* p, const typename Vector<T>::type& v) {
 #define ATTN_EXT_NOT_A_LIBRARY_CALL() __asm__ volatile("" ::: "memory")
 
 /// dst[0..count) = src[0..count): whole vectors, then a scalar tail, inline.
-template <typename T>
+template <typename T, int VB>
 ATTN_EXT_ALWAYS_INLINE void copy_row(T* dst, const T* src, int64_t count) {
-  constexpr int W = kLanes<T>;
+  constexpr int W = kLanes<T, VB>;
   int64_t i = 0;
   for (; i + W <= count; i += W) {
-    store(dst + i, load(src + i));
+    store<T, VB>(dst + i, load<T, VB>(src + i));
     ATTN_EXT_NOT_A_LIBRARY_CALL();
   }
   for (; i < count; ++i) dst[i] = src[i];
 }
 
-template <typename T>
+template <typename T, int VB>
 ATTN_EXT_ALWAYS_INLINE void zero_row(T* dst, int64_t count) {
-  constexpr int W = kLanes<T>;
+  constexpr int W = kLanes<T, VB>;
   int64_t i = 0;
   for (; i + W <= count; i += W) {
-    store(dst + i, typename Vector<T>::type{});
+    store<T, VB>(dst + i, typename Vector<T, VB>::type{});
     ATTN_EXT_NOT_A_LIBRARY_CALL();
   }
   for (; i < count; ++i) dst[i] = T(0);
 }
 
-/// The two-vector shuffles of the classic in-register transposes, each a single AVX-512 instruction
-/// (vunpcklps/vunpckhps, vunpcklpd/vunpckhpd, vshuff32x4/vshuff64x2), written as lane patterns so
-/// that they stay portable: element j of the result is element index(j) of the concatenation a:b.
-enum class Shuffle { kLow32, kHigh32, kLow64, kHigh64, kEvenLanes, kOddLanes };
+/// Element j of the result is element index(j) of the concatenation a:b, for the two-vector
+/// shuffles of the transposes below.
+enum class Shuffle { kLow32, kHigh32, kLow64, kHigh64, kEvenLanes, kOddLanes, kSwapLow, kSwapHigh };
 
-template <typename T, Shuffle kShuffle>
+template <typename T, int VB, Shuffle kShuffle, int H>
 constexpr int shuffle_index(int j) {
-  constexpr int W = kLanes<T>, per_lane = 16 / sizeof(T);  // elements per 128-bit lane
+  constexpr int W = kLanes<T, VB>, per_lane = 16 / sizeof(T);  // elements per 128-bit lane
   const int lane = j / per_lane, k = j % per_lane, base = lane * per_lane;
   const int pair = 8 / sizeof(T);  // elements per 64-bit pair
   switch (kShuffle) {
+    // Single AVX-512 instructions: vunpck{l,h}ps, vunpck{l,h}pd, vshuff32x4 / vshuff64x2.
     case Shuffle::kLow32: return base + k / 2 + (k % 2 ? W : 0);
     case Shuffle::kHigh32: return base + per_lane / 2 + k / 2 + (k % 2 ? W : 0);
     case Shuffle::kLow64: return base + k % pair + (k / pair ? W : 0);
     case Shuffle::kHigh64: return base + pair + k % pair + (k / pair ? W : 0);
     case Shuffle::kEvenLanes: return (lane < 2 ? 0 : W) + (lane % 2) * 2 * per_lane + k;
     case Shuffle::kOddLanes: return (lane < 2 ? 0 : W) + ((lane % 2) * 2 + 1) * per_lane + k;
+    // The block swap of any width: the lanes whose bit H is set trade places between a and b.
+    case Shuffle::kSwapLow: return (j & H) ? W + j - H : j;
+    case Shuffle::kSwapHigh: return (j & H) ? W + j : j + H;
   }
   return 0;
 }
 
-template <typename T, Shuffle kShuffle, size_t... J>
-ATTN_EXT_ALWAYS_INLINE typename Vector<T>::type shuffle(const typename Vector<T>::type& a,
-                                                        const typename Vector<T>::type& b, std::index_sequence<J...>) {
-  return __builtin_shufflevector(a, b, shuffle_index<T, kShuffle>(J)...);
+template <typename T, int VB, Shuffle kShuffle, int H = 0, size_t... J>
+ATTN_EXT_ALWAYS_INLINE typename Vector<T, VB>::type shuffle(const typename Vector<T, VB>::type& a,
+                                                            const typename Vector<T, VB>::type& b,
+                                                            std::index_sequence<J...>) {
+  return __builtin_shufflevector(a, b, shuffle_index<T, VB, kShuffle, H>(J)...);
 }
 
-template <typename T, Shuffle kShuffle>
-ATTN_EXT_ALWAYS_INLINE typename Vector<T>::type shuffle(const typename Vector<T>::type& a,
-                                                        const typename Vector<T>::type& b) {
-  return shuffle<T, kShuffle>(a, b, std::make_index_sequence<kLanes<T>>());
+template <typename T, int VB, Shuffle kShuffle, int H = 0>
+ATTN_EXT_ALWAYS_INLINE typename Vector<T, VB>::type shuffle(const typename Vector<T, VB>::type& a,
+                                                            const typename Vector<T, VB>::type& b) {
+  return shuffle<T, VB, kShuffle, H>(a, b, std::make_index_sequence<kLanes<T, VB>>());
 }
 
-/// r[i] ← column i of the W×W matrix whose rows are r[0..W): interleave neighbouring rows by single
-/// elements (floats only), then by pairs, then exchange 128-bit lanes twice — 4·16 (3·8) shuffles.
-template <typename T>
-ATTN_EXT_ALWAYS_INLINE void transpose_in_registers(typename Vector<T>::type* r) {
-  using V = typename Vector<T>::type;
-  constexpr int W = kLanes<T>;
-  V t[W];
-  if constexpr (W == 16) {
-#pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) {
-      t[2 * i] = shuffle<T, Shuffle::kLow32>(r[2 * i], r[2 * i + 1]);
-      t[2 * i + 1] = shuffle<T, Shuffle::kHigh32>(r[2 * i], r[2 * i + 1]);
-    }
-#pragma GCC unroll 4
-    for (int g = 0; g < 4; ++g) {
-      r[4 * g] = shuffle<T, Shuffle::kLow64>(t[4 * g], t[4 * g + 2]);
-      r[4 * g + 1] = shuffle<T, Shuffle::kHigh64>(t[4 * g], t[4 * g + 2]);
-      r[4 * g + 2] = shuffle<T, Shuffle::kLow64>(t[4 * g + 1], t[4 * g + 3]);
-      r[4 * g + 3] = shuffle<T, Shuffle::kHigh64>(t[4 * g + 1], t[4 * g + 3]);
-    }
+/// One round of the block-swap transpose, for any width: rows t and t + H (bit H of t clear)
+/// exchange their H-lane groups.
+template <typename T, int VB, int H>
+ATTN_EXT_ALWAYS_INLINE void swap_round(typename Vector<T, VB>::type* r) {
+  constexpr int W = kLanes<T, VB>;
+#pragma GCC unroll 16
+  for (int t = 0; t < W; ++t) {
+    if (t & H) continue;
+    const auto first = shuffle<T, VB, Shuffle::kSwapLow, H>(r[t], r[t + H]);
+    const auto second = shuffle<T, VB, Shuffle::kSwapHigh, H>(r[t], r[t + H]);
+    r[t] = first;
+    r[t + H] = second;
+  }
+}
+
+/// r[i] ← column i of the W×W matrix whose rows are r[0..W).
+template <typename T, int VB>
+ATTN_EXT_ALWAYS_INLINE void transpose_in_registers(typename Vector<T, VB>::type* r) {
+  using V = typename Vector<T, VB>::type;
+  constexpr int W = kLanes<T, VB>;
+  if constexpr (VB != 64) {
+    // Narrower vectors (AVX2, SSE2): log2(W) block-swap rounds; a few instructions per shuffle.
+    if constexpr (W >= 16) swap_round<T, VB, 8>(r);
+    if constexpr (W >= 8) swap_round<T, VB, 4>(r);
+    if constexpr (W >= 4) swap_round<T, VB, 2>(r);
+    swap_round<T, VB, 1>(r);
   } else {
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) {
-      t[2 * i] = shuffle<T, Shuffle::kLow64>(r[2 * i], r[2 * i + 1]);
-      t[2 * i + 1] = shuffle<T, Shuffle::kHigh64>(r[2 * i], r[2 * i + 1]);
-    }
+    // AVX-512: interleave neighbouring rows by single elements (floats only), then by pairs, then
+    // exchange 128-bit lanes twice; every shuffle is one instruction, 64 (floats) or 24 in all.
+    V t[W];
+    if constexpr (W == 16) {
 #pragma GCC unroll 8
-    for (int i = 0; i < 8; ++i) r[i] = t[i];
-  }
-  // Lane exchanges: within each half (rows h·W/2 + k and h·W/2 + W/4 + k), then across the halves.
-  constexpr int kHalf = W / 2, kQuarter = W / 4;
+      for (int i = 0; i < 8; ++i) {
+        t[2 * i] = shuffle<T, VB, Shuffle::kLow32>(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = shuffle<T, VB, Shuffle::kHigh32>(r[2 * i], r[2 * i + 1]);
+      }
+#pragma GCC unroll 4
+      for (int g = 0; g < 4; ++g) {
+        r[4 * g] = shuffle<T, VB, Shuffle::kLow64>(t[4 * g], t[4 * g + 2]);
+        r[4 * g + 1] = shuffle<T, VB, Shuffle::kHigh64>(t[4 * g], t[4 * g + 2]);
+        r[4 * g + 2] = shuffle<T, VB, Shuffle::kLow64>(t[4 * g + 1], t[4 * g + 3]);
+        r[4 * g + 3] = shuffle<T, VB, Shuffle::kHigh64>(t[4 * g + 1], t[4 * g + 3]);
+      }
+    } else {
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; ++i) {
+        t[2 * i] = shuffle<T, VB, Shuffle::kLow64>(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = shuffle<T, VB, Shuffle::kHigh64>(r[2 * i], r[2 * i + 1]);
+      }
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) r[i] = t[i];
+    }
+    // Lane exchanges: within each half (rows h·W/2 + k and h·W/2 + W/4 + k), then across halves.
+    constexpr int kHalf = W / 2, kQuarter = W / 4;
 #pragma GCC unroll 2
-  for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < 2; ++h) {
 #pragma GCC unroll 4
-    for (int k = 0; k < kQuarter; ++k) {
-      t[h * kHalf + k] = shuffle<T, Shuffle::kEvenLanes>(r[h * kHalf + k], r[h * kHalf + kQuarter + k]);
-      t[h * kHalf + kQuarter + k] = shuffle<T, Shuffle::kOddLanes>(r[h * kHalf + k], r[h * kHalf + kQuarter + k]);
+      for (int k = 0; k < kQuarter; ++k) {
+        const V& a = r[h * kHalf + k];
+        const V& b = r[h * kHalf + kQuarter + k];
+        t[h * kHalf + k] = shuffle<T, VB, Shuffle::kEvenLanes>(a, b);
+        t[h * kHalf + kQuarter + k] = shuffle<T, VB, Shuffle::kOddLanes>(a, b);
+      }
     }
-  }
 #pragma GCC unroll 8
-  for (int k = 0; k < kHalf; ++k) {
-    r[k] = shuffle<T, Shuffle::kEvenLanes>(t[k], t[kHalf + k]);
-    r[kHalf + k] = shuffle<T, Shuffle::kOddLanes>(t[k], t[kHalf + k]);
+    for (int k = 0; k < kHalf; ++k) {
+      r[k] = shuffle<T, VB, Shuffle::kEvenLanes>(t[k], t[kHalf + k]);
+      r[kHalf + k] = shuffle<T, VB, Shuffle::kOddLanes>(t[k], t[kHalf + k]);
+    }
   }
 }
 
@@ -162,10 +185,10 @@ enum class Keep { kAll, kUpper, kLower };
 /// Constant lane masks, loaded rather than computed: GCC assembles vector constants and lane
 /// comparisons against a broadcast index lane by lane (a masked broadcast per lane) in these
 /// inlined functions.
-template <typename T>
+template <typename T, int VB>
 struct LaneMasks {
-  using Int = typename Vector<T>::lane_int;
-  static constexpr int W = kLanes<T>;
+  using Int = typename Vector<T, VB>::lane_int;
+  static constexpr int W = kLanes<T, VB>;
   alignas(64) Int before[W + 1][W];  // row k: all ones in the lanes j < k
   alignas(64) Int at[W + 1][W];      // row k < W: all ones in lane k only; row W: none
   constexpr LaneMasks() : before(), at() {
@@ -178,59 +201,61 @@ struct LaneMasks {
   }
 };
 
-template <typename T>
-inline constexpr LaneMasks<T> kLaneMasks{};
+template <typename T, int VB>
+inline constexpr LaneMasks<T, VB> kLaneMasks{};
 
-template <typename T>
-ATTN_EXT_ALWAYS_INLINE typename Vector<T>::mask load_mask(const typename Vector<T>::lane_int* p) {
-  typename Vector<T>::mask m;
+template <typename T, int VB>
+ATTN_EXT_ALWAYS_INLINE typename Vector<T, VB>::mask load_mask(const typename Vector<T, VB>::lane_int* p) {
+  typename Vector<T, VB>::mask m;
   std::memcpy(&m, p, sizeof(m));
   return m;
 }
 
 /// Lanes j with j < k, for any integer k.
-template <typename T>
-ATTN_EXT_ALWAYS_INLINE typename Vector<T>::mask lanes_before(int64_t k) {
-  return load_mask<T>(kLaneMasks<T>.before[k < 0 ? 0 : (k > kLanes<T> ? kLanes<T> : k)]);
+template <typename T, int VB>
+ATTN_EXT_ALWAYS_INLINE typename Vector<T, VB>::mask lanes_before(int64_t k) {
+  constexpr int W = kLanes<T, VB>;
+  return load_mask<T, VB>(kLaneMasks<T, VB>.before[k < 0 ? 0 : (k > W ? W : k)]);
 }
 
 /// Lane k alone, or no lane if k is outside [0, W).
-template <typename T>
-ATTN_EXT_ALWAYS_INLINE typename Vector<T>::mask lane_at(int64_t k) {
-  return load_mask<T>(kLaneMasks<T>.at[k < 0 || k >= kLanes<T> ? kLanes<T> : k]);
+template <typename T, int VB>
+ATTN_EXT_ALWAYS_INLINE typename Vector<T, VB>::mask lane_at(int64_t k) {
+  constexpr int W = kLanes<T, VB>;
+  return load_mask<T, VB>(kLaneMasks<T, VB>.at[k < 0 || k >= W ? W : k]);
 }
 
 /// a in the lanes where `mask` is all ones, b where it is zero. Bitwise, because GCC lowers the
 /// vector ?: on floating lanes to per-lane code here.
-template <typename T>
-ATTN_EXT_ALWAYS_INLINE typename Vector<T>::type select(const typename Vector<T>::mask& mask,
-                                                       const typename Vector<T>::type& a,
-                                                       const typename Vector<T>::type& b) {
-  using V = typename Vector<T>::type;
-  using M = typename Vector<T>::mask;
+template <typename T, int VB>
+ATTN_EXT_ALWAYS_INLINE typename Vector<T, VB>::type select(const typename Vector<T, VB>::mask& mask,
+                                                           const typename Vector<T, VB>::type& a,
+                                                           const typename Vector<T, VB>::type& b) {
+  using V = typename Vector<T, VB>::type;
+  using M = typename Vector<T, VB>::mask;
   return (V)((mask & (M)a) | (~mask & (M)b));
 }
 
-/// dst[c·dst_ld + t] = src[t·src_ld + c] for a W×W tile (W = kLanes<T>, rows of src contiguous),
-/// in registers instead of W² scalar moves.
-template <typename T, Keep kKeep>
+/// dst[c·dst_ld + t] = src[t·src_ld + c] for a W×W tile (W = kLanes, rows of src contiguous), in
+/// registers instead of W² scalar moves; a diagonal tile keeps one triangle and zeros the other.
+template <typename T, int VB, Keep kKeep>
 ATTN_EXT_ALWAYS_INLINE void transpose_tile(const T* src, int64_t src_ld, T* dst, int64_t dst_ld) {
-  using V = typename Vector<T>::type;
-  constexpr int W = kLanes<T>;
+  using V = typename Vector<T, VB>::type;
+  constexpr int W = kLanes<T, VB>;
   V r[W];
 #pragma GCC unroll 16
-  for (int t = 0; t < W; ++t) r[t] = load(src + t * src_ld);
-  transpose_in_registers<T>(r);
+  for (int t = 0; t < W; ++t) r[t] = load<T, VB>(src + t * src_ld);
+  transpose_in_registers<T, VB>(r);
 #pragma GCC unroll 16
   for (int t = 0; t < W; ++t) {
     V v = r[t];
-    if constexpr (kKeep == Keep::kUpper) v = select<T>(lanes_before<T>(t), V{}, v);
-    if constexpr (kKeep == Keep::kLower) v = select<T>(lanes_before<T>(t + 1), v, V{});
-    store(dst + t * dst_ld, v);
+    if constexpr (kKeep == Keep::kUpper) v = select<T, VB>(lanes_before<T, VB>(t), V{}, v);
+    if constexpr (kKeep == Keep::kLower) v = select<T, VB>(lanes_before<T, VB>(t + 1), v, V{});
+    store<T, VB>(dst + t * dst_ld, v);
   }
 }
 
-/// Pulls a matrix that the next iteration reads (or writes: the line is then fetched for ownership)
+/// Pulls a matrix that the next iteration reads (or writes: then it is fetched ahead of the stores)
 /// towards L2, a slice per call of step(), so that its DRAM latency hides behind the current
 /// matrix's arithmetic instead of stalling the next copy.
 struct Prefetch {

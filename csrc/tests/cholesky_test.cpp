@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <vector>
@@ -199,9 +200,14 @@ void test_simd_info() {
 int main() {
   test_header_factor_and_solve();
   test_header_info();
-  test_simd_matches_header<float>();
-  test_simd_matches_header<double>();
-  test_simd_info();
+  // Every instruction-set path of the SIMD kernels this CPU can run (ATTN_EXT_CPU_ISA caps the level).
+  for (const char* isa : {"avx512", "avx2", "baseline"}) {
+    setenv("ATTN_EXT_CPU_ISA", isa, 1);
+    test_simd_matches_header<float>();
+    test_simd_matches_header<double>();
+    test_simd_info();
+  }
+  unsetenv("ATTN_EXT_CPU_ISA");
   if (g_failures != 0) {
     std::fprintf(stderr, "attn_ext_cholesky_tests: %d check(s) failed\n", g_failures);
     return g_failures > 100 ? 100 : g_failures;
