@@ -228,3 +228,21 @@ def test_triton_backend_runs_large_heads_through_torch_linalg():
     q, k, v, mask = problem(B=1, H=1, M=2, N=300, D=130, Dv=3, masked=True, seed=12, dtype=torch.float32)
     out = ae.intention(q, k, v, alpha=0.5, key_padding_mask=mask, backend="triton")
     torch.testing.assert_close(out, ae.intention(q, k, v, alpha=0.5, key_padding_mask=mask, backend="reference"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [F64, torch.float32])
+def test_non_contiguous_and_broadcast_inputs(backend, dtype):
+    q, k, v, _ = problem(B=2, H=3, M=5, N=40, D=8, Dv=4, seed=14, dtype=dtype)
+    # [B, N, H, D] storage seen as [B, H, N, D]: the row stride is H·D.
+    qt, kt, vt = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    out = ae.intention(qt, kt, vt, alpha=0.3, backend=backend)
+    torch.testing.assert_close(out, ae.intention(q, k, v, alpha=0.3, backend="reference"))
+    # One key row repeated N times (stride 0 along N) is a legal input too. KᵀK is then rank one
+    # (condition ~1e3 here), so fp32 is compared with the error of the same reference in fp32.
+    k_rep, v_rep = k[:, :, :1].expand_as(k), v[:, :, :1].expand_as(v)
+    out = ae.intention(q, k_rep, v_rep, alpha=0.3, backend=backend)
+    exact = ae.intention(q.double(), k_rep.double(), v_rep.double(), alpha=0.3, backend="reference")
+    baseline = ae.intention(q, k_rep.contiguous(), v_rep.contiguous(), alpha=0.3, backend="reference")
+    err, ref_err = (out.double() - exact).abs().max().item(), (baseline.double() - exact).abs().max().item()
+    assert err <= 2 * ref_err + 1e-12, (err, ref_err)

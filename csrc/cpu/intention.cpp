@@ -19,6 +19,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
+#include <type_traits>
 #include <tuple>
 #include <vector>
 
@@ -69,45 +71,83 @@ void upcast_rows(const scalar_t* src, int64_t stride, int64_t rows, int64_t cols
   }
 }
 
-/// Forward of one (b, h): writes out rows, the factor L [D, D] and W [D, Dv]; returns the Cholesky info.
+/// Per-thread buffers of forward_head, allocated once per parallel range and left uninitialised
+/// (a value-initialised std::vector would memset ~0.3 MB per (b, h), as much as the small GEMMs cost).
+template <typename acc_t>
+struct ForwardScratch {
+  std::unique_ptr<acc_t[]> kv, kbuf, vbuf, stats, qbuf, obuf;
+  std::unique_ptr<int64_t[]> rows;
+  ForwardScratch(int64_t D, int64_t Dv)
+      : kv(new acc_t[kRowChunk * (D + Dv)]), kbuf(new acc_t[kRowChunk * D]), vbuf(new acc_t[kRowChunk * Dv]),
+        stats(new acc_t[D * (D + Dv)]), qbuf(new acc_t[kRowChunk * D]), obuf(new acc_t[kRowChunk * Dv]),
+        rows(new int64_t[kRowChunk]) {}
+};
+
+/// Accumulates [G | C] (D × E, row stride E) of one (b, h) into `stats` (zeroed here).
 template <typename scalar_t, typename acc_t>
-int forward_head(const IntentionArgs<scalar_t>& a, int64_t b, int64_t h, acc_t alpha, acc_t scale, scalar_t* out,
-                 acc_t* factor, acc_t* weights) {
+void accumulate_statistics(const IntentionArgs<scalar_t>& a, int64_t b, int64_t h, ForwardScratch<acc_t>& w) {
   const int64_t D = a.D, Dv = a.Dv, E = D + Dv;
-  std::vector<acc_t> kv(kRowChunk * E), kbuf(kRowChunk * D), vbuf(kRowChunk * Dv), stats(D * E, acc_t(0));
-  std::vector<int64_t> rows(kRowChunk);
+  acc_t* stats = w.stats.get();
+  std::fill(stats, stats + D * E, acc_t(0));
+  if constexpr (std::is_same_v<scalar_t, acc_t>) {
+    // No padding, no upcast, BLAS-compatible row strides (not a broadcast): BLAS reads K and V in place.
+    if (a.mask == nullptr && a.N > 0 && a.ks2 >= D && (!a.v || a.vs2 >= Dv)) {
+      const scalar_t* k = a.k + b * a.ks0 + h * a.ks1;
+      gemm(Transpose::kYes, Transpose::kNo, D, D, a.N, acc_t(1), k, a.ks2, k, a.ks2, acc_t(0), stats, E);
+      if (a.v) {
+        gemm(Transpose::kYes, Transpose::kNo, D, Dv, a.N, acc_t(1), k, a.ks2, a.v + b * a.vs0 + h * a.vs1, a.vs2,
+             acc_t(0), stats + D, E);
+      }
+      return;
+    }
+  }
   int64_t next = 0;
   while (true) {
-    const int64_t count = gather_valid_rows(a, b, h, &next, kbuf.data(), vbuf.data(), rows.data());
+    const int64_t count = gather_valid_rows(a, b, h, &next, w.kbuf.get(), w.vbuf.get(), w.rows.get());
     if (count == 0) break;
     if (a.v) {
       for (int64_t r = 0; r < count; ++r) {  // [K | V] rows side by side: one GEMM gives G and C
-        std::copy_n(&kbuf[r * D], D, &kv[r * E]);
-        std::copy_n(&vbuf[r * Dv], Dv, &kv[r * E + D]);
+        std::copy_n(&w.kbuf[r * D], D, &w.kv[r * E]);
+        std::copy_n(&w.vbuf[r * Dv], Dv, &w.kv[r * E + D]);
       }
-      gemm(Transpose::kYes, Transpose::kNo, D, E, count, acc_t(1), kv.data(), E, kv.data(), E, acc_t(1), stats.data(),
-           E);
+      gemm(Transpose::kYes, Transpose::kNo, D, E, count, acc_t(1), w.kv.get(), E, w.kv.get(), E, acc_t(1), stats, E);
     } else {
-      gemm(Transpose::kYes, Transpose::kNo, D, D, count, acc_t(1), kbuf.data(), D, kbuf.data(), D, acc_t(1),
-           stats.data(), E);
+      gemm(Transpose::kYes, Transpose::kNo, D, D, count, acc_t(1), w.kbuf.get(), D, w.kbuf.get(), D, acc_t(1), stats,
+           E);
     }
   }
+}
+
+/// Forward of one (b, h): writes out rows, the factor L [D, D] and W [D, Dv]; returns the Cholesky info.
+template <typename scalar_t, typename acc_t>
+int forward_head(const IntentionArgs<scalar_t>& a, int64_t b, int64_t h, acc_t alpha, acc_t scale, scalar_t* out,
+                 acc_t* factor, acc_t* weights, ForwardScratch<acc_t>& w) {
+  const int64_t D = a.D, Dv = a.Dv, E = D + Dv;
+  accumulate_statistics(a, b, h, w);
+  acc_t* stats = w.stats.get();
   for (int64_t i = 0; i < D; ++i) {
     stats[i * E + i] += alpha;
     if (!a.v) stats[i * E + D + i] = acc_t(1);  // C = I
   }
   // A = stats[:, :D] and C = stats[:, D:] are read in place through their row stride E.
   int32_t info = 0;
-  cholesky_factor_batch(stats.data(), BatchStrides{0, E, 1}, factor, &info, D, 0, 1);
+  cholesky_factor_batch(stats, BatchStrides{0, E, 1}, factor, &info, D, 0, 1);
   if (info != 0) return info;
-  cholesky_solve_batch(factor, BatchStrides{0, D, 1}, stats.data() + D, BatchStrides{0, E, 1}, weights, D, Dv, 0, 1);
-  std::vector<acc_t> qbuf(kRowChunk * D), obuf(kRowChunk * Dv);
+  cholesky_solve_batch(factor, BatchStrides{0, D, 1}, stats + D, BatchStrides{0, E, 1}, weights, D, Dv, 0, 1);
+  scalar_t* out_bh = out + (b * a.H + h) * a.M * Dv;
+  const scalar_t* q_bh = a.q + b * a.qs0 + h * a.qs1;
+  if constexpr (std::is_same_v<scalar_t, acc_t>) {  // straight from q into out
+    if (a.M > 0 && a.qs2 >= D) {
+      gemm(Transpose::kNo, Transpose::kNo, a.M, Dv, D, scale, q_bh, a.qs2, weights, Dv, acc_t(0), out_bh, Dv);
+      return 0;
+    }
+  }
   for (int64_t m0 = 0; m0 < a.M; m0 += kRowChunk) {
     const int64_t rows_m = std::min(kRowChunk, a.M - m0);
-    upcast_rows(a.q + b * a.qs0 + h * a.qs1 + m0 * a.qs2, a.qs2, rows_m, D, qbuf.data());
-    gemm(Transpose::kNo, Transpose::kNo, rows_m, Dv, D, scale, qbuf.data(), D, weights, Dv, acc_t(0), obuf.data(), Dv);
-    scalar_t* dst = out + ((b * a.H + h) * a.M + m0) * Dv;
-    for (int64_t i = 0; i < rows_m * Dv; ++i) dst[i] = static_cast<scalar_t>(obuf[i]);
+    upcast_rows(q_bh + m0 * a.qs2, a.qs2, rows_m, D, w.qbuf.get());
+    gemm(Transpose::kNo, Transpose::kNo, rows_m, Dv, D, scale, w.qbuf.get(), D, weights, Dv, acc_t(0), w.obuf.get(), Dv);
+    scalar_t* dst = out_bh + m0 * Dv;
+    for (int64_t i = 0; i < rows_m * Dv; ++i) dst[i] = static_cast<scalar_t>(w.obuf[i]);
   }
   return 0;
 }
@@ -214,11 +254,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> intention_fwd_cpu(const at::Tenso
     const IntentionArgs<scalar_t> a = make_args<scalar_t>(qc, kc, vc, mask);
     const acc_t* alpha_data = alpha_c.const_data_ptr<acc_t>();
     at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
+      ForwardScratch<acc_t> scratch(s.head_dim, s.value_dim);
       for (int64_t bh = begin; bh < end; ++bh) {
         const int info = forward_head<scalar_t, acc_t>(
             a, bh / s.heads, bh % s.heads, alpha_data[bh], static_cast<acc_t>(scale), out.mutable_data_ptr<scalar_t>(),
             factor.mutable_data_ptr<acc_t>() + bh * s.head_dim * s.head_dim,
-            weights.mutable_data_ptr<acc_t>() + bh * s.head_dim * s.value_dim);
+            weights.mutable_data_ptr<acc_t>() + bh * s.head_dim * s.value_dim, scratch);
         int64_t none = -1;
         if (info != 0 && failed.compare_exchange_strong(none, bh)) failed_info = info;
       }
