@@ -19,49 +19,50 @@ import pytest
 
 pytest.importorskip("pytest_benchmark")
 
-from attn_ext.bench import intention as ib  # noqa: E402 - after the plugin check
+from attn_ext.bench import cholesky_workload as cw  # noqa: E402 - after the plugin check
+from attn_ext.bench import intention as attention_bench  # noqa: E402
 from attn_ext.bench.cross_attention_workload import check_ours, make_call  # noqa: E402
 
 NS = (256, 1024)
-CHOL_BATCH, CHOL_N = ib.CHOL_GOAL_SHAPE
+CHOL_BATCH, CHOL_N = cw.CHOL_GOAL_SHAPE
 
 
 # Module scope + params: each N's tensors are built once and released before the next N.
 @pytest.fixture(scope="module", params=NS, ids=lambda n: f"N={n}")
 def inputs(request: pytest.FixtureRequest):
-    return request.param, ib.make_inputs(request.param)
+    return request.param, attention_bench.make_inputs(request.param)
 
 
-@pytest.mark.parametrize("impl", ib.IMPLS)
+@pytest.mark.parametrize("impl", attention_bench.IMPLS)
 def test_intention(benchmark, request: pytest.FixtureRequest, inputs, impl: str, backend: str):
     n, (q, k, v) = inputs
     if impl != "sdpa":
         error, _ = check_ours(backend)  # σIntention runs ae.cross_attention
         if error:
             pytest.skip(error)
-    call = make_call(ib.implementation(impl, backend), "fwd", q, k, v)
+    call = make_call(attention_bench.implementation(impl, backend), "fwd", q, k, v)
     benchmark.group = f"intention fwd N={n}"
-    benchmark.extra_info.update(N=n, impl=impl, backend=backend, alpha=ib.ALPHA,
-                                shape=f"B={ib.B} H={ib.H} M=N D=Dv={ib.D} fp32")
+    benchmark.extra_info.update(N=n, impl=impl, backend=backend, alpha=attention_bench.ALPHA,
+                                shape=f"B={attention_bench.B} H={attention_bench.H} M=N D=Dv={attention_bench.D} fp32")
     rounds = max(request.config.getoption("--bench-rounds"), 5)
-    benchmark.pedantic(call, rounds=rounds, warmup_rounds=1, iterations=ib.number_of_calls(n))
+    benchmark.pedantic(call, rounds=rounds, warmup_rounds=1, iterations=attention_bench.number_of_calls(n))
 
 
 @pytest.fixture(scope="module")
 def spd():
-    return ib.make_spd(CHOL_BATCH, CHOL_N)
+    return cw.make_spd(CHOL_BATCH, CHOL_N)
 
 
 @pytest.mark.parametrize("impl", ("ours", "torch"))
 def test_cholesky(benchmark, request: pytest.FixtureRequest, spd, impl: str):
     ops = None
     if impl == "ours":
-        ops = ib.cholesky_ops()
+        ops = cw.cholesky_ops()
         if ops is None:
             pytest.skip("torch.ops.attn_ext.batched_cholesky / batched_cholesky_solve not built")
     a, b = spd
-    call = ib.cholesky_calls(a, b, ops)[impl]
+    call = cw.cholesky_calls(a, b, ops)[impl]
     benchmark.group = f"cholesky + solve [{CHOL_BATCH}, {CHOL_N}, {CHOL_N}]"
-    benchmark.extra_info.update(impl=impl, batch=CHOL_BATCH, n=CHOL_N, rhs=ib.CHOL_RHS, dtype="fp32")
+    benchmark.extra_info.update(impl=impl, batch=CHOL_BATCH, n=CHOL_N, rhs=cw.CHOL_RHS, dtype="fp32")
     rounds = max(request.config.getoption("--bench-rounds"), 3)
     benchmark.pedantic(call, rounds=rounds, warmup_rounds=1, iterations=1)

@@ -35,16 +35,17 @@ Markdown block to stdout; progress goes to stderr.
 from __future__ import annotations
 
 import gc
-import importlib
 from typing import Callable
 
 import torch
 
 from . import BenchOptions
+from .cholesky_workload import (CHOL_FULL_SHAPES, CHOL_RHS, CHOL_GOAL_SHAPE, CHOL_QUICK_SHAPES, MIN_CHOL_SPEEDUP,
+                                cholesky_speedup, cholesky_table, measure_cholesky)
 from .cross_attention_workload import make_call
 from .machine import load_average, machine_markdown
 from .plot import Series, plot_panel
-from .report import format_ms, markdown_table, progress, publish, start_run
+from .report import format_ms, markdown_table, progress, publish, start_run, timing_dict, verdict
 from .timing import time_interleaved
 
 NAME = "intention"
@@ -66,14 +67,6 @@ SMALL_N_CALLS = 1024
 #: Relative difference of the cpp kernels to the reference backend above which the report warns.
 CHECK_RTOL = 1e-3
 
-CHOL_RHS = 64
-#: (batch, n) of the Cholesky rows; the goal is judged at CHOL_GOAL_SHAPE.
-CHOL_QUICK_SHAPES: tuple[tuple[int, int], ...] = ((4096, 64),)
-CHOL_FULL_SHAPES: tuple[tuple[int, int], ...] = ((4096, 64), (4096, 32), (512, 128))
-CHOL_GOAL_SHAPE = (4096, 64)
-#: Goal: torch time / ours (factor + solve) at least this.
-MIN_CHOL_SPEEDUP = 5.0
-CHOL_CALLS = ("ours", "torch", "ours_factor", "torch_factor")
 
 
 # --------------------------------------------------------------------------- attention
@@ -132,12 +125,6 @@ def check_against_reference(backend: str, n: int = 256) -> dict:
     return out
 
 
-def _timing_dict(t) -> dict:
-    if isinstance(t, Exception):
-        return {"median_ms": None, "samples_ms": [], "error": f"{type(t).__name__}: {t}"}
-    return {"median_ms": t.median_ms, "samples_ms": list(t.samples_ms)}
-
-
 def _measure_attention(options: BenchOptions, n: int, step: str) -> list[dict]:
     """One N: per pass, the three implementations with their samples interleaved."""
     repeats, number = max(options.repeats, MIN_REPEATS), number_of_calls(n)
@@ -149,7 +136,7 @@ def _measure_attention(options: BenchOptions, n: int, step: str) -> list[dict]:
                  + (f"x{number}" if number > 1 else "") + " ...", end="")
         calls = {impl: make_call(implementation(impl, options.backend), pass_, q, k, v) for impl in IMPLS}
         timed = time_interleaved(calls, repeats=repeats, number=number)
-        row = {"N": n, "pass": pass_, "number": number, "impls": {i: _timing_dict(timed[i]) for i in IMPLS}}
+        row = {"N": n, "pass": pass_, "number": number, "impls": {i: timing_dict(timed[i]) for i in IMPLS}}
         rows.append(row)
         del calls, timed
         gc.collect()
@@ -174,91 +161,6 @@ def _ratio(row: dict, impl: str) -> float | None:
 # --------------------------------------------------------------------------- Cholesky
 
 
-def cholesky_ops():
-    """``(batched_cholesky, batched_cholesky_solve)`` of ``torch.ops.attn_ext``, or None while not built."""
-    importlib.import_module("attn_ext")  # loads the extension, which registers the ops
-    ns = torch.ops.attn_ext
-    if not (hasattr(ns, "batched_cholesky") and hasattr(ns, "batched_cholesky_solve")):
-        return None
-    return ns.batched_cholesky, ns.batched_cholesky_solve
-
-
-def make_spd(batch: int, n: int, rhs: int = CHOL_RHS, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """SPD ``A = XᵀX / (2n) + I`` ``[batch, n, n]`` (X ``[batch, 2n, n]`` Gaussian) and ``B [batch, n, rhs]``."""
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(batch, 2 * n, n, generator=gen, dtype=DTYPE)
-    a = x.mT @ x / (2 * n) + torch.eye(n, dtype=DTYPE)
-    b = torch.randn(batch, n, rhs, generator=gen, dtype=DTYPE)
-    return a, b
-
-
-def cholesky_calls(a: torch.Tensor, b: torch.Tensor, ops=None) -> dict[str, Callable[[], object]]:
-    """Zero-argument callables by name: ``torch`` / ``torch_factor``, and ``ours`` / ``ours_factor`` when
-    ``ops`` (as returned by :func:`cholesky_ops`) is given."""
-    calls: dict[str, Callable[[], object]] = {
-        "torch": lambda: torch.cholesky_solve(b, torch.linalg.cholesky(a)),
-        "torch_factor": lambda: torch.linalg.cholesky(a),
-    }
-    if ops is not None:
-        chol, solve = ops
-        calls["ours"] = lambda: solve(chol(a)[0], b)
-        calls["ours_factor"] = lambda: chol(a)
-    return calls
-
-
-def check_cholesky(a: torch.Tensor, b: torch.Tensor, ops) -> dict:
-    """Ours against torch on the benchmark's matrices: relative max differences of L and X, failed factors."""
-    chol, solve = ops
-    l_ref = torch.linalg.cholesky(a)
-    x_ref = torch.cholesky_solve(b, l_ref)
-    l, info = chol(a)
-    x = solve(l, b)
-    return {
-        "L_rel_diff": ((l.tril() - l_ref).abs().max() / l_ref.abs().max()).item(),
-        "X_rel_diff": ((x - x_ref).abs().max() / x_ref.abs().max()).item(),
-        "info_nonzero": int((info != 0).sum().item()),
-    }
-
-
-def _measure_cholesky(options: BenchOptions, batch: int, n: int, step: str) -> dict:
-    """One shape: torch always, ours when its ops exist (status "ok", "not built" or "failed")."""
-    repeats = max(options.repeats, MIN_REPEATS)
-    ops = cholesky_ops()
-    a, b = make_spd(batch, n)
-    row: dict = {"batch": batch, "n": n, "rhs": CHOL_RHS, "status": "ok" if ops else "not built", "check": None}
-    if ops is not None:
-        try:
-            row["check"] = check_cholesky(a, b, ops)
-        except Exception as exc:  # noqa: BLE001 - the torch baseline is still timed
-            row["status"], row["error"] = "failed", f"{type(exc).__name__}: {exc}"
-            ops = None
-    calls = cholesky_calls(a, b, ops)
-    progress(f"{step} Cholesky [{batch}, {n}, {n}] + solve ({CHOL_RHS} RHS): {', '.join(calls)} x{repeats}"
-             + (f" (ours {row['status']})" if row["status"] != "ok" else "") + " ...", end="")
-    timed = time_interleaved(calls, repeats=repeats)
-    row["timings"] = {name: _timing_dict(t) for name, t in timed.items()}
-    errors = [f"{name}: {t['error']}" for name, t in row["timings"].items() if t.get("error")]
-    if errors and row["status"] == "ok":
-        row["status"], row["error"] = "failed", "; ".join(errors)
-    del calls, timed, a, b
-    gc.collect()
-    speedup = _chol_speedup(row)
-    progress(" " + ", ".join(f"{name} {format_ms(t['median_ms'])} ms" for name, t in row["timings"].items()
-                             if not t.get("error"))
-             + (f"; {speedup:.1f}x faster" if speedup else "") + (f"; error: {row['error']}" if row.get("error") else ""))
-    return row
-
-
-def _chol_speedup(row: dict, factor_only: bool = False) -> float | None:
-    ours, ref = ("ours_factor", "torch_factor") if factor_only else ("ours", "torch")
-    t = row.get("timings", {})
-    o, r = t.get(ours, {}).get("median_ms"), t.get(ref, {}).get("median_ms")
-    return r / o if o and r else None
-
-
-# --------------------------------------------------------------------------- report
-
-
 def _goals(rows: list[dict], chol_rows: list[dict]) -> dict:
     attention = {}
     for impl in IMPLS[:2]:
@@ -267,17 +169,13 @@ def _goals(rows: list[dict], chol_rows: list[dict]) -> dict:
         attention[impl] = {"rows_met": sum(met), "rows_measured": len(met), "rows": len(rows),
                            "met": None if not met else all(met)}
     goal_row = next((r for r in chol_rows if (r["batch"], r["n"]) == CHOL_GOAL_SHAPE), None)
-    speedup = None if goal_row is None else _chol_speedup(goal_row)
+    speedup = None if goal_row is None else cholesky_speedup(goal_row)
     return {
         "attention": {"max_ratio": MAX_RATIO, "per_impl": attention},
         "cholesky": {"shape": list(CHOL_GOAL_SHAPE), "min_speedup": MIN_CHOL_SPEEDUP, "value": speedup,
                      "status": None if goal_row is None else goal_row["status"],
                      "met": None if speedup is None else speedup >= MIN_CHOL_SPEEDUP},
     }
-
-
-def _verdict(met: bool | None) -> str:
-    return {True: "met", False: "NOT met", None: "not measured"}[met]
 
 
 def _row_verdict(ratio: float | None) -> str:
@@ -295,26 +193,6 @@ def _attention_table(rows: list[dict]) -> str:
     return markdown_table(["N (= M)", "pass", "Intention ms", "σIntention ms", "SDPA ms", "Intention / SDPA",
                            "σIntention / SDPA", f"<= {MAX_RATIO}x SDPA (Intention / σIntention)"], table,
                           align="ll" + "r" * 5 + "l")
-
-
-def _cholesky_table(chol_rows: list[dict]) -> str:
-    table = []
-    for r in chol_rows:
-        t = r["timings"]
-        built = r["status"] != "not built"
-        ours = format_ms(t["ours"]["median_ms"]) if "ours" in t else ("not built" if not built else "failed")
-        ours_f = format_ms(t["ours_factor"]["median_ms"]) if "ours_factor" in t else ours
-        sp, spf = _chol_speedup(r), _chol_speedup(r, factor_only=True)
-        check = r.get("check")
-        diff = None if not check else f"{check['X_rel_diff']:.1e} / {check['L_rel_diff']:.1e}"
-        verdict = "not built" if not built else _verdict(None if sp is None else sp >= MIN_CHOL_SPEEDUP)
-        table.append([f"{r['batch']:,} x {r['n']} x {r['n']}", r["rhs"], ours, format_ms(t["torch"]["median_ms"]),
-                      None if sp is None else f"{sp:.1f}x", ours_f, format_ms(t["torch_factor"]["median_ms"]),
-                      None if spf is None else f"{spf:.1f}x", diff, verdict])
-    return markdown_table(["A (batch x n x n)", "RHS", "ours factor + solve ms", "torch factor + solve ms",
-                           "speed-up", "ours factor ms", "torch factor ms", "speed-up (factor)",
-                           "ours vs torch rel. diff X / L", f">= {MIN_CHOL_SPEEDUP:.0f}x"], table,
-                          align="l" + "r" * 8 + "l")
 
 
 def _tables(result: dict) -> str:
@@ -335,9 +213,9 @@ def _tables(result: dict) -> str:
         _attention_table(rows),
         "",
         f"Goal (issue: within {MAX_RATIO}x of SDPA; the paper reports 1-4x): Intention met in "
-        f"{att['intention']['rows_met']} of {att['intention']['rows']} rows, **{_verdict(att['intention']['met'])}**; "
+        f"{att['intention']['rows_met']} of {att['intention']['rows']} rows, **{verdict(att['intention']['met'])}**; "
         f"σIntention met in {att['sigma_intention']['rows_met']} of {att['sigma_intention']['rows']} rows, "
-        f"**{_verdict(att['sigma_intention']['met'])}**. Intention's cost is linear in N (the keys enter through "
+        f"**{verdict(att['sigma_intention']['met'])}**. Intention's cost is linear in N (the keys enter through "
         "KᵀK and KᵀV), SDPA's quadratic; σIntention is the transformed queries plus a softmax attention over all "
         "N keys (`ae.cross_attention`), so it costs at least as much as softmax attention.",
         "",
@@ -346,12 +224,12 @@ def _tables(result: dict) -> str:
         "`batched_cholesky_solve(L, B)`; **torch**: `torch.linalg.cholesky(A)` then `torch.cholesky_solve(B, L)`. "
         "Speed-up = torch / ours. Rel. diff = max |ours - torch| / max |torch| of X and of L.",
         "",
-        _cholesky_table(chol_rows),
+        cholesky_table(chol_rows),
         "",
         f"Goal: >= {MIN_CHOL_SPEEDUP:.0f}x faster than torch at [{ch['shape'][0]:,}, {ch['shape'][1]}, "
         f"{ch['shape'][1]}]: "
         + ("ops not built yet" if ch["status"] == "not built"
-           else ("n/a" if ch["value"] is None else f"{ch['value']:.1f}x") + f", **{_verdict(ch['met'])}**") + ".",
+           else ("n/a" if ch["value"] is None else f"{ch['value']:.1f}x") + f", **{verdict(ch['met'])}**") + ".",
         "",
         "The machine is shared with other jobs: absolute times are noisy (see the load averages); the "
         "interleaving keeps the ratios fairer than the times.",
@@ -402,7 +280,7 @@ def run(options: BenchOptions) -> int:
     for i, n in enumerate(ns):
         rows += _measure_attention(options, n, f"[{i + 1}/{total}]")
         gc.collect()
-    chol_rows = [_measure_cholesky(options, batch, n, f"[{len(ns) + j + 1}/{total}]")
+    chol_rows = [measure_cholesky(options, batch, n, f"[{len(ns) + j + 1}/{total}]")
                  for j, (batch, n) in enumerate(shapes)]
     machine["load_average_end"] = load_average()
     result = {

@@ -177,3 +177,15 @@ def publish(
         return False
     progress(f"updated the {name} block of {readme}")
     return True
+
+
+def timing_dict(t) -> dict:
+    """A timing (or the exception that stopped it) as JSON-ready ``{"median_ms", "samples_ms"[, "error"]}``."""
+    if isinstance(t, Exception):
+        return {"median_ms": None, "samples_ms": [], "error": f"{type(t).__name__}: {t}"}
+    return {"median_ms": t.median_ms, "samples_ms": list(t.samples_ms)}
+
+
+def verdict(met: bool | None) -> str:
+    """How a goal reads in a report."""
+    return {True: "met", False: "NOT met", None: "not measured"}[met]

@@ -1,0 +1,131 @@
+"""The batched Cholesky part of ``attn-ext bench intention``: ours vs ``torch.linalg`` (SPEC §4).
+
+``batched_cholesky`` then ``batched_cholesky_solve`` of ``torch.ops.attn_ext`` against
+``torch.linalg.cholesky`` then ``torch.cholesky_solve``, on fp32 SPD matrices ``A = XᵀX/(2n) + I``
+with ``CHOL_RHS`` right-hand sides; the factorisation alone is timed too. Rows whose ops are not
+built say so instead of failing.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+from typing import Callable
+
+import torch
+
+from . import BenchOptions
+from .report import format_ms, markdown_table, progress, timing_dict, verdict
+from .timing import time_interleaved
+
+DTYPE = torch.float32
+MIN_CHOL_REPEATS = 3
+CHOL_RHS = 64
+#: (batch, n) of the Cholesky rows; the goal is judged at CHOL_GOAL_SHAPE.
+CHOL_QUICK_SHAPES: tuple[tuple[int, int], ...] = ((4096, 64),)
+CHOL_FULL_SHAPES: tuple[tuple[int, int], ...] = ((4096, 64), (4096, 32), (512, 128))
+CHOL_GOAL_SHAPE = (4096, 64)
+#: Goal: torch time / ours (factor + solve) at least this.
+MIN_CHOL_SPEEDUP = 5.0
+CHOL_CALLS = ("ours", "torch", "ours_factor", "torch_factor")
+
+def cholesky_ops():
+    """``(batched_cholesky, batched_cholesky_solve)`` of ``torch.ops.attn_ext``, or None while not built."""
+    importlib.import_module("attn_ext")  # loads the extension, which registers the ops
+    ns = torch.ops.attn_ext
+    if not (hasattr(ns, "batched_cholesky") and hasattr(ns, "batched_cholesky_solve")):
+        return None
+    return ns.batched_cholesky, ns.batched_cholesky_solve
+
+
+def make_spd(batch: int, n: int, rhs: int = CHOL_RHS, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """SPD ``A = XᵀX / (2n) + I`` ``[batch, n, n]`` (X ``[batch, 2n, n]`` Gaussian) and ``B [batch, n, rhs]``."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, 2 * n, n, generator=gen, dtype=DTYPE)
+    a = x.mT @ x / (2 * n) + torch.eye(n, dtype=DTYPE)
+    b = torch.randn(batch, n, rhs, generator=gen, dtype=DTYPE)
+    return a, b
+
+
+def cholesky_calls(a: torch.Tensor, b: torch.Tensor, ops=None) -> dict[str, Callable[[], object]]:
+    """Zero-argument callables by name: ``torch`` / ``torch_factor``, and ``ours`` / ``ours_factor`` when
+    ``ops`` (as returned by :func:`cholesky_ops`) is given."""
+    calls: dict[str, Callable[[], object]] = {
+        "torch": lambda: torch.cholesky_solve(b, torch.linalg.cholesky(a)),
+        "torch_factor": lambda: torch.linalg.cholesky(a),
+    }
+    if ops is not None:
+        chol, solve = ops
+        calls["ours"] = lambda: solve(chol(a)[0], b)
+        calls["ours_factor"] = lambda: chol(a)
+    return calls
+
+
+def check_cholesky(a: torch.Tensor, b: torch.Tensor, ops) -> dict:
+    """Ours against torch on the benchmark's matrices: relative max differences of L and X, failed factors."""
+    chol, solve = ops
+    l_ref = torch.linalg.cholesky(a)
+    x_ref = torch.cholesky_solve(b, l_ref)
+    l, info = chol(a)
+    x = solve(l, b)
+    return {
+        "L_rel_diff": ((l.tril() - l_ref).abs().max() / l_ref.abs().max()).item(),
+        "X_rel_diff": ((x - x_ref).abs().max() / x_ref.abs().max()).item(),
+        "info_nonzero": int((info != 0).sum().item()),
+    }
+
+
+def measure_cholesky(options: BenchOptions, batch: int, n: int, step: str) -> dict:
+    """One shape: torch always, ours when its ops exist (status "ok", "not built" or "failed")."""
+    repeats = max(options.repeats, MIN_CHOL_REPEATS)
+    ops = cholesky_ops()
+    a, b = make_spd(batch, n)
+    row: dict = {"batch": batch, "n": n, "rhs": CHOL_RHS, "status": "ok" if ops else "not built", "check": None}
+    if ops is not None:
+        try:
+            row["check"] = check_cholesky(a, b, ops)
+        except Exception as exc:  # noqa: BLE001 - the torch baseline is still timed
+            row["status"], row["error"] = "failed", f"{type(exc).__name__}: {exc}"
+            ops = None
+    calls = cholesky_calls(a, b, ops)
+    progress(f"{step} Cholesky [{batch}, {n}, {n}] + solve ({CHOL_RHS} RHS): {', '.join(calls)} x{repeats}"
+             + (f" (ours {row['status']})" if row["status"] != "ok" else "") + " ...", end="")
+    timed = time_interleaved(calls, repeats=repeats)
+    row["timings"] = {name: timing_dict(t) for name, t in timed.items()}
+    errors = [f"{name}: {t['error']}" for name, t in row["timings"].items() if t.get("error")]
+    if errors and row["status"] == "ok":
+        row["status"], row["error"] = "failed", "; ".join(errors)
+    del calls, timed, a, b
+    gc.collect()
+    speedup = cholesky_speedup(row)
+    progress(" " + ", ".join(f"{name} {format_ms(t['median_ms'])} ms" for name, t in row["timings"].items()
+                             if not t.get("error"))
+             + (f"; {speedup:.1f}x faster" if speedup else "") + (f"; error: {row['error']}" if row.get("error") else ""))
+    return row
+
+
+def cholesky_speedup(row: dict, factor_only: bool = False) -> float | None:
+    ours, ref = ("ours_factor", "torch_factor") if factor_only else ("ours", "torch")
+    t = row.get("timings", {})
+    o, r = t.get(ours, {}).get("median_ms"), t.get(ref, {}).get("median_ms")
+    return r / o if o and r else None
+
+
+def cholesky_table(chol_rows: list[dict]) -> str:
+    table = []
+    for r in chol_rows:
+        t = r["timings"]
+        built = r["status"] != "not built"
+        ours = format_ms(t["ours"]["median_ms"]) if "ours" in t else ("not built" if not built else "failed")
+        ours_f = format_ms(t["ours_factor"]["median_ms"]) if "ours_factor" in t else ours
+        sp, spf = cholesky_speedup(r), cholesky_speedup(r, factor_only=True)
+        check = r.get("check")
+        diff = None if not check else f"{check['X_rel_diff']:.1e} / {check['L_rel_diff']:.1e}"
+        goal = "not built" if not built else verdict(None if sp is None else sp >= MIN_CHOL_SPEEDUP)
+        table.append([f"{r['batch']:,} x {r['n']} x {r['n']}", r["rhs"], ours, format_ms(t["torch"]["median_ms"]),
+                      None if sp is None else f"{sp:.1f}x", ours_f, format_ms(t["torch_factor"]["median_ms"]),
+                      None if spf is None else f"{spf:.1f}x", diff, goal])
+    return markdown_table(["A (batch x n x n)", "RHS", "ours factor + solve ms", "torch factor + solve ms",
+                           "speed-up", "ours factor ms", "torch factor ms", "speed-up (factor)",
+                           "ours vs torch rel. diff X / L", f">= {MIN_CHOL_SPEEDUP:.0f}x"], table,
+                          align="l" + "r" * 8 + "l")
