@@ -34,7 +34,7 @@ import torch
 from . import BenchOptions
 from .machine import load_average, machine_markdown
 from .plot import Series, plot_panel
-from .report import format_ms, markdown_table, progress, publish, start_run
+from .report import format_ms, markdown_table, progress, publish, start_run, timing_dict, verdict
 from .timing import time_interleaved
 
 NAME = "state_update"
@@ -105,12 +105,6 @@ def recompute_call(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor,
     return lambda: ae.attention_state(q, k_all, v_all, backend=backend)
 
 
-def _timing_dict(t) -> dict:
-    if isinstance(t, Exception):
-        return {"median_ms": None, "samples_ms": [], "error": f"{type(t).__name__}: {t}"}
-    return {"median_ms": t.median_ms, "samples_ms": list(t.samples_ms)}
-
-
 def _measure(options: BenchOptions, ns: tuple[int, ...]) -> list[dict]:
     """Recompute timings and exactness per N, then all N's updates timed together."""
     import attn_ext as ae
@@ -133,7 +127,7 @@ def _measure(options: BenchOptions, ns: tuple[int, ...]) -> list[dict]:
         del ref, upd
         timed = time_interleaved({"recompute": recompute_call(q, k_all, v_all, options.backend)},
                                  repeats=recompute_repeats, warmup=0)["recompute"]
-        row = {"N": n, "state_ms": state_ms, "recompute": _timing_dict(timed), "update": {},
+        row = {"N": n, "state_ms": state_ms, "recompute": timing_dict(timed), "update": {},
                "max_abs_diff_out": diff_out, "max_abs_diff_lse": diff_lse}
         progress(f" {format_ms(row['recompute']['median_ms'])} ms (update vs recompute: max |diff| "
                  f"out {diff_out:.2g}, lse {diff_lse:.2g})" if not row["recompute"].get("error")
@@ -157,7 +151,7 @@ def _measure(options: BenchOptions, ns: tuple[int, ...]) -> list[dict]:
         finally:
             torch.set_num_threads(default)
         for row in rows:
-            row["update"][str(threads)] = _timing_dict(measured[str(row["N"])])
+            row["update"][str(threads)] = timing_dict(measured[str(row["N"])])
         progress(" " + ", ".join(f"N={r['N']:,}: {format_ms(r['update'][str(threads)]['median_ms'])} ms"
                                  for r in rows))
     return rows
@@ -185,10 +179,6 @@ def _goals(rows: list[dict]) -> dict:
             "speedup_met": None if speedup is None else speedup >= MIN_SPEEDUP,
         }
     return goals
-
-
-def _verdict(met: bool | None) -> str:
-    return {True: "met", False: "NOT met", None: "not measured"}[met]
 
 
 def judged_on(threads: list[str]) -> str:
@@ -226,15 +216,15 @@ def _tables(result: dict) -> str:
             goal_lines += [
                 "",
                 f"Goals, judged on the {t}-thread update: flat, N={g['N_large']:,} within "
-                f"{g['flat_max_ratio']}x of N={g['N_small']:,}: {flat}, **{_verdict(g['flat_met'])}**; "
+                f"{g['flat_max_ratio']}x of N={g['N_small']:,}: {flat}, **{verdict(g['flat_met'])}**; "
                 f">= {g['min_speedup']:,.0f}x faster than recomputing at N={g['N_large']:,}: {speed} "
-                f"(recompute with {default} thread(s)), **{_verdict(g['speedup_met'])}**.",
+                f"(recompute with {default} thread(s)), **{verdict(g['speedup_met'])}**.",
             ]
         else:
             goal_lines += [
                 "",
-                f"With {t} thread(s) the same figures are {flat} and {speed} ({_verdict(g['flat_met'])} / "
-                f"{_verdict(g['speedup_met'])}).",
+                f"With {t} thread(s) the same figures are {flat} and {speed} ({verdict(g['flat_met'])} / "
+                f"{verdict(g['speedup_met'])}).",
             ]
     lines = [
         f"State update, B={cfg['B']}, H={cfg['H']}, M={cfg['M']} latents, D=Dv={cfg['D']}, {cfg['dtype']}, CPU, "

@@ -38,7 +38,7 @@ import torch
 from . import BenchOptions
 from .machine import load_average, machine_markdown
 from .plot import Series, plot_panel
-from .report import format_ms, markdown_table, progress, publish, start_run
+from .report import format_ms, markdown_table, progress, publish, start_run, timing_dict, verdict
 from .timing import time_interleaved
 
 NAME = "tree_attention"
@@ -135,12 +135,6 @@ def full_call(q, k_leaves, v_leaves, backend: str) -> Callable[[], object]:
     return lambda: ae.cross_attention(q, k_leaves, v_leaves, backend=backend)
 
 
-def _timing_dict(t) -> dict:
-    if isinstance(t, Exception):
-        return {"median_ms": None, "samples_ms": [], "error": f"{type(t).__name__}: {t}"}
-    return {"median_ms": t.median_ms, "samples_ms": list(t.samples_ms)}
-
-
 def _measure_n(options: BenchOptions, n: int, step: str) -> dict:
     """One N: full CA, then per b build + aggregate and the tree op (one b's nodes alive at a time)."""
     from attn_ext.tree import tree_num_selected
@@ -150,7 +144,7 @@ def _measure_n(options: BenchOptions, n: int, step: str) -> dict:
     progress(f"{step} N={n:,}: full cross attention x{repeats} ...", end="")
     # Contiguous [B,H,N,D] copies, the baseline's best layout; freed before the trees are built.
     k_leaves, v_leaves = heads(leaf_k, D).contiguous(), heads(leaf_v, DV).contiguous()
-    full = _timing_dict(time_interleaved({"full": full_call(q, k_leaves, v_leaves, options.backend)},
+    full = timing_dict(time_interleaved({"full": full_call(q, k_leaves, v_leaves, options.backend)},
                                          repeats=repeats)["full"])
     del k_leaves, v_leaves
     gc.collect()
@@ -165,7 +159,7 @@ def _measure_n(options: BenchOptions, n: int, step: str) -> dict:
         timed = time_interleaved({"tree": tree_call(q, node_k, node_v, tree, options.backend)},
                                  repeats=max(options.repeats, TREE_MIN_REPEATS), number=TREE_NUMBER)["tree"]
         selected = tree_num_selected(n, b)
-        entry = {"tree": _timing_dict(timed), "build_aggregate": _timing_dict(build),
+        entry = {"tree": timing_dict(timed), "build_aggregate": timing_dict(build),
                  "num_nodes": tree.num_nodes, "height": tree.height, "group_size": tree.group_size,
                  "num_selected": selected, "fraction_read": selected / n}
         del tree, node_k, node_v
@@ -210,10 +204,6 @@ def _goals(rows: list[dict]) -> dict:
     }
 
 
-def _verdict(met: bool | None) -> str:
-    return {True: "met", False: "NOT met", None: "not measured"}[met]
-
-
 def _tables(result: dict) -> str:
     """Markdown block: setup, the table, the goals, the machine."""
     cfg, rows, goals = result["config"], result["rows"], result["goals"]
@@ -252,9 +242,9 @@ def _tables(result: dict) -> str:
         ),
         "",
         f"Goals: >= {sp['min']:.0f}x faster than full cross attention at N={sp['N']:,}, b={sp['b']}: "
-        + ("n/a" if sp["value"] is None else f"{sp['value']:,.1f}x") + f", **{_verdict(sp['met'])}**; "
+        + ("n/a" if sp["value"] is None else f"{sp['value']:,.1f}x") + f", **{verdict(sp['met'])}**; "
         f"build + aggregate O(N log N) at most: the time per N·log2 N grows by at most "
-        f"{nl['max_ratio']:.0f}x from one N to the next (largest step: {steps}), **{_verdict(nl['met'])}**. "
+        f"{nl['max_ratio']:.0f}x from one N to the next (largest step: {steps}), **{verdict(nl['met'])}**. "
         f"For reference, time per N·log2 N at the largest N over the smallest: {growth}; max / min over N: "
         f"{ratios} (below 1 and the spread are fixed per-call costs at small N, not growth).",
         "",
