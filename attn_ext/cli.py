@@ -62,7 +62,7 @@ def _bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="cpp",
                         help="attn_ext backend to measure, as backend= of the op (default: cpp)")
     parser.add_argument("--repeats", type=_positive_int, default=5,
-                        help="timed repeats per measurement after one warm-up; the median is reported (default: 5)")
+                        help="timed repeats per measurement after the warm-up (at least 0.5 s); the median is reported (default: 5)")
     parser.add_argument("--update-readme", type=Path, metavar="PATH",
                         help="rewrite the block between <!-- bench:NAME:start --> and <!-- bench:NAME:end --> in PATH")
 

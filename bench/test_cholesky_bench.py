@@ -4,7 +4,8 @@ Workload: fp32 SPD matrices ``A = Z Zᵀ/n + I`` on CPU, batch × n × n in {409
 512×128×128}, with r = n right-hand sides (the Intention op solves (KᵀK + αI) W = KᵀV with
 Dv = D). ``cholesky`` is ``attn_ext.ridge.batched_cholesky(A)`` vs ``torch.linalg.cholesky(A)``,
 ``solve`` is ``batched_cholesky_solve(L, B)`` vs ``torch.cholesky_solve(B, L)``, and
-``cholesky+solve`` both. Grouped per (shape, op), so the table compares ours and torch side by side.
+``cholesky+solve`` both, and ``fused cholesky+solve`` is ``batched_spd_solve(A, B)`` (factor kept in cache)
+vs the same torch pair. Grouped per (shape, op), so the table compares ours and torch side by side.
 
 Outputs above glibc's 32 MB mmap threshold (4096×64×64 and 512×128×128 fp32) come from fresh
 mmap'd memory on every call, so each such call pays for faulting its pages in, as much for torch as
@@ -23,10 +24,10 @@ import torch
 pytest.importorskip("pytest_benchmark")
 
 from attn_ext._extension import extension_error  # noqa: E402 - after the plugin check
-from attn_ext.ridge import batched_cholesky, batched_cholesky_solve  # noqa: E402
+from attn_ext.ridge import batched_cholesky, batched_cholesky_solve, batched_spd_solve  # noqa: E402
 
 SHAPES = ((4096, 64), (4096, 32), (512, 128))  # (batch, n); r = n
-OPS = ("cholesky", "solve", "cholesky+solve")
+OPS = ("cholesky", "solve", "cholesky+solve", "fused cholesky+solve")  # torch has no fused form: its pair
 IMPLS = ("ours", "torch")
 
 
@@ -45,11 +46,13 @@ def make_call(impl: str, op: str, a, b, l):
     if impl == "ours":
         calls = {"cholesky": lambda: batched_cholesky(a),
                  "solve": lambda: batched_cholesky_solve(l, b),
-                 "cholesky+solve": lambda: batched_cholesky_solve(batched_cholesky(a)[0], b)}
+                 "cholesky+solve": lambda: batched_cholesky_solve(batched_cholesky(a)[0], b),
+                 "fused cholesky+solve": lambda: batched_spd_solve(a, b)}
     else:
         calls = {"cholesky": lambda: torch.linalg.cholesky(a),
                  "solve": lambda: torch.cholesky_solve(b, l),
-                 "cholesky+solve": lambda: torch.cholesky_solve(b, torch.linalg.cholesky(a))}
+                 "cholesky+solve": lambda: torch.cholesky_solve(b, torch.linalg.cholesky(a)),
+                 "fused cholesky+solve": lambda: torch.cholesky_solve(b, torch.linalg.cholesky(a))}
     return calls[op]
 
 

@@ -52,6 +52,8 @@ TORCH_LIBRARY(attn_ext, m) {
   // backward differentiates through its factor by hand).
   m.def("batched_cholesky(Tensor A) -> (Tensor L, Tensor info)");
   m.def("batched_cholesky_solve(Tensor L, Tensor B) -> Tensor X");
+  // Both at once, X = A⁻¹ B with the factor kept in cache (differentiable in Python).
+  m.def("batched_spd_solve(Tensor A, Tensor B) -> (Tensor X, Tensor info)");
   // Diagnostics: which GEMM the CPU kernels use in this process (BLAS symbol or portable loops).
   m.def("cpu_gemm_implementation() -> str", &cpu_gemm_implementation);
 }

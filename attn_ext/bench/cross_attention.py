@@ -24,7 +24,7 @@ from .machine import load_average, machine_info, machine_markdown
 from .memory import PeakMemory, measure_peak_extra
 from .plot import Series, plot_time_and_memory
 from .report import format_ms, markdown_table, progress, update_readme
-from .timing import time_interleaved
+from .timing import WARMUP_TEXT, time_interleaved
 
 NAME = "cross_attention"
 _PROBE = "attn_ext.bench.cross_attention_workload:memory_probe"
@@ -128,7 +128,7 @@ def _tables(result: dict) -> str:
     cfg = result["config"]
     lines = [
         f"Cross attention, B={cfg['B']}, H={cfg['H']}, M={cfg['M']}, D=Dv={cfg['D']}, {cfg['dtype']}, CPU; "
-        f"median of {cfg['repeats']} repeats after 1 warm-up, the two implementations' repeats interleaved; "
+        f"median of {cfg['repeats']} repeats after {WARMUP_TEXT}, the two implementations' repeats interleaved; "
         f"SDPA kernel: {result['sdpa_kernel']}.",
         "",
         markdown_table(

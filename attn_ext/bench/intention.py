@@ -19,11 +19,12 @@ run; the forward at N = 4096 costs ~25 s and is kept, as the largest N is where
 Intention's linear cost separates from SDPA's quadratic one.
 
 Part 2, batched Cholesky: SPD matrices ``A = XᵀX / (2n) + I`` (X ``[batch, 2n, n]``)
-and 64 right-hand sides ``B [batch, n, 64]``, fp32. **ours**:
+and 64 right-hand sides ``B [batch, n, 64]``, fp32. **ours**: the fused
+``torch.ops.attn_ext.batched_spd_solve(A, B)``, and the pair
 ``torch.ops.attn_ext.batched_cholesky(A)`` (-> ``(L, info)``) then
 ``torch.ops.attn_ext.batched_cholesky_solve(L, B)``; **torch**:
-``torch.linalg.cholesky(A)`` then ``torch.cholesky_solve(B, L)``. Both the pair and
-the factorisation alone are timed. Goal: ours at least :data:`MIN_CHOL_SPEEDUP`
+``torch.linalg.cholesky(A)`` then ``torch.cholesky_solve(B, L)``. The fused op, the pair
+and the factorisation alone are timed. Goal: ours (fused) at least :data:`MIN_CHOL_SPEEDUP`
 (5x) faster at ``[4096, 64, 64]`` (the quick run's only shape; the full run adds
 ``[4096, 32, 32]`` and ``[512, 128, 128]``). While the ops are not in the
 extension, the rows say "not built" and only torch is timed.
@@ -40,6 +41,7 @@ from typing import Callable
 import torch
 
 from . import BenchOptions
+from .timing import WARMUP_TEXT
 from .cholesky_workload import (CHOL_FULL_SHAPES, CHOL_RHS, CHOL_GOAL_SHAPE, CHOL_QUICK_SHAPES, MIN_CHOL_SPEEDUP,
                                 cholesky_speedup, cholesky_table, measure_cholesky)
 from .cross_attention_workload import make_call
@@ -63,7 +65,7 @@ PASSES: tuple[str, ...] = ("fwd", "fwd+bwd")
 MAX_RATIO = 1.5
 MIN_REPEATS = 3
 #: Calls at small N take a few ms: each sample is the mean of SMALL_N_CALLS // N back-to-back calls.
-SMALL_N_CALLS = 1024
+SMALL_N_CALLS = 4096
 #: Relative difference of the cpp kernels to the reference backend above which the report warns.
 CHECK_RTOL = 1e-3
 
@@ -205,7 +207,7 @@ def _tables(result: dict) -> str:
         f"Intention `ae.intention(q, k, v, alpha={ALPHA:g}, form=\"primal\")` and σIntention "
         f"`ae.sigma_intention(q, k, v, alpha={ALPHA:g})` vs `scaled_dot_product_attention` (SDPA), "
         f"B={cfg['B']}, H={cfg['H']}, M=N queries and keys, D=Dv={cfg['D']}, {cfg['dtype']}, CPU, backend "
-        f"{cfg['backend']}; median of {cfg['repeats']} samples after 1 warm-up, the three implementations' samples "
+        f"{cfg['backend']}; median of {cfg['repeats']} samples after {WARMUP_TEXT}, the three implementations' samples "
         f"interleaved (at N={cfg['Ns'][0]:,} each sample is the mean of {number_of_calls(cfg['Ns'][0])} "
         "back-to-back calls). **fwd+bwd**: forward, then `torch.autograd.grad(out, (q, k, v), grad_out)`."
         + (f" Quick run: fwd+bwd not measured at N={', '.join(f'{n:,}' for n in skipped)}." if skipped else ""),
@@ -220,13 +222,16 @@ def _tables(result: dict) -> str:
         "N keys (`ae.cross_attention`), so it costs at least as much as softmax attention.",
         "",
         f"Batched Cholesky + solve, fp32 SPD `A = XᵀX/(2n) + I`, {CHOL_RHS} right-hand sides; median of "
-        f"{cfg['repeats']} after 1 warm-up, interleaved. **ours**: `torch.ops.attn_ext.batched_cholesky(A)` then "
-        "`batched_cholesky_solve(L, B)`; **torch**: `torch.linalg.cholesky(A)` then `torch.cholesky_solve(B, L)`. "
-        "Speed-up = torch / ours. Rel. diff = max |ours - torch| / max |torch| of X and of L.",
+        f"{cfg['repeats']} after {WARMUP_TEXT}, interleaved. **ours fused**: `ae.batched_spd_solve(A, B)` "
+        "(`torch.ops.attn_ext.batched_spd_solve`: factor and solve per matrix, the factor kept in cache); **ours "
+        "factor, then solve**: `batched_cholesky(A)` then `batched_cholesky_solve(L, B)`; **torch**: "
+        "`torch.linalg.cholesky(A)` then `torch.cholesky_solve(B, L)`. Speed-up = torch / ours. Rel. diff = "
+        "max |ours - torch| / max |torch|. Every call allocates its outputs: the pair writes L and X (128 MB) to "
+        "fresh pages, whose first-touch faults cost about as much as its arithmetic; the fused op writes X only.",
         "",
         cholesky_table(chol_rows),
         "",
-        f"Goal: >= {MIN_CHOL_SPEEDUP:.0f}x faster than torch at [{ch['shape'][0]:,}, {ch['shape'][1]}, "
+        f"Goal: fused >= {MIN_CHOL_SPEEDUP:.0f}x faster than torch at [{ch['shape'][0]:,}, {ch['shape'][1]}, "
         f"{ch['shape'][1]}]: "
         + ("ops not built yet" if ch["status"] == "not built"
            else ("n/a" if ch["value"] is None else f"{ch['value']:.1f}x") + f", **{verdict(ch['met'])}**") + ".",

@@ -35,7 +35,7 @@ from . import BenchOptions
 from .machine import load_average, machine_markdown
 from .plot import Series, plot_panel
 from .report import format_ms, markdown_table, progress, publish, start_run, timing_dict, verdict
-from .timing import time_interleaved
+from .timing import WARMUP_TEXT, time_interleaved
 
 NAME = "state_update"
 B, H, M, D, DV = 1, 4, 128, 64, 64
@@ -231,10 +231,10 @@ def _tables(result: dict) -> str:
         f"backend {cfg['backend']}. **update**: `ae.update_state(state, q, k_new, v_new)` with "
         f"k_new, v_new `[{cfg['B']},{cfg['H']},{cfg['new_keys']},{cfg['D']}]`, given the state over N keys "
         f"(computed once beforehand); median of {cfg['update_repeats']} samples, each the mean of "
-        f"{cfg['update_number']} back-to-back calls, after 1 warm-up, the N's samples interleaved; timed with "
+        f"{cfg['update_number']} back-to-back calls, after {WARMUP_TEXT}, the N's samples interleaved; timed with "
         f"{default} thread(s) (PyTorch's default) and with 1. **recompute**: `ae.attention_state(q, k_all, v_all)` "
         f"with k_all, v_all `[{cfg['B']},{cfg['H']},N+{cfg['new_keys']},{cfg['D']}]` allocated beforehand, "
-        f"{default} thread(s); median of {cfg['recompute_repeats']} calls after 1 warm-up.",
+        f"{default} thread(s); median of {cfg['recompute_repeats']} calls after {WARMUP_TEXT}.",
         "",
         markdown_table(
             ["N (keys in state)", f"recompute ms ({default} thr)", *(f"update ms ({t} thr)" for t in threads),

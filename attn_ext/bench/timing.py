@@ -26,8 +26,16 @@ class Timing:
     samples_ms: tuple[float, ...]
 
 
+#: Warm-up: at least this many seconds of untimed rounds (and at least ``warmup`` rounds).
+MIN_WARMUP_S = 0.5
+#: At most this many warm-up rounds, however short the calls.
+MAX_WARMUP_ROUNDS = 50
+WARMUP_TEXT = f"at least {MIN_WARMUP_S:g} s of warm-up"
+
+
 def time_interleaved(
-    fns: Mapping[str, Callable[[], object]], repeats: int = 5, warmup: int = 1, number: int = 1
+    fns: Mapping[str, Callable[[], object]], repeats: int = 5, warmup: int = 1, number: int = 1,
+    min_warmup_s: float = MIN_WARMUP_S,
 ) -> dict[str, Timing | Exception]:
     """Time several callables with their repeats interleaved.
 
@@ -46,6 +54,11 @@ def time_interleaved(
     warmup : int
         Untimed rounds first, so one-off costs (thread-pool start-up,
         first-touch page faults, lazy kernel selection) are not timed.
+    min_warmup_s : float
+        The warm-up rounds go on until they have taken at least this long
+        (at most :data:`MAX_WARMUP_ROUNDS` rounds): on this machine calls of a
+        few ms take ~10 calls to settle (allocator and OpenMP pool state),
+        for torch's ops and ours alike, and one round would time that.
     number : int
         Back-to-back calls per sample, which is their mean (as in ``timeit``).
         For sub-millisecond calls, so that the cache eviction by the
@@ -79,10 +92,12 @@ def time_interleaved(
         if timed:
             samples[name].append(elapsed)
 
-    for _ in range(warmup):
+    warmup_start, rounds = time.perf_counter(), 0
+    while rounds < warmup or (time.perf_counter() - warmup_start < min_warmup_s and rounds < MAX_WARMUP_ROUNDS):
         for name in names:
             if name not in failed:
                 call(name, timed=False)
+        rounds += 1
     for r in range(repeats):
         for name in names[r % len(names):] + names[: r % len(names)]:
             if name not in failed:

@@ -39,7 +39,7 @@ from . import BenchOptions
 from .machine import load_average, machine_markdown
 from .plot import Series, plot_panel
 from .report import format_ms, markdown_table, progress, publish, start_run, timing_dict, verdict
-from .timing import time_interleaved
+from .timing import WARMUP_TEXT, time_interleaved
 
 NAME = "tree_attention"
 B, H, M, D, DV = 1, 4, 1024, 64, 64
@@ -232,7 +232,7 @@ def _tables(result: dict) -> str:
         f"back-to-back calls. **full CA**: `ae.cross_attention(q, k, v)` over all N tokens (contiguous "
         f"`[B,H,N,D]`), median of {cfg['repeats']}. **build + agg**: `build_tree` over random 1-D positions, "
         f"then `tree_aggregate` (mean) of the keys and of the values `[B,N,H*D]`, median of {cfg['repeats']}. "
-        "Each after 1 warm-up. **read**: nodes each query attends over, `tree_num_selected(N, b)`, and that "
+        f"Each after {WARMUP_TEXT}. **read**: nodes each query attends over, `tree_num_selected(N, b)`, and that "
         "over N.",
         "",
         markdown_table(

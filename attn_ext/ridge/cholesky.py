@@ -41,23 +41,28 @@ def _check_dtype_and_device(op: str, name: str, t: Tensor) -> None:
         raise RuntimeError(f"attn_ext.{op}: only a CPU kernel exists so far, got {name} on {t.device}")
 
 
-def _check_solve_args(L: Tensor, B: Tensor) -> None:
-    _check_square("batched_cholesky_solve", "L", L)
+def _check_matrix_and_rhs(op: str, matrix_name: str, matrix: Tensor, B: Tensor) -> None:
+    """``matrix [..., n, n]`` and right-hand sides ``B [..., n, r]``: same batch dims, dtype and device."""
+    _check_square(op, matrix_name, matrix)
     if not isinstance(B, Tensor):
-        raise TypeError(f"attn_ext.batched_cholesky_solve: B must be a torch.Tensor, got {type(B).__name__}")
-    if B.dim() != L.dim() or B.shape[:-2] != L.shape[:-2]:
-        raise ValueError("attn_ext.batched_cholesky_solve: B must be [..., n, r] with the batch dimensions of L "
-                         f"(no broadcasting); got L {tuple(L.shape)} and B {tuple(B.shape)}")
-    if B.shape[-2] != L.shape[-1]:
-        raise ValueError(f"attn_ext.batched_cholesky_solve: L {tuple(L.shape)} is n×n with n = {L.shape[-1]} but "
-                         f"B {tuple(B.shape)} has {B.shape[-2]} rows")
-    _check_dtype_and_device("batched_cholesky_solve", "L", L)
-    _check_dtype_and_device("batched_cholesky_solve", "B", B)
-    if L.dtype != B.dtype:
-        raise TypeError(f"attn_ext.batched_cholesky_solve: L and B must share a dtype, got {L.dtype} and {B.dtype}")
-    if L.device != B.device:
-        raise RuntimeError(f"attn_ext.batched_cholesky_solve: L and B must be on one device, got {L.device} "
+        raise TypeError(f"attn_ext.{op}: B must be a torch.Tensor, got {type(B).__name__}")
+    if B.dim() != matrix.dim() or B.shape[:-2] != matrix.shape[:-2]:
+        raise ValueError(f"attn_ext.{op}: B must be [..., n, r] with the batch dimensions of {matrix_name} "
+                         f"(no broadcasting); got {matrix_name} {tuple(matrix.shape)} and B {tuple(B.shape)}")
+    if B.shape[-2] != matrix.shape[-1]:
+        raise ValueError(f"attn_ext.{op}: {matrix_name} {tuple(matrix.shape)} is n×n with n = {matrix.shape[-1]} "
+                         f"but B {tuple(B.shape)} has {B.shape[-2]} rows")
+    _check_dtype_and_device(op, matrix_name, matrix)
+    _check_dtype_and_device(op, "B", B)
+    if matrix.dtype != B.dtype:
+        raise TypeError(f"attn_ext.{op}: {matrix_name} and B must share a dtype, got {matrix.dtype} and {B.dtype}")
+    if matrix.device != B.device:
+        raise RuntimeError(f"attn_ext.{op}: {matrix_name} and B must be on one device, got {matrix.device} "
                            f"and {B.device}")
+
+
+def _check_solve_args(L: Tensor, B: Tensor) -> None:
+    _check_matrix_and_rhs("batched_cholesky_solve", "L", L, B)
 
 
 def _require_extension() -> None:

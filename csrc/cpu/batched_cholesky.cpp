@@ -95,4 +95,36 @@ at::Tensor batched_cholesky_solve_cpu(const at::Tensor& l, const at::Tensor& b) 
   return x;
 }
 
+std::tuple<at::Tensor, at::Tensor> batched_spd_solve_cpu(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.dim() >= 2 && a.size(-1) == a.size(-2),
+              "attn_ext.batched_spd_solve: A must be a batch of square matrices [..., n, n], got shape ", a.sizes());
+  TORCH_CHECK(b.dim() == a.dim() && b.size(-2) == a.size(-1) &&
+                  std::equal(a.sizes().begin(), a.sizes().end() - 2, b.sizes().begin()),
+              "attn_ext.batched_spd_solve: B must be [..., n, r] with the batch dimensions and n of A ", a.sizes(),
+              " (no broadcasting), got B of shape ", b.sizes());
+  check_dtype("batched_spd_solve", "A", a);
+  check_dtype("batched_spd_solve", "B", b);
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "attn_ext.batched_spd_solve: A and B must share a dtype, got ",
+              a.scalar_type(), " and ", b.scalar_type());
+  const int64_t n = a.size(-1), r = b.size(-1);
+  const std::vector<int64_t> batch_sizes(a.sizes().begin(), a.sizes().end() - 2);
+  at::Tensor x = at::empty(b.sizes(), b.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor info = at::zeros(batch_sizes, a.options().dtype(at::kInt));
+  const int64_t batch = info.numel();
+  if (batch == 0 || n == 0 || r == 0) return {x, info};
+  const at::Tensor a3 = as_batch_of_matrices(a, batch);
+  const at::Tensor b3 = as_batch_of_matrices(b, batch);
+  const BatchStrides a_strides = strides_of(a3), b_strides = strides_of(b3);
+  int32_t* info_data = info.mutable_data_ptr<int32_t>();
+  AT_DISPATCH_FLOATING_TYPES(a.scalar_type(), "attn_ext_batched_spd_solve", [&] {
+    const scalar_t* a_data = a3.const_data_ptr<scalar_t>();
+    const scalar_t* b_data = b3.const_data_ptr<scalar_t>();
+    scalar_t* x_data = x.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, batch, grain_size(n * n * (n / 6 + r)), [&](int64_t begin, int64_t end) {
+      cholesky_factor_solve_batch(a_data, a_strides, b_data, b_strides, x_data, info_data, n, r, begin, end);
+    });
+  });
+  return {x, info};
+}
+
 }  // namespace attn_ext::cpu

@@ -17,4 +17,9 @@ std::tuple<at::Tensor, at::Tensor> batched_cholesky_cpu(const at::Tensor& a);
 /// B [..., n, r] with the same batch dimensions (no broadcasting) and dtype.
 at::Tensor batched_cholesky_solve_cpu(const at::Tensor& l, const at::Tensor& b);
 
+/// (X [..., n, r], info int32 [...]) with X = A⁻¹ B per SPD matrix A [..., n, n] (lower triangle
+/// read), factor and solves fused; X is NaN where info is nonzero. Same batch dims and dtype, no
+/// broadcasting; float32 and float64 only.
+std::tuple<at::Tensor, at::Tensor> batched_spd_solve_cpu(const at::Tensor& a, const at::Tensor& b);
+
 }  // namespace attn_ext::cpu

@@ -34,4 +34,12 @@ void cholesky_solve_batch(const float* l, BatchStrides l_strides, const float* b
 void cholesky_solve_batch(const double* l, BatchStrides l_strides, const double* b, BatchStrides b_strides,
                           double* x, int64_t n, int64_t r, int64_t begin, int64_t end);
 
+/// X[m] = A[m]⁻¹ B[m] for SPD n×n matrices A (lower triangles read) and n×r right-hand sides B,
+/// m ∈ [begin, end): the factorisation and both substitutions per matrix, the factor kept in scratch.
+/// info[m] as cholesky_factor_batch; where it is nonzero, x[m] is all NaN (there is no solution to give).
+void cholesky_factor_solve_batch(const float* a, BatchStrides a_strides, const float* b, BatchStrides b_strides,
+                                 float* x, int32_t* info, int64_t n, int64_t r, int64_t begin, int64_t end);
+void cholesky_factor_solve_batch(const double* a, BatchStrides a_strides, const double* b, BatchStrides b_strides,
+                                 double* x, int32_t* info, int64_t n, int64_t r, int64_t begin, int64_t end);
+
 }  // namespace attn_ext::cpu

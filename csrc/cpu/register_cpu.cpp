@@ -20,4 +20,5 @@ TORCH_LIBRARY_IMPL(attn_ext, CPU, m) {
   m.impl("tree_aggregate_mean_bwd", &attn_ext::cpu::tree_aggregate_mean_bwd_cpu);
   m.impl("batched_cholesky", &attn_ext::cpu::batched_cholesky_cpu);
   m.impl("batched_cholesky_solve", &attn_ext::cpu::batched_cholesky_solve_cpu);
+  m.impl("batched_spd_solve", &attn_ext::cpu::batched_spd_solve_cpu);
 }
