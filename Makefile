@@ -23,7 +23,7 @@ $(STAMP): $(SOURCES)
 	touch $@
 
 test: setup
-	$(PY) -m pytest python_tests -q
+	$(PY) -m pytest python_tests -q -rs
 
 bench: setup
 	$(VENV)/bin/attn-ext bench --quick

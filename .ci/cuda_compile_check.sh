@@ -68,6 +68,9 @@ awk '
     if (bad != "") print "spilling kernels:" bad
     if (total == 0) print "  (no ptxas output found)"
   }' "${build}/build.log" | sort
+# The full per-instantiation table (registers, spills, stack, static smem), as bench/cuda_resources.py writes it.
+python3 "${repo}/bench/cuda_resources.py" --log "${build}/build.log" --out "${build}/cuda_resources.md" >/dev/null || true
+sed -n '/^| kernel/,$p' "${build}/cuda_resources.md" 2>/dev/null || true
 grep -iE "warning" "${build}/build.log" && { echo "unexpected warnings in the build log"; exit 1; } || true
 
 echo "== timings: configure $(elapsed "${t0}" "${t1}"), build $(elapsed "${t1}" "${t2}") (-j ${jobs}), ctest $(elapsed "${t2}" "${t3}"), total $(elapsed "${t0}" "${t3}")"

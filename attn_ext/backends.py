@@ -1,8 +1,15 @@
 """Which kernel runs a call: chosen by device and availability, overridable by the caller.
 
 Order of precedence: the ``backend=`` argument, then the ``ATTN_EXT_BACKEND`` environment variable,
-then the automatic choice (CPU: ``cpp``; CUDA: ``triton``; anywhere: ``reference`` as last resort).
-A backend that was asked for but cannot run raises, listing why each backend was rejected.
+then the automatic choice (CPU: ``cpp``; CUDA: ``triton``, then ``cuda``; anywhere: ``reference`` as
+last resort). A backend that was asked for but cannot run raises, listing why each backend was
+rejected.
+
+``cpp`` and ``cuda`` are the same compiled ``torch.ops.attn_ext`` ops, which dispatch on the device:
+the C++ kernels for CPU tensors, the hand-written CUDA kernels of ``csrc/cuda`` for CUDA tensors
+(present only when the extension was built against a CUDA build of torch). The CUDA kernels have
+been compiled and emulated on the host but never run on a GPU, so on CUDA the automatic choice
+prefers Triton, and ``backend="cuda"`` must be asked for.
 """
 from __future__ import annotations
 
@@ -14,8 +21,10 @@ from torch import Tensor
 
 from attn_ext._extension import extension_error
 
-BACKENDS = ("cpp", "triton", "reference")
-_AUTOMATIC_ORDER = {"cpu": ("cpp", "reference"), "cuda": ("triton", "reference")}
+BACKENDS = ("cpp", "cuda", "triton", "reference")
+#: Backends whose kernels are the compiled ``torch.ops.attn_ext`` ops (dispatched on the device).
+COMPILED_BACKENDS = ("cpp", "cuda")
+_AUTOMATIC_ORDER = {"cpu": ("cpp", "reference"), "cuda": ("triton", "cuda", "reference")}
 ENVIRONMENT_VARIABLE = "ATTN_EXT_BACKEND"
 
 
@@ -24,7 +33,21 @@ def _cpp_rejection(q: Tensor) -> Optional[str]:
     if error is not None:
         return error
     if q.device.type != "cpu":
-        return f"the compiled kernels of this build run on CPU tensors only, got {q.device}"
+        return f"the C++ kernels run on CPU tensors, got {q.device} (backend 'cuda' is the compiled kernels for CUDA)"
+    return None
+
+
+def _cuda_rejection(q: Tensor) -> Optional[str]:
+    error = extension_error()
+    if error is not None:
+        return error
+    if q.device.type != "cuda":
+        return f"the CUDA kernels run on CUDA tensors, got {q.device}"
+    if not torch._C._dispatch_has_kernel_for_dispatch_key("attn_ext::cross_attention_fwd", "CUDA"):
+        return ("this build of attn_ext has no CUDA kernels (it was compiled against a torch without CUDA; "
+                "reinstall with a CUDA build of torch and nvcc on PATH)")
+    if q.dtype == torch.float64:
+        return "the CUDA kernels take float16, bfloat16 or float32, not float64"
     return None
 
 
@@ -41,7 +64,7 @@ def _triton_rejection(q: Tensor) -> Optional[str]:
 
 def rejection_reasons(q: Tensor) -> Dict[str, Optional[str]]:
     """For each backend, None if it can run attention on inputs like ``q``, else the reason it cannot."""
-    return {"cpp": _cpp_rejection(q), "triton": _triton_rejection(q), "reference": None}
+    return {"cpp": _cpp_rejection(q), "cuda": _cuda_rejection(q), "triton": _triton_rejection(q), "reference": None}
 
 
 def available_backends(q: Tensor) -> Dict[str, Optional[str]]:

@@ -48,9 +48,10 @@ def cross_attention(
     return_lse : bool
         Also return the log-sum-exp of each row's scores (natural log, fp32 — fp64 for fp64 inputs,
         shape ``[B, H, M]``), which is differentiable and lets states be merged (SPEC §1).
-    backend : {"cpp", "triton", "reference", "auto"}, optional
+    backend : {"cpp", "cuda", "triton", "reference", "auto"}, optional
         Kernel to use; default: the ``ATTN_EXT_BACKEND`` environment variable, else automatic
-        (CPU: ``cpp``; CUDA: ``triton``). A backend that cannot run raises ``RuntimeError`` listing why.
+        (CPU: ``cpp``; CUDA: ``triton``, then ``cuda``, the hand-written CUDA kernels of CUDA builds,
+        which have not yet run on a GPU). A backend that cannot run raises ``RuntimeError`` listing why.
 
     Returns
     -------

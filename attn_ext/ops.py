@@ -177,6 +177,7 @@ if extension_error() is None:
 #: backend name -> (forward op, backward op)
 CROSS_ATTENTION_OPS: Dict[str, Tuple[str, str]] = {
     "cpp": ("cross_attention_fwd", "cross_attention_bwd"),
+    "cuda": ("cross_attention_fwd", "cross_attention_bwd"),  # the same ops: they dispatch on the device
     "reference": ("cross_attention_fwd_reference", "cross_attention_bwd_reference"),
     "triton": ("cross_attention_fwd_triton", "cross_attention_bwd_triton"),
 }
@@ -185,6 +186,7 @@ CROSS_ATTENTION_OPS: Dict[str, Tuple[str, str]] = {
 #: backend name -> (merge op, merge backward op)
 MERGE_OPS: Dict[str, Tuple[str, str]] = {
     "cpp": ("merge_attention_states", "merge_attention_states_bwd"),
+    "cuda": ("merge_attention_states", "merge_attention_states_bwd"),
     "reference": ("merge_attention_states_reference", "merge_attention_states_bwd_reference"),
     "triton": ("merge_attention_states_triton", "merge_attention_states_bwd_triton"),
 }

@@ -171,3 +171,13 @@ def _backward_args(**overrides):
 def test_cpp_backward_op_checks(cpp_fwd, overrides, exception, pattern):
     with pytest.raises(exception, match=r"^attn_ext: .*" + pattern):
         torch.ops.attn_ext.cross_attention_bwd(*_backward_args(**overrides))
+
+
+def test_cuda_backend_on_cpu_tensors_says_why():
+    q = torch.randn(1, 1, 2, 4)
+    assert ae.available_backends(q)["cuda"] is not None
+    with pytest.raises(RuntimeError, match=r"backend 'cuda' cannot run.*cuda: the CUDA kernels run on CUDA tensors"):
+        ae.cross_attention(q, q, q, backend="cuda")
+    with pytest.raises(RuntimeError, match="backend 'cuda' cannot run tree_aggregate"):
+        tree = ae.build_tree(torch.rand(1, 8, 1))
+        ae.tree_aggregate(tree, torch.randn(1, 8, 3), backend="cuda")

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from attn_ext._validation import check_cross_attention_args
-from attn_ext.backends import select_backend
+from attn_ext.backends import COMPILED_BACKENDS, select_backend
 from attn_ext.ridge import reference
 
 FORMS = ("primal", "dual", "auto")
@@ -48,7 +48,7 @@ def intention(
     scale : float
         Multiplies the queries (default 1: the exact ridge prediction; the paper's App. 9 uses √D in
         deep stacks).
-    backend : {"cpp", "triton", "reference", "auto"}, optional
+    backend : {"cpp", "cuda", "triton", "reference", "auto"}, optional
         Kernel of the primal form, chosen as for :func:`attn_ext.cross_attention`: the fused C++
         kernel on CPU (``attn_ext::intention_fwd``: Gram accumulation over valid keys, Cholesky,
         solves, output; backward by one more solve with the saved factor), Triton on CUDA (D ≤ 128,
@@ -80,7 +80,7 @@ def intention(
     if name == "triton" and _beyond_triton_tiles(q, v):
         name = "reference"  # torch.linalg's Cholesky (cholesky_ex + an explicit info check) for big D
     if form == "primal" and name != "reference":
-        op = torch.ops.attn_ext.intention_fwd if name == "cpp" else torch.ops.attn_ext.intention_fwd_triton
+        op = torch.ops.attn_ext.intention_fwd if name in COMPILED_BACKENDS else torch.ops.attn_ext.intention_fwd_triton
         return op(q, k, v, key_padding_mask, alpha_t, float(scale))[0]
     fn = reference.intention_dual if form == "dual" else reference.intention_primal
     q_, k_, v_, alpha_ = _upcast(q, k, v, alpha_t)
@@ -124,7 +124,7 @@ def sigma_intention(
     check_cross_attention_args(q, k, v, key_padding_mask, scale, None)
     alpha_t = _alpha_tensor(alpha, q)
     name = select_backend(backend, q)
-    if name == "cpp":  # the Intention kernel without values (C = I) gives Q̃ with its backward
+    if name in COMPILED_BACKENDS:  # the Intention kernel without values (C = I) gives Q̃ with its backward
         q_tilde = torch.ops.attn_ext.intention_fwd(q, k, None, key_padding_mask, alpha_t, float(scale))[0]
     else:
         q_, k_, _, alpha_ = _upcast(q, k, v, alpha_t)

@@ -28,7 +28,7 @@ def masked_mean(children: Tensor, padding_mask: Tensor) -> Tensor:
 
 
 _REDUCERS = {"mean": masked_mean}
-AGGREGATE_BACKENDS = ("cpp", "reference")
+AGGREGATE_BACKENDS = ("cpp", "cuda", "reference")
 _CPP_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -50,12 +50,13 @@ def tree_aggregate(
         ``c = P`` for the group nodes, ``b`` above) and returns ``[B, n, E]``. Rows whose children are
         all padding are zeroed afterwards, but the callable must not produce NaN for them (NaN would
         leak into the gradients through ``torch.where``).
-    backend : {"cpp", "reference", "auto"}, optional
+    backend : {"cpp", "cuda", "reference", "auto"}, optional
         ``"cpp"``: the fused C++ kernel (``reduce="mean"`` on CPU, float16/bfloat16/float32/float64;
-        fp32 sums for the half types); ``"reference"``: the PyTorch code, level by level. None or
-        ``"auto"`` follows ``ATTN_EXT_BACKEND`` when it names one of these, else takes ``cpp`` where
-        it can run and the reference elsewhere. Callable reducers always run on the reference; a
-        forced ``"cpp"`` that cannot run raises ``RuntimeError``.
+        fp32 sums for the half types); ``"cuda"``: the same op's CUDA kernel (CUDA builds only);
+        ``"reference"``: the PyTorch code, level by level. None or ``"auto"`` follows
+        ``ATTN_EXT_BACKEND`` when it names one of these, else takes the compiled kernel of the
+        device where it can run and the reference elsewhere. Callable reducers always run on the
+        reference; a forced compiled backend that cannot run raises ``RuntimeError``.
 
     Returns
     -------
@@ -74,7 +75,7 @@ def tree_aggregate(
     """
     reducer = _resolve_reducer(reduce)
     _check_leaf_values(tree, leaf_values)
-    if _select_backend(backend, reduce, leaf_values) == "cpp":
+    if _select_backend(backend, reduce, leaf_values) in ("cpp", "cuda"):
         # Its fake kernel and autograd are registered by attn_ext.tree, which imports attn_ext.tree.aggregate_ops.
         return torch.ops.attn_ext.tree_aggregate_mean_fwd(leaf_values, tree.leaf_token, tree.node_padding_mask,
                                                           tree.branching, tree.height, tree.group_size)
@@ -108,7 +109,7 @@ def _reduce_level(reducer: Reducer, children: Tensor, child_pad: Tensor, pad: Te
 
 
 def _select_backend(requested: Optional[str], reduce: Union[str, Reducer], leaf_values: Tensor) -> str:
-    """``"cpp"`` or ``"reference"`` for this call (see ``backend`` of :func:`tree_aggregate`)."""
+    """``"cpp"``, ``"cuda"`` or ``"reference"`` for this call (see ``backend`` of :func:`tree_aggregate`)."""
     from attn_ext.backends import ENVIRONMENT_VARIABLE, rejection_reasons
 
     if requested is not None and requested != "auto" and requested not in AGGREGATE_BACKENDS:
@@ -117,21 +118,23 @@ def _select_backend(requested: Optional[str], reduce: Union[str, Reducer], leaf_
             f"{', '.join(AGGREGATE_BACKENDS)} or 'auto'"
         )
     if not isinstance(reduce, str):
-        if requested == "cpp":
-            raise RuntimeError("attn_ext: backend 'cpp' of tree_aggregate runs reduce='mean' only, not a callable")
+        if requested in ("cpp", "cuda"):
+            raise RuntimeError(f"attn_ext: backend {requested!r} of tree_aggregate runs reduce='mean' only, "
+                               "not a callable")
         return "reference"
     if requested is None or requested == "auto":
         env = os.environ.get(ENVIRONMENT_VARIABLE)
         requested = env if env in AGGREGATE_BACKENDS else "auto"
     if requested == "reference":
         return requested
-    reason = rejection_reasons(leaf_values)["cpp"]
+    compiled = requested if requested != "auto" else ("cuda" if leaf_values.device.type == "cuda" else "cpp")
+    reason = rejection_reasons(leaf_values)[compiled]
     if reason is None and leaf_values.dtype not in _CPP_DTYPES:
         reason = f"the kernel takes float16, bfloat16, float32 or float64, not {leaf_values.dtype}"
-    if requested == "cpp" and reason is not None:
-        raise RuntimeError(f"attn_ext: backend 'cpp' cannot run tree_aggregate on {leaf_values.device} "
+    if requested == compiled and reason is not None:
+        raise RuntimeError(f"attn_ext: backend {compiled!r} cannot run tree_aggregate on {leaf_values.device} "
                            f"{leaf_values.dtype} leaf values ({reason})")
-    return "cpp" if reason is None else "reference"
+    return compiled if reason is None else "reference"
 
 
 def _resolve_reducer(reduce: Union[str, Reducer]) -> Reducer:

@@ -85,7 +85,7 @@ def tree_cross_attention(
         ``[B, M, height]`` uniforms (``torch.rand``, fp32, fp64 for fp64 inputs) turned into children by
         inverse CDF of π at each level, identically on every backend: the same generator state gives
         the same paths.
-    backend : {"cpp", "triton", "reference", "auto"}, optional
+    backend : {"cpp", "cuda", "triton", "reference", "auto"}, optional
         As for :func:`attn_ext.cross_attention` (``backend=``, else ``ATTN_EXT_BACKEND``, else CPU:
         the fused C++ kernels, CUDA: the fused Triton kernels, the reference below as last resort).
         For ``"full"`` the fused backends run :func:`attn_ext.cross_attention` over the leaves. A
@@ -114,7 +114,7 @@ def tree_cross_attention(
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     name = _select_tree_backend(backend, q)
     uniforms = _draw_uniforms(q, tree, generator) if policy == "sample" else None
-    if name in ("cpp", "triton"):
+    if name in ("cpp", "cuda", "triton"):
         return _tree_cross_attention_fused(name, q, node_k, node_v, tree, policy, scale, uniforms)
     out_dtype = q.dtype
     if q.dtype in (torch.float16, torch.bfloat16):  # SPEC §0: accumulate in fp32, return the input dtype
@@ -269,7 +269,8 @@ def _select_tree_backend(requested: Optional[str], q: Tensor) -> str:
     return select_backend(requested, q)
 
 
-_FUSED_OPS = {"cpp": "tree_cross_attention_fwd", "triton": "tree_cross_attention_fwd_triton"}
+_FUSED_OPS = {"cpp": "tree_cross_attention_fwd", "cuda": "tree_cross_attention_fwd",
+              "triton": "tree_cross_attention_fwd_triton"}
 
 
 def _tree_cross_attention_fused(backend, q, node_k, node_v, tree, policy, scale, uniforms) -> TreeAttentionResult:

@@ -1,0 +1,131 @@
+"""The hand-written CUDA kernels (``backend="cuda"``, csrc/cuda) against the fp64 references.
+
+The same cases and tolerances as the CPU and Triton tests: the FlashAttention rule for attention
+(out, lse, and 3x for gradients), odd head dims, asymmetric lengths, N = 1, fully padded rows,
+non-contiguous inputs, fp16/bf16/fp32; the tree and Intention ops against their C++ kernels on the
+CPU; ``opcheck`` on every op with a CUDA kernel.
+
+These tests need a CUDA device and an attn_ext built against a CUDA build of torch. Without them the
+whole module is skipped and says why (run pytest with ``-rs`` to see it). As of this writing they
+have never run: the project's machines have no GPU (see the README, "CUDA kernels").
+"""
+import pytest
+import torch
+
+import attn_ext as ae
+from _helpers import assert_within_flash_rule, backward_case, forward_case, fully_padded_entries
+
+
+def _cuda_unavailable_reason():
+    if not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False): the CUDA kernels are compile-checked only"
+    return ae.available_backends(torch.zeros(1, device="cuda"))["cuda"]
+
+
+_REASON = _cuda_unavailable_reason()
+pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"CUDA kernels not tested: {_REASON}")
+
+OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+SHAPES = [  # (B, H, M, N, D, Dv)
+    (2, 3, 1, 239, 40, 40),
+    (1, 2, 113, 203, 59, 59),
+    (2, 2, 17, 1, 96, 64),
+    (1, 1, 64, 300, 128, 128),
+    (1, 2, 33, 77, 256, 256),
+]
+
+
+def _cuda(*tensors):
+    return tuple(None if t is None else t.cuda() for t in tensors)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("mask_kind", ["none", "all_padded", "lengths"])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+def test_forward_flash_rule(dtype, shape, mask_kind, layout):
+    q, k, v, mask, scale, refs = forward_case(*shape, dtype, layout=layout, mask_kind=mask_kind)
+    (out64, lse64), (out_pt, lse_pt) = refs
+    qc, kc, vc, mc = _cuda(q, k, v, mask)
+    out, lse = ae.cross_attention(qc, kc, vc, key_padding_mask=mc, scale=scale, return_lse=True, backend="cuda")
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert_within_flash_rule(out.cpu(), out64, out_pt, name="cuda out")
+    assert_within_flash_rule(lse.cpu(), lse64, lse_pt, name="cuda lse")
+    for b in fully_padded_entries(mask):
+        assert bool((out[b] == 0).all()) and bool(torch.isneginf(lse[b]).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES[:4], ids=str)
+@pytest.mark.parametrize("mask_kind", ["none", "all_padded"])
+def test_backward_flash_rule(dtype, shape, mask_kind):
+    q, k, v, mask, scale, grad_out, grad_lse, ref, pt = backward_case(*shape, dtype, mask_kind=mask_kind)
+    leaves = [t.cuda().requires_grad_(True) for t in (q, k, v)]
+    mc = None if mask is None else mask.cuda()
+    out, lse = ae.cross_attention(*leaves, key_padding_mask=mc, scale=scale, return_lse=True, backend="cuda")
+    grads = torch.autograd.grad((out, lse), leaves, (grad_out.cuda(), grad_lse.cuda()))
+    for label, g, g64, gpt in zip(("dq", "dk", "dv"), grads, ref, pt):
+        assert_within_flash_rule(g.cpu(), g64, gpt, grad=True, name=f"cuda {label}")
+
+
+def test_merge_states_matches_cpu():
+    g = torch.Generator().manual_seed(0)
+    out_a, out_b = torch.randn(2, 3, 5, 7, generator=g), torch.randn(2, 3, 5, 7, generator=g)
+    lse_a, lse_b = torch.randn(2, 3, 5, generator=g), torch.randn(2, 3, 5, generator=g)
+    lse_b[0, 0, 0] = lse_a[0, 0, 0] = float("-inf")  # the (−inf) − (−inf) guard
+    expected = torch.ops.attn_ext.merge_attention_states(out_a, lse_a, out_b, lse_b)
+    got = torch.ops.attn_ext.merge_attention_states(*_cuda(out_a, lse_a, out_b, lse_b))
+    for x, y in zip(got, expected):
+        torch.testing.assert_close(x.cpu(), y, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("policy", ["greedy", "sample"])
+@pytest.mark.parametrize("branching", [2, 4])
+def test_tree_cross_attention_matches_cpu(policy, branching):
+    g = torch.Generator().manual_seed(0)
+    B, H, M, N, D = 2, 4, 9, 300, 40
+    tree = ae.build_tree(torch.rand(B, N, 1, generator=g), branching=branching)
+    tokens = torch.randn(B, N, H * 2 * D, generator=g)
+    nodes = ae.tree_aggregate(tree, tokens).view(B, tree.num_nodes, H, 2 * D).permute(0, 2, 1, 3)
+    node_k, node_v = nodes[..., :D].contiguous(), nodes[..., D:].contiguous()
+    q = torch.randn(B, H, M, D, generator=g)
+    cpu = ae.tree_cross_attention(q, node_k, node_v, tree, policy=policy, backend="cpp",
+                                  generator=torch.Generator().manual_seed(1))
+    gpu = ae.tree_cross_attention(q.cuda(), node_k.cuda(), node_v.cuda(), tree.to("cuda"), policy=policy,
+                                  backend="cuda", generator=torch.Generator().manual_seed(1))
+    assert torch.equal(gpu.selected.cpu(), cpu.selected)
+    torch.testing.assert_close(gpu.out.cpu(), cpu.out, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(gpu.log_prob.cpu(), cpu.log_prob, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("D", [8, 40, 64, 128])
+@pytest.mark.parametrize("masked", [False, True])
+def test_intention_matches_cpu(D, masked):
+    g = torch.Generator().manual_seed(D)
+    q, k, v = (torch.randn(2, 3, n, D, generator=g) for n in (11, 257, 257))
+    mask = (torch.rand(2, 257, generator=g) < 0.3) if masked else None
+    expected = ae.intention(q, k, v, alpha=0.5, key_padding_mask=mask, backend="cpp")
+    got = ae.intention(*_cuda(q, k, v), alpha=0.5, key_padding_mask=None if mask is None else mask.cuda(),
+                       backend="cuda")
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("n", [7, 40, 64, 128])
+def test_batched_cholesky_matches_torch(n):
+    g = torch.Generator().manual_seed(n)
+    z = torch.randn(64, n, n, generator=g, dtype=torch.float64)
+    a = (z @ z.mT / n + torch.eye(n, dtype=torch.float64)).float().cuda()
+    b = torch.randn(64, n, 5, generator=g).cuda()
+    L, info = torch.ops.attn_ext.batched_cholesky(a)
+    assert int(info.abs().sum()) == 0
+    torch.testing.assert_close(L, torch.linalg.cholesky(a), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(torch.ops.attn_ext.batched_cholesky_solve(L, b), torch.cholesky_solve(b, L),
+                               rtol=1e-3, atol=1e-4)
+
+
+def test_opcheck_attention_ops():
+    q, k, v = (torch.randn(1, 2, n, 40, device="cuda", requires_grad=True) for n in (5, 9, 9))
+    mask = torch.zeros(1, 9, dtype=torch.bool, device="cuda")
+    torch.library.opcheck(torch.ops.attn_ext.cross_attention_fwd.default, (q, k, v, mask, 0.2, 4),
+                          test_utils=OPCHECK_TESTS)
