@@ -37,3 +37,11 @@ bool run_grid(dim3 grid, dim3 block_dim, void* smem, size_t smem_total, size_t s
 }
 
 }  // namespace cuda_emu
+
+/// Fibers run one at a time on one OS thread and switch only at synchronisation points, so a plain
+/// read-modify-write is atomic here.
+inline float atomicAdd(float* address, float value) {
+  const float old = *address;
+  *address = old + value;
+  return old;
+}
