@@ -117,5 +117,34 @@ inline TreeLaunchPlan plan_tree_cross_attention(int64_t B, int64_t M, int64_t H,
   return plan;
 }
 
+/// Threads per block of the aggregation kernels: one thread per feature column of a node.
+constexpr int kTreeAggregateThreads = 128;
+
+/// Grid of one aggregation launch over `items` rows (nodes of a level, tokens, or leaf slots, over
+/// the batch) of `columns` features: x = item, y = block of kTreeAggregateThreads columns.
+inline TreeLaunchPlan plan_tree_aggregate(int64_t items, int64_t columns) {
+  TreeLaunchPlan plan;
+  if (items < 0 || columns < 0) {
+    plan.error = "negative size";
+    return plan;
+  }
+  plan.block.x = kTreeAggregateThreads;
+  plan.supported = true;
+  if (items == 0 || columns == 0) {
+    plan.empty = true;
+    plan.grid.x = 0;
+    return plan;
+  }
+  const int64_t col_blocks = (columns + kTreeAggregateThreads - 1) / kTreeAggregateThreads;
+  if (items > 2147483647 || col_blocks > 65535) {
+    plan.supported = false;
+    plan.error = "too many tree nodes or features for the CUDA grid";
+    return plan;
+  }
+  plan.grid.x = static_cast<unsigned int>(items);
+  plan.grid.y = static_cast<unsigned int>(col_blocks);
+  return plan;
+}
+
 }  // namespace cuda
 }  // namespace attn_ext
