@@ -86,22 +86,22 @@ cudaError_t run(const IntentionPlan& plan, ScalarType dtype, cudaStream_t stream
 }  // namespace
 
 cudaError_t launch_intention_fwd(const IntentionFwdParams& p, cudaStream_t stream) {
-  if (p.B * p.H == 0) return cudaSuccess;
-  if (p.q == nullptr || p.k == nullptr || p.alpha == nullptr || p.out == nullptr || p.factor == nullptr ||
+  if (p.in.B * p.in.H == 0) return cudaSuccess;
+  if (p.in.q == nullptr || p.in.k == nullptr || p.alpha == nullptr || p.out == nullptr || p.factor == nullptr ||
       p.weights == nullptr || p.stats == nullptr || p.info == nullptr) {
     return cudaErrorInvalidValue;
   }
-  return run(plan_intention_fwd(p), p.dtype, stream);
+  return run(plan_intention_fwd(p), p.in.dtype, stream);
 }
 
 cudaError_t launch_intention_bwd(const IntentionBwdParams& p, cudaStream_t stream) {
-  if (p.B * p.H == 0) return cudaSuccess;
-  if (p.grad_out == nullptr || p.q == nullptr || p.k == nullptr || p.factor == nullptr || p.weights == nullptr ||
-      p.grad_q == nullptr || p.grad_k == nullptr || (p.v != nullptr && p.grad_v == nullptr) ||
+  if (p.in.B * p.in.H == 0) return cudaSuccess;
+  if (p.grad_out == nullptr || p.in.q == nullptr || p.in.k == nullptr || p.factor == nullptr || p.weights == nullptr ||
+      p.grad_q == nullptr || p.grad_k == nullptr || (p.in.v != nullptr && p.grad_v == nullptr) ||
       p.grad_alpha == nullptr || p.db == nullptr || p.e == nullptr) {
     return cudaErrorInvalidValue;
   }
-  return run(plan_intention_bwd(p), p.dtype, stream);
+  return run(plan_intention_bwd(p), p.in.dtype, stream);
 }
 
 }  // namespace cuda

@@ -56,9 +56,10 @@ inline SmallGemmParams gemm(GemmOperand a, GemmOperand b, void* c, int64_t cb, i
   return g;
 }
 
-inline const char* intention_size_error(int64_t B, int64_t H, int64_t M, int64_t N, int64_t D, int64_t Dv) {
-  if (B < 0 || H < 0 || M < 0 || N < 0 || D < 0 || Dv < 0) return "negative size";
-  if (D > kCholeskyMaxDim) return "the CUDA Intention kernels support head dim D <= 128 (one factor per block)";
+inline const char* intention_size_error(const IntentionInputs& x) {
+  if (x.B < 0 || x.H < 0 || x.M < 0 || x.N < 0 || x.D < 0 || x.Dv < 0) return "negative size";
+  if (x.D > kCholeskyMaxDim) return "the CUDA Intention kernels support head dim D <= 128 (one factor per block)";
+  if (x.v == nullptr && x.Dv != x.D) return "without v, Dv must equal D (C = I)";
   return nullptr;
 }
 
@@ -68,24 +69,24 @@ inline const char* intention_size_error(int64_t B, int64_t H, int64_t M, int64_t
 inline IntentionPlan plan_intention_fwd(const IntentionFwdParams& p) {
   using detail::gemm;
   using detail::operand;
+  const IntentionInputs& x = p.in;
   IntentionPlan plan;
-  plan.error = detail::intention_size_error(p.B, p.H, p.M, p.N, p.D, p.Dv);
-  if (plan.error == nullptr && p.v == nullptr && p.Dv != p.D) plan.error = "without v, Dv must equal D (C = I)";
+  plan.error = detail::intention_size_error(x);
   if (plan.error != nullptr) return plan;
-  const int64_t B = p.B, H = p.H, D = p.D, Dv = p.Dv, E = D + (p.v != nullptr ? Dv : 0);
-  const GemmOperand k_t = operand(p.k, p.k_stride_b, p.k_stride_h, 1, p.k_stride_n);  // Kᵀ [D, N]
+  const int64_t B = x.B, H = x.H, D = x.D, Dv = x.Dv, E = D + (x.v != nullptr ? Dv : 0);
+  const GemmOperand k_t = operand(x.k, x.k_stride_b, x.k_stride_h, 1, x.k_stride_n);  // Kᵀ [D, N]
   IntentionStep* s = plan.steps;
 
   s->kind = IntentionStep::kGemmSSF;  // G = KᵀK into stats[:, :D]
-  s->gemm = gemm(k_t, operand(p.k, p.k_stride_b, p.k_stride_h, p.k_stride_n, 1), p.stats, H * D * E, D * E, E, B, H,
-                 D, D, p.N, 1.0f);
-  s->gemm.inner_mask = p.key_padding_mask, s->gemm.inner_mask_stride_b = p.mask_stride_b;
+  s->gemm = gemm(k_t, operand(x.k, x.k_stride_b, x.k_stride_h, x.k_stride_n, 1), p.stats, H * D * E, D * E, E, B, H,
+                 D, D, x.N, 1.0f);
+  s->gemm.inner_mask = x.key_padding_mask, s->gemm.inner_mask_stride_b = x.mask_stride_b;
   ++s;
-  if (p.v != nullptr) {  // C = KᵀV into stats[:, D:]
+  if (x.v != nullptr) {  // C = KᵀV into stats[:, D:]
     s->kind = IntentionStep::kGemmSSF;
-    s->gemm = gemm(k_t, operand(p.v, p.v_stride_b, p.v_stride_h, p.v_stride_n, 1), p.stats + D, H * D * E, D * E, E,
-                   B, H, D, Dv, p.N, 1.0f);
-    s->gemm.inner_mask = p.key_padding_mask, s->gemm.inner_mask_stride_b = p.mask_stride_b;
+    s->gemm = gemm(k_t, operand(x.v, x.v_stride_b, x.v_stride_h, x.v_stride_n, 1), p.stats + D, H * D * E, D * E, E,
+                   B, H, D, Dv, x.N, 1.0f);
+    s->gemm.inner_mask = x.key_padding_mask, s->gemm.inner_mask_stride_b = x.mask_stride_b;
     ++s;
   }
   s->kind = IntentionStep::kCholesky;
@@ -96,16 +97,16 @@ inline IntentionPlan plan_intention_fwd(const IntentionFwdParams& p) {
   ++s;
   s->kind = IntentionStep::kSolve;  // W = A⁻¹C, C = I without v
   s->solve.l.data = p.factor, s->solve.l.stride_batch = D * D, s->solve.l.stride_row = D, s->solve.l.stride_col = 1;
-  if (p.v != nullptr) {
+  if (x.v != nullptr) {
     s->solve.b.data = p.stats + D, s->solve.b.stride_batch = D * E, s->solve.b.stride_row = E;
     s->solve.b.stride_col = 1;
   }
   s->solve.x = p.weights, s->solve.batch = B * H, s->solve.n = D, s->solve.r = Dv;
   ++s;
   s->kind = IntentionStep::kGemmSFS;  // out = scale·Q W
-  s->gemm = gemm(operand(p.q, p.q_stride_b, p.q_stride_h, p.q_stride_m, 1),
-                 operand(p.weights, H * D * Dv, D * Dv, Dv, 1), p.out, H * p.M * Dv, p.M * Dv, Dv, B, H, p.M, Dv, D,
-                 p.scale);
+  s->gemm = gemm(operand(x.q, x.q_stride_b, x.q_stride_h, x.q_stride_m, 1),
+                 operand(p.weights, H * D * Dv, D * Dv, Dv, 1), p.out, H * x.M * Dv, x.M * Dv, Dv, B, H, x.M, Dv, D,
+                 x.scale);
   ++s;
   plan.count = static_cast<int>(s - plan.steps);
   plan.supported = true;
@@ -116,25 +117,25 @@ inline IntentionPlan plan_intention_fwd(const IntentionFwdParams& p) {
 inline IntentionPlan plan_intention_bwd(const IntentionBwdParams& p) {
   using detail::gemm;
   using detail::operand;
+  const IntentionInputs& x = p.in;
   IntentionPlan plan;
-  plan.error = detail::intention_size_error(p.B, p.H, p.M, p.N, p.D, p.Dv);
-  if (plan.error == nullptr && p.v == nullptr && p.Dv != p.D) plan.error = "without v, Dv must equal D (C = I)";
+  plan.error = detail::intention_size_error(x);
   if (plan.error != nullptr) return plan;
-  const int64_t B = p.B, H = p.H, M = p.M, N = p.N, D = p.D, Dv = p.Dv;
+  const int64_t B = x.B, H = x.H, M = x.M, N = x.N, D = x.D, Dv = x.Dv;
   const GemmOperand dy = operand(p.grad_out, H * M * Dv, M * Dv, Dv, 1);
   const GemmOperand w = operand(p.weights, H * D * Dv, D * Dv, Dv, 1);
   const GemmOperand w_t = operand(p.weights, H * D * Dv, D * Dv, 1, Dv);
   const GemmOperand db = operand(p.db, H * D * Dv, D * Dv, Dv, 1);
   const GemmOperand db_t = operand(p.db, H * D * Dv, D * Dv, 1, Dv);
-  const GemmOperand k = operand(p.k, p.k_stride_b, p.k_stride_h, p.k_stride_n, 1);
+  const GemmOperand k = operand(x.k, x.k_stride_b, x.k_stride_h, x.k_stride_n, 1);
   IntentionStep* s = plan.steps;
 
   s->kind = IntentionStep::kGemmSFS;  // dQ = scale·dY Wᵀ
-  s->gemm = gemm(dy, w_t, p.grad_q, H * M * D, M * D, D, B, H, M, D, Dv, p.scale);
+  s->gemm = gemm(dy, w_t, p.grad_q, H * M * D, M * D, D, B, H, M, D, Dv, x.scale);
   ++s;
   s->kind = IntentionStep::kGemmSSF;  // dB ← scale·Qᵀ dY
-  s->gemm = gemm(operand(p.q, p.q_stride_b, p.q_stride_h, 1, p.q_stride_m), dy, p.db, H * D * Dv, D * Dv, Dv, B, H, D,
-                 Dv, M, p.scale);
+  s->gemm = gemm(operand(x.q, x.q_stride_b, x.q_stride_h, 1, x.q_stride_m), dy, p.db, H * D * Dv, D * Dv, Dv, B, H, D,
+                 Dv, M, x.scale);
   ++s;
   s->kind = IntentionStep::kSolve;  // dB = A⁻¹(scale·Qᵀ dY), in place
   s->solve.l.data = p.factor, s->solve.l.stride_batch = D * D, s->solve.l.stride_row = D, s->solve.l.stride_col = 1;
@@ -150,16 +151,16 @@ inline IntentionPlan plan_intention_bwd(const IntentionBwdParams& p) {
   ++s;
   s->kind = IntentionStep::kGemmSFS;  // dK = −K E + V dBᵀ, padding rows 0
   s->gemm = gemm(k, operand(p.e, H * D * D, D * D, D, 1), p.grad_k, H * N * D, N * D, D, B, H, N, D, D, -1.0f);
-  if (p.v != nullptr) {
-    s->gemm.a2 = operand(p.v, p.v_stride_b, p.v_stride_h, p.v_stride_n, 1), s->gemm.b2 = db_t;
+  if (x.v != nullptr) {
+    s->gemm.a2 = operand(x.v, x.v_stride_b, x.v_stride_h, x.v_stride_n, 1), s->gemm.b2 = db_t;
     s->gemm.inner2 = Dv, s->gemm.alpha2 = 1.0f;
   }
-  s->gemm.row_mask = p.key_padding_mask, s->gemm.row_mask_stride_b = p.mask_stride_b;
+  s->gemm.row_mask = x.key_padding_mask, s->gemm.row_mask_stride_b = x.mask_stride_b;
   ++s;
-  if (p.v != nullptr) {
+  if (x.v != nullptr) {
     s->kind = IntentionStep::kGemmSFS;  // dV = K dB, padding rows 0
     s->gemm = gemm(k, db, p.grad_v, H * N * Dv, N * Dv, Dv, B, H, N, Dv, D, 1.0f);
-    s->gemm.row_mask = p.key_padding_mask, s->gemm.row_mask_stride_b = p.mask_stride_b;
+    s->gemm.row_mask = x.key_padding_mask, s->gemm.row_mask_stride_b = x.mask_stride_b;
     ++s;
   }
   plan.count = static_cast<int>(s - plan.steps);

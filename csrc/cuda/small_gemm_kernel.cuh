@@ -69,8 +69,10 @@ __device__ __forceinline__ void gemm_accumulate(float (&acc)[4], float* as, floa
 
 /// Launched over the grid of plan_small_gemm() with kSmallGemmThreads threads and
 /// small_gemm_smem_bytes() of dynamic shared memory.
+/// The minimum of 2 blocks per SM (a register budget of 128) matters: with the block size alone,
+/// ptxas (CUDA 13) held the fp16/bf16 instantiations to 64 registers on sm_90 and spilled.
 template <typename TA, typename TB, typename TC>
-__global__ void __launch_bounds__(kSmallGemmThreads) small_gemm_kernel(const SmallGemmParams p) {
+__global__ void __launch_bounds__(kSmallGemmThreads, 2) small_gemm_kernel(const SmallGemmParams p) {
   extern __shared__ float4 smem_raw[];
   float* as = reinterpret_cast<float*>(smem_raw);
   float* bs = as + kSmallGemmTile * kGemmLd;

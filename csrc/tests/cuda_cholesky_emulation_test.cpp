@@ -13,14 +13,6 @@
 #include "emulator_extras_tree.h"
 #include "reference_linalg.h"
 
-namespace attn_ext {
-namespace cuda {
-namespace detail {
-alignas(16) float4 smem_raw[227 * 1024 / sizeof(float4)];  // the kernels' dynamic shared memory
-}  // namespace detail
-}  // namespace cuda
-}  // namespace attn_ext
-
 namespace {
 
 using namespace attn_ext::cuda;

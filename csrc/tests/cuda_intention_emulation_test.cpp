@@ -16,14 +16,6 @@
 #include "reference_linalg.h"
 #include "small_gemm_kernel.cuh"
 
-namespace attn_ext {
-namespace cuda {
-namespace detail {
-alignas(16) float4 smem_raw[227 * 1024 / sizeof(float4)];
-}  // namespace detail
-}  // namespace cuda
-}  // namespace attn_ext
-
 namespace {
 
 using namespace attn_ext::cuda;
@@ -109,7 +101,8 @@ void run_case(const Case& c, uint32_t seed) {
   std::bernoulli_distribution padded(0.3);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t n = 0; n < N; ++n) mask[b * (N + 3) + n] = c.mask && (b == B - 1 || padded(gen));
-  IntentionFwdParams p;
+  IntentionFwdParams fwd;
+  IntentionInputs& p = fwd.in;
   p.B = B, p.H = H, p.M = M, p.N = N, p.D = D, p.Dv = Dv;
   p.q_stride_b = M * H * (D + 2), p.q_stride_h = D + 2, p.q_stride_m = H * (D + 2);
   p.k_stride_b = c.broadcast_k ? 0 : H * N * (D + 1), p.k_stride_h = N * (D + 1), p.k_stride_n = D + 1;
@@ -136,23 +129,18 @@ void run_case(const Case& c, uint32_t seed) {
   std::vector<int32_t> info(B * H, -1);
   p.q = q.data(), p.k = k.data(), p.v = c.has_v ? v.data() : nullptr;
   p.key_padding_mask = c.mask ? mask.data() : nullptr, p.mask_stride_b = N + 3;
-  p.alpha = alpha.data(), p.out = out.data(), p.factor = factor.data(), p.weights = weights.data();
-  p.stats = stats.data(), p.info = info.data(), p.scale = 0.7f;
-  p.dtype = sizeof(S) == 4 ? ScalarType::kFloat32 : ScalarType::kFloat16;
-  run_plan<S>(plan_intention_fwd(p));
+  p.scale = 0.7f, p.dtype = sizeof(S) == 4 ? ScalarType::kFloat32 : ScalarType::kFloat16;
+  fwd.alpha = alpha.data(), fwd.out = out.data(), fwd.factor = factor.data(), fwd.weights = weights.data();
+  fwd.stats = stats.data(), fwd.info = info.data();
+  run_plan<S>(plan_intention_fwd(fwd));
 
   IntentionBwdParams g;
-  g.grad_out = go.data(), g.q = p.q, g.k = p.k, g.v = p.v, g.key_padding_mask = p.key_padding_mask;
-  g.factor = factor.data(), g.weights = weights.data();
+  g.in = p;  // the same inputs
+  g.grad_out = go.data(), g.factor = factor.data(), g.weights = weights.data();
   std::vector<S> dq(B * H * M * D), dk(B * H * N * D, from_f<S>(nan)), dv(B * H * N * Dv, from_f<S>(nan));
   std::vector<float> dalpha(B * H), db(B * H * D * Dv), e(B * H * D * D);
   g.grad_q = dq.data(), g.grad_k = dk.data(), g.grad_v = c.has_v ? dv.data() : nullptr, g.grad_alpha = dalpha.data();
   g.db = db.data(), g.e = e.data();
-  g.B = B, g.H = H, g.M = M, g.N = N, g.D = D, g.Dv = Dv;
-  g.q_stride_b = p.q_stride_b, g.q_stride_h = p.q_stride_h, g.q_stride_m = p.q_stride_m;
-  g.k_stride_b = p.k_stride_b, g.k_stride_h = p.k_stride_h, g.k_stride_n = p.k_stride_n;
-  g.v_stride_b = p.v_stride_b, g.v_stride_h = p.v_stride_h, g.v_stride_n = p.v_stride_n;
-  g.mask_stride_b = p.mask_stride_b, g.scale = p.scale, g.dtype = p.dtype;
   run_plan<S>(plan_intention_bwd(g));
 
   // Reference in double, per (b, h), from the stored inputs.

@@ -13,14 +13,6 @@
 #include "emulator_extras_tree.h"
 #include "tree_aggregate_kernel.cuh"
 
-namespace attn_ext {
-namespace cuda {
-namespace detail {
-alignas(16) float4 smem_raw[16];  // the aggregation kernels use no shared memory
-}  // namespace detail
-}  // namespace cuda
-}  // namespace attn_ext
-
 namespace {
 
 using namespace attn_ext::cuda;

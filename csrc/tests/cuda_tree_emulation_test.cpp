@@ -14,14 +14,6 @@
 #include "tree_cross_attention_bwd_kernel.cuh"
 #include "tree_cross_attention_fwd_kernel.cuh"
 
-namespace attn_ext {
-namespace cuda {
-namespace detail {
-alignas(16) float4 smem_raw[227 * 1024 / sizeof(float4)];
-}  // namespace detail
-}  // namespace cuda
-}  // namespace attn_ext
-
 namespace {
 
 using namespace attn_ext::cuda;

@@ -39,8 +39,7 @@ CrossAttentionShape check_intention_inputs(const at::Tensor& q, const at::Tensor
   return s;
 }
 
-template <typename Params>
-void fill_inputs(Params& p, const CrossAttentionShape& s, const at::Tensor& q, const at::Tensor& k,
+void fill_inputs(IntentionInputs& p, const CrossAttentionShape& s, const at::Tensor& q, const at::Tensor& k,
                  const at::Tensor& v, const at::Tensor& mask, double scale) {
   p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.defined() ? v.data_ptr() : nullptr;
   p.key_padding_mask = mask.defined() ? mask.const_data_ptr<uint8_t>() : nullptr;
@@ -75,7 +74,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> intention_fwd_cuda(const at::Tens
   at::Tensor info = at::zeros({s.batch, s.heads}, q.options().dtype(at::kInt));
   if (s.batch * s.heads == 0) return {out, factor, weights};
   IntentionFwdParams p;
-  fill_inputs(p, s, qc, kc, vc, mask, scale);
+  fill_inputs(p.in, s, qc, kc, vc, mask, scale);
   p.alpha = alpha_c.const_data_ptr<float>(), p.out = out.data_ptr(), p.factor = factor.data_ptr<float>();
   p.weights = weights.data_ptr<float>(), p.stats = stats.data_ptr<float>(), p.info = info.data_ptr<int32_t>();
   const c10::cuda::CUDAGuard guard(q.device());
@@ -123,7 +122,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> intention_bwd_cuda(
   at::Tensor e = at::empty({s.batch, s.heads, s.head_dim, s.head_dim}, f32);
   if (s.batch * s.heads == 0) return {dq, dk, dv, dalpha};
   IntentionBwdParams p;
-  fill_inputs(p, s, qc, kc, vc, mask, scale);
+  fill_inputs(p.in, s, qc, kc, vc, mask, scale);
   p.grad_out = go.data_ptr(), p.factor = fc.const_data_ptr<float>(), p.weights = wc.const_data_ptr<float>();
   p.grad_q = dq.data_ptr(), p.grad_k = dk.data_ptr(), p.grad_v = v.has_value() ? dv.data_ptr() : nullptr;
   p.grad_alpha = dalpha.data_ptr<float>(), p.db = db.data_ptr<float>(), p.e = e.data_ptr<float>();

@@ -45,3 +45,13 @@ inline float atomicAdd(float* address, float value) {
   *address = old + value;
   return old;
 }
+
+namespace attn_ext {
+namespace cuda {
+namespace detail {
+/// Definition of the kernels' `extern __shared__ float4 smem_raw[]` (the dynamic shared memory) for
+/// the emulated tests: sm_90's opt-in maximum, so any planned size fits.
+alignas(16) inline float4 smem_raw[227 * 1024 / sizeof(float4)];
+}  // namespace detail
+}  // namespace cuda
+}  // namespace attn_ext
