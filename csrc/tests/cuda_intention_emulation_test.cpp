@@ -217,9 +217,39 @@ void run_case(const Case& c, uint32_t seed) {
   g_bad = 0;
 }
 
+/// The launch plans in plain C++: GEMM geometry and the shape of the Intention chains.
+void plan_cases() {
+  const SmallGemmLaunchPlan g = plan_small_gemm(6, 70, 33);
+  CHECK(g.supported && g.row_tiles == 3 && g.grid.x == 18 && g.grid.y == 2 && g.block.x == 256);
+  CHECK(g.shared_memory_bytes == 2 * 4 * 32 * 33);
+  CHECK(plan_small_gemm(4, 0, 5).empty && plan_small_gemm(0, 3, 5).empty);
+  CHECK(!plan_small_gemm(1, 10, 32LL * 65536).supported);
+  IntentionFwdParams f;
+  f.in.B = 2, f.in.H = 3, f.in.M = 5, f.in.N = 7, f.in.D = 40, f.in.Dv = 59;
+  int k = 0;
+  f.in.k = &k, f.in.v = &k;
+  IntentionPlan plan = plan_intention_fwd(f);
+  CHECK(plan.supported && plan.count == 5 && plan.steps[2].kind == IntentionStep::kCholesky);
+  CHECK(plan.steps[0].gemm.c_stride_row == 99 && plan.steps[1].gemm.cols == 59);
+  f.in.v = nullptr;
+  CHECK(!plan_intention_fwd(f).supported);  // without v, Dv must be D
+  f.in.Dv = 40;
+  plan = plan_intention_fwd(f);
+  CHECK(plan.supported && plan.count == 4 && plan.steps[2].solve.b.data == nullptr && plan.steps[2].solve.r == 40);
+  f.in.D = f.in.Dv = 129;
+  CHECK(!plan_intention_fwd(f).supported);  // the factor must fit one block
+  IntentionBwdParams b;
+  b.in = f.in, b.in.D = b.in.Dv = 16, b.in.v = &k;
+  plan = plan_intention_bwd(b);
+  CHECK(plan.supported && plan.count == 7 && plan.steps[3].kind == IntentionStep::kNegatedDot);
+  b.in.v = nullptr;
+  CHECK(plan_intention_bwd(b).count == 6 && plan_intention_bwd(b).steps[5].gemm.a2.data == nullptr);
+}
+
 }  // namespace
 
 int main() {
+  plan_cases();
   // name, B, H, M, N, D, Dv, mask, has_v, broadcast_k, tol
   run_case<float>({"fp32 D=40 Dv=59 masked (last batch all padding)", 3, 2, 37, 70, 40, 59, true, true, false, 2e-4}, 1);
   run_case<float>({"fp32 N=1 D=40 Dv=59", 1, 2, 5, 1, 40, 59, false, true, false, 2e-4}, 2);
