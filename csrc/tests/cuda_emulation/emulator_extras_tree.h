@@ -11,6 +11,10 @@
 /// any, so a warp barrier is emulated as a (stronger) block-wide one, like the shuffles. Kernels
 /// using it must execute the same sequence of __syncwarp calls in every warp (ours do: their loops
 /// have block-uniform trip counts); the scheduler aborts otherwise.
+/// A template on purpose: if cuda_emulator.h (extended in parallel for other kernels) defines the
+/// same non-template function, overload resolution prefers that one and this stays unused, instead
+/// of the two colliding as redefinitions.
+template <typename = void>
 inline void __syncwarp(unsigned int mask = 0xffffffffu) {
   if (mask != 0xffffffffu) ::cuda_emu::fail("only full-warp __syncwarp is emulated");
   ::cuda_emu::yield(::cuda_emu::Sync::kShuffle);
@@ -39,9 +43,10 @@ bool run_grid(dim3 grid, dim3 block_dim, void* smem, size_t smem_total, size_t s
 }  // namespace cuda_emu
 
 /// Fibers run one at a time on one OS thread and switch only at synchronisation points, so a plain
-/// read-modify-write is atomic here.
-inline float atomicAdd(float* address, float value) {
-  const float old = *address;
+/// read-modify-write is atomic here. A template for the same reason as __syncwarp above.
+template <typename T>
+inline T atomicAdd(T* address, T value) {
+  const T old = *address;
   *address = old + value;
   return old;
 }
