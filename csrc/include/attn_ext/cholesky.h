@@ -20,6 +20,18 @@ ATTN_EXT_HOST_DEVICE bool cholesky_pivot_ok(T pivot) {
   return pivot > T(0) && pivot < static_cast<T>(HUGE_VAL);
 }
 
+/// The column step of the factorisation: A_ij − Σ_{k<j} L_ik L_jk, for row i ≥ j, where `row_i` and
+/// `row_j` point at rows i and j whose first j entries already hold L. For i = j it is column j's
+/// pivot (L_jj²), for i > j it is L_ij·L_jj. Every row i ≥ j of one column can be reduced
+/// independently, which is how the CUDA kernel (csrc/cuda/batched_cholesky_kernel.cuh) parallelises
+/// a column over threads; the sequential loop below uses the same summation order.
+template <typename T>
+ATTN_EXT_HOST_DEVICE T cholesky_reduced_entry(const T* row_i, const T* row_j, int j) {
+  T sum = row_i[j];
+  for (int k = 0; k < j; ++k) sum -= row_i[k] * row_j[k];
+  return sum;
+}
+
 /// In-place lower Cholesky factorisation A = L Lᵀ of the n×n matrix in `a` (leading dimension lda).
 ///
 /// Left-looking by rows (Cholesky–Banachiewicz): for i = 0..n−1 and j = 0..i,
@@ -37,12 +49,9 @@ ATTN_EXT_HOST_DEVICE int cholesky_lower_inplace(T* a, int n, int64_t lda) {
     T* row_i = a + i * lda;
     for (int j = 0; j < i; ++j) {
       const T* row_j = a + j * lda;
-      T sum = row_i[j];
-      for (int k = 0; k < j; ++k) sum -= row_i[k] * row_j[k];
-      row_i[j] = sum / row_j[j];
+      row_i[j] = cholesky_reduced_entry(row_i, row_j, j) / row_j[j];
     }
-    T pivot = row_i[i];
-    for (int k = 0; k < i; ++k) pivot -= row_i[k] * row_i[k];
+    const T pivot = cholesky_reduced_entry(row_i, row_i, i);
     if (!cholesky_pivot_ok(pivot)) return i + 1;
     row_i[i] = math_sqrt(pivot);
   }

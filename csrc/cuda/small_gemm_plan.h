@@ -1,0 +1,62 @@
+// Launch geometry of the strided batched GEMM under the CUDA Intention kernels, as plain C++17
+// (tested on the host by csrc/tests/cuda_plan_test.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "launch_plan.h"
+
+namespace attn_ext {
+namespace cuda {
+
+/// Output tile (rows = columns) of one block, and the depth of one shared-memory step of the reduction.
+constexpr int kSmallGemmTile = 32;
+/// Threads per block: 32 columns × 8 row groups, each thread owns 4 rows of one column.
+constexpr int kSmallGemmThreads = 256;
+
+/// Dynamic shared memory: an A and a B tile of 32×33 floats (+1 column against bank conflicts).
+constexpr std::size_t small_gemm_smem_bytes() {
+  return 2 * sizeof(float) * kSmallGemmTile * (kSmallGemmTile + 1);
+}
+
+struct SmallGemmLaunchPlan {
+  bool supported = false;
+  const char* error = nullptr;
+  bool empty = false;
+  LaunchDims grid;  ///< x = batch_item · row_tiles + row_tile, y = column tile
+  LaunchDims block;
+  std::size_t shared_memory_bytes = 0;
+  int64_t row_tiles = 0;
+};
+
+/// Plans C[batch_items] (rows × cols) for any inner size (0 gives C = 0).
+inline SmallGemmLaunchPlan plan_small_gemm(int64_t batch_items, int64_t rows, int64_t cols) {
+  SmallGemmLaunchPlan plan;
+  if (batch_items < 0 || rows < 0 || cols < 0) {
+    plan.error = "negative size";
+    return plan;
+  }
+  plan.block.x = kSmallGemmThreads;
+  plan.shared_memory_bytes = small_gemm_smem_bytes();
+  plan.supported = true;
+  if (batch_items == 0 || rows == 0 || cols == 0) {
+    plan.empty = true;
+    plan.grid.x = 0;
+    return plan;
+  }
+  constexpr int64_t kMaxGridX = 2147483647, kMaxGridY = 65535;
+  plan.row_tiles = (rows + kSmallGemmTile - 1) / kSmallGemmTile;
+  const int64_t col_tiles = (cols + kSmallGemmTile - 1) / kSmallGemmTile;
+  if (plan.row_tiles > kMaxGridX / batch_items || col_tiles > kMaxGridY) {
+    plan.supported = false;
+    plan.error = "too many blocks for the CUDA grid (batch·heads·ceil(rows/32) or ceil(cols/32))";
+    return plan;
+  }
+  plan.grid.x = static_cast<unsigned int>(batch_items * plan.row_tiles);
+  plan.grid.y = static_cast<unsigned int>(col_tiles);
+  return plan;
+}
+
+}  // namespace cuda
+}  // namespace attn_ext
