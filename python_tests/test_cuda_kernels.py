@@ -129,3 +129,72 @@ def test_opcheck_attention_ops():
     mask = torch.zeros(1, 9, dtype=torch.bool, device="cuda")
     torch.library.opcheck(torch.ops.attn_ext.cross_attention_fwd.default, (q, k, v, mask, 0.2, 4),
                           test_utils=OPCHECK_TESTS)
+
+
+def _tree_problem(branching, B=2, H=4, M=9, N=300, D=40, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    tree = ae.build_tree(torch.rand(B, N, 1, generator=g), branching=branching)
+    tokens = torch.randn(B, N, H * 2 * D, generator=g)
+    nodes = ae.tree_aggregate(tree, tokens).view(B, tree.num_nodes, H, 2 * D).permute(0, 2, 1, 3)
+    return tree, tokens, torch.randn(B, H, M, D, generator=g), nodes[..., :D].contiguous(), nodes[..., D:].contiguous()
+
+
+@pytest.mark.parametrize("branching", [2, 3])
+def test_tree_backward_matches_cpu(branching):
+    tree, _, q, node_k, node_v = _tree_problem(branching)
+    grads = {}
+    for backend, device in (("cpp", "cpu"), ("cuda", "cuda")):
+        leaves = [t.to(device).requires_grad_(True) for t in (q, node_k, node_v)]
+        res = ae.tree_cross_attention(*leaves, tree.to(device), policy="sample", backend=backend,
+                                      generator=torch.Generator().manual_seed(1))
+        loss = res.out.square().sum() + res.log_prob.sum() + 0.1 * res.entropy.sum()
+        grads[backend] = [g.cpu() for g in torch.autograd.grad(loss, leaves)]
+    for ours, theirs in zip(grads["cuda"], grads["cpp"]):
+        torch.testing.assert_close(ours, theirs, rtol=1e-3, atol=1e-4)
+
+
+def test_tree_aggregate_matches_cpu():
+    tree, tokens, *_ = _tree_problem(2)
+    leaves = [tokens.clone().requires_grad_(True), tokens.cuda().requires_grad_(True)]
+    out_cpu = ae.tree_aggregate(tree, leaves[0], backend="cpp")
+    out_gpu = ae.tree_aggregate(tree.to("cuda"), leaves[1], backend="cuda")
+    torch.testing.assert_close(out_gpu.cpu(), out_cpu, rtol=1e-5, atol=1e-6)
+    g = torch.randn_like(out_cpu)
+    torch.testing.assert_close(torch.autograd.grad(out_gpu, leaves[1], g.cuda())[0].cpu(),
+                               torch.autograd.grad(out_cpu, leaves[0], g)[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_intention_backward_matches_cpu(masked):
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 3, n, 40, generator=g) for n in (11, 130, 130))
+    mask = (torch.rand(2, 130, generator=g) < 0.3) if masked else None
+    alpha = torch.tensor([0.5, 1.0, 2.0])
+    grads = {}
+    for backend, device in (("cpp", "cpu"), ("cuda", "cuda")):
+        leaves = [t.to(device).requires_grad_(True) for t in (q, k, v, alpha)]
+        m = None if mask is None else mask.to(device)
+        out = ae.intention(*leaves[:3], alpha=leaves[3], key_padding_mask=m, backend=backend)
+        sig = ae.sigma_intention(*leaves[:3], alpha=leaves[3], key_padding_mask=m, backend=backend)
+        grads[backend] = [x.cpu() for x in torch.autograd.grad(out.sum() + sig.square().sum(), leaves)]
+    for ours, theirs in zip(grads["cuda"], grads["cpp"]):
+        torch.testing.assert_close(ours, theirs, rtol=1e-3, atol=1e-4)
+
+
+def test_spd_solve_on_cuda():
+    z = torch.randn(16, 40, 40, dtype=torch.float64)
+    a = (z @ z.mT / 40 + torch.eye(40, dtype=torch.float64)).float().cuda()
+    b = torch.randn(16, 40, 3).cuda()
+    torch.testing.assert_close(ae.batched_spd_solve(a, b), torch.linalg.solve(a, b), rtol=1e-3, atol=1e-4)
+
+
+def test_opcheck_tree_and_intention_ops():
+    tree, _, q, node_k, node_v = _tree_problem(2, B=1, H=2, M=3, N=20, D=8)
+    tree = tree.to("cuda")
+    args = (q.cuda().requires_grad_(), node_k.cuda().requires_grad_(), node_v.cuda().requires_grad_(),
+            tree.node_padding_mask, tree.branching, tree.height, tree.group_size, 0.3, None)
+    torch.library.opcheck(torch.ops.attn_ext.tree_cross_attention_fwd.default, args, test_utils=OPCHECK_TESTS)
+    qi, ki, vi = (torch.randn(1, 2, n, 8, device="cuda", requires_grad=True) for n in (4, 12, 12))
+    alpha = torch.ones(1, 2, device="cuda", requires_grad=True)
+    torch.library.opcheck(torch.ops.attn_ext.intention_fwd.default, (qi, ki, vi, None, alpha, 1.0),
+                          test_utils=OPCHECK_TESTS)

@@ -37,8 +37,16 @@ def _check_dtype_and_device(op: str, name: str, t: Tensor) -> None:
     if t.dtype not in _SUPPORTED_DTYPES:
         raise TypeError(f"attn_ext.{op}: {name} must be float32 or float64, got {t.dtype} "
                         "(convert with .float(); a half-precision factor would be too inexact)")
-    if t.device.type not in ("cpu", "meta"):
-        raise RuntimeError(f"attn_ext.{op}: only a CPU kernel exists so far, got {name} on {t.device}")
+    if t.device.type not in ("cpu", "meta") and not _has_kernel(op, t.device.type):
+        raise RuntimeError(f"attn_ext.{op}: this build has kernels for CPU tensors"
+                           + (" and CUDA tensors" if _has_kernel(op, "cuda") else "") + f", got {name} on {t.device}")
+
+
+def _has_kernel(op: str, device_type: str) -> bool:
+    """Whether ``attn_ext::op`` has a kernel for ``device_type`` in this build (CUDA ones need a CUDA torch)."""
+    key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
+    return key is not None and extension_error() is None and torch._C._dispatch_has_kernel_for_dispatch_key(
+        f"attn_ext::{op}", key)
 
 
 def _check_matrix_and_rhs(op: str, matrix_name: str, matrix: Tensor, B: Tensor) -> None:

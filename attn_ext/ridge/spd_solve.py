@@ -102,6 +102,15 @@ def _backward(ctx, grad_x: Tensor, _grad_info) -> Tuple[Tensor, Tensor]:
     return grad_a, grad_b
 
 
+def _cuda_composition(A: Tensor, B: Tensor) -> Tuple[Tensor, Tensor]:
+    """CUDA: the batched Cholesky then solve kernels (no fused CUDA kernel yet), NaN where A is not SPD."""
+    L, info = torch.ops.attn_ext.batched_cholesky(A)
+    X = torch.ops.attn_ext.batched_cholesky_solve(L, B)
+    return X.masked_fill((info != 0)[..., None, None], float("nan")), info
+
+
 if extension_error() is None:
+    if torch._C._dispatch_has_kernel_for_dispatch_key("attn_ext::batched_cholesky", "CUDA"):
+        torch.library.impl("attn_ext::batched_spd_solve", "CUDA")(_cuda_composition)
     torch.library.register_fake("attn_ext::batched_spd_solve")(_fake)
     torch.library.register_autograd("attn_ext::batched_spd_solve", _backward, setup_context=_setup_context)
