@@ -213,7 +213,7 @@ def test_unknown_backend_name_raises_value_error(monkeypatch, where):
         kwargs["backend"] = "cuda_magic"
     else:
         monkeypatch.setenv(ENVIRONMENT_VARIABLE, "cuda_magic")
-    with pytest.raises(ValueError, match=r"unknown backend 'cuda_magic'; choose one of cpp, triton, reference"):
+    with pytest.raises(ValueError, match=r"unknown backend 'cuda_magic'; choose one of cpp, cuda, triton, reference or 'auto'"):
         ae.cross_attention(q, k, v, **kwargs)
 
 

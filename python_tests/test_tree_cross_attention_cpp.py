@@ -232,7 +232,9 @@ def test_compile_fused_path():
 
 def test_backend_selection():
     tree, q, node_k, node_v = setup(N=10)
-    with pytest.raises(ValueError, match="unknown backend 'cuda'"):
+    with pytest.raises(ValueError, match="unknown backend 'cuda_magic'; choose one of cpp, cuda, triton, reference"):
+        tree_cross_attention(q, node_k, node_v, tree, backend="cuda_magic")
+    with pytest.raises(RuntimeError, match="backend 'cuda' cannot run on cpu .*cuda: the CUDA kernels run on CUDA tensors, got cpu"):
         tree_cross_attention(q, node_k, node_v, tree, backend="cuda")
     with pytest.raises(RuntimeError, match="backend 'triton' cannot run on cpu torch.float64 inputs"):
         tree_cross_attention(q, node_k, node_v, tree, backend="triton")
