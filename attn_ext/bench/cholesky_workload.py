@@ -29,6 +29,10 @@ CHOL_GOAL_SHAPE = (4096, 64)
 #: Goal: torch time / ours (factor + solve) at least this.
 MIN_CHOL_SPEEDUP = 5.0
 CHOL_CALLS = ("ours_fused", "ours", "torch", "ours_factor", "torch_factor")
+#: Thread counts each shape is timed with: PyTorch's default (None) and one. On a loaded 2-core machine
+#: torch's batched ``cholesky_solve`` at the default count can stall for seconds in OpenMP barriers (seen
+#: here: 10.7 s against 0.25 s quiet), which would flatter ours; the 1-thread row is immune to that.
+CHOL_THREADS: tuple[int | None, ...] = (None, 1)
 
 def cholesky_ops():
     """``(batched_cholesky, batched_cholesky_solve, batched_spd_solve)`` of ``torch.ops.attn_ext``, or None
@@ -82,8 +86,20 @@ def check_cholesky(a: torch.Tensor, b: torch.Tensor, ops) -> dict:
     }
 
 
-def measure_cholesky(options: BenchOptions, batch: int, n: int, step: str) -> dict:
-    """One shape: torch always, ours when its ops exist (status "ok", "not built" or "failed")."""
+def measure_cholesky(options: BenchOptions, batch: int, n: int, step: str, threads: int | None = None) -> dict:
+    """One shape at ``threads`` (None: PyTorch's default): torch always, ours when its ops exist (status "ok",
+    "not built" or "failed")."""
+    default_threads = torch.get_num_threads()
+    torch.set_num_threads(threads or default_threads)
+    try:
+        row = _measure_cholesky(options, batch, n, step)
+    finally:
+        torch.set_num_threads(default_threads)
+    row["threads"] = threads or default_threads
+    return row
+
+
+def _measure_cholesky(options: BenchOptions, batch: int, n: int, step: str) -> dict:
     repeats = max(options.repeats, MIN_CHOL_REPEATS)
     ops = cholesky_ops()
     a, b = make_spd(batch, n)
@@ -95,7 +111,8 @@ def measure_cholesky(options: BenchOptions, batch: int, n: int, step: str) -> di
             row["status"], row["error"] = "failed", f"{type(exc).__name__}: {exc}"
             ops = None
     calls = cholesky_calls(a, b, ops)
-    progress(f"{step} Cholesky [{batch}, {n}, {n}] + solve ({CHOL_RHS} RHS): {', '.join(calls)} x{repeats}"
+    progress(f"{step} Cholesky [{batch}, {n}, {n}] + solve ({CHOL_RHS} RHS, {torch.get_num_threads()} thread(s)): "
+             f"{', '.join(calls)} x{repeats}"
              + (f" (ours {row['status']})" if row["status"] != "ok" else "") + " ...", end="")
     timed = time_interleaved(calls, repeats=repeats)
     row["timings"] = {name: timing_dict(t) for name, t in timed.items()}
@@ -138,10 +155,10 @@ def cholesky_table(chol_rows: list[dict]) -> str:
         diff = None if not check else (f"{check['X_fused_rel_diff']:.1e} / {check['X_rel_diff']:.1e} / "
                                        f"{check['L_rel_diff']:.1e}")
         goal = "not built" if not built else verdict(None if sp is None else sp >= MIN_CHOL_SPEEDUP)
-        table.append([f"{r['batch']:,} x {r['n']} x {r['n']}", r["rhs"], ms("ours_fused"), ms("ours"), ms("torch"),
+        table.append([f"{r['batch']:,} x {r['n']} x {r['n']}", r["rhs"], r.get("threads"), ms("ours_fused"), ms("ours"), ms("torch"),
                       times(sp), times(sp_pair), ms("ours_factor"), ms("torch_factor"), times(spf), diff, goal])
-    return markdown_table(["A (batch x n x n)", "RHS", "ours fused ms", "ours factor, then solve ms",
+    return markdown_table(["A (batch x n x n)", "RHS", "threads", "ours fused ms", "ours factor, then solve ms",
                            "torch factor, then solve ms", "speed-up (fused)", "speed-up (two ops)",
                            "ours factor ms", "torch factor ms", "speed-up (factor)",
                            "rel. diff to torch: X fused / X / L", f">= {MIN_CHOL_SPEEDUP:.0f}x (fused)"], table,
-                          align="l" + "r" * 10 + "l")
+                          align="l" + "r" * 11 + "l")

@@ -42,7 +42,8 @@ import torch
 
 from . import BenchOptions
 from .timing import WARMUP_TEXT
-from .cholesky_workload import (CHOL_FULL_SHAPES, CHOL_RHS, CHOL_GOAL_SHAPE, CHOL_QUICK_SHAPES, MIN_CHOL_SPEEDUP,
+from .cholesky_workload import (CHOL_FULL_SHAPES, CHOL_RHS, CHOL_GOAL_SHAPE, CHOL_QUICK_SHAPES, CHOL_THREADS,
+                                MIN_CHOL_SPEEDUP,
                                 cholesky_speedup, cholesky_table, measure_cholesky)
 from .cross_attention_workload import make_call
 from .machine import load_average, machine_markdown
@@ -170,12 +171,15 @@ def _goals(rows: list[dict], chol_rows: list[dict]) -> dict:
         met = [x <= MAX_RATIO for x in ratios if x is not None]
         attention[impl] = {"rows_met": sum(met), "rows_measured": len(met), "rows": len(rows),
                            "met": None if not met else all(met)}
-    goal_row = next((r for r in chol_rows if (r["batch"], r["n"]) == CHOL_GOAL_SHAPE), None)
-    speedup = None if goal_row is None else cholesky_speedup(goal_row)
+    # Judged on the smallest speed-up over the thread counts, so neither count's quirk decides it.
+    goal_rows = [r for r in chol_rows if (r["batch"], r["n"]) == CHOL_GOAL_SHAPE]
+    speedups = [cholesky_speedup(r) for r in goal_rows]
+    speedup = None if not goal_rows or None in speedups else min(speedups)
     return {
         "attention": {"max_ratio": MAX_RATIO, "per_impl": attention},
         "cholesky": {"shape": list(CHOL_GOAL_SHAPE), "min_speedup": MIN_CHOL_SPEEDUP, "value": speedup,
-                     "status": None if goal_row is None else goal_row["status"],
+                     "by_threads": {r["threads"]: s for r, s in zip(goal_rows, speedups)},
+                     "status": None if not goal_rows else goal_rows[0]["status"],
                      "met": None if speedup is None else speedup >= MIN_CHOL_SPEEDUP},
     }
 
@@ -232,7 +236,8 @@ def _tables(result: dict) -> str:
         cholesky_table(chol_rows),
         "",
         f"Goal: fused >= {MIN_CHOL_SPEEDUP:.0f}x faster than torch at [{ch['shape'][0]:,}, {ch['shape'][1]}, "
-        f"{ch['shape'][1]}]: "
+        f"{ch['shape'][1]}], judged on the smaller speed-up of the thread counts (on a loaded machine torch's "
+        "batched `cholesky_solve` with 2 threads can stall in OpenMP barriers, which would flatter ours): "
         + ("ops not built yet" if ch["status"] == "not built"
            else ("n/a" if ch["value"] is None else f"{ch['value']:.1f}x") + f", **{verdict(ch['met'])}**") + ".",
         "",
@@ -280,13 +285,14 @@ def run(options: BenchOptions) -> int:
             warnings.append(f"{LABELS[impl]} ({options.backend}) differs from the reference backend by "
                             f"{diff:.2g} relative (> {CHECK_RTOL:g})")
     shapes = CHOL_QUICK_SHAPES if options.quick else CHOL_FULL_SHAPES
-    total = len(ns) + len(shapes)
+    total = len(ns) + len(shapes) * len(CHOL_THREADS)
     rows: list[dict] = []
     for i, n in enumerate(ns):
         rows += _measure_attention(options, n, f"[{i + 1}/{total}]")
         gc.collect()
-    chol_rows = [measure_cholesky(options, batch, n, f"[{len(ns) + j + 1}/{total}]")
-                 for j, (batch, n) in enumerate(shapes)]
+    chol_jobs = [(batch, n, threads) for batch, n in shapes for threads in CHOL_THREADS]
+    chol_rows = [measure_cholesky(options, batch, n, f"[{len(ns) + j + 1}/{total}]", threads)
+                 for j, (batch, n, threads) in enumerate(chol_jobs)]
     machine["load_average_end"] = load_average()
     result = {
         "benchmark": NAME,
