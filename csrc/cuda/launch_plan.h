@@ -112,6 +112,14 @@ struct CrossAttentionLaunchPlan {
   bool tensor_cores = false;
 };
 
+/// The reason the attention kernels cannot take this dtype or these sizes, or nullptr.
+inline const char* attention_dtype_and_size_error(ScalarType dtype, int64_t B, int64_t H, int64_t M, int64_t N) {
+  if (dtype != ScalarType::kFloat32 && dtype != ScalarType::kFloat16 && dtype != ScalarType::kBFloat16) {
+    return "unsupported dtype (expected float32, float16 or bfloat16)";
+  }
+  return B < 0 || H < 0 || M < 0 || N < 0 ? "negative size" : nullptr;
+}
+
 /// Plans the launch of the forward kernel for q [B,H,M,D], k [B,H,N,D], v [B,H,N,Dv].
 ///
 /// Pure function of the shape and dtype (no device query): the caller still has to check the
@@ -119,14 +127,8 @@ struct CrossAttentionLaunchPlan {
 inline CrossAttentionLaunchPlan plan_cross_attention_fwd(int64_t B, int64_t H, int64_t M, int64_t N,
                                                          int64_t D, int64_t Dv, ScalarType dtype) {
   CrossAttentionLaunchPlan plan;
-  if (dtype != ScalarType::kFloat32 && dtype != ScalarType::kFloat16 && dtype != ScalarType::kBFloat16) {
-    plan.error = "unsupported dtype (expected float32, float16 or bfloat16)";
-    return plan;
-  }
-  if (B < 0 || H < 0 || M < 0 || N < 0) {
-    plan.error = "negative size";
-    return plan;
-  }
+  plan.error = attention_dtype_and_size_error(dtype, B, H, M, N);
+  if (plan.error != nullptr) return plan;
   plan.head_dim_instantiation = cross_attention_fwd_head_dim_instantiation(D);
   plan.head_dim_v_instantiation = cross_attention_fwd_head_dim_instantiation(Dv);
   if (plan.head_dim_instantiation == 0 || plan.head_dim_v_instantiation == 0) {

@@ -19,6 +19,7 @@
 #include "cross_attention_fwd_kernel.cuh"
 #include "cross_attention_fwd_wmma_kernel.cuh"
 #include "cuda_emulation/emulator_extras_tree.h"  // smem_raw
+#include "cuda_emulation/scalar_types.h"
 
 namespace {
 
@@ -37,10 +38,7 @@ float as_float(float x) { return x; }
 float as_float(__half x) { return __half2float(x); }
 float as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
-template <typename T> ScalarType scalar_type();
-template <> ScalarType scalar_type<float>() { return ScalarType::kFloat32; }
-template <> ScalarType scalar_type<__half>() { return ScalarType::kFloat16; }
-template <> ScalarType scalar_type<__nv_bfloat16>() { return ScalarType::kBFloat16; }
+using cuda_emu::scalar_type;
 
 struct Case {
   const char* name;

@@ -1,0 +1,52 @@
+// Launcher of the cross-attention backward: the Δ pre-pass, then dK/dV and dQ (independent of each
+// other, both reading Δ), one instantiation of each per dtype.
+#include "cross_attention_bwd.cuh"
+
+#include "cross_attention_bwd_kernel.cuh"
+#include "launch_utils.cuh"
+
+namespace attn_ext {
+namespace cuda {
+namespace {
+
+template <typename scalar_t>
+cudaError_t launch_all(const CrossAttentionBwdParams& p, const CrossAttentionBwdPlan& plan, cudaStream_t stream) {
+  cudaError_t err = cudaSuccess;
+  if (plan.delta_grid.x > 0) {
+    err = detail::launch_with_smem(detail::cross_attention_bwd_delta_kernel<scalar_t>, plan.delta_grid, plan.block, 0,
+                                   stream, p);
+    if (err != cudaSuccess) return err;
+  }
+  if (plan.dkdv_grid.x > 0) {
+    err = detail::launch_with_smem(detail::cross_attention_bwd_dkdv_kernel<scalar_t>, plan.dkdv_grid, plan.block,
+                                   plan.dkdv_smem_bytes, stream, p);
+    if (err != cudaSuccess) return err;
+  }
+  if (plan.dq_grid.x > 0) {
+    err = detail::launch_with_smem(detail::cross_attention_bwd_dq_kernel<scalar_t>, plan.dq_grid, plan.block,
+                                   plan.dq_smem_bytes, stream, p);
+  }
+  return err;
+}
+
+}  // namespace
+
+cudaError_t launch_cross_attention_bwd(const CrossAttentionBwdParams& p, cudaStream_t stream) {
+  const CrossAttentionBwdPlan plan = plan_cross_attention_bwd(p.B, p.H, p.M, p.N, p.D, p.Dv, p.dtype);
+  if (!plan.supported) return cudaErrorInvalidValue;
+  const bool has_rows = p.B * p.H * p.M > 0, has_keys = p.B * p.H * p.N > 0;
+  if ((has_rows && (p.q == nullptr || p.out == nullptr || p.grad_out == nullptr || p.lse == nullptr ||
+                    p.grad_lse == nullptr || p.delta == nullptr || p.grad_q == nullptr)) ||
+      (has_keys && (p.k == nullptr || p.v == nullptr || p.grad_k == nullptr || p.grad_v == nullptr))) {
+    return cudaErrorInvalidValue;
+  }
+  switch (p.dtype) {
+    case ScalarType::kFloat32: return launch_all<float>(p, plan, stream);
+    case ScalarType::kFloat16: return launch_all<__half>(p, plan, stream);
+    case ScalarType::kBFloat16: return launch_all<__nv_bfloat16>(p, plan, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace cuda
+}  // namespace attn_ext
