@@ -73,6 +73,8 @@ __global__ void __launch_bounds__(kCrossAttentionWmmaWarps * 32, 1)
   constexpr int kBlockM = L::kBlockM, kBlockN = L::kBlockN;
   static_assert(kDim % 16 == 0 && kBlockN % 16 == 0, "wmma tiles are 16×16");
 
+  // The kernel has no static shared memory, so the dynamic buffer starts at the block's shared window
+  // base, aligned well beyond the 32 bytes wmma needs; the section offsets keep that (see the layout).
   extern __shared__ float4 smem_raw[];
   char* smem = reinterpret_cast<char*>(smem_raw);
   scalar_t* q_tile = reinterpret_cast<scalar_t*>(smem + L::kQ);
