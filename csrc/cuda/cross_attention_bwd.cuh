@@ -39,10 +39,17 @@ struct CrossAttentionBwdParams {
   ScalarType dtype = ScalarType::kFloat32;
 };
 
-/// Enqueues the Δ pre-pass, the dK/dV kernel and the dQ kernel on `stream` (see the plan header).
+/// Enqueues the Δ pre-pass, the dK/dV kernel and the dQ kernel on `stream` (see the plan header;
+/// fp16/bf16 take the tensor-core kernels, with D and Dv zero-padded to one head-dim bucket).
 /// Rows with lse = −inf (no valid key) get zero gradients. Returns cudaErrorInvalidValue for an
 /// unsupported shape or dtype or missing pointers, else the first launch error.
 cudaError_t launch_cross_attention_bwd(const CrossAttentionBwdParams& p, cudaStream_t stream);
+
+namespace detail {
+/// The fp16/bf16 dK/dV and dQ kernels (WMMA) of a validated tensor-core plan; Δ must be computed.
+cudaError_t launch_cross_attention_bwd_wmma(const CrossAttentionBwdParams& p, const CrossAttentionBwdPlan& plan,
+                                            cudaStream_t stream);
+}  // namespace detail
 
 }  // namespace cuda
 }  // namespace attn_ext

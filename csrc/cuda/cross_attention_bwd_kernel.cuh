@@ -1,5 +1,6 @@
-// Device code of the CUDA cross-attention backward (fp32 on CUDA cores, any input dtype); the work
-// split is described in cross_attention_bwd_plan.h.
+// Device code of the CUDA cross-attention backward on CUDA cores (fp32 arithmetic); the work split
+// is described in cross_attention_bwd_plan.h. The launcher uses the Δ pre-pass for every dtype and
+// these gradient kernels for fp32 inputs (fp16/bf16 take cross_attention_bwd_wmma_kernel.cuh).
 //
 // Both gradient kernels go through the same 16×16 tile step: with the query tile (Q, dO, lse, Δ,
 // dlse) and the key tile (K, V, per-key bias 0/−inf) in shared memory, bwd_tile_scores() writes

@@ -6,8 +6,8 @@
 //  * dK/dV: one block per key tile, looping over the query tiles; P is recomputed from the saved
 //    LSE and dS = P∘(dO·vᵀ − Δ + dlse);
 //  * dQ: one block per query tile, looping over the key tiles (recomputing P and dS once more).
-// The kernels run on CUDA cores in fp32 with runtime D and Dv (one instantiation per dtype): tiles
-// are 16×16 and the per-block accumulators live in shared memory.
+// fp32 runs SIMT kernels with runtime D and Dv (one instantiation each): 16×16 tiles, per-block
+// accumulators in shared memory. fp16/bf16 run the tensor-core kernels described below.
 #pragma once
 
 #include <cstddef>
@@ -52,6 +52,39 @@ ATTN_EXT_HOST_DEVICE CrossAttentionBwdSmem cross_attention_bwd_smem(int D, int D
   return s;
 }
 
+// Tensor-core (WMMA) backward for fp16/bf16: one head-dim bucket (the larger of D and Dv, rounded up
+// to {32, 64, 128, 256}, zero-padded) per instantiation, as in the forward. Each warp owns 16 rows
+// of the block's "own" tile (keys in the dK/dV kernel, queries in the dQ kernel) and the block
+// streams the other side in tiles of 32; P and dS are rounded to 16 bits for the second products,
+// as FlashAttention does. The widest bucket uses 2 warps so that its shared memory fits sm_80.
+constexpr int kCrossAttentionBwdWmmaOther = 32;
+constexpr int cross_attention_bwd_wmma_warps(int dim) { return dim <= 128 ? 4 : 2; }
+constexpr int cross_attention_bwd_wmma_own(int dim) { return 16 * cross_attention_bwd_wmma_warps(dim); }
+
+/// Byte offsets of the WMMA backward kernels' shared memory (see cross_attention_bwd_wmma_kernel.cuh).
+struct CrossAttentionBwdWmmaSmem {
+  std::size_t own, other, scores, coef, acc, stats, bias, bytes;
+  int half_stride, score_stride, coef_stride, acc_stride;
+};
+
+constexpr CrossAttentionBwdWmmaSmem cross_attention_bwd_wmma_smem(int dim, bool key_tile_kernel) {
+  const int own = cross_attention_bwd_wmma_own(dim), other = kCrossAttentionBwdWmmaOther;
+  CrossAttentionBwdWmmaSmem s{};
+  s.half_stride = dim + 8;     // 16-bit tiles: rows a multiple of 16 bytes, shifted by 4 banks
+  s.score_stride = other + 4;  // fp32 S and dP
+  s.coef_stride = other + 8;   // 16-bit P and dS
+  s.acc_stride = dim + 4;      // fp32 accumulators
+  s.own = 0;                                                            // 2 × [own][dim] 16-bit
+  s.other = s.own + 2u * 2u * static_cast<std::size_t>(own) * s.half_stride;       // 2 × [other][dim] 16-bit
+  s.scores = s.other + 2u * 2u * static_cast<std::size_t>(other) * s.half_stride;  // S, dP
+  s.coef = s.scores + 2u * 4u * static_cast<std::size_t>(own) * s.score_stride;    // P, dS
+  s.acc = s.coef + 2u * 2u * static_cast<std::size_t>(own) * s.coef_stride;        // dK, dV or dQ
+  s.stats = s.acc + (key_tile_kernel ? 2u : 1u) * 4u * static_cast<std::size_t>(own) * s.acc_stride;
+  s.bias = s.stats + 3u * 4u * 64u;  // lse, Δ, dlse of up to 64 query rows
+  s.bytes = s.bias + 4u * 64u;       // key biases of up to 64 keys
+  return s;
+}
+
 struct CrossAttentionBwdPlan {
   bool supported = false;
   const char* error = nullptr;  ///< static string, set when !supported
@@ -61,6 +94,11 @@ struct CrossAttentionBwdPlan {
   LaunchDims dq_grid;           ///< x = B·H·ceil(M / 16), query tile fastest; 0 = skip
   std::size_t dkdv_smem_bytes = 0;
   std::size_t dq_smem_bytes = 0;
+  /// fp16/bf16: the WMMA kernels for dK/dV and dQ with head-dim bucket `dim` (block.x is then
+  /// 32·cross_attention_bwd_wmma_warps(dim) for those two; the Δ pre-pass keeps delta_block).
+  bool tensor_cores = false;
+  int dim = 0;
+  LaunchDims delta_block;
 };
 
 /// Plans the backward of q [B,H,M,D], k [B,H,N,D], v [B,H,N,Dv]. An empty M still launches dK/dV
@@ -82,7 +120,22 @@ inline CrossAttentionBwdPlan plan_cross_attention_bwd(int64_t B, int64_t H, int6
     plan.error = "too many blocks: B*H*tiles exceeds the CUDA grid limit";
     return plan;
   }
-  plan.block.x = kCrossAttentionBwdThreads;
+  plan.block.x = plan.delta_block.x = kCrossAttentionBwdThreads;
+  plan.tensor_cores = dtype != ScalarType::kFloat32;
+  if (plan.tensor_cores) {
+    const int64_t wide = D > Dv ? D : Dv;
+    plan.dim = cross_attention_fwd_head_dim_instantiation(wide);
+    const int own = cross_attention_bwd_wmma_own(plan.dim);
+    plan.block.x = static_cast<unsigned int>(32 * cross_attention_bwd_wmma_warps(plan.dim));
+    plan.delta_grid.x = static_cast<unsigned int>((B * H * M + kCrossAttentionDeltaRowsPerBlock - 1) /
+                                                  kCrossAttentionDeltaRowsPerBlock);
+    plan.dkdv_grid.x = static_cast<unsigned int>(B * H * ((N + own - 1) / own));
+    plan.dq_grid.x = static_cast<unsigned int>(B * H * ((M + own - 1) / own));
+    plan.dkdv_smem_bytes = cross_attention_bwd_wmma_smem(plan.dim, true).bytes;
+    plan.dq_smem_bytes = cross_attention_bwd_wmma_smem(plan.dim, false).bytes;
+    plan.supported = true;
+    return plan;
+  }
   plan.delta_grid.x = static_cast<unsigned int>((B * H * M + kCrossAttentionDeltaRowsPerBlock - 1) /
                                                 kCrossAttentionDeltaRowsPerBlock);
   plan.dkdv_grid.x = static_cast<unsigned int>(B * H * n_tiles);

@@ -18,27 +18,14 @@ cudaError_t launch_wmma(const CrossAttentionFwdParams& p, const CrossAttentionLa
                           plan.shared_memory_bytes, stream, p);
 }
 
-template <typename scalar_t>
-cudaError_t dispatch_dim(const CrossAttentionFwdParams& p, const CrossAttentionLaunchPlan& plan, cudaStream_t stream) {
-  switch (plan.head_dim_instantiation) {
-    case 32: return launch_wmma<scalar_t, 32>(p, plan, stream);
-    case 64: return launch_wmma<scalar_t, 64>(p, plan, stream);
-    case 128: return launch_wmma<scalar_t, 128>(p, plan, stream);
-    case 256: return launch_wmma<scalar_t, 256>(p, plan, stream);
-    default: return cudaErrorInvalidValue;
-  }
-}
-
 }  // namespace
 
 cudaError_t launch_cross_attention_fwd_wmma(const CrossAttentionFwdParams& p, const CrossAttentionLaunchPlan& plan,
                                             cudaStream_t stream) {
   if (!plan.tensor_cores || plan.head_dim_instantiation != plan.head_dim_v_instantiation) return cudaErrorInvalidValue;
-  switch (p.dtype) {
-    case ScalarType::kFloat16: return dispatch_dim<__half>(p, plan, stream);
-    case ScalarType::kBFloat16: return dispatch_dim<__nv_bfloat16>(p, plan, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return dispatch_tensor_core(p.dtype, plan.head_dim_instantiation, [&](auto scalar, auto dim) {
+    return launch_wmma<decltype(scalar), decltype(dim)::value>(p, plan, stream);
+  });
 }
 
 }  // namespace detail

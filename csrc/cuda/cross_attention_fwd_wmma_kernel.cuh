@@ -18,9 +18,8 @@
 
 #include <cstdint>
 
-#include <mma.h>
-
 #include "cross_attention_fwd_kernel.cuh"
+#include "wmma_tiles.cuh"
 
 namespace attn_ext {
 namespace cuda {
@@ -67,7 +66,6 @@ __device__ __forceinline__ void copy_tile(scalar_t* __restrict__ dst, const scal
 template <typename scalar_t, int kDim>
 __global__ void __launch_bounds__(kCrossAttentionWmmaWarps * 32, 1)
     cross_attention_fwd_wmma_kernel(const CrossAttentionFwdParams p) {
-  namespace wmma = nvcuda::wmma;
   using L = WmmaFwdSmemLayout<kDim>;
   constexpr int kThreads = kCrossAttentionWmmaWarps * 32;
   constexpr int kBlockM = L::kBlockM, kBlockN = L::kBlockN;
@@ -111,20 +109,8 @@ __global__ void __launch_bounds__(kCrossAttentionWmmaWarps * 32, 1)
     __syncthreads();
 
     // 1. S (unscaled) = Q Kᵀ for the warp's 16 rows.
-#pragma unroll
-    for (int j = 0; j < kBlockN / 16; ++j) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> s;
-      wmma::fill_fragment(s, 0.0f);
-#pragma unroll 4
-      for (int kk = 0; kk < kDim; kk += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, scalar_t, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, scalar_t, wmma::col_major> kt;
-        wmma::load_matrix_sync(a, q_tile + row0 * L::kHalfStride + kk, L::kHalfStride);
-        wmma::load_matrix_sync(kt, k_tile + 16 * j * L::kHalfStride + kk, L::kHalfStride);
-        wmma::mma_sync(s, a, kt, s);
-      }
-      wmma::store_matrix_sync(s_tile + row0 * L::kSStride + 16 * j, s, L::kSStride, wmma::mem_row_major);
-    }
+    warp_gemm_abt<scalar_t, kDim, kBlockN>(s_tile + row0 * L::kSStride, L::kSStride, q_tile + row0 * L::kHalfStride,
+                                           k_tile, L::kHalfStride);
     __syncwarp();
 
     // 2. Online softmax, one lane per row. Scaling in fp32 here (not pre-scaling the 16-bit Q) keeps
@@ -158,20 +144,8 @@ __global__ void __launch_bounds__(kCrossAttentionWmmaWarps * 32, 1)
       o_tile[r * L::kOStride + idx % kDim] *= row_factor[r];
     }
     __syncwarp();
-#pragma unroll 1
-    for (int j = 0; j < kDim / 16; ++j) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> o;
-      wmma::load_matrix_sync(o, o_tile + row0 * L::kOStride + 16 * j, L::kOStride, wmma::mem_row_major);
-#pragma unroll
-      for (int kk = 0; kk < kBlockN; kk += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, scalar_t, wmma::row_major> pa;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, scalar_t, wmma::row_major> vb;
-        wmma::load_matrix_sync(pa, p_tile + row0 * L::kPStride + kk, L::kPStride);
-        wmma::load_matrix_sync(vb, v_tile + kk * L::kHalfStride + 16 * j, L::kHalfStride);
-        wmma::mma_sync(o, pa, vb, o);
-      }
-      wmma::store_matrix_sync(o_tile + row0 * L::kOStride + 16 * j, o, L::kOStride, wmma::mem_row_major);
-    }
+    warp_gemm_acc<scalar_t, kDim, kBlockN>(o_tile + row0 * L::kOStride, L::kOStride, p_tile + row0 * L::kPStride,
+                                           L::kPStride, v_tile, L::kHalfStride);
   }
 
   // Epilogue: normalise and write out (input dtype) and lse (fp32); an empty row gets 0 and −inf.

@@ -1,7 +1,11 @@
-// A kernel launch with a planned amount of dynamic shared memory, shared by the launchers.
+// Launch helpers shared by the launchers: dynamic shared-memory opt-in, tensor-core dispatch.
 #pragma once
 
 #include <cstddef>
+#include <type_traits>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <cuda_runtime.h>
 
@@ -27,6 +31,26 @@ cudaError_t launch_with_smem(void (*kernel)(KernelArgs...), LaunchDims grid, Lau
   }
   kernel<<<dim3(grid.x, grid.y, grid.z), dim3(block.x, block.y, block.z), smem_bytes, stream>>>(args...);
   return cudaGetLastError();
+}
+
+/// Calls f(scalar_t{}, std::integral_constant<int, dim>{}) for the tensor-core instantiations: dtype
+/// fp16 or bf16, head-dim bucket 32, 64, 128 or 256; cudaErrorInvalidValue for anything else.
+template <typename F>
+cudaError_t dispatch_tensor_core(ScalarType dtype, int dim, F&& f) {
+  const auto by_dim = [&](auto scalar) -> cudaError_t {
+    switch (dim) {
+      case 32: return f(scalar, std::integral_constant<int, 32>{});
+      case 64: return f(scalar, std::integral_constant<int, 64>{});
+      case 128: return f(scalar, std::integral_constant<int, 128>{});
+      case 256: return f(scalar, std::integral_constant<int, 256>{});
+      default: return cudaErrorInvalidValue;
+    }
+  };
+  switch (dtype) {
+    case ScalarType::kFloat16: return by_dim(__half{});
+    case ScalarType::kBFloat16: return by_dim(__nv_bfloat16{});
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace detail

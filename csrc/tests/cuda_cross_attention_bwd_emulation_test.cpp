@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cross_attention_bwd_kernel.cuh"
+#include "cross_attention_bwd_wmma_kernel.cuh"
 #include "cuda_emulation/emulator_extras_tree.h"
 #include "cuda_emulation/scalar_types.h"
 
@@ -55,7 +56,8 @@ struct Strided {
   double get(int64_t b, int64_t h, int64_t r, int64_t c) { return to_float(at(b, h, r, c)); }
 };
 
-template <typename scalar_t>
+/// kDim = 0: the SIMT kernels (fp32); else the tensor-core kernels of that head-dim bucket (fp16/bf16).
+template <typename scalar_t, int kDim = 0>
 void run_case(const Case& c, uint32_t seed) {
   const int64_t B = c.B, H = c.H, M = c.M, N = c.N, D = c.D, Dv = c.Dv;
   std::mt19937 gen(seed);
@@ -126,12 +128,20 @@ void run_case(const Case& c, uint32_t seed) {
   const size_t smem_total = sizeof(attn_ext::cuda::detail::smem_raw);
   const auto dims = [](attn_ext::cuda::LaunchDims d) { return dim3(d.x, d.y, d.z); };
   namespace det = attn_ext::cuda::detail;
-  bool ok = cuda_emu::run_grid(dims(plan.delta_grid), dims(plan.block), smem, smem_total, 0,
+  if (plan.tensor_cores != (kDim > 0) || plan.dim != kDim) return fail(c, "plan picks another kernel", 0, plan.dim, kDim);
+  bool ok = cuda_emu::run_grid(dims(plan.delta_grid), dims(plan.delta_block), smem, smem_total, 0,
                                [&] { det::cross_attention_bwd_delta_kernel<scalar_t>(p); });
-  ok &= cuda_emu::run_grid(dims(plan.dkdv_grid), dims(plan.block), smem, smem_total, plan.dkdv_smem_bytes,
-                           [&] { det::cross_attention_bwd_dkdv_kernel<scalar_t>(p); });
-  ok &= cuda_emu::run_grid(dims(plan.dq_grid), dims(plan.block), smem, smem_total, plan.dq_smem_bytes,
-                           [&] { det::cross_attention_bwd_dq_kernel<scalar_t>(p); });
+  if constexpr (kDim > 0) {
+    ok &= cuda_emu::run_grid(dims(plan.dkdv_grid), dims(plan.block), smem, smem_total, plan.dkdv_smem_bytes,
+                             [&] { det::cross_attention_bwd_wmma_kernel<scalar_t, kDim, true>(p); });
+    ok &= cuda_emu::run_grid(dims(plan.dq_grid), dims(plan.block), smem, smem_total, plan.dq_smem_bytes,
+                             [&] { det::cross_attention_bwd_wmma_kernel<scalar_t, kDim, false>(p); });
+  } else {
+    ok &= cuda_emu::run_grid(dims(plan.dkdv_grid), dims(plan.block), smem, smem_total, plan.dkdv_smem_bytes,
+                             [&] { det::cross_attention_bwd_dkdv_kernel<scalar_t>(p); });
+    ok &= cuda_emu::run_grid(dims(plan.dq_grid), dims(plan.block), smem, smem_total, plan.dq_smem_bytes,
+                             [&] { det::cross_attention_bwd_dq_kernel<scalar_t>(p); });
+  }
   if (!ok) fail(c, "shared memory written past the planned size", 0, 0, 0);
   if (to_float(dq.back()) != 12288.0f || to_float(dk.back()) != 12288.0f || to_float(dv.back()) != 12288.0f)
     fail(c, "write past the end of a gradient", 0, 0, 0);
@@ -182,7 +192,8 @@ void test_plan() {
   const auto expect = [](bool cond, const char* what) {
     if (!cond && ++g_failures <= 20) std::fprintf(stderr, "plan: %s\n", what);
   };
-  const CrossAttentionBwdPlan p = plan_cross_attention_bwd(2, 3, 33, 17, 40, 59, ScalarType::kFloat16);
+  const CrossAttentionBwdPlan p = plan_cross_attention_bwd(2, 3, 33, 17, 40, 59, ScalarType::kFloat32);
+  expect(!p.tensor_cores, "fp32 runs the SIMT kernels");
   expect(p.supported && p.block.x == 128, "supported, 128 threads");
   expect(p.delta_grid.x == (2 * 3 * 33 + 3) / 4, "one warp per row in the Δ pre-pass");
   expect(p.dkdv_grid.x == 2 * 3 * 2 && p.dq_grid.x == 2 * 3 * 3, "16-row tiles");
@@ -190,6 +201,17 @@ void test_plan() {
   expect(p.dq_smem_bytes < p.dkdv_smem_bytes, "dQ keeps one accumulator");
   expect(plan_cross_attention_bwd(1, 1, 8, 8, 256, 256, ScalarType::kFloat32).dkdv_smem_bytes <= 163u * 1024u,
          "D = Dv = 256 fits sm_80's opt-in shared memory");
+  const CrossAttentionBwdPlan tc = plan_cross_attention_bwd(2, 3, 33, 17, 40, 59, ScalarType::kBFloat16);
+  expect(tc.tensor_cores && tc.dim == 64 && tc.block.x == 128 && tc.delta_block.x == 128, "bf16: WMMA, bucket 64");
+  expect(tc.dkdv_grid.x == 2 * 3 * 1 && tc.dq_grid.x == 2 * 3 * 1, "64-row own tiles");
+  expect(tc.dkdv_smem_bytes == cross_attention_bwd_wmma_smem(64, true).bytes, "WMMA dK/dV smem");
+  const CrossAttentionBwdPlan wide = plan_cross_attention_bwd(1, 1, 40, 40, 256, 8, ScalarType::kFloat16);
+  expect(wide.dim == 256 && wide.block.x == 64 && wide.dq_grid.x == 2, "bucket 256: 2 warps, 32-row own tiles");
+  for (int dim : {32, 64, 128, 256}) {
+    expect(cross_attention_bwd_wmma_smem(dim, true).bytes <= 163u * 1024u, "WMMA backward fits sm_80");
+    expect(cross_attention_bwd_wmma_smem(dim, true).acc % 32 == 0 && cross_attention_bwd_wmma_smem(dim, true).coef % 32 == 0,
+           "32-byte aligned wmma sections");
+  }
   const CrossAttentionBwdPlan no_keys = plan_cross_attention_bwd(1, 2, 8, 0, 64, 64, ScalarType::kFloat32);
   expect(no_keys.supported && no_keys.dkdv_grid.x == 0 && no_keys.dq_grid.x == 2, "N = 0 still writes dQ");
   expect(!plan_cross_attention_bwd(1, 1, 8, 8, 257, 64, ScalarType::kFloat32).supported, "D > 256 rejected");
@@ -210,8 +232,13 @@ int main() {
   run_case<float>({"fp32 D=40 Dv=59 masked, 2 heads", 2, 2, 21, 35, 40, 59, true}, seed++);
   run_case<float>({"fp32 N=0", 1, 2, 9, 0, 8, 5, false}, seed++);
   run_case<float>({"fp32 M=0", 1, 2, 0, 9, 8, 5, false}, seed++);
-  run_case<__half>({"fp16 D=64 Dv=32 masked", 2, 2, 37, 70, 64, 32, true}, seed++);
-  run_case<__nv_bfloat16>({"bf16 D=Dv=256 masked", 2, 1, 17, 33, 256, 256, true}, seed++);
+  run_case<__half, 64>({"fp16 D=64 Dv=32 masked", 2, 2, 37, 70, 64, 32, true}, seed++);
+  run_case<__half, 64>({"fp16 M=1 N=239 D=40 masked", 2, 1, 1, 239, 40, 40, true}, seed++);
+  run_case<__half, 64>({"fp16 M=113 N=203 D=59", 1, 1, 113, 203, 59, 59, false}, seed++);
+  run_case<__half, 32>({"fp16 N=0", 1, 2, 9, 0, 8, 5, false}, seed++);
+  run_case<__half, 32>({"fp16 M=0", 1, 2, 0, 9, 8, 5, false}, seed++);
+  run_case<__nv_bfloat16, 128>({"bf16 D=96 Dv=128 masked", 2, 1, 40, 70, 96, 128, true}, seed++);
+  run_case<__nv_bfloat16, 256>({"bf16 D=Dv=256 masked", 2, 1, 17, 33, 256, 256, true}, seed++);
   if (g_failures != 0) {
     std::fprintf(stderr, "attn_ext_cuda_cross_attention_bwd_emulation_tests: %d failure(s)\n", g_failures);
     return 1;
