@@ -8,10 +8,12 @@
 // Synchronisation: the functions are warp-collective on a GPU. Here store_matrix_sync yields to the
 // scheduler before writing, so that every thread of the block has done its loads of the current
 // round before any thread overwrites a tile it may still read (an accumulate-in-place pattern:
-// load C, mma, store C). All threads of a warp store identical tiles, which is harmless. Loads do
-// not yield: a kernel that writes shared memory with plain stores and reads it back with
-// load_matrix_sync still needs its own __syncwarp/__syncthreads, and the emulator checks that
-// every warp reaches the same sequence of them.
+// load C, mma, store C). Then each lane writes only "its" elements (element e belongs to lane
+// (13e + 5) mod 32: a scrambled stand-in for the hardware's unspecified distribution, so that it does
+// not happen to line up with a kernel's own lane-strided loops), so a missing __syncwarp is
+// caught like on a GPU: lanes that read a stored tile with plain loads before the barrier, or a
+// load_matrix_sync that runs before other lanes' plain stores reached memory, see stale data in the
+// elements other lanes own. Loads do not yield.
 #pragma once
 
 #include "cuda_emulator.h"
@@ -113,8 +115,10 @@ template <int M, int N, int K, typename T>
 void store_matrix_sync(T* ptr, const fragment<accumulator, M, N, K, T>& f, unsigned ldm, layout_t layout) {
   if (ldm % (16 / sizeof(T)) != 0) ::cuda_emu::fail("wmma: ldm must be a multiple of 16 bytes");
   ::cuda_emu::yield(::cuda_emu::Sync::kShuffle);  // see the file comment
+  const int lane = static_cast<int>(::cuda_emu::self().linear_id % 32);
   for (int r = 0; r < M; ++r)
     for (int c = 0; c < N; ++c) {
+      if (((r * N + c) * 13 + 5) % 32 != lane) continue;
       const size_t at = layout == mem_col_major ? static_cast<size_t>(c) * ldm + r : static_cast<size_t>(r) * ldm + c;
       ptr[at] = detail::from_float<T>(f.tile[r * N + c]);
     }
