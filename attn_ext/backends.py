@@ -37,15 +37,20 @@ def _cpp_rejection(q: Tensor) -> Optional[str]:
     return None
 
 
-def _cuda_rejection(q: Tensor) -> Optional[str]:
+#: The op whose CUDA kernel decides whether backend "cuda" can run a call, unless the caller names another.
+DEFAULT_OP = "attn_ext::cross_attention_fwd"
+
+
+def _cuda_rejection(q: Tensor, op: str) -> Optional[str]:
     error = extension_error()
     if error is not None:
         return error
     if q.device.type != "cuda":
         return f"the CUDA kernels run on CUDA tensors, got {q.device}"
-    if not torch._C._dispatch_has_kernel_for_dispatch_key("attn_ext::cross_attention_fwd", "CUDA"):
-        return ("this build of attn_ext has no CUDA kernels (it was compiled against a torch without CUDA; "
-                "reinstall with a CUDA build of torch and nvcc on PATH)")
+    # Per op: a build may carry CUDA kernels for some op families and not others.
+    if not torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA"):
+        return (f"this build of attn_ext has no CUDA kernel for {op} (it was compiled against a torch without "
+                "CUDA, or before that kernel existed; reinstall with a CUDA build of torch and nvcc on PATH)")
     if q.dtype == torch.float64:
         return "the CUDA kernels take float16, bfloat16 or float32, not float64"
     return None
@@ -62,23 +67,25 @@ def _triton_rejection(q: Tensor) -> Optional[str]:
     return None
 
 
-def rejection_reasons(q: Tensor) -> Dict[str, Optional[str]]:
-    """For each backend, None if it can run attention on inputs like ``q``, else the reason it cannot."""
-    return {"cpp": _cpp_rejection(q), "cuda": _cuda_rejection(q), "triton": _triton_rejection(q), "reference": None}
+def rejection_reasons(q: Tensor, op: str = DEFAULT_OP) -> Dict[str, Optional[str]]:
+    """For each backend, None if it can run ``op`` (a ``"attn_ext::name"`` schema) on inputs like ``q``,
+    else the reason it cannot."""
+    return {"cpp": _cpp_rejection(q), "cuda": _cuda_rejection(q, op), "triton": _triton_rejection(q),
+            "reference": None}
 
 
-def available_backends(q: Tensor) -> Dict[str, Optional[str]]:
+def available_backends(q: Tensor, op: str = DEFAULT_OP) -> Dict[str, Optional[str]]:
     """Public form of :func:`rejection_reasons`: ``{name: None or reason}`` for inputs like ``q``."""
-    return rejection_reasons(q)
+    return rejection_reasons(q, op)
 
 
-def select_backend(requested: Optional[str], q: Tensor) -> str:
-    """The backend to run ``q``'s call on; raises RuntimeError if a requested one cannot run it."""
+def select_backend(requested: Optional[str], q: Tensor, op: str = DEFAULT_OP) -> str:
+    """The backend to run ``q``'s call of ``op`` on; raises RuntimeError if a requested one cannot run it."""
     if requested is None or requested == "auto":
         requested = os.environ.get(ENVIRONMENT_VARIABLE) or "auto"
     if requested != "auto" and requested not in BACKENDS:
         raise ValueError(f"attn_ext: unknown backend {requested!r}; choose one of {', '.join(BACKENDS)} or 'auto'")
-    reasons = rejection_reasons(q)
+    reasons = rejection_reasons(q, op)
     if requested != "auto":
         if reasons[requested] is None:
             return requested

@@ -72,6 +72,6 @@ def cross_attention(
     check_cross_attention_args(q, k, v, key_padding_mask, scale, chunk_size)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     chunk_size = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
-    name = select_backend(backend, q)
+    name = select_backend(backend, q, op="attn_ext::cross_attention_fwd")
     out, lse = ops.forward_op(name)(q, k, v, key_padding_mask, scale, chunk_size)
     return (out, lse) if return_lse else out

@@ -77,4 +77,42 @@ inline void check_cross_attention_grads(const CrossAttentionShape& s, const at::
                    " inputs; got ", lse.scalar_type(), " and ", grad_lse.scalar_type());
 }
 
+/// Rows of the flattened [rows, Dv] state tensors of a merge (attn_ext::merge_attention_states).
+struct MergeStateRows {
+  int64_t rows, dv;
+};
+
+inline MergeStateRows check_merge_states(const at::Tensor& out_a, const at::Tensor& lse_a, const at::Tensor& out_b,
+                                         const at::Tensor& lse_b) {
+  TORCH_CHECK_VALUE(out_a.dim() >= 1 && out_a.sizes() == out_b.sizes(), "attn_ext: merged states must have the ",
+                    "same out shape; got ", out_a.sizes(), " and ", out_b.sizes());
+  TORCH_CHECK_VALUE(lse_a.sizes() == out_a.sizes().slice(0, out_a.dim() - 1) && lse_b.sizes() == lse_a.sizes(),
+                    "attn_ext: lse must be out.shape[:-1] = ", out_a.sizes().slice(0, out_a.dim() - 1),
+                    "; got ", lse_a.sizes(), " and ", lse_b.sizes());
+  TORCH_CHECK_TYPE(out_a.scalar_type() == out_b.scalar_type(), "attn_ext: merged states must share a dtype; got ",
+                   out_a.scalar_type(), " and ", out_b.scalar_type());
+  const at::ScalarType lse_dtype = lse_dtype_for(out_a.scalar_type());
+  TORCH_CHECK_TYPE(lse_a.scalar_type() == lse_dtype && lse_b.scalar_type() == lse_dtype, "attn_ext: lse must be ",
+                   lse_dtype, " for ", out_a.scalar_type(), " states; got ", lse_a.scalar_type(), " and ",
+                   lse_b.scalar_type());
+  TORCH_CHECK(out_a.device() == out_b.device() && lse_a.device() == out_a.device() && lse_b.device() == out_a.device(),
+              "attn_ext: merged states must be on one device");
+  return MergeStateRows{lse_a.numel(), out_a.size(-1)};
+}
+
+/// The merge backward's extra inputs against state a (already checked with check_merge_states).
+inline void check_merge_states_grads(const at::Tensor& grad_out, const at::Tensor& grad_lse, const at::Tensor& out,
+                                     const at::Tensor& lse, const at::Tensor& out_a, const at::Tensor& lse_a) {
+  TORCH_CHECK_VALUE(grad_out.sizes() == out_a.sizes() && out.sizes() == out_a.sizes() &&
+                        grad_lse.sizes() == lse_a.sizes() && lse.sizes() == lse_a.sizes(),
+                    "attn_ext: merge backward got grad_out ", grad_out.sizes(), ", grad_lse ", grad_lse.sizes(),
+                    ", out ", out.sizes(), ", lse ", lse.sizes(), " for states of shape ", out_a.sizes());
+  TORCH_CHECK_TYPE(grad_out.scalar_type() == out_a.scalar_type() && out.scalar_type() == out_a.scalar_type() &&
+                       grad_lse.scalar_type() == lse_a.scalar_type() && lse.scalar_type() == lse_a.scalar_type(),
+                   "attn_ext: merge backward dtypes must match the states'");
+  TORCH_CHECK(grad_out.device() == out_a.device() && grad_lse.device() == out_a.device() &&
+                  out.device() == out_a.device() && lse.device() == out_a.device(),
+              "attn_ext: merge backward tensors must be on the states' device");
+}
+
 }  // namespace attn_ext

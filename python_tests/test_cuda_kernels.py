@@ -80,6 +80,34 @@ def test_merge_states_matches_cpu():
         torch.testing.assert_close(x.cpu(), y, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_merge_states_backward_matches_cpu(dtype):
+    g = torch.Generator().manual_seed(1)
+    out_a, out_b, grad_out = (torch.randn(2, 3, 5, 7, generator=g).to(dtype) for _ in range(3))
+    lse_a, lse_b, grad_lse = (torch.randn(2, 3, 5, generator=g) for _ in range(3))
+    lse_b[0, 0, 0] = lse_a[0, 0, 0] = float("-inf")  # an empty merged row: zero gradients, not NaN
+    out, lse = torch.ops.attn_ext.merge_attention_states(out_a, lse_a, out_b, lse_b)
+    args = (grad_out, grad_lse, out_a, lse_a, out_b, lse_b, out, lse)
+    expected = torch.ops.attn_ext.merge_attention_states_bwd(*args)
+    got = torch.ops.attn_ext.merge_attention_states_bwd(*_cuda(*args))
+    for x, y in zip(got, expected):
+        assert x.dtype == y.dtype and not bool(x.isnan().any())
+        torch.testing.assert_close(x.cpu().float(), y.float(), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_chunked_states_merge_to_full_attention(dtype):
+    """attention_state over two key halves + merge_states on CUDA equals one pass over all keys."""
+    q, k, v, mask, scale, refs = forward_case(2, 2, 33, 150, 64, 40, dtype, layout="contiguous", mask_kind="lengths")
+    (out64, lse64), (out_pt, lse_pt) = refs
+    qc, kc, vc, mc = _cuda(q, k, v, mask)
+    halves = [ae.attention_state(qc, kc[:, :, sl], vc[:, :, sl], key_padding_mask=None if mc is None else mc[:, sl],
+                                 scale=scale, backend="cuda") for sl in (slice(0, 70), slice(70, None))]
+    merged = ae.merge_states(halves, backend="cuda")
+    assert_within_flash_rule(merged.out.cpu(), out64, out_pt, name="cuda merged out")
+    assert_within_flash_rule(merged.lse.cpu(), lse64, lse_pt, name="cuda merged lse")
+
+
 @pytest.mark.parametrize("policy", ["greedy", "sample"])
 @pytest.mark.parametrize("branching", [2, 4])
 def test_tree_cross_attention_matches_cpu(policy, branching):
@@ -128,6 +156,16 @@ def test_opcheck_attention_ops():
     q, k, v = (torch.randn(1, 2, n, 40, device="cuda", requires_grad=True) for n in (5, 9, 9))
     mask = torch.zeros(1, 9, dtype=torch.bool, device="cuda")
     torch.library.opcheck(torch.ops.attn_ext.cross_attention_fwd.default, (q, k, v, mask, 0.2, 4),
+                          test_utils=OPCHECK_TESTS)
+    with torch.no_grad():
+        out, lse = torch.ops.attn_ext.cross_attention_fwd(q, k, v, mask, 0.2, 4)
+    grad_out, grad_lse = torch.randn_like(out), torch.randn_like(lse)
+    torch.library.opcheck(torch.ops.attn_ext.cross_attention_bwd.default,
+                          (grad_out, grad_lse, q.detach(), k.detach(), v.detach(), mask, out, lse, 0.2, 4),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+    out_b, lse_b = torch.randn_like(out, requires_grad=True), torch.randn_like(lse, requires_grad=True)
+    torch.library.opcheck(torch.ops.attn_ext.merge_attention_states.default,
+                          (out.detach().requires_grad_(True), lse.detach().requires_grad_(True), out_b, lse_b),
                           test_utils=OPCHECK_TESTS)
 
 

@@ -74,7 +74,7 @@ def intention(
     alpha_t = _alpha_tensor(alpha, q)
     if form not in FORMS:
         raise ValueError(f"attn_ext: unknown form {form!r}; choose one of {', '.join(FORMS)}")
-    name = select_backend(backend, q)
+    name = select_backend(backend, q, op="attn_ext::intention_fwd")
     if form == "auto":
         form = "dual" if k.shape[2] < k.shape[3] else "primal"
     if name == "triton" and _beyond_triton_tiles(q, v):
@@ -123,7 +123,7 @@ def sigma_intention(
 
     check_cross_attention_args(q, k, v, key_padding_mask, scale, None)
     alpha_t = _alpha_tensor(alpha, q)
-    name = select_backend(backend, q)
+    name = select_backend(backend, q, op="attn_ext::intention_fwd")
     if name in COMPILED_BACKENDS:  # the Intention kernel without values (C = I) gives Q̃ with its backward
         q_tilde = torch.ops.attn_ext.intention_fwd(q, k, None, key_padding_mask, alpha_t, float(scale))[0]
     else:

@@ -128,7 +128,7 @@ def _select_backend(requested: Optional[str], reduce: Union[str, Reducer], leaf_
     if requested == "reference":
         return requested
     compiled = requested if requested != "auto" else ("cuda" if leaf_values.device.type == "cuda" else "cpp")
-    reason = rejection_reasons(leaf_values)[compiled]
+    reason = rejection_reasons(leaf_values, "attn_ext::tree_aggregate_mean_fwd")[compiled]
     if reason is None and leaf_values.dtype not in _CPP_DTYPES:
         reason = f"the kernel takes float16, bfloat16, float32 or float64, not {leaf_values.dtype}"
     if requested == compiled and reason is not None:

@@ -266,7 +266,7 @@ def _select_tree_backend(requested: Optional[str], q: Tensor) -> str:
     """The backend for a call on inputs like ``q``: the rules of :func:`attn_ext.cross_attention`."""
     from attn_ext.backends import select_backend
 
-    return select_backend(requested, q)
+    return select_backend(requested, q, op="attn_ext::tree_cross_attention_fwd")
 
 
 _FUSED_OPS = {"cpp": "tree_cross_attention_fwd", "cuda": "tree_cross_attention_fwd",

@@ -7,7 +7,8 @@ gets a table in one command::
     python bench/gpu/bench_cuda.py --dtype bf16 --out bench/results/cuda_gpu.md
 
 Rows: cross attention (B=8, H=4, M=128 latents as in CMANP, N keys, D=64) with ``backend="cuda"``
-and ``backend="triton"`` vs ``scaled_dot_product_attention``; Intention (M = N) and the batched
+and ``backend="triton"`` vs ``scaled_dot_product_attention`` (``cuda``: tensor-core forward for fp16/bf16,
+SIMT for fp32, SIMT backward); the state merge of two [8, 4, 4096, 64] states; Intention (M = N) and the batched
 Cholesky + solve ``[4096, 64, 64]`` vs ``torch.linalg``. Timed with CUDA events, median of
 ``--repeats`` after warm-up; peak memory from ``torch.cuda.max_memory_allocated``. A backend that
 cannot run is reported with its reason instead of a time.
@@ -65,6 +66,28 @@ def attention_rows(dtype: torch.dtype, repeats: int) -> list[list[str]]:
     return rows
 
 
+def merge_rows(dtype: torch.dtype, repeats: int) -> list[list[str]]:
+    """merge_states of two [8, 4, 4096, 64] states: memory bound, compared with the same math in torch ops."""
+    import attn_ext as ae
+
+    a, b = (ae.AttentionState(torch.randn(8, 4, 4096, 64, device="cuda", dtype=dtype),
+                              torch.randn(8, 4, 4096, device="cuda")) for _ in range(2))
+
+    def torch_ops():
+        lse = torch.logaddexp(a.lse, b.lse)
+        return (torch.exp(a.lse - lse)[..., None] * a.out + torch.exp(b.lse - lse)[..., None] * b.out), lse
+
+    rows = []
+    for name, fn in (("merge_states cuda", lambda: ae.merge_states(a, b, backend="cuda")),
+                     ("merge_states triton", lambda: ae.merge_states(a, b, backend="triton")),
+                     ("torch ops", torch_ops)):
+        try:
+            rows.append([name, f"{cuda_time_ms(fn, repeats)[0]:.3f}"])
+        except Exception as exc:  # noqa: BLE001 - reported in the table
+            rows.append([name, f"failed: {type(exc).__name__}: {exc}"])
+    return rows
+
+
 def linalg_rows(repeats: int) -> list[list[str]]:
     import attn_ext as ae
 
@@ -109,6 +132,8 @@ def main() -> int:
         parts += [f"## Cross attention, {key}, B=8 H=4 M=128 D=64", "",
                   markdown(["N", "impl", "fwd ms", "fwd+bwd ms", "peak MiB / note"],
                            attention_rows(DTYPES[key], args.repeats)), ""]
+        parts += [f"## State merge, {key}, [8, 4, 4096, 64]", "", markdown(["impl", "ms"], merge_rows(DTYPES[key], args.repeats)),
+                  ""]
     print("intention and Cholesky ...", file=sys.stderr, flush=True)
     parts += ["## Intention (B=8 H=4 M=N=4096 D=64, fp32) and batched Cholesky [4096, 64, 64]", "",
               markdown(["impl", "ms"], linalg_rows(args.repeats)), ""]

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # compute-sanitizer over the CUDA kernels' tests, for a machine WITH a GPU (never run on the project's
-# machines, which have none). Runs python_tests/test_cuda_kernels.py under each tool:
+# machines, which have none). Runs python_tests/test_cuda_kernels.py under each tool, which covers every
+# CUDA kernel: cross-attention forward (WMMA for fp16/bf16, SIMT for fp32), its backward (Δ pre-pass,
+# dK/dV, dQ), the state merge, tree attention and aggregation, Intention and batched Cholesky:
 #   memcheck   out-of-bounds and misaligned accesses, leaks
 #   racecheck  shared-memory data races (missing __syncthreads)
 #   synccheck  invalid barrier use (divergent __syncthreads, bad __shfl masks)

@@ -20,34 +20,11 @@ constexpr int64_t kElementsPerTask = int64_t(1) << 16;
 
 int64_t rows_per_task(int64_t dv) { return std::max<int64_t>(1, kElementsPerTask / std::max<int64_t>(dv, 1)); }
 
-// Rows of the flattened [rows, Dv] state tensors, each contiguous.
-struct StateRows {
-  int64_t rows, dv;
-};
-
-StateRows check_states(const at::Tensor& out_a, const at::Tensor& lse_a, const at::Tensor& out_b,
-                       const at::Tensor& lse_b) {
-  TORCH_CHECK_VALUE(out_a.dim() >= 1 && out_a.sizes() == out_b.sizes(), "attn_ext: merged states must have the ",
-                    "same out shape; got ", out_a.sizes(), " and ", out_b.sizes());
-  TORCH_CHECK_VALUE(lse_a.sizes() == out_a.sizes().slice(0, out_a.dim() - 1) && lse_b.sizes() == lse_a.sizes(),
-                    "attn_ext: lse must be out.shape[:-1] = ", out_a.sizes().slice(0, out_a.dim() - 1),
-                    "; got ", lse_a.sizes(), " and ", lse_b.sizes());
-  TORCH_CHECK_TYPE(out_a.scalar_type() == out_b.scalar_type(), "attn_ext: merged states must share a dtype; got ",
-                   out_a.scalar_type(), " and ", out_b.scalar_type());
-  const at::ScalarType lse_dtype = lse_dtype_for(out_a.scalar_type());
-  TORCH_CHECK_TYPE(lse_a.scalar_type() == lse_dtype && lse_b.scalar_type() == lse_dtype, "attn_ext: lse must be ",
-                   lse_dtype, " for ", out_a.scalar_type(), " states; got ", lse_a.scalar_type(), " and ",
-                   lse_b.scalar_type());
-  TORCH_CHECK(out_a.device() == out_b.device() && lse_a.device() == out_a.device() && lse_b.device() == out_a.device(),
-              "attn_ext: merged states must be on one device");
-  return StateRows{lse_a.numel(), out_a.size(-1)};
-}
-
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> merge_attention_states_cpu(const at::Tensor& out_a, const at::Tensor& lse_a,
                                                              const at::Tensor& out_b, const at::Tensor& lse_b) {
-  const StateRows s = check_states(out_a, lse_a, out_b, lse_b);
+  const MergeStateRows s = check_merge_states(out_a, lse_a, out_b, lse_b);
   const at::Tensor oa = out_a.contiguous(), ob = out_b.contiguous(), la = lse_a.contiguous(), lb = lse_b.contiguous();
   at::Tensor out = at::empty_like(oa);
   at::Tensor lse = at::empty_like(la);
@@ -74,14 +51,8 @@ std::tuple<at::Tensor, at::Tensor> merge_attention_states_cpu(const at::Tensor& 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> merge_attention_states_bwd_cpu(
     const at::Tensor& grad_out, const at::Tensor& grad_lse, const at::Tensor& out_a, const at::Tensor& lse_a,
     const at::Tensor& out_b, const at::Tensor& lse_b, const at::Tensor& out, const at::Tensor& lse) {
-  const StateRows s = check_states(out_a, lse_a, out_b, lse_b);
-  TORCH_CHECK_VALUE(grad_out.sizes() == out_a.sizes() && out.sizes() == out_a.sizes() &&
-                        grad_lse.sizes() == lse_a.sizes() && lse.sizes() == lse_a.sizes(),
-                    "attn_ext: merge backward got grad_out ", grad_out.sizes(), ", grad_lse ", grad_lse.sizes(),
-                    ", out ", out.sizes(), ", lse ", lse.sizes(), " for states of shape ", out_a.sizes());
-  TORCH_CHECK_TYPE(grad_out.scalar_type() == out_a.scalar_type() && out.scalar_type() == out_a.scalar_type() &&
-                       grad_lse.scalar_type() == lse_a.scalar_type() && lse.scalar_type() == lse_a.scalar_type(),
-                   "attn_ext: merge backward dtypes must match the states'");
+  const MergeStateRows s = check_merge_states(out_a, lse_a, out_b, lse_b);
+  check_merge_states_grads(grad_out, grad_lse, out, lse, out_a, lse_a);
   const at::Tensor g = grad_out.contiguous(), gl = grad_lse.contiguous(), oa = out_a.contiguous(),
                    ob = out_b.contiguous(), la = lse_a.contiguous(), lb = lse_b.contiguous(), o = out.contiguous(),
                    l = lse.contiguous();

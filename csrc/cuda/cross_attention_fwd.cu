@@ -1,17 +1,15 @@
-// Launcher of the chunked cross-attention forward kernel: validates the problem, asks
-// plan_cross_attention_fwd() for the geometry, and dispatches (dtype, D, Dv) to an instantiation of
-// the kernel in cross_attention_fwd_kernel.cuh.
+// Launcher of the chunked cross-attention forward: validates the problem, asks
+// plan_cross_attention_fwd() for the geometry, and dispatches fp32 (D, Dv) to an instantiation of the
+// SIMT kernel in cross_attention_fwd_kernel.cuh, fp16/bf16 to the tensor-core kernel.
 #include "cross_attention_fwd.cuh"
 
 #include "cross_attention_fwd_kernel.cuh"
 #include "launch_plan.h"
+#include "launch_utils.cuh"
 
 namespace attn_ext {
 namespace cuda {
 namespace {
-
-// Above this a kernel must opt in to more dynamic shared memory (sm_80: up to 163 KiB, sm_90: 227 KiB).
-constexpr std::size_t kDefaultDynamicSmemLimit = 48 * 1024;
 
 template <typename scalar_t, int kHeadDim, int kHeadDimV>
 cudaError_t launch_instantiation(const CrossAttentionFwdParams& p, const CrossAttentionLaunchPlan& plan,
@@ -23,18 +21,8 @@ cudaError_t launch_instantiation(const CrossAttentionFwdParams& p, const CrossAt
                 "kernel shared-memory layout and launch plan disagree");
   static_assert(Layout::kKStride == cross_attention_fwd_k_tile_stride(kHeadDim),
                 "kernel K-tile stride and launch plan disagree");
-
-  auto* kernel = detail::cross_attention_fwd_kernel<scalar_t, kHeadDim, kHeadDimV, kRowsPerWarp, kWarps>;
-  if (plan.shared_memory_bytes > kDefaultDynamicSmemLimit) {
-    // Idempotent and cheap; doing it per launch avoids per-device bookkeeping of "already opted in".
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(plan.shared_memory_bytes));
-    if (err != cudaSuccess) return err;
-  }
-  const dim3 grid(plan.grid.x, plan.grid.y, plan.grid.z);
-  const dim3 block(plan.block.x, plan.block.y, plan.block.z);
-  kernel<<<grid, block, plan.shared_memory_bytes, stream>>>(p);
-  return cudaGetLastError();
+  return detail::launch_with_smem(detail::cross_attention_fwd_kernel<scalar_t, kHeadDim, kHeadDimV, kRowsPerWarp, kWarps>,
+                                  plan.grid, plan.block, plan.shared_memory_bytes, stream, p);
 }
 
 template <typename scalar_t, int kHeadDim>
@@ -71,12 +59,9 @@ cudaError_t launch_cross_attention_fwd(const CrossAttentionFwdParams& p, cudaStr
   if (p.q == nullptr || p.out == nullptr || p.lse == nullptr || (p.N > 0 && (p.k == nullptr || p.v == nullptr))) {
     return cudaErrorInvalidValue;
   }
-  switch (p.dtype) {
-    case ScalarType::kFloat32: return dispatch_head_dim<float>(p, plan, stream);
-    case ScalarType::kFloat16: return dispatch_head_dim<__half>(p, plan, stream);
-    case ScalarType::kBFloat16: return dispatch_head_dim<__nv_bfloat16>(p, plan, stream);
-  }
-  return cudaErrorInvalidValue;
+  // fp16/bf16 run on tensor cores (cross_attention_fwd_wmma.cu); only fp32 instantiates the SIMT kernel.
+  if (plan.tensor_cores) return detail::launch_cross_attention_fwd_wmma(p, plan, stream);
+  return p.dtype == ScalarType::kFloat32 ? dispatch_head_dim<float>(p, plan, stream) : cudaErrorInvalidValue;
 }
 
 }  // namespace cuda

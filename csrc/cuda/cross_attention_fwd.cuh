@@ -43,8 +43,10 @@ struct CrossAttentionFwdParams {
 
 /// Enqueues the forward pass on `stream`: out = softmax(scale·q kᵀ, keys masked) v, and lse.
 ///
-/// The kernel streams the keys in tiles of 32 with the online softmax of attn_ext/online_softmax.h,
-/// so no [M, N] matrix exists and memory is O(tile) whatever N is. A query row whose keys are all
+/// The kernels stream the keys in tiles of 32 with the online softmax of attn_ext/online_softmax.h,
+/// so no [M, N] matrix exists and memory is O(tile) whatever N is. fp32 runs on CUDA cores (SIMT);
+/// fp16 and bf16 on tensor cores (WMMA, fp32 accumulation), with D and Dv zero-padded to one
+/// instantiation in {32, 64, 128, 256} (so any D, Dv ≤ 256 works, multiples of 16 or not). A query row whose keys are all
 /// padded (or N = 0) gets out = 0 and lse = −inf, never NaN. The tiling is the one
 /// plan_cross_attention_fwd() reports.
 ///
@@ -53,6 +55,12 @@ struct CrossAttentionFwdParams {
 /// raised while the kernel runs surface at the next synchronisation, as for any launch. B·H·M = 0
 /// enqueues nothing and returns cudaSuccess.
 cudaError_t launch_cross_attention_fwd(const CrossAttentionFwdParams& p, cudaStream_t stream);
+
+namespace detail {
+/// The fp16/bf16 half of launch_cross_attention_fwd (WMMA kernel), for a validated, non-empty plan.
+cudaError_t launch_cross_attention_fwd_wmma(const CrossAttentionFwdParams& p, const CrossAttentionLaunchPlan& plan,
+                                            cudaStream_t stream);
+}  // namespace detail
 
 }  // namespace cuda
 }  // namespace attn_ext

@@ -100,6 +100,36 @@ __device__ __forceinline__ void load_tile(float* __restrict__ dst, const scalar_
   }
 }
 
+/// What a forward block works on: its (batch·head) row-block index, first query row, and the
+/// head's q/k/v/mask base pointers.
+template <typename scalar_t>
+struct FwdBlock {
+  int64_t bh, m0;
+  const scalar_t* q;
+  const scalar_t* k;
+  const scalar_t* v;
+  const uint8_t* mask;
+};
+
+/// Query tile fastest in blockIdx.x: neighbouring blocks read the same head's K/V, which stays in L2.
+/// 32-bit division suffices (the plan keeps gridDim.x < 2^31) and avoids the 64-bit division
+/// subroutine, whose call forces spills.
+template <typename scalar_t>
+__device__ __forceinline__ FwdBlock<scalar_t> fwd_block(const CrossAttentionFwdParams& p, int block_m) {
+  const unsigned int num_m_tiles = static_cast<unsigned int>((p.M + block_m - 1) / block_m);
+  const unsigned int heads = static_cast<unsigned int>(p.H);
+  const unsigned int bh = blockIdx.x / num_m_tiles;
+  const int64_t b = bh / heads, h = bh % heads;
+  FwdBlock<scalar_t> blk;
+  blk.bh = bh;
+  blk.m0 = static_cast<int64_t>(blockIdx.x % num_m_tiles) * block_m;
+  blk.q = static_cast<const scalar_t*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
+  blk.k = static_cast<const scalar_t*>(p.k) + b * p.k_stride_b + h * p.k_stride_h;
+  blk.v = static_cast<const scalar_t*>(p.v) + b * p.v_stride_b + h * p.v_stride_h;
+  blk.mask = p.key_padding_mask == nullptr ? nullptr : p.key_padding_mask + b * p.mask_stride_b;
+  return blk;
+}
+
 /// The forward kernel for one (dtype, D instantiation, Dv instantiation). Launched with
 /// kWarps·32 threads and FwdSmemLayout<...>::kFloats floats of dynamic shared memory over the 1-D
 /// grid described in launch_plan.h.
@@ -122,23 +152,14 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   float* k_tile = reinterpret_cast<float*>(smem_raw) + Layout::kKOffset;
   float* v_tile = reinterpret_cast<float*>(smem_raw) + Layout::kVOffset;
 
-  // Query tile fastest in blockIdx.x: neighbouring blocks read the same head's K/V, which stays in L2.
-  // 32-bit division suffices (the plan keeps gridDim.x < 2^31) and avoids the 64-bit division
-  // subroutine, whose call forces spills.
-  const unsigned int num_m_tiles = static_cast<unsigned int>((p.M + kBlockM - 1) / kBlockM);
-  const unsigned int heads = static_cast<unsigned int>(p.H);
-  const int64_t bh = blockIdx.x / num_m_tiles;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.x % num_m_tiles) * kBlockM;
-  const int64_t b = static_cast<unsigned int>(bh) / heads;
-  const int64_t h = static_cast<unsigned int>(bh) % heads;
+  const FwdBlock<scalar_t> blk = fwd_block<scalar_t>(p, kBlockM);
+  const int64_t bh = blk.bh, m0 = blk.m0;
+  const scalar_t* __restrict__ q = blk.q;
+  const scalar_t* __restrict__ k = blk.k;
+  const scalar_t* __restrict__ v = blk.v;
+  const uint8_t* __restrict__ mask = blk.mask;
   const int d = static_cast<int>(p.D);
   const int dv = static_cast<int>(p.Dv);
-
-  const scalar_t* __restrict__ q = static_cast<const scalar_t*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
-  const scalar_t* __restrict__ k = static_cast<const scalar_t*>(p.k) + b * p.k_stride_b + h * p.k_stride_h;
-  const scalar_t* __restrict__ v = static_cast<const scalar_t*>(p.v) + b * p.v_stride_b + h * p.v_stride_h;
-  const uint8_t* __restrict__ mask =
-      p.key_padding_mask == nullptr ? nullptr : p.key_padding_mask + b * p.mask_stride_b;
 
   // Pre-scaling Q once makes the score loop pure FMAs.
   const int64_t m_rows = p.M - m0;

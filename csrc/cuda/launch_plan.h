@@ -1,4 +1,5 @@
-// Launch geometry of the CUDA cross-attention forward kernel, as plain C++17.
+// Launch geometry of the CUDA cross-attention forward kernels (SIMT for fp32, WMMA for fp16/bf16),
+// as plain C++17.
 //
 // Kept free of CUDA headers so that host-only code compiled by g++ (the header tests, and later the
 // Python-facing op that wants to report why a shape is rejected) computes exactly the grid, block and
@@ -63,6 +64,31 @@ constexpr std::size_t cross_attention_fwd_smem_bytes(int head_dim_instantiation,
           static_cast<std::size_t>(kCrossAttentionFwdBlockN) * head_dim_v_instantiation);
 }
 
+// Tensor-core (WMMA) forward, used for fp16 and bf16. One instantiation per head dimension serves
+// both D and Dv (the larger one, rounded up to {32, 64, 128, 256}; loads zero-pad the rest): that
+// keeps the instantiation count at 2 dtypes × 4 instead of 2 × 16, at the price of some wasted MMAs
+// when D and Dv differ a lot. Each warp owns 16 query rows (one fragment row); the block shares K/V.
+constexpr int kCrossAttentionWmmaWarps = 4;
+constexpr int kCrossAttentionWmmaBlockM = 16 * kCrossAttentionWmmaWarps;
+constexpr int kCrossAttentionWmmaBlockN = 32;
+
+/// Row strides (elements) of the 16-bit tiles and the fp32 tiles. WMMA needs a multiple of 16 bytes;
+/// the extra 16 bytes shift consecutive rows by four banks, so fragment loads do not all hit one bank.
+constexpr int cross_attention_wmma_half_stride(int cols) { return cols + 8; }
+constexpr int cross_attention_wmma_float_stride(int cols) { return cols + 4; }
+
+/// Dynamic shared memory of the WMMA kernel: Q, K, V and P as 16-bit tiles; the scores S, the output
+/// accumulator O, per-row rescale factors and per-key biases (0 or −inf) in fp32. Every section is a
+/// multiple of 32 bytes, the alignment load/store_matrix_sync need.
+constexpr std::size_t cross_attention_wmma_smem_bytes(int dim) {
+  return 2 * static_cast<std::size_t>(kCrossAttentionWmmaBlockM + 2 * kCrossAttentionWmmaBlockN) *
+             cross_attention_wmma_half_stride(dim) +
+         2 * static_cast<std::size_t>(kCrossAttentionWmmaBlockM) * cross_attention_wmma_half_stride(kCrossAttentionWmmaBlockN) +
+         4 * static_cast<std::size_t>(kCrossAttentionWmmaBlockM) *
+             (cross_attention_wmma_float_stride(kCrossAttentionWmmaBlockN) + cross_attention_wmma_float_stride(dim) + 1) +
+         4 * static_cast<std::size_t>(kCrossAttentionWmmaBlockN);
+}
+
 /// A CUDA-free stand-in for dim3.
 struct LaunchDims {
   unsigned int x = 1;
@@ -82,7 +108,17 @@ struct CrossAttentionLaunchPlan {
   int head_dim_v_instantiation = 0;  ///< compiled Dv (≥ Dv)
   int block_m = 0;                   ///< query rows per block
   int block_n = 0;                   ///< keys per shared-memory tile
+  /// fp16/bf16: the WMMA kernel, with head_dim_instantiation == head_dim_v_instantiation; fp32: SIMT.
+  bool tensor_cores = false;
 };
+
+/// The reason the attention kernels cannot take this dtype or these sizes, or nullptr.
+inline const char* attention_dtype_and_size_error(ScalarType dtype, int64_t B, int64_t H, int64_t M, int64_t N) {
+  if (dtype != ScalarType::kFloat32 && dtype != ScalarType::kFloat16 && dtype != ScalarType::kBFloat16) {
+    return "unsupported dtype (expected float32, float16 or bfloat16)";
+  }
+  return B < 0 || H < 0 || M < 0 || N < 0 ? "negative size" : nullptr;
+}
 
 /// Plans the launch of the forward kernel for q [B,H,M,D], k [B,H,N,D], v [B,H,N,Dv].
 ///
@@ -91,25 +127,30 @@ struct CrossAttentionLaunchPlan {
 inline CrossAttentionLaunchPlan plan_cross_attention_fwd(int64_t B, int64_t H, int64_t M, int64_t N,
                                                          int64_t D, int64_t Dv, ScalarType dtype) {
   CrossAttentionLaunchPlan plan;
-  if (dtype != ScalarType::kFloat32 && dtype != ScalarType::kFloat16 && dtype != ScalarType::kBFloat16) {
-    plan.error = "unsupported dtype (expected float32, float16 or bfloat16)";
-    return plan;
-  }
-  if (B < 0 || H < 0 || M < 0 || N < 0) {
-    plan.error = "negative size";
-    return plan;
-  }
+  plan.error = attention_dtype_and_size_error(dtype, B, H, M, N);
+  if (plan.error != nullptr) return plan;
   plan.head_dim_instantiation = cross_attention_fwd_head_dim_instantiation(D);
   plan.head_dim_v_instantiation = cross_attention_fwd_head_dim_instantiation(Dv);
   if (plan.head_dim_instantiation == 0 || plan.head_dim_v_instantiation == 0) {
     plan.error = "head dimension D and Dv must be in [1, 256] for the CUDA kernel";
     return plan;
   }
-  plan.block_m = cross_attention_fwd_block_m(plan.head_dim_v_instantiation);
-  plan.block_n = kCrossAttentionFwdBlockN;
-  plan.block.x = static_cast<unsigned int>(kCrossAttentionFwdWarps * 32);
-  plan.shared_memory_bytes =
-      cross_attention_fwd_smem_bytes(plan.head_dim_instantiation, plan.head_dim_v_instantiation);
+  plan.tensor_cores = dtype != ScalarType::kFloat32;
+  if (plan.tensor_cores) {
+    const int dim = plan.head_dim_instantiation > plan.head_dim_v_instantiation ? plan.head_dim_instantiation
+                                                                                : plan.head_dim_v_instantiation;
+    plan.head_dim_instantiation = plan.head_dim_v_instantiation = dim;
+    plan.block_m = kCrossAttentionWmmaBlockM;
+    plan.block_n = kCrossAttentionWmmaBlockN;
+    plan.block.x = static_cast<unsigned int>(kCrossAttentionWmmaWarps * 32);
+    plan.shared_memory_bytes = cross_attention_wmma_smem_bytes(dim);
+  } else {
+    plan.block_m = cross_attention_fwd_block_m(plan.head_dim_v_instantiation);
+    plan.block_n = kCrossAttentionFwdBlockN;
+    plan.block.x = static_cast<unsigned int>(kCrossAttentionFwdWarps * 32);
+    plan.shared_memory_bytes =
+        cross_attention_fwd_smem_bytes(plan.head_dim_instantiation, plan.head_dim_v_instantiation);
+  }
 
   if (B == 0 || H == 0 || M == 0) {
     plan.supported = true;

@@ -1,5 +1,7 @@
-// Runs the CUDA cross-attention forward kernel's source on the host (cuda_emulation/) and compares
-// it with a double-precision reference computed from the same rounded inputs.
+// Runs the CUDA cross-attention forward kernels' source on the host (cuda_emulation/) and compares
+// them with a double-precision reference computed from the same rounded inputs: the SIMT kernel for
+// fp32, the tensor-core (WMMA, through the emulator's <mma.h> shim) kernel for fp16/bf16 — the
+// instantiation the launch plan picks for the dtype.
 //
 // The inputs are laid out to catch indexing bugs, not just arithmetic ones: permuted and padded
 // strides, a broadcast (stride 0) batch, and NaN in every element the kernel must not read (the
@@ -15,15 +17,9 @@
 #include <vector>
 
 #include "cross_attention_fwd_kernel.cuh"
-
-namespace attn_ext {
-namespace cuda {
-namespace detail {
-// Definition of the kernel's `extern __shared__` array: sm_90's opt-in maximum.
-alignas(16) float4 smem_raw[227 * 1024 / sizeof(float4)];
-}  // namespace detail
-}  // namespace cuda
-}  // namespace attn_ext
+#include "cross_attention_fwd_wmma_kernel.cuh"
+#include "cuda_emulation/emulator_extras_tree.h"  // smem_raw
+#include "cuda_emulation/scalar_types.h"
 
 namespace {
 
@@ -42,10 +38,7 @@ float as_float(float x) { return x; }
 float as_float(__half x) { return __half2float(x); }
 float as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
-template <typename T> ScalarType scalar_type();
-template <> ScalarType scalar_type<float>() { return ScalarType::kFloat32; }
-template <> ScalarType scalar_type<__half>() { return ScalarType::kFloat16; }
-template <> ScalarType scalar_type<__nv_bfloat16>() { return ScalarType::kBFloat16; }
+using cuda_emu::scalar_type;
 
 struct Case {
   const char* name;
@@ -123,14 +116,20 @@ void run_case(const Case& c, uint32_t seed) {
     fail(c, "plan does not select the tested instantiation", 0, plan.head_dim_instantiation, kD);
     return;
   }
+  if (plan.tensor_cores != (sizeof(scalar_t) == 2)) fail(c, "plan picks the wrong kernel family", 0, 0, 0);
   constexpr int kRows = attn_ext::cuda::cross_attention_fwd_rows_per_warp(kDv);
   auto* smem_bytes = reinterpret_cast<unsigned char*>(attn_ext::cuda::detail::smem_raw);
   const size_t smem_total = sizeof(attn_ext::cuda::detail::smem_raw);
   for (unsigned int bx = 0; bx < plan.grid.x; ++bx) {
     std::memset(smem_bytes, 0xff, smem_total);  // 0xffffffff is a NaN: uninitialised reads show up
     cuda_emu::run_block(dim3(plan.grid.x), dim3(bx), dim3(plan.block.x, plan.block.y, plan.block.z), [&] {
-      attn_ext::cuda::detail::cross_attention_fwd_kernel<scalar_t, kD, kDv, kRows,
-                                                         attn_ext::cuda::kCrossAttentionFwdWarps>(p);
+      if constexpr (sizeof(scalar_t) == 2) {
+        static_assert(kD == kDv, "the tensor-core kernel has one head-dim instantiation");
+        attn_ext::cuda::detail::cross_attention_fwd_wmma_kernel<scalar_t, kD>(p);
+      } else {
+        attn_ext::cuda::detail::cross_attention_fwd_kernel<scalar_t, kD, kDv, kRows,
+                                                           attn_ext::cuda::kCrossAttentionFwdWarps>(p);
+      }
     });
     for (size_t i = plan.shared_memory_bytes; i < smem_total; ++i) {
       if (smem_bytes[i] != 0xff) {
@@ -195,9 +194,13 @@ int main() {
   run_case<float, 256, 32>({"fp32 D=256 Dv=32", 1, 1, 33, 40, 256, 32, false, false, 1.0f}, seed++);
   run_case<float, 64, 64>({"fp32 N=0 (no keys)", 2, 2, 9, 0, 64, 64, false, false, 1.0f}, seed++);
   run_case<__half, 64, 64>({"fp16 D=64 Dv=64 masked", 3, 2, 17, 64, 64, 64, true, false, 1.0f}, seed++);
+  run_case<__half, 64, 64>({"fp16 D=40 Dv=59 masked, M/N tails", 2, 3, 37, 70, 40, 59, true, false, 1.0f}, seed++);
+  run_case<__half, 64, 64>({"fp16 M=1 N=239 D=40", 2, 1, 1, 239, 40, 40, true, false, 1.0f}, seed++);
   run_case<__half, 128, 128>({"fp16 D=96 Dv=128", 1, 1, 50, 31, 96, 128, false, true, 1.0f}, seed++);
-  run_case<__nv_bfloat16, 128, 256>({"bf16 D=128 Dv=200 masked (4 rows/warp)", 2, 1, 20, 37, 128, 200, true, false, 1.0f},
-                                    seed++);
+  run_case<__half, 32, 32>({"fp16 N=0 (no keys)", 2, 2, 9, 0, 7, 3, false, false, 1.0f}, seed++);
+  run_case<__nv_bfloat16, 64, 64>({"bf16 M=113 N=203 D=59 large scores", 1, 1, 113, 203, 59, 59, true, false, 8.0f},
+                                  seed++);
+  run_case<__nv_bfloat16, 256, 256>({"bf16 D=128 Dv=200 masked", 2, 1, 20, 37, 128, 200, true, false, 1.0f}, seed++);
   run_case<__nv_bfloat16, 256, 256>({"bf16 D=Dv=256", 1, 1, 17, 33, 256, 256, false, false, 1.0f}, seed++);
   if (g_failures != 0) {
     std::fprintf(stderr, "attn_ext_cuda_emulation_tests: %d mismatch(es)\n", g_failures);

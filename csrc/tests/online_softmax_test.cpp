@@ -229,15 +229,21 @@ void test_launch_plan() {
     for (ScalarType dt : dtypes) {
       const CrossAttentionLaunchPlan p = plan_cross_attention_fwd(sh[0], sh[1], sh[2], sh[3], sh[4], sh[5], dt);
       CHECK(p.supported && p.error == nullptr && !p.empty);
-      CHECK(p.head_dim_instantiation >= sh[4] && p.head_dim_instantiation < 2 * sh[4] + 32);
-      CHECK(p.head_dim_v_instantiation >= sh[5] && p.head_dim_v_instantiation < 2 * sh[5] + 32);
+      CHECK(p.tensor_cores == (dt != ScalarType::kFloat32));
+      const int64_t wide = sh[4] > sh[5] ? sh[4] : sh[5];  // the tensor-core kernel's one dimension
+      const int64_t d_bound = p.tensor_cores ? wide : sh[4], dv_bound = p.tensor_cores ? wide : sh[5];
+      CHECK(p.head_dim_instantiation >= sh[4] && p.head_dim_instantiation < 2 * d_bound + 32);
+      CHECK(p.head_dim_v_instantiation >= sh[5] && p.head_dim_v_instantiation < 2 * dv_bound + 32);
+      CHECK(!p.tensor_cores || p.head_dim_instantiation == p.head_dim_v_instantiation);
       CHECK(p.block.x == 128 && p.block.y == 1 && p.block.z == 1);
       CHECK(p.block_m >= 16 && p.block_m <= 64 && p.block_n == 32);
+      CHECK(!p.tensor_cores || p.block_m == 64);
       const int64_t tiles = (sh[2] + p.block_m - 1) / p.block_m;
       CHECK(static_cast<int64_t>(p.grid.x) == sh[0] * sh[1] * tiles && p.grid.y == 1 && p.grid.z == 1);
       CHECK(static_cast<int64_t>(p.grid.x) * p.block_m >= sh[0] * sh[1] * sh[2]);
       CHECK(p.shared_memory_bytes ==
-            cross_attention_fwd_smem_bytes(p.head_dim_instantiation, p.head_dim_v_instantiation));
+            (p.tensor_cores ? cross_attention_wmma_smem_bytes(p.head_dim_instantiation)
+                            : cross_attention_fwd_smem_bytes(p.head_dim_instantiation, p.head_dim_v_instantiation)));
     }
   }
   const CrossAttentionLaunchPlan d40 = plan_cross_attention_fwd(2, 2, 64, 64, 40, 40, ScalarType::kFloat16);
@@ -249,7 +255,12 @@ void test_launch_plan() {
       CHECK(cross_attention_fwd_smem_bytes(d, dv) <= 163u * 1024u);
       CHECK(cross_attention_fwd_smem_bytes(d, dv) % 16 == 0);  // float4 reads of the K tile
     }
+    CHECK(cross_attention_wmma_smem_bytes(d) <= 163u * 1024u);
+    CHECK(cross_attention_wmma_smem_bytes(d) % 32 == 0);  // matrix load/store alignment of the next block's view
   }
+  // Tensor cores: D = 40, Dv = 200 share the 256 instantiation.
+  const CrossAttentionLaunchPlan tc = plan_cross_attention_fwd(1, 1, 8, 8, 40, 200, ScalarType::kBFloat16);
+  CHECK(tc.tensor_cores && tc.head_dim_instantiation == 256 && tc.head_dim_v_instantiation == 256);
 
   const auto rejected = [](const CrossAttentionLaunchPlan& p) { return !p.supported && p.error != nullptr; };
   CHECK(rejected(plan_cross_attention_fwd(1, 1, 8, 8, 300, 64, ScalarType::kFloat32)));

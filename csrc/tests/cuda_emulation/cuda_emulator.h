@@ -188,3 +188,21 @@ template <typename T>
 T __shfl_xor_sync(unsigned int mask, T value, int lane_mask) {
   return ::cuda_emu::shuffle(value, mask, static_cast<int>(::cuda_emu::self().linear_id % 32) ^ lane_mask);
 }
+
+/// The emulator runs every fiber of the block up to its next synchronisation point before resuming
+/// any, so a warp barrier is emulated as a (stronger) block-wide one, like the shuffles. Kernels
+/// using it must execute the same sequence of __syncwarp calls in every warp (ours do: their loops
+/// have block-uniform trip counts); the scheduler aborts otherwise.
+inline void __syncwarp(unsigned int mask = 0xffffffffu) {
+  if (mask != 0xffffffffu) ::cuda_emu::fail("only full-warp __syncwarp is emulated");
+  ::cuda_emu::yield(::cuda_emu::Sync::kShuffle);
+}
+
+/// Fibers run one at a time on one OS thread and switch only at synchronisation points, so a plain
+/// read-modify-write is atomic here.
+template <typename T>
+inline T atomicAdd(T* address, T value) {
+  const T old = *address;
+  *address = old + value;
+  return old;
+}

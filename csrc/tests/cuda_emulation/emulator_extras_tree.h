@@ -1,24 +1,11 @@
-// Additions to the host CUDA emulator (cuda_emulator.h) for the Tree Cross Attention, Intention and
-// batched Cholesky kernels, kept in their own header so that emulator extensions for other kernels
-// do not collide: __syncwarp, and a whole-grid launch helper.
+// Whole-grid helpers for the host CUDA emulator (cuda_emulator.h) used by the emulation tests: a grid
+// launch that checks the planned shared-memory size, and the definition of the kernels' dynamic
+// shared memory. (The name predates its use beyond the tree kernels.)
 #pragma once
 
 #include <cstring>
 
 #include "cuda_emulator.h"
-
-/// The emulator runs every fiber of the block up to its next synchronisation point before resuming
-/// any, so a warp barrier is emulated as a (stronger) block-wide one, like the shuffles. Kernels
-/// using it must execute the same sequence of __syncwarp calls in every warp (ours do: their loops
-/// have block-uniform trip counts); the scheduler aborts otherwise.
-/// A template on purpose: if cuda_emulator.h (extended in parallel for other kernels) defines the
-/// same non-template function, overload resolution prefers that one and this stays unused, instead
-/// of the two colliding as redefinitions.
-template <typename = void>
-inline void __syncwarp(unsigned int mask = 0xffffffffu) {
-  if (mask != 0xffffffffu) ::cuda_emu::fail("only full-warp __syncwarp is emulated");
-  ::cuda_emu::yield(::cuda_emu::Sync::kShuffle);
-}
 
 namespace cuda_emu {
 
@@ -41,15 +28,6 @@ bool run_grid(dim3 grid, dim3 block_dim, void* smem, size_t smem_total, size_t s
 }
 
 }  // namespace cuda_emu
-
-/// Fibers run one at a time on one OS thread and switch only at synchronisation points, so a plain
-/// read-modify-write is atomic here. A template for the same reason as __syncwarp above.
-template <typename T>
-inline T atomicAdd(T* address, T value) {
-  const T old = *address;
-  *address = old + value;
-  return old;
-}
 
 namespace attn_ext {
 namespace cuda {

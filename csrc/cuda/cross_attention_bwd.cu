@@ -1,0 +1,60 @@
+// Launcher of the cross-attention backward: the Δ pre-pass, then dK/dV and dQ (independent of each
+// other, both reading Δ): SIMT kernels for fp32 (one instantiation each), the tensor-core kernels of
+// cross_attention_bwd_wmma.cu for fp16/bf16.
+#include "cross_attention_bwd.cuh"
+
+#include <type_traits>
+
+#include "cross_attention_bwd_kernel.cuh"
+#include "launch_utils.cuh"
+
+namespace attn_ext {
+namespace cuda {
+namespace {
+
+cudaError_t launch_simt_gradients(const CrossAttentionBwdParams& p, const CrossAttentionBwdPlan& plan,
+                                  cudaStream_t stream) {
+  if (plan.dkdv_grid.x > 0) {
+    const cudaError_t err = detail::launch_with_smem(detail::cross_attention_bwd_dkdv_kernel<float>, plan.dkdv_grid,
+                                                     plan.block, plan.dkdv_smem_bytes, stream, p);
+    if (err != cudaSuccess) return err;
+  }
+  if (plan.dq_grid.x == 0) return cudaSuccess;
+  return detail::launch_with_smem(detail::cross_attention_bwd_dq_kernel<float>, plan.dq_grid, plan.block,
+                                  plan.dq_smem_bytes, stream, p);
+}
+
+template <typename scalar_t>
+cudaError_t launch_all(const CrossAttentionBwdParams& p, const CrossAttentionBwdPlan& plan, cudaStream_t stream) {
+  if (plan.delta_grid.x > 0) {
+    const cudaError_t err = detail::launch_with_smem(detail::cross_attention_bwd_delta_kernel<scalar_t>,
+                                                     plan.delta_grid, plan.delta_block, 0, stream, p);
+    if (err != cudaSuccess) return err;
+  }
+  if (plan.tensor_cores) return detail::launch_cross_attention_bwd_wmma(p, plan, stream);
+  // Only fp32 takes the SIMT gradient kernels; not instantiating them for 16-bit types saves compile time.
+  if constexpr (std::is_same_v<scalar_t, float>) return launch_simt_gradients(p, plan, stream);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace
+
+cudaError_t launch_cross_attention_bwd(const CrossAttentionBwdParams& p, cudaStream_t stream) {
+  const CrossAttentionBwdPlan plan = plan_cross_attention_bwd(p.B, p.H, p.M, p.N, p.D, p.Dv, p.dtype);
+  if (!plan.supported) return cudaErrorInvalidValue;
+  const bool has_rows = p.B * p.H * p.M > 0, has_keys = p.B * p.H * p.N > 0;
+  if ((has_rows && (p.q == nullptr || p.out == nullptr || p.grad_out == nullptr || p.lse == nullptr ||
+                    p.grad_lse == nullptr || p.delta == nullptr || p.grad_q == nullptr)) ||
+      (has_keys && (p.k == nullptr || p.v == nullptr || p.grad_k == nullptr || p.grad_v == nullptr))) {
+    return cudaErrorInvalidValue;
+  }
+  switch (p.dtype) {
+    case ScalarType::kFloat32: return launch_all<float>(p, plan, stream);
+    case ScalarType::kFloat16: return launch_all<__half>(p, plan, stream);
+    case ScalarType::kBFloat16: return launch_all<__nv_bfloat16>(p, plan, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace cuda
+}  // namespace attn_ext

@@ -1,0 +1,151 @@
+// Launch geometry and shared-memory layout of the CUDA cross-attention backward (SPEC §1 backward),
+// as plain C++17 (host code and the CPU unit tests compute exactly what the launcher uses).
+//
+// Three kernels, all deterministic (no atomics):
+//  * Δ pre-pass: Δ_i = dO_i·o_i, one warp per query row;
+//  * dK/dV: one block per key tile, looping over the query tiles; P is recomputed from the saved
+//    LSE and dS = P∘(dO·vᵀ − Δ + dlse);
+//  * dQ: one block per query tile, looping over the key tiles (recomputing P and dS once more).
+// fp32 runs SIMT kernels with runtime D and Dv (one instantiation each): 16×16 tiles, per-block
+// accumulators in shared memory. fp16/bf16 run the tensor-core kernels described below.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "attn_ext/macros.h"
+#include "launch_plan.h"
+
+namespace attn_ext {
+namespace cuda {
+
+constexpr int kCrossAttentionBwdThreads = 128;
+constexpr int kCrossAttentionBwdBlockM = 16;  ///< query rows per tile
+constexpr int kCrossAttentionBwdBlockN = 16;  ///< keys per tile
+constexpr int kCrossAttentionDeltaRowsPerBlock = kCrossAttentionBwdThreads / 32;  ///< one warp per row
+static_assert(kCrossAttentionBwdBlockM == 16 && kCrossAttentionBwdBlockN == 16,
+              "the tile accumulation unrolls over 16 rows of the other tile");
+
+/// Offsets (in floats) of one backward block's shared memory. Q/dO/K/V tiles are stored with an odd
+/// row stride (cols + 1) so that the 16 threads scoring one query row against 16 keys read 16
+/// different banks. `acc_a` holds dK (key-tile kernel) or dQ (query-tile kernel), `acc_b` dV.
+struct CrossAttentionBwdSmem {
+  int q, dout, k, v, p, ds, lse, delta, dlse, bias, acc_a, acc_b, floats;
+};
+
+ATTN_EXT_HOST_DEVICE CrossAttentionBwdSmem cross_attention_bwd_smem(int D, int Dv, bool key_tile_kernel) {
+  constexpr int BM = kCrossAttentionBwdBlockM, BN = kCrossAttentionBwdBlockN;
+  CrossAttentionBwdSmem s{};
+  s.q = 0;
+  s.dout = s.q + BM * (D + 1);
+  s.k = s.dout + BM * (Dv + 1);
+  s.v = s.k + BN * (D + 1);
+  s.p = s.v + BN * (Dv + 1);
+  s.ds = s.p + BM * BN;
+  s.lse = s.ds + BM * BN;
+  s.delta = s.lse + BM;
+  s.dlse = s.delta + BM;
+  s.bias = s.dlse + BM;
+  s.acc_a = s.bias + BN;
+  s.acc_b = s.acc_a + (key_tile_kernel ? BN : BM) * D;
+  s.floats = s.acc_b + (key_tile_kernel ? BN * Dv : 0);
+  return s;
+}
+
+// Tensor-core (WMMA) backward for fp16/bf16: one head-dim bucket (the larger of D and Dv, rounded up
+// to {32, 64, 128, 256}, zero-padded) per instantiation, as in the forward. Each warp owns 16 rows
+// of the block's "own" tile (keys in the dK/dV kernel, queries in the dQ kernel) and the block
+// streams the other side in tiles of 32; P and dS are rounded to 16 bits for the second products,
+// as FlashAttention does. The widest bucket uses 2 warps so that its shared memory fits sm_80.
+constexpr int kCrossAttentionBwdWmmaOther = 32;
+constexpr int cross_attention_bwd_wmma_warps(int dim) { return dim <= 128 ? 4 : 2; }
+constexpr int cross_attention_bwd_wmma_own(int dim) { return 16 * cross_attention_bwd_wmma_warps(dim); }
+
+/// Byte offsets of the WMMA backward kernels' shared memory (see cross_attention_bwd_wmma_kernel.cuh).
+struct CrossAttentionBwdWmmaSmem {
+  std::size_t own, other, scores, coef, acc, stats, bias, bytes;
+  int half_stride, score_stride, coef_stride, acc_stride;
+};
+
+constexpr CrossAttentionBwdWmmaSmem cross_attention_bwd_wmma_smem(int dim, bool key_tile_kernel) {
+  const int own = cross_attention_bwd_wmma_own(dim), other = kCrossAttentionBwdWmmaOther;
+  CrossAttentionBwdWmmaSmem s{};
+  s.half_stride = dim + 8;     // 16-bit tiles: rows a multiple of 16 bytes, shifted by 4 banks
+  s.score_stride = other + 4;  // fp32 S and dP
+  s.coef_stride = other + 8;   // 16-bit P and dS
+  s.acc_stride = dim + 4;      // fp32 accumulators
+  s.own = 0;                                                            // 2 × [own][dim] 16-bit
+  s.other = s.own + 2u * 2u * static_cast<std::size_t>(own) * s.half_stride;       // 2 × [other][dim] 16-bit
+  s.scores = s.other + 2u * 2u * static_cast<std::size_t>(other) * s.half_stride;  // S, dP
+  s.coef = s.scores + 2u * 4u * static_cast<std::size_t>(own) * s.score_stride;    // P, dS
+  s.acc = s.coef + 2u * 2u * static_cast<std::size_t>(own) * s.coef_stride;        // dK, dV or dQ
+  s.stats = s.acc + (key_tile_kernel ? 2u : 1u) * 4u * static_cast<std::size_t>(own) * s.acc_stride;
+  s.bias = s.stats + 3u * 4u * 64u;  // lse, Δ, dlse of up to 64 query rows
+  s.bytes = s.bias + 4u * 64u;       // key biases of up to 64 keys
+  return s;
+}
+
+struct CrossAttentionBwdPlan {
+  bool supported = false;
+  const char* error = nullptr;  ///< static string, set when !supported
+  LaunchDims block;             ///< the same for the three kernels
+  LaunchDims delta_grid;        ///< x = ceil(B·H·M / rows per block); 0 = skip
+  LaunchDims dkdv_grid;         ///< x = B·H·ceil(N / 16), key tile fastest; 0 = skip
+  LaunchDims dq_grid;           ///< x = B·H·ceil(M / 16), query tile fastest; 0 = skip
+  std::size_t dkdv_smem_bytes = 0;
+  std::size_t dq_smem_bytes = 0;
+  /// fp16/bf16: the WMMA kernels for dK/dV and dQ with head-dim bucket `dim` (block.x is then
+  /// 32·cross_attention_bwd_wmma_warps(dim) for those two; the Δ pre-pass keeps delta_block).
+  bool tensor_cores = false;
+  int dim = 0;
+  LaunchDims delta_block;
+};
+
+/// Plans the backward of q [B,H,M,D], k [B,H,N,D], v [B,H,N,Dv]. An empty M still launches dK/dV
+/// (which write zeros), an empty N still launches dQ.
+inline CrossAttentionBwdPlan plan_cross_attention_bwd(int64_t B, int64_t H, int64_t M, int64_t N, int64_t D,
+                                                      int64_t Dv, ScalarType dtype) {
+  CrossAttentionBwdPlan plan;
+  plan.error = attention_dtype_and_size_error(dtype, B, H, M, N);
+  if (plan.error != nullptr) return plan;
+  if (D < 1 || D > kCrossAttentionFwdMaxHeadDim || Dv < 1 || Dv > kCrossAttentionFwdMaxHeadDim) {
+    plan.error = "head dimension D and Dv must be in [1, 256] for the CUDA kernel";
+    return plan;
+  }
+  constexpr int64_t kMaxGridX = 2147483647;
+  const int64_t m_tiles = (M + kCrossAttentionBwdBlockM - 1) / kCrossAttentionBwdBlockM;
+  const int64_t n_tiles = (N + kCrossAttentionBwdBlockN - 1) / kCrossAttentionBwdBlockN;
+  const int64_t tiles = m_tiles > n_tiles ? m_tiles : n_tiles;
+  if (B > 0 && H > 0 && (H > kMaxGridX / B || tiles > kMaxGridX / (B * H) || M > kMaxGridX / (B * H))) {
+    plan.error = "too many blocks: B*H*tiles exceeds the CUDA grid limit";
+    return plan;
+  }
+  plan.block.x = plan.delta_block.x = kCrossAttentionBwdThreads;
+  plan.tensor_cores = dtype != ScalarType::kFloat32;
+  if (plan.tensor_cores) {
+    const int64_t wide = D > Dv ? D : Dv;
+    plan.dim = cross_attention_fwd_head_dim_instantiation(wide);
+    const int own = cross_attention_bwd_wmma_own(plan.dim);
+    plan.block.x = static_cast<unsigned int>(32 * cross_attention_bwd_wmma_warps(plan.dim));
+    plan.delta_grid.x = static_cast<unsigned int>((B * H * M + kCrossAttentionDeltaRowsPerBlock - 1) /
+                                                  kCrossAttentionDeltaRowsPerBlock);
+    plan.dkdv_grid.x = static_cast<unsigned int>(B * H * ((N + own - 1) / own));
+    plan.dq_grid.x = static_cast<unsigned int>(B * H * ((M + own - 1) / own));
+    plan.dkdv_smem_bytes = cross_attention_bwd_wmma_smem(plan.dim, true).bytes;
+    plan.dq_smem_bytes = cross_attention_bwd_wmma_smem(plan.dim, false).bytes;
+    plan.supported = true;
+    return plan;
+  }
+  plan.delta_grid.x = static_cast<unsigned int>((B * H * M + kCrossAttentionDeltaRowsPerBlock - 1) /
+                                                kCrossAttentionDeltaRowsPerBlock);
+  plan.dkdv_grid.x = static_cast<unsigned int>(B * H * n_tiles);
+  plan.dq_grid.x = static_cast<unsigned int>(B * H * m_tiles);
+  const int d = static_cast<int>(D), dv = static_cast<int>(Dv);
+  plan.dkdv_smem_bytes = sizeof(float) * static_cast<std::size_t>(cross_attention_bwd_smem(d, dv, true).floats);
+  plan.dq_smem_bytes = sizeof(float) * static_cast<std::size_t>(cross_attention_bwd_smem(d, dv, false).floats);
+  plan.supported = true;
+  return plan;
+}
+
+}  // namespace cuda
+}  // namespace attn_ext

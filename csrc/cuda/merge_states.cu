@@ -1,0 +1,30 @@
+// Launcher of the state merge (one instantiation per dtype).
+#include "merge_states.cuh"
+
+#include "launch_utils.cuh"
+#include "merge_states_kernel.cuh"
+
+namespace attn_ext {
+namespace cuda {
+
+cudaError_t launch_merge_states(const MergeStatesParams& p, cudaStream_t stream) {
+  const MergeStatesPlan plan = plan_merge_states(p.rows, p.Dv, p.dtype);
+  if (!plan.supported) return cudaErrorInvalidValue;
+  if (plan.grid.x == 0) return cudaSuccess;
+  if (p.lse_a == nullptr || p.lse_b == nullptr || p.lse == nullptr ||
+      (p.Dv > 0 && (p.out_a == nullptr || p.out_b == nullptr || p.out == nullptr))) {
+    return cudaErrorInvalidValue;
+  }
+  switch (p.dtype) {
+    case ScalarType::kFloat32:
+      return detail::launch_with_smem(detail::merge_states_kernel<float>, plan.grid, plan.block, 0, stream, p);
+    case ScalarType::kFloat16:
+      return detail::launch_with_smem(detail::merge_states_kernel<__half>, plan.grid, plan.block, 0, stream, p);
+    case ScalarType::kBFloat16:
+      return detail::launch_with_smem(detail::merge_states_kernel<__nv_bfloat16>, plan.grid, plan.block, 0, stream, p);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace cuda
+}  // namespace attn_ext

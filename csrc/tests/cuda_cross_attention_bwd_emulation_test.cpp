@@ -1,0 +1,248 @@
+// Runs the CUDA cross-attention backward kernels' source on the host (cuda_emulation/) against a
+// double-precision reference of SPEC §1's backward computed from the same rounded inputs and the
+// same saved (out, lse), and checks plan_cross_attention_bwd().
+//
+// Inputs are strided views with NaN in every element the kernels must not read (row padding, the
+// rows past N); the last batch's keys are all padding when masked (its rows must get zero grads);
+// grad_lse is nonzero. Shared memory past the planned size must stay untouched.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "cross_attention_bwd_kernel.cuh"
+#include "cross_attention_bwd_wmma_kernel.cuh"
+#include "cuda_emulation/emulator_extras_tree.h"
+#include "cuda_emulation/scalar_types.h"
+
+namespace {
+
+using attn_ext::cuda::CrossAttentionBwdParams;
+using attn_ext::cuda::CrossAttentionBwdPlan;
+using attn_ext::cuda::ScalarType;
+using attn_ext::cuda::detail::from_float;
+using attn_ext::cuda::detail::to_float;
+
+int g_failures = 0;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+using cuda_emu::scalar_type;
+
+struct Case {
+  const char* name;
+  int64_t B, H, M, N, D, Dv;
+  bool mask;
+};
+
+void fail(const Case& c, const char* what, int64_t index, double got, double want) {
+  if (++g_failures <= 20) {
+    std::fprintf(stderr, "[%s] %s at %lld: got %.9g want %.9g\n", c.name, what, static_cast<long long>(index), got,
+                 want);
+  }
+}
+
+/// A [B, H, rows, cols] tensor stored with padded rows (stride cols + 3), NaN outside the logical view.
+template <typename T>
+struct Strided {
+  int64_t H, rows, cols, stride_m, stride_h, stride_b;
+  std::vector<T> data;
+  Strided(int64_t B, int64_t H_, int64_t rows_, int64_t cols_)
+      : H(H_), rows(rows_), cols(cols_), stride_m(cols_ + 3), stride_h((rows_ + 2) * (cols_ + 3)),
+        stride_b(H_ * (rows_ + 2) * (cols_ + 3)),
+        data(static_cast<size_t>(B * stride_b + 1), from_float<T>(std::numeric_limits<float>::quiet_NaN())) {}
+  T& at(int64_t b, int64_t h, int64_t r, int64_t c) { return data[b * stride_b + h * stride_h + r * stride_m + c]; }
+  double get(int64_t b, int64_t h, int64_t r, int64_t c) { return to_float(at(b, h, r, c)); }
+};
+
+/// kDim = 0: the SIMT kernels (fp32); else the tensor-core kernels of that head-dim bucket (fp16/bf16).
+template <typename scalar_t, int kDim = 0>
+void run_case(const Case& c, uint32_t seed) {
+  const int64_t B = c.B, H = c.H, M = c.M, N = c.N, D = c.D, Dv = c.Dv;
+  std::mt19937 gen(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Strided<scalar_t> q(B, H, M, D), k(B, H, N, D), v(B, H, N, Dv), out(B, H, M, Dv), dout(B, H, M, Dv);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t m = 0; m < M; ++m) {
+        for (int64_t d = 0; d < D; ++d) q.at(b, h, m, d) = from_float<scalar_t>(normal(gen));
+        for (int64_t d = 0; d < Dv; ++d) dout.at(b, h, m, d) = from_float<scalar_t>(normal(gen));
+      }
+      for (int64_t n = 0; n < N; ++n) {
+        for (int64_t d = 0; d < D; ++d) k.at(b, h, n, d) = from_float<scalar_t>(normal(gen));
+        for (int64_t d = 0; d < Dv; ++d) v.at(b, h, n, d) = from_float<scalar_t>(normal(gen));
+      }
+    }
+  std::vector<uint8_t> mask(static_cast<size_t>(B * (N + 5)), 1);
+  std::bernoulli_distribution padded(0.3);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n < N; ++n) mask[b * (N + 5) + n] = c.mask && (b == B - 1 || padded(gen)) ? 1 : 0;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(D));
+  const float scale_f = static_cast<float>(scale);
+
+  // The forward in double, saved as the op would: out in the input dtype, lse in fp32.
+  std::vector<float> lse(B * H * M), grad_lse(B * H * M);
+  std::vector<double> s(N);
+  const auto score = [&](int64_t b, int64_t h, int64_t m, int64_t n) {
+    if (mask[b * (N + 5) + n]) return -kInf;
+    double dot = 0;
+    for (int64_t d = 0; d < D; ++d) dot += q.get(b, h, m, d) * k.get(b, h, n, d);
+    return dot * double(scale_f);
+  };
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t m = 0; m < M; ++m) {
+        const int64_t row = (b * H + h) * M + m;
+        double mx = -kInf;
+        for (int64_t n = 0; n < N; ++n) mx = std::max(mx, s[n] = score(b, h, m, n));
+        double sum = 0;
+        for (int64_t n = 0; n < N && mx > -kInf; ++n) sum += std::exp(s[n] - mx);
+        lse[row] = mx > -kInf ? static_cast<float>(mx + std::log(sum)) : -std::numeric_limits<float>::infinity();
+        grad_lse[row] = normal(gen);
+        for (int64_t d = 0; d < Dv; ++d) {
+          double o = 0;
+          for (int64_t n = 0; n < N && mx > -kInf; ++n) o += std::exp(s[n] - mx) / sum * v.get(b, h, n, d);
+          out.at(b, h, m, d) = from_float<scalar_t>(static_cast<float>(o));
+        }
+      }
+
+  CrossAttentionBwdParams p;
+  p.B = B, p.H = H, p.M = M, p.N = N, p.D = D, p.Dv = Dv, p.scale = scale_f, p.dtype = scalar_type<scalar_t>();
+  p.q = q.data.data(), p.k = k.data.data(), p.v = v.data.data(), p.out = out.data.data(), p.grad_out = dout.data.data();
+  p.q_stride_b = q.stride_b, p.q_stride_h = q.stride_h, p.q_stride_m = q.stride_m;
+  p.k_stride_b = k.stride_b, p.k_stride_h = k.stride_h, p.k_stride_n = k.stride_m;
+  p.v_stride_b = v.stride_b, p.v_stride_h = v.stride_h, p.v_stride_n = v.stride_m;
+  p.out_stride_b = out.stride_b, p.out_stride_h = out.stride_h, p.out_stride_m = out.stride_m;
+  p.dout_stride_b = dout.stride_b, p.dout_stride_h = dout.stride_h, p.dout_stride_m = dout.stride_m;
+  p.key_padding_mask = mask.data(), p.mask_stride_b = N + 5;
+  p.lse = lse.data(), p.grad_lse = grad_lse.data();
+  std::vector<float> delta(B * H * M, std::numeric_limits<float>::quiet_NaN());
+  const scalar_t sentinel = from_float<scalar_t>(12288.0f);
+  std::vector<scalar_t> dq(B * H * M * D + 1, sentinel), dk(B * H * N * D + 1, sentinel), dv(B * H * N * Dv + 1, sentinel);
+  p.delta = delta.data(), p.grad_q = dq.data(), p.grad_k = dk.data(), p.grad_v = dv.data();
+
+  const CrossAttentionBwdPlan plan = attn_ext::cuda::plan_cross_attention_bwd(B, H, M, N, D, Dv, p.dtype);
+  if (!plan.supported) return fail(c, "plan rejected the case", 0, 0, 0);
+  void* smem = attn_ext::cuda::detail::smem_raw;
+  const size_t smem_total = sizeof(attn_ext::cuda::detail::smem_raw);
+  const auto dims = [](attn_ext::cuda::LaunchDims d) { return dim3(d.x, d.y, d.z); };
+  namespace det = attn_ext::cuda::detail;
+  if (plan.tensor_cores != (kDim > 0) || plan.dim != kDim) return fail(c, "plan picks another kernel", 0, plan.dim, kDim);
+  bool ok = cuda_emu::run_grid(dims(plan.delta_grid), dims(plan.delta_block), smem, smem_total, 0,
+                               [&] { det::cross_attention_bwd_delta_kernel<scalar_t>(p); });
+  if constexpr (kDim > 0) {
+    ok &= cuda_emu::run_grid(dims(plan.dkdv_grid), dims(plan.block), smem, smem_total, plan.dkdv_smem_bytes,
+                             [&] { det::cross_attention_bwd_wmma_kernel<scalar_t, kDim, true>(p); });
+    ok &= cuda_emu::run_grid(dims(plan.dq_grid), dims(plan.block), smem, smem_total, plan.dq_smem_bytes,
+                             [&] { det::cross_attention_bwd_wmma_kernel<scalar_t, kDim, false>(p); });
+  } else {
+    ok &= cuda_emu::run_grid(dims(plan.dkdv_grid), dims(plan.block), smem, smem_total, plan.dkdv_smem_bytes,
+                             [&] { det::cross_attention_bwd_dkdv_kernel<scalar_t>(p); });
+    ok &= cuda_emu::run_grid(dims(plan.dq_grid), dims(plan.block), smem, smem_total, plan.dq_smem_bytes,
+                             [&] { det::cross_attention_bwd_dq_kernel<scalar_t>(p); });
+  }
+  if (!ok) fail(c, "shared memory written past the planned size", 0, 0, 0);
+  if (to_float(dq.back()) != 12288.0f || to_float(dk.back()) != 12288.0f || to_float(dv.back()) != 12288.0f)
+    fail(c, "write past the end of a gradient", 0, 0, 0);
+
+  // Reference gradients from the saved out/lse (SPEC §1): P = exp(s − lse), Δ = dO·o.
+  std::vector<double> rq(B * H * M * D, 0.0), rk(B * H * N * D, 0.0), rv(B * H * N * Dv, 0.0);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t m = 0; m < M; ++m) {
+        const int64_t row = (b * H + h) * M + m;
+        if (std::isinf(lse[row])) continue;
+        double dd = 0;
+        for (int64_t d = 0; d < Dv; ++d) dd += dout.get(b, h, m, d) * out.get(b, h, m, d);
+        for (int64_t n = 0; n < N; ++n) {
+          const double sc = score(b, h, m, n);
+          if (sc == -kInf) continue;
+          const double prob = std::exp(sc - double(lse[row]));
+          double dp = 0;
+          for (int64_t d = 0; d < Dv; ++d) dp += dout.get(b, h, m, d) * v.get(b, h, n, d);
+          const double ds = prob * (dp - dd + grad_lse[row]);
+          const int64_t key = (b * H + h) * N + n;
+          for (int64_t d = 0; d < Dv; ++d) rv[key * Dv + d] += prob * dout.get(b, h, m, d);
+          for (int64_t d = 0; d < D; ++d) {
+            rk[key * D + d] += double(scale_f) * ds * q.get(b, h, m, d);
+            rq[row * D + d] += double(scale_f) * ds * k.get(b, h, n, d);
+          }
+        }
+      }
+  const double tol = sizeof(scalar_t) == 4 ? 1e-4 : (scalar_type<scalar_t>() == ScalarType::kFloat16 ? 3e-3 : 2e-2);
+  const auto compare = [&](const char* what, const std::vector<scalar_t>& got, const std::vector<double>& want) {
+    double magnitude = 0;
+    for (double w : want) magnitude = std::max(magnitude, std::fabs(w));
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double g = to_float(got[i]);
+      if (!(std::fabs(g - want[i]) <= tol * (std::fabs(want[i]) + 0.1 * magnitude + 1e-6)))
+        fail(c, what, static_cast<int64_t>(i), g, want[i]);
+    }
+  };
+  compare("grad_q", dq, rq);
+  compare("grad_k", dk, rk);
+  compare("grad_v", dv, rv);
+  std::printf("  %-40s grids delta=%u dkdv=%u dq=%u smem=%zu/%zu B ok=%s\n", c.name, plan.delta_grid.x,
+              plan.dkdv_grid.x, plan.dq_grid.x, plan.dkdv_smem_bytes, plan.dq_smem_bytes, g_failures == 0 ? "yes" : "NO");
+}
+
+void test_plan() {
+  using namespace attn_ext::cuda;
+  const auto expect = [](bool cond, const char* what) {
+    if (!cond && ++g_failures <= 20) std::fprintf(stderr, "plan: %s\n", what);
+  };
+  const CrossAttentionBwdPlan p = plan_cross_attention_bwd(2, 3, 33, 17, 40, 59, ScalarType::kFloat32);
+  expect(!p.tensor_cores, "fp32 runs the SIMT kernels");
+  expect(p.supported && p.block.x == 128, "supported, 128 threads");
+  expect(p.delta_grid.x == (2 * 3 * 33 + 3) / 4, "one warp per row in the Δ pre-pass");
+  expect(p.dkdv_grid.x == 2 * 3 * 2 && p.dq_grid.x == 2 * 3 * 3, "16-row tiles");
+  expect(p.dkdv_smem_bytes == 4u * cross_attention_bwd_smem(40, 59, true).floats, "dK/dV smem");
+  expect(p.dq_smem_bytes < p.dkdv_smem_bytes, "dQ keeps one accumulator");
+  expect(plan_cross_attention_bwd(1, 1, 8, 8, 256, 256, ScalarType::kFloat32).dkdv_smem_bytes <= 163u * 1024u,
+         "D = Dv = 256 fits sm_80's opt-in shared memory");
+  const CrossAttentionBwdPlan tc = plan_cross_attention_bwd(2, 3, 33, 17, 40, 59, ScalarType::kBFloat16);
+  expect(tc.tensor_cores && tc.dim == 64 && tc.block.x == 128 && tc.delta_block.x == 128, "bf16: WMMA, bucket 64");
+  expect(tc.dkdv_grid.x == 2 * 3 * 1 && tc.dq_grid.x == 2 * 3 * 1, "64-row own tiles");
+  expect(tc.dkdv_smem_bytes == cross_attention_bwd_wmma_smem(64, true).bytes, "WMMA dK/dV smem");
+  const CrossAttentionBwdPlan wide = plan_cross_attention_bwd(1, 1, 40, 40, 256, 8, ScalarType::kFloat16);
+  expect(wide.dim == 256 && wide.block.x == 64 && wide.dq_grid.x == 2, "bucket 256: 2 warps, 32-row own tiles");
+  for (int dim : {32, 64, 128, 256}) {
+    expect(cross_attention_bwd_wmma_smem(dim, true).bytes <= 163u * 1024u, "WMMA backward fits sm_80");
+    expect(cross_attention_bwd_wmma_smem(dim, true).acc % 32 == 0 && cross_attention_bwd_wmma_smem(dim, true).coef % 32 == 0,
+           "32-byte aligned wmma sections");
+  }
+  const CrossAttentionBwdPlan no_keys = plan_cross_attention_bwd(1, 2, 8, 0, 64, 64, ScalarType::kFloat32);
+  expect(no_keys.supported && no_keys.dkdv_grid.x == 0 && no_keys.dq_grid.x == 2, "N = 0 still writes dQ");
+  expect(!plan_cross_attention_bwd(1, 1, 8, 8, 257, 64, ScalarType::kFloat32).supported, "D > 256 rejected");
+  expect(!plan_cross_attention_bwd(1, 1, 8, 8, 64, 0, ScalarType::kFloat32).supported, "Dv = 0 rejected");
+  expect(!plan_cross_attention_bwd(1, 1, 8, 8, 64, 64, static_cast<ScalarType>(9)).supported, "bad dtype rejected");
+  expect(!plan_cross_attention_bwd(1 << 20, 1 << 20, 1 << 20, 8, 64, 64, ScalarType::kFloat32).supported,
+         "grid overflow rejected");
+}
+
+}  // namespace
+
+int main() {
+  test_plan();
+  uint32_t seed = 11;
+  // name, B, H, M, N, D, Dv, mask (last batch fully padded)
+  run_case<float>({"fp32 M=1 N=239 D=40 masked", 2, 1, 1, 239, 40, 40, true}, seed++);
+  run_case<float>({"fp32 M=113 N=203 D=59", 1, 1, 113, 203, 59, 59, false}, seed++);
+  run_case<float>({"fp32 D=40 Dv=59 masked, 2 heads", 2, 2, 21, 35, 40, 59, true}, seed++);
+  run_case<float>({"fp32 N=0", 1, 2, 9, 0, 8, 5, false}, seed++);
+  run_case<float>({"fp32 M=0", 1, 2, 0, 9, 8, 5, false}, seed++);
+  run_case<__half, 64>({"fp16 D=64 Dv=32 masked", 2, 2, 37, 70, 64, 32, true}, seed++);
+  run_case<__half, 64>({"fp16 M=1 N=239 D=40 masked", 2, 1, 1, 239, 40, 40, true}, seed++);
+  run_case<__half, 64>({"fp16 M=113 N=203 D=59", 1, 1, 113, 203, 59, 59, false}, seed++);
+  run_case<__half, 32>({"fp16 N=0", 1, 2, 9, 0, 8, 5, false}, seed++);
+  run_case<__half, 32>({"fp16 M=0", 1, 2, 0, 9, 8, 5, false}, seed++);
+  run_case<__nv_bfloat16, 128>({"bf16 D=96 Dv=128 masked", 2, 1, 40, 70, 96, 128, true}, seed++);
+  run_case<__nv_bfloat16, 256>({"bf16 D=Dv=256 masked", 2, 1, 17, 33, 256, 256, true}, seed++);
+  if (g_failures != 0) {
+    std::fprintf(stderr, "attn_ext_cuda_cross_attention_bwd_emulation_tests: %d failure(s)\n", g_failures);
+    return 1;
+  }
+  std::printf("attn_ext_cuda_cross_attention_bwd_emulation_tests: all cases passed\n");
+  return 0;
+}
