@@ -120,7 +120,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     "memory": Subcommand(
         help="peak inference memory of the NP models vs context and target size (table + log-log PNG)",
         add_arguments=_lazy("attn_ext.bench.np_memory", "add_arguments"),
-        run=_lazy("attn_ext.bench.np_memory", "run"),
+        run=_lazy("attn_ext.bench.np_memory", "run_cli"),
     ),
 }
 
