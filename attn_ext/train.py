@@ -45,6 +45,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--restart", action="store_true", help="ignore an existing checkpoint in --out")
+    parser.add_argument("--stop-after", type=int, default=None, metavar="N",
+                        help="checkpoint and stop after N steps of this invocation (rerun to resume)")
     add_model_arguments(parser)
 
 
@@ -77,8 +79,13 @@ def load_checkpoint(run_dir: Path):
 
 def train(model_name: str, steps: int, out: Path, *, kernel: str = "rbf", length_range: str = "code",
           seed: int = 0, batch_size: int = 16, lr: float = 5e-4, checkpoint_every: int = 1000,
-          log_every: int = 100, restart: bool = False, overrides: Optional[dict] = None, log=None) -> dict:
-    """Train (or resume) a model; returns the summary written to ``out/train.json``."""
+          log_every: int = 100, restart: bool = False, overrides: Optional[dict] = None,
+          stop_after: Optional[int] = None, log=None) -> dict:
+    """Train (or resume) a model; returns the summary written to ``out/train.json``.
+
+    ``stop_after`` ends this invocation after that many steps (checkpointed), for time-sliced jobs;
+    calling again resumes.
+    """
     import torch
 
     from attn_ext.data import GPSampler
@@ -119,7 +126,8 @@ def train(model_name: str, steps: int, out: Path, *, kernel: str = "rbf", length
 
     model.train()
     window, window_start, t0, last = [], time.perf_counter(), time.perf_counter(), None
-    while step < steps:
+    end = steps if stop_after is None else min(steps, step + stop_after)
+    while step < end:
         loss = model(sampler.sample(batch_size, generator=generator))
         if not torch.isfinite(loss):
             raise FloatingPointError(f"{model_name}: loss {loss.item()} at step {step}")
@@ -137,7 +145,7 @@ def train(model_name: str, steps: int, out: Path, *, kernel: str = "rbf", length
             log(f"[{model_name}] step {step}/{steps} loss {sum(window) / len(window):.4f} "
                 f"{rate:.2f} steps/s lr {schedule.get_last_lr()[0]:.2e} eta {eta / 60:.1f} min")
             window, window_start = [], now
-        if step % checkpoint_every == 0 or step == steps:
+        if step % checkpoint_every == 0 or step == end:
             elapsed += time.perf_counter() - t0
             t0 = time.perf_counter()
             checkpoint()
@@ -155,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
         summary = train(args.model, args.steps, args.out, kernel=args.kernel, length_range=args.length_range,
                         seed=args.seed, batch_size=args.batch_size, lr=args.lr,
                         checkpoint_every=args.checkpoint_every, log_every=args.log_every, restart=args.restart,
-                        overrides=model_overrides(args))
+                        overrides=model_overrides(args), stop_after=args.stop_after)
     except (ValueError, FloatingPointError, FileNotFoundError) as exc:
         print(f"attn-ext train: error: {exc}", file=sys.stderr)
         return 1

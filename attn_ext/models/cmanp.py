@@ -118,4 +118,5 @@ class CMANP(NeuralProcess):
         return self.head(self.decode(state, xt))
 
     def predict(self, xc: Tensor, yc: Tensor, xt: Tensor) -> Normal:
+        check_points(self, xc=xc, yc=yc, xt=xt)
         return self.query(self.condition(xc, yc), xt)

@@ -92,7 +92,7 @@ class CMANPAND(CMANP):
         return -(joint.log_prob(batch.yt.flatten(1)) / batch.xt.shape[1]).mean()
 
     def _blocks(self, xt: Tensor, block_size: Optional[int]):
-        b = block_size or self.block_size
+        b = self.block_size if block_size is None else block_size
         if isinstance(b, bool) or not isinstance(b, int) or b <= 0:
             raise ValueError(f"CMANPAND: block_size must be a positive int, got {block_size!r}")
         return [(s, min(s + b, xt.shape[1])) for s in range(0, xt.shape[1], b)]

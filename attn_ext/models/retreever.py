@@ -65,7 +65,7 @@ class ReTreever(NeuralProcess):
     def predict(self, xc: Tensor, yc: Tensor, xt: Tensor, policy: Optional[str] = None) -> Normal:
         """Predictive ``Normal`` at ``xt``; ``policy`` as :meth:`TreeCrossAttention.forward`
         (greedy in eval mode, ``"full"`` attends over every leaf)."""
-        check_points(self, xt=xt)
+        check_points(self, xc=xc, yc=yc, xt=xt)
         query = self.embed_pairs(xt, None)
         return self.head(query + self.tca(query, self.build(xc, yc), policy=policy).out)
 
