@@ -46,7 +46,8 @@ def report(runs_dir: Path, command: str) -> tuple[str, dict]:
         f"(batch 16, Adam 5e-4, cosine) on one CPU thread, then scored on the first {eval_batches} batches of 16 of "
         f"the fixed-seed evaluation sets (mean per-target log-likelihood ± std over batches; CMANP-AND "
         f"block-autoregressive with b_Q = 5). The paper figures are after 100k steps and 3000 batches: "
-        f"**the full 100k-step protocol was not run**, so the gap below is the training budget, not the models.",
+        f"**the full 100k-step protocol was not run**, so the gap below is the training budget, not the models. "
+        f"`train min` is wall time on one thread of a 2-core machine shared with other jobs.",
         "",
         markdown_table(["model", "steps", "train min", "RBF", "Matern 5/2", "paper RBF / Matern (source)"], rows),
         "",
