@@ -11,6 +11,12 @@ Examples
     Cross-attention benchmark at N = 1e3, 1e4, 1e5 into ``bench/results/``.
 ``attn-ext bench --out /tmp/r --update-readme README.md``
     Full run (adds N = 3e5) and rewrite the README's results block.
+``attn-ext train gp --model cmanp --steps 100000 --out runs/gp-cmanp``
+    Train CMANP on GP regression (resumes from ``runs/gp-cmanp/checkpoint.pt`` if present).
+``attn-ext eval gp --ckpt runs/gp-cmanp --kernel rbf``
+    Mean per-target log-likelihood ± std over the evaluation batches.
+``attn-ext memory --quick``
+    Peak inference memory of every model vs N_c and N_t.
 """
 
 from __future__ import annotations
@@ -56,7 +62,8 @@ def _bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"benchmarks to run (default: all): {', '.join(BENCHMARKS)}")
     parser.add_argument("--quick", action="store_true",
                         help="the quick sizes (cross attention N = 1e3..1e5, state update N = 1e3..1e6, "
-                             "streaming N = 1e4..1e6), a few minutes on 2 cores")
+                             "streaming N = 1e4..1e6, NP memory N_c = 1e3, 1e4, a 100-step NP training smoke "
+                             "run), a few minutes on 2 cores")
     parser.add_argument("--out", type=Path, default=Path("bench/results"), metavar="DIR",
                         help="output directory for <name>.md/.json/.png (default: bench/results, relative to cwd)")
     parser.add_argument("--backend", default="cpp",
@@ -84,12 +91,37 @@ def _bench_run(args: argparse.Namespace) -> int:
     return status
 
 
+def _lazy(module: str, attr: str) -> Callable:
+    """``module.attr`` imported on first call, so that ``--help`` imports neither torch nor the models."""
+    def call(*args):
+        import importlib
+
+        return getattr(importlib.import_module(module), attr)(*args)
+
+    return call
+
+
 #: Subcommand name -> definition; ``main`` builds the parser from this table.
 SUBCOMMANDS: dict[str, Subcommand] = {
     "bench": Subcommand(
         help="benchmark attn_ext ops against PyTorch (time, GFLOP/s, peak memory)",
         add_arguments=_bench_arguments,
         run=_bench_run,
+    ),
+    "train": Subcommand(
+        help="train a reference NP model (attn_ext.models) on GP meta-regression, resumable",
+        add_arguments=_lazy("attn_ext.train", "add_arguments"),
+        run=_lazy("attn_ext.train", "run"),
+    ),
+    "eval": Subcommand(
+        help="evaluate a trained NP model on the fixed-seed GP evaluation set",
+        add_arguments=_lazy("attn_ext.evaluate", "add_arguments"),
+        run=_lazy("attn_ext.evaluate", "run"),
+    ),
+    "memory": Subcommand(
+        help="peak inference memory of the NP models vs context and target size (table + log-log PNG)",
+        add_arguments=_lazy("attn_ext.bench.np_memory", "add_arguments"),
+        run=_lazy("attn_ext.bench.np_memory", "run_cli"),
     ),
 }
 

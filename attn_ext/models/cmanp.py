@@ -1,0 +1,131 @@
+"""CMANP (Feng et al., §3.2; SPEC §2): stacked CMABs over the embedded context, conditioned, updated
+and queried through constant-size attention states."""
+from __future__ import annotations
+
+from typing import List, NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+from torch.distributions import Normal
+
+from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points
+from attn_ext.models.layers import LatentDecoder
+from attn_ext.nn import CMAB, CMABState
+
+
+class CMANPState(NamedTuple):
+    """The context summary of a CMANP: one :class:`attn_ext.nn.CMABState` per block, each
+    ``[B, num_heads, num_latents, d_model / num_heads]`` (plus its LSE) whatever ``N_c`` is."""
+
+    blocks: Tuple[CMABState, ...]
+
+
+class CMANP(NeuralProcess):
+    """Constant Memory Attentive Neural Process.
+
+    Conditioning (:meth:`condition`) embeds the context ``chunk_size`` points at a time and streams
+    each chunk into the attention state of every CMAB's ``CA(L_B, D)``; :meth:`update` absorbs new
+    points in O(new points); :meth:`query` rebuilds the latents ``L_i = CMAB_i(L_{i−1}, D)`` from
+    the states and decodes ``X^i = CA(X^{i−1}, L_i)``. Peak memory is independent of ``N_c``
+    (beyond the raw context passed in) and linear in ``N_t``.
+
+    Parameters
+    ----------
+    config : NPConfig, optional
+        Sizes (SPEC §2 defaults: 6 CMABs of 128 latents); keyword overrides on top.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from attn_ext.models import CMANP
+    >>> model = CMANP(num_layers=2, num_latents=8, chunk_size=4).eval()
+    >>> xc, yc, xt = torch.randn(2, 10, 1), torch.randn(2, 10, 1), torch.randn(2, 7, 1)
+    >>> state = model.condition(xc[:, :6], yc[:, :6])
+    >>> state = model.update(state, xc[:, 6:], yc[:, 6:])
+    >>> full = model.predict(xc, yc, xt)
+    >>> bool(torch.allclose(model.query(state, xt).mean, full.mean, atol=1e-5))
+    True
+    """
+
+    def __init__(self, config: Optional[NPConfig] = None, **overrides) -> None:
+        super().__init__(config, **overrides)
+        c = self.config
+        # L_0, the first block's input latents L_I; each later block takes the previous output.
+        self.latents = nn.Parameter(torch.randn(c.num_latents, c.d_model) * 0.02)
+        self.blocks = nn.ModuleList(CMAB(c.d_model, c.num_latents, c.num_heads, c.ff_dim)
+                                    for _ in range(c.num_layers))
+        self.decoder = LatentDecoder(c.num_layers, c.d_model, c.num_heads, c.ff_dim)
+        self.head = self.make_head()
+
+    def make_head(self) -> nn.Module:
+        c = self.config
+        return GaussianHead(c.d_model, c.ff_dim, c.dim_y)
+
+    # -- conditioning, updating, querying --------------------------------------------------------
+
+    def condition(self, xc: Tensor, yc: Tensor, chunk_size: Optional[int] = None) -> CMANPState:
+        """Summarise the context ``xc [B, N_c, dim_x]``, ``yc [B, N_c, dim_y]``, ``chunk_size``
+        points at a time (default ``config.chunk_size``; None: all at once)."""
+        check_points(self, xc=xc, yc=yc)
+        chunk = chunk_size or self.config.chunk_size or max(xc.shape[1], 1)
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
+            raise ValueError(f"CMANP: chunk_size must be a positive int, got {chunk_size!r}")
+        if xc.shape[1] == 0:
+            raise ValueError(f"CMANP: the context must have at least one point, got xc {tuple(xc.shape)}")
+        states = list(self._first_chunk(xc[:, :chunk], yc[:, :chunk]).blocks)
+        for start in range(chunk, xc.shape[1], chunk):
+            self._absorb(states, xc[:, start:start + chunk], yc[:, start:start + chunk])
+        return CMANPState(tuple(states))
+
+    def update(self, state: CMANPState, x_new: Tensor, y_new: Tensor) -> CMANPState:
+        """``state`` with the points ``(x_new, y_new)`` added; cost O(new points), whatever ``N_c``."""
+        check_points(self, x_new=x_new, y_new=y_new)
+        self._check_state(state, x_new.shape[0])
+        chunk = self.config.chunk_size or max(x_new.shape[1], 1)
+        states = list(state.blocks)
+        for start in range(0, x_new.shape[1], chunk):
+            self._absorb(states, x_new[:, start:start + chunk], y_new[:, start:start + chunk])
+        return CMANPState(tuple(states))
+
+    def _first_chunk(self, x: Tensor, y: Tensor) -> CMANPState:
+        # A method of its own so that the chunk's embedding is freed before the next chunk is embedded.
+        emb = self.embed_pairs(x, y)
+        return CMANPState(tuple(block.init_state(emb) for block in self.blocks))
+
+    def _absorb(self, states: List[CMABState], x: Tensor, y: Tensor) -> None:
+        """Update ``states`` in place: each block's old state is dropped as soon as its new one exists,
+        so at most one block holds two states at a time (old and new states of all blocks together
+        would make the peak depend on whether the context needed more than one chunk)."""
+        emb = self.embed_pairs(x, y)
+        for i, block in enumerate(self.blocks):
+            states[i] = block.update(states[i], emb)
+
+    def _check_state(self, state: CMANPState, batch: int) -> None:
+        if not isinstance(state, CMANPState) or len(state.blocks) != len(self.blocks):
+            raise TypeError(f"{type(self).__name__}: state must be a CMANPState of {len(self.blocks)} blocks "
+                            "from condition()")
+        got = state.blocks[0].attention.out.shape[0]
+        if got != batch:
+            raise ValueError(f"{type(self).__name__}: state has batch {got}, the new points {batch}")
+
+    def latent_sets(self, state: CMANPState) -> List[Tensor]:
+        """``[L_1, …, L_K]``, each ``[B, num_latents, d_model]``, from the block states."""
+        latent, out = self.latents, []
+        for block, s in zip(self.blocks, state.blocks):
+            latent = block.output(s, latent)
+            out.append(latent)
+        return out
+
+    def decode(self, state: CMANPState, xt: Tensor) -> Tensor:
+        """Target features ``[B, N_t, d_model]`` after the query phase."""
+        check_points(self, xt=xt)
+        self._check_state(state, xt.shape[0])
+        return self.decoder(self.embed_pairs(xt, None), self.latent_sets(state))
+
+    def query(self, state: CMANPState, xt: Tensor) -> Normal:
+        """Predictive ``Normal`` at ``xt [B, N_t, dim_x]`` given the context summarised by ``state``."""
+        return self.head(self.decode(state, xt))
+
+    def predict(self, xc: Tensor, yc: Tensor, xt: Tensor) -> Normal:
+        check_points(self, xc=xc, yc=yc, xt=xt)
+        return self.query(self.condition(xc, yc), xt)

@@ -1,0 +1,91 @@
+"""Pre-norm attention layers shared by the reference models.
+
+``ContextAttentionLayer`` is TNP-D's masked self-attention layer written without a mask: the
+context tokens attend over the context, the target tokens attend over the context only, which is
+one cross attention with every token as a query and the context tokens as keys. ``LatentDecoder``
+is the query phase of LBANP and CMANP: ``X^i = CA(X^{i−1}, L_i)`` per layer.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from torch import Tensor, nn
+
+from attn_ext.nn import Intention, MultiheadCrossAttention
+from attn_ext.nn.cmab import _PreNormBlock
+from attn_ext.models.linear_attention import LinearAttention
+
+#: Attention kinds of :class:`ContextAttentionLayer`: name -> factory(dim, heads) -> module(q, k, v) -> [B, M, dim].
+ATTENTIONS: dict = {
+    "softmax": lambda dim, heads: _FirstOutput(MultiheadCrossAttention(dim, heads, batch_first=True)),
+    "intention": lambda dim, heads: Intention(dim, heads),
+    "linear": lambda dim, heads: LinearAttention(dim, heads),
+}
+
+
+class _FirstOutput(nn.Module):
+    """Adapts ``MultiheadCrossAttention``'s ``(out, None)`` to a plain output."""
+
+    def __init__(self, attention: MultiheadCrossAttention) -> None:
+        super().__init__()
+        self.attention = attention
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return self.attention(q, k, v)[0]
+
+
+class ContextAttentionLayer(nn.Module):
+    """``h = x + Attn(LN(x), LN(x_ctx)); h + FF(LN'(h))`` where ``x_ctx`` = the first ``num_context`` tokens.
+
+    With ``attention="softmax"`` this equals a pre-norm ``nn.TransformerEncoderLayer`` under TNP-D's
+    mask (targets see only the context, the context sees itself), without forming the mask.
+    """
+
+    def __init__(self, dim: int, num_heads: int, ff_dim: int, attention: str = "softmax") -> None:
+        super().__init__()
+        if attention not in ATTENTIONS:
+            raise ValueError(f"unknown attention {attention!r}; choose one of {', '.join(ATTENTIONS)}")
+        self.norm, self.norm_ff = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attention = ATTENTIONS[attention](dim, num_heads)
+        self.ff = nn.Sequential(nn.Linear(dim, ff_dim), nn.ReLU(), nn.Linear(ff_dim, dim))
+
+    def forward(self, x: Tensor, num_context: int) -> Tensor:
+        h = self.norm(x)
+        context = h[:, :num_context]
+        x = x + self.attention(h, context, context)
+        return x + self.ff(self.norm_ff(x))
+
+
+class ContextEncoder(nn.Module):
+    """A stack of :class:`ContextAttentionLayer` and a final LayerNorm over ``[context; targets]``."""
+
+    def __init__(self, num_layers: int, dim: int, num_heads: int, ff_dim: int, attention: str = "softmax") -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(ContextAttentionLayer(dim, num_heads, ff_dim, attention)
+                                    for _ in range(num_layers))
+        self.norm = nn.LayerNorm(dim)
+
+    def forward(self, x: Tensor, num_context: int) -> Tensor:
+        for layer in self.layers:
+            x = layer(x, num_context)
+        return self.norm(x)
+
+
+class LatentDecoder(nn.Module):
+    """The query phase ``X^i = CA(X^{i−1}, L_i)``, one pre-norm cross-attention block per latent set."""
+
+    def __init__(self, num_layers: int, dim: int, num_heads: int, ff_dim: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(_PreNormBlock(dim, num_heads, ff_dim, cross=True) for _ in range(num_layers))
+
+    def forward(self, queries: Tensor, latents: Sequence[Tensor]) -> Tensor:
+        if len(latents) != len(self.blocks):
+            raise ValueError(f"LatentDecoder: {len(self.blocks)} blocks but {len(latents)} latent sets")
+        for block, lat in zip(self.blocks, latents):
+            queries = block(queries, lat)
+        return queries
+
+
+def stack(factory: Callable[[], nn.Module], n: int) -> nn.ModuleList:
+    """``n`` independently initialised modules from ``factory``."""
+    return nn.ModuleList(factory() for _ in range(n))

@@ -1,0 +1,48 @@
+"""LBANP (Feng et al. 2023): Perceiver-style latents ``L_i = SA(CA(L_{i−1}, D))``, queries read the latents."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+from torch.distributions import Normal
+
+from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points
+from attn_ext.models.layers import LatentDecoder, stack
+from attn_ext.nn.cmab import _PreNormBlock
+
+
+class LBANP(NeuralProcess):
+    """Latent Bottlenecked Attentive NP: ``num_latents`` learned latents updated per layer by a cross
+    attention over the embedded context and a self attention; targets ``X^i = CA(X^{i−1}, L_i)``.
+    Memory O(N_c · num_latents) in the conditioning phase (linear in ``N_c``).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from attn_ext.models import LBANP
+    >>> model = LBANP(num_layers=2, num_latents=8)
+    >>> xc, yc, xt = torch.randn(2, 10, 1), torch.randn(2, 10, 1), torch.randn(2, 7, 1)
+    >>> model.predict(xc, yc, xt).mean.shape
+    torch.Size([2, 7, 1])
+    """
+
+    def __init__(self, config: Optional[NPConfig] = None, **overrides) -> None:
+        super().__init__(config, **overrides)
+        c = self.config
+        self.latents = nn.Parameter(torch.randn(c.num_latents, c.d_model) * 0.02)
+        self.cross = stack(lambda: _PreNormBlock(c.d_model, c.num_heads, c.ff_dim, cross=True), c.num_layers)
+        self.self_attention = stack(lambda: _PreNormBlock(c.d_model, c.num_heads, c.ff_dim, cross=False),
+                                    c.num_layers)
+        self.decoder = LatentDecoder(c.num_layers, c.d_model, c.num_heads, c.ff_dim)
+        self.head = GaussianHead(c.d_model, c.ff_dim, c.dim_y)
+
+    def predict(self, xc: Tensor, yc: Tensor, xt: Tensor) -> Normal:
+        check_points(self, xc=xc, yc=yc, xt=xt)
+        context = self.embed_pairs(xc, yc)
+        latent = self.latents.expand(xc.shape[0], -1, -1)
+        latents = []
+        for cross, self_attention in zip(self.cross, self.self_attention):
+            latent = self_attention(cross(latent, context))
+            latents.append(latent)
+        return self.head(self.decoder(self.embed_pairs(xt, None), latents))

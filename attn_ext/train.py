@@ -1,0 +1,171 @@
+"""``attn-ext train gp``: seeded, resumable training of a reference NP model on GP tasks (SPEC §2, §6).
+
+Adam (lr 5e-4) with a cosine schedule over ``--steps``, batches of 16 fresh tasks from
+:class:`attn_ext.data.GPSampler`. Every ``--checkpoint-every`` steps (and at the end) the run
+directory gets ``checkpoint.pt`` (model, optimiser, schedule, step, the sampler's and torch's RNG
+states), written atomically, so rerunning the same command continues where it stopped and gives
+the same parameters as an uninterrupted run. Progress lines go to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+CHECKPOINT = "checkpoint.pt"
+#: NPConfig fields settable from the command line.
+CONFIG_FLAGS = ("d_model", "num_layers", "num_heads", "ff_dim", "emb_depth", "num_latents", "chunk_size")
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--d-model`` … ``--chunk-size``: overrides of :class:`attn_ext.models.NPConfig`."""
+    for field in CONFIG_FLAGS:
+        parser.add_argument("--" + field.replace("_", "-"), type=int, default=None, dest=field,
+                            help=f"model {field} (default: SPEC §5)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from attn_ext.data.gp import KERNELS, LENGTH_RANGES
+    from attn_ext.models import MODELS
+
+    parser.add_argument("task", choices=["gp"], help="benchmark task (gp: GP meta-regression)")
+    parser.add_argument("--model", required=True, choices=sorted(MODELS))
+    parser.add_argument("--steps", type=int, default=100_000)
+    parser.add_argument("--out", type=Path, required=True, help="run directory (checkpoint, logs)")
+    parser.add_argument("--kernel", choices=KERNELS, default="rbf")
+    parser.add_argument("--length-range", choices=sorted(LENGTH_RANGES), default="code")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--checkpoint-every", type=int, default=1000)
+    parser.add_argument("--log-every", type=int, default=100)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--restart", action="store_true", help="ignore an existing checkpoint in --out")
+    parser.add_argument("--stop-after", type=int, default=None, metavar="N",
+                        help="checkpoint and stop after N steps of this invocation (rerun to resume)")
+    add_model_arguments(parser)
+
+
+def model_overrides(args: argparse.Namespace) -> dict:
+    return {f: getattr(args, f) for f in CONFIG_FLAGS if getattr(args, f, None) is not None}
+
+
+def _save(path: Path, payload: dict) -> None:
+    import torch
+
+    tmp = path.with_suffix(".tmp")
+    torch.save(payload, tmp)
+    tmp.replace(path)
+
+
+def load_checkpoint(run_dir: Path):
+    """``(model, checkpoint dict)`` of a run directory (or a checkpoint file)."""
+    import torch
+
+    from attn_ext.models import build_model
+
+    path = run_dir if run_dir.is_file() else run_dir / CHECKPOINT
+    if not path.exists():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    ckpt = torch.load(path, weights_only=False)
+    model = build_model(ckpt["model"], **ckpt["config"])
+    model.load_state_dict(ckpt["model_state"])
+    return model, ckpt
+
+
+def train(model_name: str, steps: int, out: Path, *, kernel: str = "rbf", length_range: str = "code",
+          seed: int = 0, batch_size: int = 16, lr: float = 5e-4, checkpoint_every: int = 1000,
+          log_every: int = 100, restart: bool = False, overrides: Optional[dict] = None,
+          stop_after: Optional[int] = None, log=None) -> dict:
+    """Train (or resume) a model; returns the summary written to ``out/train.json``.
+
+    ``stop_after`` ends this invocation after that many steps (checkpointed), for time-sliced jobs;
+    calling again resumes.
+    """
+    import torch
+
+    from attn_ext.data import GPSampler
+    from attn_ext.models import build_model
+
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    if steps <= 0 or batch_size <= 0 or checkpoint_every <= 0 or log_every <= 0:
+        raise ValueError("steps, batch_size, checkpoint_every and log_every must be positive")
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = build_model(model_name, **(overrides or {}))
+    optimiser = torch.optim.Adam(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, T_max=steps)
+    sampler = GPSampler(kernel, length_range=length_range)
+    generator = torch.Generator().manual_seed(seed + 1)
+    step, elapsed = 0, 0.0
+    ckpt_path = out / CHECKPOINT
+    if ckpt_path.exists() and not restart:
+        ckpt = torch.load(ckpt_path, weights_only=False)
+        if ckpt["model"] != model_name or ckpt["steps"] != steps:
+            raise ValueError(f"{ckpt_path} is of model {ckpt['model']!r} with {ckpt['steps']} steps; asked for "
+                             f"{model_name!r} with {steps}: use another --out or --restart")
+        model.load_state_dict(ckpt["model_state"])
+        optimiser.load_state_dict(ckpt["optimiser"])
+        schedule.load_state_dict(ckpt["schedule"])
+        generator.set_state(ckpt["generator"])
+        torch.set_rng_state(ckpt["torch_rng"])
+        step, elapsed = ckpt["step"], ckpt["elapsed"]
+        log(f"resumed {model_name} from {ckpt_path} at step {step}/{steps}")
+    config = {**model.config.to_dict()}
+    meta = {"model": model_name, "config": config, "steps": steps, "kernel": kernel, "length_range": length_range,
+            "seed": seed, "batch_size": batch_size, "lr": lr}
+
+    def checkpoint() -> None:
+        _save(ckpt_path, {**meta, "model_state": model.state_dict(), "optimiser": optimiser.state_dict(),
+                          "schedule": schedule.state_dict(), "generator": generator.get_state(),
+                          "torch_rng": torch.get_rng_state(), "step": step, "elapsed": elapsed})
+
+    model.train()
+    window, window_start, t0, last = [], time.perf_counter(), time.perf_counter(), None
+    end = steps if stop_after is None else min(steps, step + stop_after)
+    while step < end:
+        loss = model(sampler.sample(batch_size, generator=generator))
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"{model_name}: loss {loss.item()} at step {step}")
+        optimiser.zero_grad(set_to_none=True)
+        loss.backward()
+        optimiser.step()
+        schedule.step()
+        step += 1
+        last = loss.item()
+        window.append(last)
+        if step % log_every == 0 or step == steps:
+            now = time.perf_counter()
+            rate = len(window) / max(now - window_start, 1e-9)
+            eta = (steps - step) / rate
+            log(f"[{model_name}] step {step}/{steps} loss {sum(window) / len(window):.4f} "
+                f"{rate:.2f} steps/s lr {schedule.get_last_lr()[0]:.2e} eta {eta / 60:.1f} min")
+            window, window_start = [], now
+        if step % checkpoint_every == 0 or step == end:
+            elapsed += time.perf_counter() - t0
+            t0 = time.perf_counter()
+            checkpoint()
+    summary = {**meta, "final_step": step, "train_seconds": round(elapsed, 1),
+               "last_loss": last}
+    (out / "train.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    try:
+        summary = train(args.model, args.steps, args.out, kernel=args.kernel, length_range=args.length_range,
+                        seed=args.seed, batch_size=args.batch_size, lr=args.lr,
+                        checkpoint_every=args.checkpoint_every, log_every=args.log_every, restart=args.restart,
+                        overrides=model_overrides(args), stop_after=args.stop_after)
+    except (ValueError, FloatingPointError, FileNotFoundError) as exc:
+        print(f"attn-ext train: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({k: summary[k] for k in ("model", "final_step", "train_seconds")}))
+    return 0

@@ -1,0 +1,76 @@
+"""Every reference NP model: shapes, finite loss and gradients, clear errors on bad input."""
+import doctest
+
+import pytest
+import torch
+
+import attn_ext.models as models_pkg
+from attn_ext.data import GPSampler
+from attn_ext.models import MODELS, build_model
+import attn_ext.data as data_pkg
+from attn_ext.data import eval_set, gp
+from attn_ext.models import base, cmanp, cmanp_and, intention_np, lbanp, linear_attention, linear_tnp, retreever, tnpd
+
+SMALL = dict(d_model=16, num_layers=2, num_heads=2, ff_dim=32, emb_depth=2, num_latents=8)
+
+
+def _batch(seed=0, size=3):
+    return GPSampler().sample(size, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_loss_finite_and_backward(name):
+    torch.manual_seed(0)
+    model = build_model(name, **SMALL)
+    batch = _batch()
+    loss = model(batch)
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad]
+    assert any(g is not None and g.abs().sum() > 0 for g in grads)
+    assert all(g is None or torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_predict_and_log_likelihood_shapes(name):
+    model = build_model(name, **SMALL).eval()
+    batch = _batch(1, size=2)
+    pred = model.predict(batch.xc, batch.yc, batch.xt)
+    assert isinstance(pred, torch.distributions.Normal)
+    assert pred.mean.shape == batch.yt.shape and (pred.scale > 0).all()
+    ll = model.log_likelihood(batch)
+    assert ll.shape == (2,) and torch.isfinite(ll).all()
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_bad_shapes_raise_value_error_naming_them(name):
+    model = build_model(name, **SMALL)
+    xc, yc, xt = torch.randn(2, 5, 1), torch.randn(2, 5, 1), torch.randn(2, 3, 1)
+    with pytest.raises(ValueError, match=r"\(2, 5\)"):
+        model.predict(xc[..., 0], yc, xt)
+    with pytest.raises(ValueError, match=r"\[B, N, 1\]"):
+        model.predict(xc, torch.randn(2, 5, 2), xt)
+    with pytest.raises(ValueError, match="same number of points"):
+        model.predict(xc, yc[:, :4], xt)
+    with pytest.raises(ValueError, match="batch sizes differ"):
+        model.predict(xc, yc, xt[:1])
+
+
+def test_defaults_follow_spec():
+    cfg = build_model("tnpd").config
+    assert (cfg.d_model, cfg.num_layers, cfg.num_heads, cfg.ff_dim, cfg.emb_depth, cfg.num_latents) == (64, 6, 4, 128, 4, 128)
+    with pytest.raises(ValueError, match="unknown model"):
+        build_model("tnp-nd")
+
+
+def test_no_model_uses_torch_multihead_attention():
+    for name in MODELS:
+        model = build_model(name, **SMALL)
+        assert not any(isinstance(m, torch.nn.MultiheadAttention) for m in model.modules()), name
+
+
+@pytest.mark.parametrize("module", [models_pkg, base, cmanp, cmanp_and, intention_np, lbanp, linear_attention,
+                                    linear_tnp, retreever, tnpd, data_pkg, gp, eval_set])
+def test_docstring_examples(module):
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0
