@@ -15,6 +15,10 @@ Examples
     Train CMANP on GP regression (resumes from ``runs/gp-cmanp/checkpoint.pt`` if present).
 ``attn-ext eval gp --ckpt runs/gp-cmanp --kernel rbf``
     Mean per-target log-likelihood ± std over the evaluation batches.
+``attn-ext train images --dataset emnist --data-dir ~/data/emnist --model cmanp --out runs/emnist-cmanp``
+    Image completion (EMNIST, CelebA 32/64/128, or the offline sklearn ``digits``); ``eval images`` scores it.
+``attn-ext train copy --seq-len 256 --model retreever``
+    The TCA copy task: accuracy and the fraction of context tokens each query read.
 ``attn-ext memory --quick``
     Peak inference memory of every model vs N_c and N_t.
 """
@@ -108,12 +112,12 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         run=_bench_run,
     ),
     "train": Subcommand(
-        help="train a reference NP model (attn_ext.models) on GP meta-regression, resumable",
+        help="train a reference NP model on GP regression or image completion (resumable), or the TCA copy task",
         add_arguments=_lazy("attn_ext.train", "add_arguments"),
         run=_lazy("attn_ext.train", "run"),
     ),
     "eval": Subcommand(
-        help="evaluate a trained NP model on the fixed-seed GP evaluation set",
+        help="evaluate a trained NP model on the fixed-seed GP set or its image dataset's evaluation splits",
         add_arguments=_lazy("attn_ext.evaluate", "add_arguments"),
         run=_lazy("attn_ext.evaluate", "run"),
     ),
