@@ -1,6 +1,7 @@
-"""``attn-ext train gp|images|copy``: seeded, resumable training of a reference NP model (SPEC §2, §6).
+"""``attn-ext train gp|images|wheel|copy``: seeded, resumable training of a reference NP model (SPEC §2, §6).
 
-``gp`` and ``images`` share one loop (:func:`train`) over an :class:`attn_ext.tasks.np_tasks.NPTask`:
+``gp``, ``images`` and ``wheel`` (bandit pre-training, batches of 8) share one loop (:func:`train`)
+over an :class:`attn_ext.tasks.np_tasks.NPTask`:
 Adam (lr 5e-4) with a cosine schedule over ``--steps``, batches of 16 fresh tasks. Every
 ``--checkpoint-every`` steps (and at the end) the run directory gets ``checkpoint.pt`` (model,
 optimiser, schedule, step, the task settings, the batch generator's and torch's RNG states), written
@@ -49,8 +50,11 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_task_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    """The options that choose the task ``name`` ("gp" or "images"); shared with ``attn-ext eval``."""
-    if name == "gp":
+    """The options that choose the task ``name`` ("gp", "images" or "wheel"); shared with ``attn-ext eval``."""
+    if name == "wheel":
+        parser.add_argument("--num-context", type=int, default=512, help="context points per problem (paper: 512)")
+        parser.add_argument("--num-target", type=int, default=50, help="target points per problem (paper: 50)")
+    elif name == "gp":
         from attn_ext.data.gp import KERNELS, LENGTH_RANGES
 
         parser.add_argument("--kernel", choices=KERNELS, default="rbf")
@@ -75,6 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_task_arguments(images, "images-train")
     images.add_argument("--plot-images", type=int, default=4, help="held-out images in completions.png (0: none)")
     add_copy_arguments(sub.add_parser("copy", help="TCA copy task (retrieve the mirrored token)"))
+    wheel = sub.add_parser("wheel", help="wheel-bandit pre-training (CMANP App. C.2; deploy with `attn-ext bandit`)")
+    _common_arguments(wheel)
+    add_task_arguments(wheel, "wheel")
+    wheel.set_defaults(batch_size=8)
 
 
 def model_overrides(args: argparse.Namespace) -> dict:
@@ -190,12 +198,13 @@ def run(args: argparse.Namespace) -> int:
         from attn_ext.tasks.copy_cli import run_copy
 
         return run_copy(args)
-    from attn_ext.tasks.np_tasks import gp_task, image_task
+    from attn_ext.tasks.np_tasks import gp_task, image_task, wheel_task
 
     torch.set_num_threads(args.threads)
     try:
-        task = (gp_task(args.kernel, args.length_range) if args.task == "gp"
-                else image_task(args.dataset, args.data_dir))
+        task = {"gp": lambda: gp_task(args.kernel, args.length_range),
+                "images": lambda: image_task(args.dataset, args.data_dir),
+                "wheel": lambda: wheel_task(args.num_context, args.num_target)}[args.task]()
         summary = train(args.model, args.steps, args.out, task=task, seed=args.seed, batch_size=args.batch_size,
                         lr=args.lr, checkpoint_every=args.checkpoint_every, log_every=args.log_every,
                         restart=args.restart, overrides=model_overrides(args),

@@ -14,7 +14,7 @@ import torch
 
 from attn_ext.data.gp import NPBatch
 
-TASK_NAMES = ("gp", "images")
+TASK_NAMES = ("gp", "images", "wheel")
 
 
 @dataclass
@@ -23,7 +23,7 @@ class NPTask:
 
     Attributes
     ----------
-    name : {"gp", "images"}
+    name : {"gp", "images", "wheel"}
     settings : dict
         JSON-able settings that rebuild the task with :func:`make_task` (e.g. kernel, dataset).
     dim_x, dim_y : int
@@ -63,6 +63,14 @@ def image_task(dataset: str, data_dir: Optional[Path] = None, split: Optional[st
     return task
 
 
+def wheel_task(num_context: int = 512, num_target: int = 50) -> NPTask:
+    """Wheel-bandit pre-training (CMANP App. C.2): x the 2-D context, y the 5 arms' rewards."""
+    from attn_ext.data.wheel import NUM_ARMS, WheelSampler
+
+    sampler = WheelSampler(num_context, num_target)
+    return NPTask("wheel", {"num_context": num_context, "num_target": num_target}, 2, NUM_ARMS, sampler.sample)
+
+
 def make_task(name: str, settings: dict, **changes) -> NPTask:
     """The task ``name`` from its stored ``settings`` (``changes`` override them, e.g. ``data_dir``)."""
     settings = {**settings, **{k: v for k, v in changes.items() if v is not None}}
@@ -71,4 +79,6 @@ def make_task(name: str, settings: dict, **changes) -> NPTask:
     if name == "images":
         data_dir = settings.get("data_dir")
         return image_task(settings["dataset"], None if data_dir is None else Path(data_dir), settings.get("split"))
+    if name == "wheel":
+        return wheel_task(settings.get("num_context", 512), settings.get("num_target", 50))
     raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASK_NAMES)}")
