@@ -54,6 +54,8 @@ def add_task_arguments(parser: argparse.ArgumentParser, name: str) -> None:
     if name == "wheel":
         parser.add_argument("--num-context", type=int, default=512, help="context points per problem (paper: 512)")
         parser.add_argument("--num-target", type=int, default=50, help="target points per problem (paper: 50)")
+        parser.add_argument("--context-rewards", choices=["all", "pulled"], default="all",
+                            help="context y: every arm's reward (paper) or one random pulled arm's, as at deployment")
     elif name == "gp":
         from attn_ext.data.gp import KERNELS, LENGTH_RANGES
 
@@ -204,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         task = {"gp": lambda: gp_task(args.kernel, args.length_range),
                 "images": lambda: image_task(args.dataset, args.data_dir),
-                "wheel": lambda: wheel_task(args.num_context, args.num_target)}[args.task]()
+                "wheel": lambda: wheel_task(args.num_context, args.num_target, args.context_rewards)}[args.task]()
         summary = train(args.model, args.steps, args.out, task=task, seed=args.seed, batch_size=args.batch_size,
                         lr=args.lr, checkpoint_every=args.checkpoint_every, log_every=args.log_every,
                         restart=args.restart, overrides=model_overrides(args),

@@ -73,3 +73,13 @@ def test_bandit_cli(tmp_path, capsys):
     assert main(["train", "gp", "--model", "tnpd", "--steps", "1", "--out", str(tmp_path / "gp"), *small]) == 0
     assert main(["bandit", "--ckpt", str(tmp_path / "gp"), "--steps", "2", "--seeds", "1"]) == 1
     assert "pre-train with `attn-ext train wheel`" in capsys.readouterr().err
+
+
+def test_pulled_context_rewards_show_one_arm():
+    b = WheelSampler(64, 8, context_rewards="pulled").sample(2, torch.Generator().manual_seed(0))
+    full = WheelSampler(64, 8).sample(2, torch.Generator().manual_seed(0))
+    # Exactly one arm per context point keeps its true reward (all are >= 0.8; N(0, 1) noise rarely is).
+    kept = (b.yc == full.yc).sum(-1)
+    assert (kept >= 1).all() and kept.float().mean() < 1.3 and torch.equal(b.yt, full.yt)
+    with pytest.raises(ValueError, match="context_rewards"):
+        WheelSampler(context_rewards="some")

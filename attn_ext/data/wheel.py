@@ -7,7 +7,10 @@ outside the radius δ and arm 0 inside. The noise levels are the official code's
 writes 0.01² for all of them).
 
 Pre-training (the official ``reward="all"`` setting) shows the model every arm's reward: x is the
-context, y the 5 rewards, δ ~ U(0, 1) per problem, 512 context and 50 target points.
+context, y the 5 rewards, δ ~ U(0, 1) per problem, 512 context and 50 target points. With
+``context_rewards="pulled"`` (not the papers' protocol) each context point instead shows what a
+deployed agent sees, the reward of one random arm and N(0, 1) noise at the others, while the targets
+keep all 5 rewards: training then matches the histories met at deployment.
 """
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ from attn_ext.data.gp import NPBatch
 
 NUM_ARMS, SMALL_MEANS, SMALL_STD, LARGE_MEAN, LARGE_STD = 5, (1.2, 1.0, 1.0, 1.0, 1.0), 0.05, 50.0, 0.01
 DELTAS = (0.7, 0.9, 0.95, 0.99, 0.995)
+#: What the pre-training context shows: every arm's reward (the papers'), or one pulled arm's.
+CONTEXT_REWARDS = ("all", "pulled")
 
 
 class WheelData(NamedTuple):
@@ -74,10 +79,12 @@ class WheelSampler:
     ((2, 16, 2), (2, 4, 5))
     """
 
-    def __init__(self, num_context: int = 512, num_target: int = 50) -> None:
+    def __init__(self, num_context: int = 512, num_target: int = 50, context_rewards: str = "all") -> None:
         if num_context <= 0 or num_target <= 0:
             raise ValueError(f"wheel: num_context and num_target must be positive, got {num_context}, {num_target}")
-        self.num_context, self.num_target = num_context, num_target
+        if context_rewards not in CONTEXT_REWARDS:
+            raise ValueError(f"wheel: context_rewards must be one of {', '.join(CONTEXT_REWARDS)}, got {context_rewards!r}")
+        self.num_context, self.num_target, self.context_rewards = num_context, num_target, context_rewards
 
     def sample(self, batch_size: int, generator: Optional[torch.Generator] = None) -> NPBatch:
         if batch_size <= 0:
@@ -88,4 +95,14 @@ class WheelSampler:
         x = torch.stack([p.x for p in problems])
         y = torch.stack([p.rewards for p in problems])
         c = self.num_context
-        return NPBatch(x[:, :c], y[:, :c], x[:, c:], y[:, c:])
+        yc = y[:, :c]
+        if self.context_rewards == "pulled":
+            yc = masked_rewards(yc, torch.randint(0, NUM_ARMS, yc.shape[:2], generator=generator), generator)
+        return NPBatch(x[:, :c], yc, x[:, c:], y[:, c:])
+
+
+def masked_rewards(rewards: Tensor, arm: Tensor, generator: Optional[torch.Generator] = None) -> Tensor:
+    """What an agent records after pulling ``arm [...]``: ``rewards [..., 5]`` at that arm, N(0, 1) noise
+    at the others (the official TNP code's history convention)."""
+    out = torch.randn(rewards.shape, generator=generator)
+    return out.scatter(-1, arm.unsqueeze(-1), rewards.gather(-1, arm.unsqueeze(-1)))

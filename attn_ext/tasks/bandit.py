@@ -23,7 +23,7 @@ from typing import Dict, List
 import torch
 from torch import Tensor
 
-from attn_ext.data.wheel import NUM_ARMS, WheelData, sample_wheel
+from attn_ext.data.wheel import NUM_ARMS, WheelData, masked_rewards, sample_wheel
 
 
 class IncrementalAgent:
@@ -111,8 +111,7 @@ def deploy(model, data: WheelData, seed: int = 0, mode: str = "auto") -> Dict[st
             pred = agent.predict(x)
             arm = int((pred.mean + pred.stddev).view(-1).argmax())
         t1 = time.perf_counter()
-        y = torch.randn(1, 1, NUM_ARMS, generator=gen)
-        y[0, 0, arm] = data.rewards[t, arm]
+        y = masked_rewards(data.rewards[t].view(1, 1, NUM_ARMS), torch.tensor([[arm]]), gen)
         t2 = time.perf_counter()
         agent.observe(x, y)
         t3 = time.perf_counter()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -30,6 +30,8 @@ class NPTask:
         Input and output dimensions; set on the model's :class:`attn_ext.models.NPConfig`.
     sample : callable
         ``sample(batch_size, generator) -> NPBatch``, a batch of fresh training tasks.
+    sampler : object, optional
+        The task's sampler, for callers that draw tasks of chosen data (image evaluation, figures).
     """
 
     name: str
@@ -37,6 +39,7 @@ class NPTask:
     dim_x: int
     dim_y: int
     sample: Callable[[int, Optional[torch.Generator]], NPBatch]
+    sampler: Any = None
 
 
 def gp_task(kernel: str = "rbf", length_range: str = "code") -> NPTask:
@@ -58,17 +61,16 @@ def image_task(dataset: str, data_dir: Optional[Path] = None, split: Optional[st
     split = split or DATASETS[dataset].train_split
     sampler = ImageCompletionSampler(load_images(dataset, split, data_dir))
     settings = {"dataset": dataset, "data_dir": None if data_dir is None else str(data_dir)}
-    task = NPTask("images", settings, 2, sampler.channels, lambda b, g: sampler.sample(b, generator=g))
-    task.sampler = sampler  # the evaluation and the figure draw tasks of chosen images
-    return task
+    return NPTask("images", settings, 2, sampler.channels, lambda b, g: sampler.sample(b, generator=g), sampler)
 
 
-def wheel_task(num_context: int = 512, num_target: int = 50) -> NPTask:
+def wheel_task(num_context: int = 512, num_target: int = 50, context_rewards: str = "all") -> NPTask:
     """Wheel-bandit pre-training (CMANP App. C.2): x the 2-D context, y the 5 arms' rewards."""
     from attn_ext.data.wheel import NUM_ARMS, WheelSampler
 
-    sampler = WheelSampler(num_context, num_target)
-    return NPTask("wheel", {"num_context": num_context, "num_target": num_target}, 2, NUM_ARMS, sampler.sample)
+    sampler = WheelSampler(num_context, num_target, context_rewards)
+    settings = {"num_context": num_context, "num_target": num_target, "context_rewards": context_rewards}
+    return NPTask("wheel", settings, 2, NUM_ARMS, sampler.sample, sampler)
 
 
 def make_task(name: str, settings: dict, **changes) -> NPTask:
@@ -80,5 +82,6 @@ def make_task(name: str, settings: dict, **changes) -> NPTask:
         data_dir = settings.get("data_dir")
         return image_task(settings["dataset"], None if data_dir is None else Path(data_dir), settings.get("split"))
     if name == "wheel":
-        return wheel_task(settings.get("num_context", 512), settings.get("num_target", 50))
+        return wheel_task(settings.get("num_context", 512), settings.get("num_target", 50),
+                          settings.get("context_rewards", "all"))
     raise ValueError(f"unknown task {name!r}; choose one of {', '.join(TASK_NAMES)}")
