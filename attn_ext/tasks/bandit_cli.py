@@ -74,13 +74,13 @@ def plot(results: dict, delta: float, path: Path) -> Path:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     uniform = None
-    for name, res in results.items():
+    for i, (name, res) in enumerate(results.items()):
         cum = res["cum_regret"][delta]
-        left.plot(range(1, len(cum) + 1), cum.numpy(), label=_label(name, res))
+        left.plot(range(1, len(cum) + 1), cum.numpy(), color=f"C{i}", label=_label(name, res))
         uniform = res["uniform_cum_regret"][delta]
         for key, style in (("step_seconds", "-"), ("update_seconds", ":")):
             x, y = binned(res[key], 50)
-            right.plot(x.numpy(), 1e3 * y.numpy(), style, label=f"{_label(name, res)}, {key.split('_')[0]}")
+            right.plot(x.numpy(), 1e3 * y.numpy(), style, color=f"C{i}", label=f"{_label(name, res)}, {key.split('_')[0]}")
     left.plot(range(1, len(uniform) + 1), uniform.numpy(), "k--", label="uniform (expected)")
     left.set(xlabel="step", ylabel="cumulative regret", title=f"wheel bandit, δ = {delta}", yscale="log")
     right.set(xlabel="step (context size)", ylabel="ms per step", title="cost per step", yscale="log")
