@@ -68,7 +68,8 @@ def _bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"benchmarks to run (default: all): {', '.join(BENCHMARKS)}")
     parser.add_argument("--quick", action="store_true",
                         help="the quick sizes (cross attention N = 1e3..1e5, state update N = 1e3..1e6, "
-                             "streaming N = 1e4..1e6), a few minutes on 2 cores")
+                             "streaming N = 1e4..1e6, NP memory N_c = 1e3, 1e4, a 100-step NP training smoke "
+                             "run), a few minutes on 2 cores")
     parser.add_argument("--out", type=Path, default=Path("bench/results"), metavar="DIR",
                         help="output directory for <name>.md/.json/.png (default: bench/results, relative to cwd)")
     parser.add_argument("--backend", default="cpp",

@@ -15,7 +15,9 @@ from pathlib import Path
 #: Benchmark name -> module implementing ``run(options) -> int``.
 BENCHMARKS: dict[str, str] = {
     "cross_attention": "attn_ext.bench.cross_attention",
+    "gp_quick": "attn_ext.bench.gp_quick",
     "intention": "attn_ext.bench.intention",
+    "np_memory": "attn_ext.bench.np_memory",
     "state_update": "attn_ext.bench.state_update",
     "streaming_memory": "attn_ext.bench.streaming_memory",
     "tree_attention": "attn_ext.bench.tree_attention",

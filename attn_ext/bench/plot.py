@@ -61,8 +61,9 @@ def plot_time_and_memory(
     xlabel: str,
     time_label: str = "time (ms, median)",
     memory_label: str = "peak extra memory (MB)",
+    titles: tuple[str, str] = ("time", "memory"),
 ) -> None:
-    """Write a two-panel PNG (left: time, right: memory) to ``path``.
+    """Write a two-panel PNG (left: time, right: memory, or two other quantities named by ``titles``) to ``path``.
 
     Uses the non-interactive Agg backend so it works without a display.
     """
@@ -75,11 +76,11 @@ def plot_time_and_memory(
     _draw(ax_t, time_series)
     ax_t.set_xlabel(xlabel)
     ax_t.set_ylabel(time_label)
-    ax_t.set_title("time")
+    ax_t.set_title(titles[0])
     _draw(ax_m, memory_series)
     ax_m.set_xlabel(xlabel)
     ax_m.set_ylabel(memory_label)
-    ax_m.set_title("memory")
+    ax_m.set_title(titles[1])
     fig.suptitle(title, fontsize="medium")
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -72,24 +72,33 @@ class CMANP(NeuralProcess):
             raise ValueError(f"CMANP: chunk_size must be a positive int, got {chunk_size!r}")
         if xc.shape[1] == 0:
             raise ValueError(f"CMANP: the context must have at least one point, got xc {tuple(xc.shape)}")
-        emb = self.embed_pairs(xc[:, :chunk], yc[:, :chunk])
-        state = CMANPState(tuple(block.init_state(emb) for block in self.blocks))
+        states = list(self._first_chunk(xc[:, :chunk], yc[:, :chunk]).blocks)
         for start in range(chunk, xc.shape[1], chunk):
-            state = self._absorb(state, xc[:, start:start + chunk], yc[:, start:start + chunk])
-        return state
+            self._absorb(states, xc[:, start:start + chunk], yc[:, start:start + chunk])
+        return CMANPState(tuple(states))
 
     def update(self, state: CMANPState, x_new: Tensor, y_new: Tensor) -> CMANPState:
         """``state`` with the points ``(x_new, y_new)`` added; cost O(new points), whatever ``N_c``."""
         check_points(self, x_new=x_new, y_new=y_new)
         self._check_state(state, x_new.shape[0])
         chunk = self.config.chunk_size or max(x_new.shape[1], 1)
+        states = list(state.blocks)
         for start in range(0, x_new.shape[1], chunk):
-            state = self._absorb(state, x_new[:, start:start + chunk], y_new[:, start:start + chunk])
-        return state
+            self._absorb(states, x_new[:, start:start + chunk], y_new[:, start:start + chunk])
+        return CMANPState(tuple(states))
 
-    def _absorb(self, state: CMANPState, x: Tensor, y: Tensor) -> CMANPState:
+    def _first_chunk(self, x: Tensor, y: Tensor) -> CMANPState:
+        # A method of its own so that the chunk's embedding is freed before the next chunk is embedded.
         emb = self.embed_pairs(x, y)
-        return CMANPState(tuple(block.update(s, emb) for block, s in zip(self.blocks, state.blocks)))
+        return CMANPState(tuple(block.init_state(emb) for block in self.blocks))
+
+    def _absorb(self, states: List[CMABState], x: Tensor, y: Tensor) -> None:
+        """Update ``states`` in place: each block's old state is dropped as soon as its new one exists,
+        so at most one block holds two states at a time (old and new states of all blocks together
+        would make the peak depend on whether the context needed more than one chunk)."""
+        emb = self.embed_pairs(x, y)
+        for i, block in enumerate(self.blocks):
+            states[i] = block.update(states[i], emb)
 
     def _check_state(self, state: CMANPState, batch: int) -> None:
         if not isinstance(state, CMANPState) or len(state.blocks) != len(self.blocks):

@@ -1,0 +1,31 @@
+"""A short training run lowers the loss (the fastest model, a small configuration)."""
+import torch
+
+from attn_ext.data import GPSampler
+from attn_ext.train import train
+
+
+def _held_out_nll(model, batches):
+    model.eval()
+    with torch.no_grad():
+        value = -torch.stack([model.log_likelihood(b).mean() for b in batches]).mean().item()
+    model.train()
+    return value
+
+
+def test_200_steps_lower_the_loss(tmp_path):
+    from attn_ext.train import load_checkpoint
+
+    gen = torch.Generator().manual_seed(123)
+    held_out = [GPSampler().sample(16, generator=gen) for _ in range(8)]
+    small = dict(d_model=32, num_layers=2, num_heads=2, ff_dim=64, emb_depth=2)
+    torch.manual_seed(0)
+    from attn_ext.models import build_model
+
+    before = _held_out_nll(build_model("linear_tnp", **small), held_out)
+    train("linear_tnp", 200, tmp_path, overrides=small, checkpoint_every=200, log_every=200, lr=2e-3,
+          log=lambda msg: None)
+    model, ckpt = load_checkpoint(tmp_path)
+    after = _held_out_nll(model, held_out)
+    assert ckpt["step"] == 200
+    assert after < before - 0.2, (before, after)
