@@ -115,7 +115,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         run=_bench_run,
     ),
     "train": Subcommand(
-        help="train a reference NP model on GP regression or image completion (resumable), or the TCA copy task",
+        help="train a reference NP model on GP regression, image completion or wheel-bandit problems (resumable), or the TCA copy task",
         add_arguments=_lazy("attn_ext.train", "add_arguments"),
         run=_lazy("attn_ext.train", "run"),
     ),
