@@ -15,6 +15,12 @@ Examples
     Train CMANP on GP regression (resumes from ``runs/gp-cmanp/checkpoint.pt`` if present).
 ``attn-ext eval gp --ckpt runs/gp-cmanp --kernel rbf``
     Mean per-target log-likelihood ± std over the evaluation batches.
+``attn-ext train images --dataset emnist --data-dir ~/data/emnist --model cmanp --out runs/emnist-cmanp``
+    Image completion (EMNIST, CelebA 32/64/128, or the offline sklearn ``digits``); ``eval images`` scores it.
+``attn-ext train copy --seq-len 256 --model retreever``
+    The TCA copy task: accuracy and the fraction of context tokens each query read.
+``attn-ext train wheel --model cmanp --out runs/wheel-cmanp`` then ``attn-ext bandit --ckpt runs/wheel-cmanp``
+    Wheel bandit: cumulative regret (% of uniform) per δ and the cost of each step.
 ``attn-ext memory --quick``
     Peak inference memory of every model vs N_c and N_t.
 """
@@ -109,14 +115,19 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         run=_bench_run,
     ),
     "train": Subcommand(
-        help="train a reference NP model (attn_ext.models) on GP meta-regression, resumable",
+        help="train a reference NP model on GP regression, image completion or wheel-bandit problems (resumable), or the TCA copy task",
         add_arguments=_lazy("attn_ext.train", "add_arguments"),
         run=_lazy("attn_ext.train", "run"),
     ),
     "eval": Subcommand(
-        help="evaluate a trained NP model on the fixed-seed GP evaluation set",
+        help="evaluate a trained NP model on the fixed-seed GP set or its image dataset's evaluation splits",
         add_arguments=_lazy("attn_ext.evaluate", "add_arguments"),
         run=_lazy("attn_ext.evaluate", "run"),
+    ),
+    "bandit": Subcommand(
+        help="deploy wheel-bandit models (train wheel) for T steps with UCB: regret vs uniform, cost per step",
+        add_arguments=_lazy("attn_ext.tasks.bandit_cli", "add_arguments"),
+        run=_lazy("attn_ext.tasks.bandit_cli", "run"),
     ),
     "memory": Subcommand(
         help="peak inference memory of the NP models vs context and target size (table + log-log PNG)",

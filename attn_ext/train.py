@@ -1,16 +1,19 @@
-"""``attn-ext train gp``: seeded, resumable training of a reference NP model on GP tasks (SPEC §2, §6).
+"""``attn-ext train gp|images|wheel|copy``: seeded, resumable training of a reference NP model (SPEC §2, §6).
 
-Adam (lr 5e-4) with a cosine schedule over ``--steps``, batches of 16 fresh tasks from
-:class:`attn_ext.data.GPSampler`. Every ``--checkpoint-every`` steps (and at the end) the run
-directory gets ``checkpoint.pt`` (model, optimiser, schedule, step, the sampler's and torch's RNG
-states), written atomically, so rerunning the same command continues where it stopped and gives
-the same parameters as an uninterrupted run. Progress lines go to stderr.
+``gp``, ``images`` and ``wheel`` (bandit pre-training, batches of 8) share one loop (:func:`train`)
+over an :class:`attn_ext.tasks.np_tasks.NPTask`:
+Adam (lr 5e-4) with a cosine schedule over ``--steps``, batches of 16 fresh tasks. Every
+``--checkpoint-every`` steps (and at the end) the run directory gets ``checkpoint.pt`` (model,
+optimiser, schedule, step, the task settings, the batch generator's and torch's RNG states), written
+atomically, so rerunning the same command continues where it stopped and gives the same parameters
+as an uninterrupted run. Progress lines go to stderr. ``images`` also writes ``completions.png``
+(context / mean / std of a few held-out images). ``copy`` is the TCA copy task
+(:mod:`attn_ext.tasks.copy_cli`), a few minutes, not checkpointed.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -28,16 +31,12 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
                             help=f"model {field} (default: SPEC §5)")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from attn_ext.data.gp import KERNELS, LENGTH_RANGES
+def _common_arguments(parser: argparse.ArgumentParser) -> None:
     from attn_ext.models import MODELS
 
-    parser.add_argument("task", choices=["gp"], help="benchmark task (gp: GP meta-regression)")
     parser.add_argument("--model", required=True, choices=sorted(MODELS))
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--out", type=Path, required=True, help="run directory (checkpoint, logs)")
-    parser.add_argument("--kernel", choices=KERNELS, default="rbf")
-    parser.add_argument("--length-range", choices=sorted(LENGTH_RANGES), default="code")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=5e-4)
@@ -48,6 +47,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop-after", type=int, default=None, metavar="N",
                         help="checkpoint and stop after N steps of this invocation (rerun to resume)")
     add_model_arguments(parser)
+
+
+def add_task_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    """The options that choose the task ``name`` ("gp", "images" or "wheel"); shared with ``attn-ext eval``."""
+    if name == "wheel":
+        parser.add_argument("--num-context", type=int, default=512, help="context points per problem (paper: 512)")
+        parser.add_argument("--num-target", type=int, default=50, help="target points per problem (paper: 50)")
+        parser.add_argument("--context-rewards", choices=["all", "pulled"], default="all",
+                            help="context y: every arm's reward (paper) or one random pulled arm's, as at deployment")
+    elif name == "gp":
+        from attn_ext.data.gp import KERNELS, LENGTH_RANGES
+
+        parser.add_argument("--kernel", choices=KERNELS, default="rbf")
+        parser.add_argument("--length-range", choices=sorted(LENGTH_RANGES), default="code")
+    else:
+        from attn_ext.data.images import DATASETS
+
+        parser.add_argument("--dataset", choices=list(DATASETS), required=(name == "images-train"),
+                            help="emnist and celeba* read --data-dir; digits is scikit-learn's, offline")
+        parser.add_argument("--data-dir", type=Path, default=None, help="directory of the dataset's files")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from attn_ext.tasks.copy_cli import add_copy_arguments
+
+    sub = parser.add_subparsers(dest="task", metavar="TASK", required=True)
+    gp = sub.add_parser("gp", help="GP meta-regression (SPEC §6)")
+    _common_arguments(gp)
+    add_task_arguments(gp, "gp")
+    images = sub.add_parser("images", help="image completion (EMNIST, CelebA 32/64/128, sklearn digits)")
+    _common_arguments(images)
+    add_task_arguments(images, "images-train")
+    images.add_argument("--plot-images", type=int, default=4, help="held-out images in completions.png (0: none)")
+    add_copy_arguments(sub.add_parser("copy", help="TCA copy task (retrieve the mirrored token)"))
+    wheel = sub.add_parser("wheel", help="wheel-bandit pre-training (CMANP App. C.2; deploy with `attn-ext bandit`)")
+    _common_arguments(wheel)
+    add_task_arguments(wheel, "wheel")
+    wheel.set_defaults(batch_size=8)
 
 
 def model_overrides(args: argparse.Namespace) -> dict:
@@ -77,37 +114,39 @@ def load_checkpoint(run_dir: Path):
     return model, ckpt
 
 
-def train(model_name: str, steps: int, out: Path, *, kernel: str = "rbf", length_range: str = "code",
-          seed: int = 0, batch_size: int = 16, lr: float = 5e-4, checkpoint_every: int = 1000,
-          log_every: int = 100, restart: bool = False, overrides: Optional[dict] = None,
-          stop_after: Optional[int] = None, log=None) -> dict:
-    """Train (or resume) a model; returns the summary written to ``out/train.json``.
+def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, batch_size: int = 16,
+          lr: float = 5e-4, checkpoint_every: int = 1000, log_every: int = 100, restart: bool = False,
+          overrides: Optional[dict] = None, stop_after: Optional[int] = None, log=None, **gp_settings) -> dict:
+    """Train (or resume) a model on ``task`` (an :class:`~attn_ext.tasks.np_tasks.NPTask`; default the
+    GP task of ``gp_settings``, e.g. ``kernel="matern52"``); returns the summary written to ``out/train.json``.
 
     ``stop_after`` ends this invocation after that many steps (checkpointed), for time-sliced jobs;
     calling again resumes.
     """
     import torch
 
-    from attn_ext.data import GPSampler
     from attn_ext.models import build_model
+    from attn_ext.tasks.np_tasks import gp_task
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     if steps <= 0 or batch_size <= 0 or checkpoint_every <= 0 or log_every <= 0:
         raise ValueError("steps, batch_size, checkpoint_every and log_every must be positive")
+    task = task or gp_task(**gp_settings)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    model = build_model(model_name, **(overrides or {}))
+    model = build_model(model_name, **{**(overrides or {}), "dim_x": task.dim_x, "dim_y": task.dim_y})
     optimiser = torch.optim.Adam(model.parameters(), lr=lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, T_max=steps)
-    sampler = GPSampler(kernel, length_range=length_range)
     generator = torch.Generator().manual_seed(seed + 1)
     step, elapsed = 0, 0.0
     ckpt_path = out / CHECKPOINT
     if ckpt_path.exists() and not restart:
         ckpt = torch.load(ckpt_path, weights_only=False)
-        if ckpt["model"] != model_name or ckpt["steps"] != steps:
-            raise ValueError(f"{ckpt_path} is of model {ckpt['model']!r} with {ckpt['steps']} steps; asked for "
-                             f"{model_name!r} with {steps}: use another --out or --restart")
+        asked = (model_name, steps, task.name, task.settings)
+        found = (ckpt["model"], ckpt["steps"], ckpt.get("task", "gp"), ckpt.get("task_settings", task.settings))
+        if asked != found:
+            raise ValueError(f"{ckpt_path} is of (model, steps, task, settings) {found}; asked for {asked}: "
+                             "use another --out or --restart")
         model.load_state_dict(ckpt["model_state"])
         optimiser.load_state_dict(ckpt["optimiser"])
         schedule.load_state_dict(ckpt["schedule"])
@@ -115,9 +154,9 @@ def train(model_name: str, steps: int, out: Path, *, kernel: str = "rbf", length
         torch.set_rng_state(ckpt["torch_rng"])
         step, elapsed = ckpt["step"], ckpt["elapsed"]
         log(f"resumed {model_name} from {ckpt_path} at step {step}/{steps}")
-    config = {**model.config.to_dict()}
-    meta = {"model": model_name, "config": config, "steps": steps, "kernel": kernel, "length_range": length_range,
-            "seed": seed, "batch_size": batch_size, "lr": lr}
+    # The task settings also sit at the top level (kernel, dataset, ...), where `eval` looks first.
+    meta = {"model": model_name, "config": model.config.to_dict(), "steps": steps, "task": task.name,
+            "task_settings": task.settings, **task.settings, "seed": seed, "batch_size": batch_size, "lr": lr}
 
     def checkpoint() -> None:
         _save(ckpt_path, {**meta, "model_state": model.state_dict(), "optimiser": optimiser.state_dict(),
@@ -128,7 +167,7 @@ def train(model_name: str, steps: int, out: Path, *, kernel: str = "rbf", length
     window, window_start, t0, last = [], time.perf_counter(), time.perf_counter(), None
     end = steps if stop_after is None else min(steps, step + stop_after)
     while step < end:
-        loss = model(sampler.sample(batch_size, generator=generator))
+        loss = model(task.sample(batch_size, generator))
         if not torch.isfinite(loss):
             raise FloatingPointError(f"{model_name}: loss {loss.item()} at step {step}")
         optimiser.zero_grad(set_to_none=True)
@@ -149,8 +188,7 @@ def train(model_name: str, steps: int, out: Path, *, kernel: str = "rbf", length
             elapsed += time.perf_counter() - t0
             t0 = time.perf_counter()
             checkpoint()
-    summary = {**meta, "final_step": step, "train_seconds": round(elapsed, 1),
-               "last_loss": last}
+    summary = {**meta, "final_step": step, "train_seconds": round(elapsed, 1), "last_loss": last}
     (out / "train.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -158,14 +196,28 @@ def train(model_name: str, steps: int, out: Path, *, kernel: str = "rbf", length
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    if args.task == "copy":
+        from attn_ext.tasks.copy_cli import run_copy
+
+        return run_copy(args)
+    from attn_ext.tasks.np_tasks import gp_task, image_task, wheel_task
+
     torch.set_num_threads(args.threads)
     try:
-        summary = train(args.model, args.steps, args.out, kernel=args.kernel, length_range=args.length_range,
-                        seed=args.seed, batch_size=args.batch_size, lr=args.lr,
-                        checkpoint_every=args.checkpoint_every, log_every=args.log_every, restart=args.restart,
-                        overrides=model_overrides(args), stop_after=args.stop_after)
-    except (ValueError, FloatingPointError, FileNotFoundError) as exc:
+        task = {"gp": lambda: gp_task(args.kernel, args.length_range),
+                "images": lambda: image_task(args.dataset, args.data_dir),
+                "wheel": lambda: wheel_task(args.num_context, args.num_target, args.context_rewards)}[args.task]()
+        summary = train(args.model, args.steps, args.out, task=task, seed=args.seed, batch_size=args.batch_size,
+                        lr=args.lr, checkpoint_every=args.checkpoint_every, log_every=args.log_every,
+                        restart=args.restart, overrides=model_overrides(args),
+                        stop_after=args.stop_after)
+        if args.task == "images" and args.plot_images > 0:
+            from attn_ext.tasks.image_plot import plot_run
+
+            summary["figure"] = str(plot_run(args.out, args.plot_images))
+    except (ValueError, FloatingPointError, FileNotFoundError, ImportError) as exc:
         print(f"attn-ext train: error: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps({k: summary[k] for k in ("model", "final_step", "train_seconds")}))
+    print(json.dumps({k: summary[k] for k in ("model", "task", "final_step", "train_seconds", "figure")
+                      if k in summary}))
     return 0
