@@ -17,7 +17,7 @@ import torch
 
 from . import BenchOptions
 from .report import format_ms, markdown_table, progress, timing_dict, verdict
-from .timing import time_interleaved
+from .timing import time_interleaved, torch_threads
 
 DTYPE = torch.float32
 MIN_CHOL_REPEATS = 3
@@ -89,13 +89,9 @@ def check_cholesky(a: torch.Tensor, b: torch.Tensor, ops) -> dict:
 def measure_cholesky(options: BenchOptions, batch: int, n: int, step: str, threads: int | None = None) -> dict:
     """One shape at ``threads`` (None: PyTorch's default): torch always, ours when its ops exist (status "ok",
     "not built" or "failed")."""
-    default_threads = torch.get_num_threads()
-    torch.set_num_threads(threads or default_threads)
-    try:
+    with torch_threads(threads) as in_force:
         row = _measure_cholesky(options, batch, n, step)
-    finally:
-        torch.set_num_threads(default_threads)
-    row["threads"] = threads or default_threads
+    row["threads"] = in_force
     return row
 
 

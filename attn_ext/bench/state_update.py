@@ -35,7 +35,7 @@ from . import BenchOptions
 from .machine import load_average, machine_markdown
 from .plot import Series, plot_panel
 from .report import format_ms, markdown_table, progress, publish, start_run, timing_dict, verdict
-from .timing import WARMUP_TEXT, time_interleaved
+from .timing import WARMUP_TEXT, time_interleaved, torch_threads
 
 NAME = "state_update"
 B, H, M, D, DV = 1, 4, 128, 64, 64
@@ -142,14 +142,10 @@ def _measure(options: BenchOptions, ns: tuple[int, ...]) -> list[dict]:
     for threads in thread_counts():
         progress(f"[{len(ns) + 1}/{len(ns) + 1}] update_state with {NEW_KEYS} new keys, {threads} thread(s), "
                  f"all N interleaved, {update_repeats} x {UPDATE_NUMBER} calls ...", end="")
-        default = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
+        with torch_threads(threads):
             # Interleaved across N so that background load drifting over the run hits every N
             # alike: the flatness goal is a ratio between N's.
             measured = time_interleaved(updates, repeats=update_repeats, number=UPDATE_NUMBER)
-        finally:
-            torch.set_num_threads(default)
         for row in rows:
             row["update"][str(threads)] = timing_dict(measured[str(row["N"])])
         progress(" " + ", ".join(f"N={r['N']:,}: {format_ms(r['update'][str(threads)]['median_ms'])} ms"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import gc
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 
 @dataclass(frozen=True)
@@ -107,3 +108,21 @@ def time_interleaved(
         else Timing(median_ms=statistics.median(samples[name]), samples_ms=tuple(samples[name]))
         for name in names
     }
+
+
+@contextmanager
+def torch_threads(count: int | None) -> Iterator[int]:
+    """Run the block with ``count`` torch threads (None: as they are) and restore the previous count.
+
+    ``attn-ext bench`` runs every benchmark in one process: a benchmark that left the count changed
+    would time all the later ones, and label them, with the wrong number of threads. Yields the count
+    in force inside the block.
+    """
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count or previous)
+    try:
+        yield torch.get_num_threads()
+    finally:
+        torch.set_num_threads(previous)
