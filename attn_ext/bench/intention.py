@@ -67,6 +67,8 @@ MAX_RATIO = 1.5
 MIN_REPEATS = 3
 #: Calls at small N take a few ms: each sample is the mean of SMALL_N_CALLS // N back-to-back calls.
 SMALL_N_CALLS = 4096
+#: Timed rounds of one row span at least this long (more repeats at small N): see time_interleaved.
+MIN_TIMED_S = 4.0
 #: Relative difference of the cpp kernels to the reference backend above which the report warns.
 CHECK_RTOL = 1e-3
 
@@ -135,10 +137,10 @@ def _measure_attention(options: BenchOptions, n: int, step: str) -> list[dict]:
     rows = []
     # fwd first: make_call switches requires_grad on the shared inputs for the pass it builds.
     for pass_ in passes_for(n, options.quick):
-        progress(f"{step} N={n:,} {pass_}: {', '.join(LABELS[i] for i in IMPLS)} x{repeats}"
+        progress(f"{step} N={n:,} {pass_}: {', '.join(LABELS[i] for i in IMPLS)} x>={repeats} (>= {MIN_TIMED_S:g} s)"
                  + (f"x{number}" if number > 1 else "") + " ...", end="")
         calls = {impl: make_call(implementation(impl, options.backend), pass_, q, k, v) for impl in IMPLS}
-        timed = time_interleaved(calls, repeats=repeats, number=number)
+        timed = time_interleaved(calls, repeats=repeats, number=number, min_timed_s=MIN_TIMED_S)
         row = {"N": n, "pass": pass_, "number": number, "impls": {i: timing_dict(timed[i]) for i in IMPLS}}
         rows.append(row)
         del calls, timed
@@ -211,8 +213,8 @@ def _tables(result: dict) -> str:
         f"Intention `ae.intention(q, k, v, alpha={ALPHA:g}, form=\"primal\")` and σIntention "
         f"`ae.sigma_intention(q, k, v, alpha={ALPHA:g})` vs `scaled_dot_product_attention` (SDPA), "
         f"B={cfg['B']}, H={cfg['H']}, M=N queries and keys, D=Dv={cfg['D']}, {cfg['dtype']}, CPU, backend "
-        f"{cfg['backend']}; median of {cfg['repeats']} samples after {WARMUP_TEXT}, the three implementations' samples "
-        f"interleaved (at N={cfg['Ns'][0]:,} each sample is the mean of {number_of_calls(cfg['Ns'][0])} "
+        f"{cfg['backend']}; median of at least {cfg['repeats']} samples, taken over at least {MIN_TIMED_S:g} s per row, "
+        f"after {WARMUP_TEXT}, the three implementations' samples interleaved (at N={cfg['Ns'][0]:,} each sample is the mean of {number_of_calls(cfg['Ns'][0])} "
         "back-to-back calls). **fwd+bwd**: forward, then `torch.autograd.grad(out, (q, k, v), grad_out)`."
         + (f" Quick run: fwd+bwd not measured at N={', '.join(f'{n:,}' for n in skipped)}." if skipped else ""),
         "",

@@ -31,12 +31,14 @@ class Timing:
 MIN_WARMUP_S = 0.5
 #: At most this many warm-up rounds, however short the calls.
 MAX_WARMUP_ROUNDS = 50
+#: At most this many timed rounds when ``min_timed_s`` asks for more than ``repeats``.
+MAX_TIMED_ROUNDS = 200
 WARMUP_TEXT = f"at least {MIN_WARMUP_S:g} s of warm-up"
 
 
 def time_interleaved(
     fns: Mapping[str, Callable[[], object]], repeats: int = 5, warmup: int = 1, number: int = 1,
-    min_warmup_s: float = MIN_WARMUP_S,
+    min_warmup_s: float = MIN_WARMUP_S, min_timed_s: float = 0.0,
 ) -> dict[str, Timing | Exception]:
     """Time several callables with their repeats interleaved.
 
@@ -60,6 +62,12 @@ def time_interleaved(
         (at most :data:`MAX_WARMUP_ROUNDS` rounds): on this machine calls of a
         few ms take ~10 calls to settle (allocator and OpenMP pool state),
         for torch's ops and ours alike, and one round would time that.
+    min_timed_s : float
+        The timed rounds go on past ``repeats`` until the timed calls of all
+        functions together have taken at least this long (at most
+        :data:`MAX_TIMED_ROUNDS` rounds). For calls of a few
+        ms, five samples span well under a second, and one burst of background
+        load then moves the median; spreading the samples over seconds does not.
     number : int
         Back-to-back calls per sample, which is their mean (as in ``timeit``).
         For sub-millisecond calls, so that the cache eviction by the
@@ -99,10 +107,15 @@ def time_interleaved(
             if name not in failed:
                 call(name, timed=False)
         rounds += 1
-    for r in range(repeats):
+    def timed_seconds() -> float:  # the calls' own time, not the collections between them
+        return sum(sum(samples[name]) * number for name in names) / 1e3
+
+    r = 0
+    while r < repeats or (timed_seconds() < min_timed_s and r < MAX_TIMED_ROUNDS):
         for name in names[r % len(names):] + names[: r % len(names)]:
             if name not in failed:
                 call(name, timed=True)
+        r += 1
     return {
         name: failed[name] if name in failed
         else Timing(median_ms=statistics.median(samples[name]), samples_ms=tuple(samples[name]))
