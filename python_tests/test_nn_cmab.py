@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import attn_ext.nn.cmab as cmab_module
-from attn_ext.nn import CMAB, CMABState
+from attn_ext.nn import CMAB, CMABState, PreNormBlock
 
 DIM, LATENTS, HEADS, FF = 32, 16, 4, 64
 TOL = dict(atol=1e-5, rtol=1e-4)
@@ -154,3 +154,9 @@ def test_bad_inputs_raise(block):
 def test_docstring_examples_run():
     result = doctest.testmod(cmab_module, raise_on_error=False)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_prenorm_block_cross_needs_a_context():
+    block = PreNormBlock(dim=8, num_heads=2, ff_dim=16, cross=True)
+    with pytest.raises(ValueError, match="needs a context"):
+        block(torch.randn(1, 3, 8))

@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 from torch import Tensor, nn
 
 from attn_ext.nn import Intention, MultiheadCrossAttention
-from attn_ext.nn.cmab import _PreNormBlock
+from attn_ext.nn import PreNormBlock
 from attn_ext.models.linear_attention import LinearAttention
 
 #: Attention kinds of :class:`ContextAttentionLayer`: name -> factory(dim, heads) -> module(q, k, v) -> [B, M, dim].
@@ -76,7 +76,7 @@ class LatentDecoder(nn.Module):
 
     def __init__(self, num_layers: int, dim: int, num_heads: int, ff_dim: int) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(_PreNormBlock(dim, num_heads, ff_dim, cross=True) for _ in range(num_layers))
+        self.blocks = nn.ModuleList(PreNormBlock(dim, num_heads, ff_dim, cross=True) for _ in range(num_layers))
 
     def forward(self, queries: Tensor, latents: Sequence[Tensor]) -> Tensor:
         if len(latents) != len(self.blocks):

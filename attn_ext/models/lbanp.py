@@ -9,7 +9,7 @@ from torch.distributions import Normal
 
 from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points
 from attn_ext.models.layers import LatentDecoder, stack
-from attn_ext.nn.cmab import _PreNormBlock
+from attn_ext.nn import PreNormBlock
 
 
 class LBANP(NeuralProcess):
@@ -31,8 +31,8 @@ class LBANP(NeuralProcess):
         super().__init__(config, **overrides)
         c = self.config
         self.latents = nn.Parameter(torch.randn(c.num_latents, c.d_model) * 0.02)
-        self.cross = stack(lambda: _PreNormBlock(c.d_model, c.num_heads, c.ff_dim, cross=True), c.num_layers)
-        self.self_attention = stack(lambda: _PreNormBlock(c.d_model, c.num_heads, c.ff_dim, cross=False),
+        self.cross = stack(lambda: PreNormBlock(c.d_model, c.num_heads, c.ff_dim, cross=True), c.num_layers)
+        self.self_attention = stack(lambda: PreNormBlock(c.d_model, c.num_heads, c.ff_dim, cross=False),
                                     c.num_layers)
         self.decoder = LatentDecoder(c.num_layers, c.d_model, c.num_heads, c.ff_dim)
         self.head = GaussianHead(c.d_model, c.ff_dim, c.dim_y)

@@ -1,5 +1,5 @@
 """Drop-in attention modules on the fused kernels: ``MultiheadCrossAttention``, ``CMAB``,
-``TreeCrossAttention`` (with ``tca_loss``) and ``Intention`` (with ``InformerLayer``, ``Informer``).
+``TreeCrossAttention`` (with ``tca_loss``), ``PreNormBlock`` and ``Intention`` (with ``InformerLayer``, ``Informer``).
 
 >>> import torch, attn_ext as ae
 >>> mha = ae.nn.MultiheadCrossAttention(16, 2)
@@ -9,6 +9,7 @@ torch.Size([1, 3, 16])
 from attn_ext.nn.cmab import CMAB, CMABState
 from attn_ext.nn.intention import Informer, InformerLayer, Intention
 from attn_ext.nn.multihead_cross_attention import MultiheadCrossAttention
+from attn_ext.nn.prenorm_block import PreNormBlock
 from attn_ext.nn.tca_loss import TCALoss, tca_loss
 from attn_ext.nn.tree_cross_attention import TreeCrossAttention, TreeCrossAttentionOutput, TreeState
 
@@ -19,6 +20,7 @@ __all__ = [
     "InformerLayer",
     "Intention",
     "MultiheadCrossAttention",
+    "PreNormBlock",
     "TCALoss",
     "TreeCrossAttention",
     "TreeCrossAttentionOutput",

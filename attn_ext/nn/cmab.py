@@ -13,7 +13,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor, nn
 
-from attn_ext.nn.multihead_cross_attention import MultiheadCrossAttention
+from attn_ext.nn.prenorm_block import PreNormBlock
 from attn_ext.state import DEFAULT_MIN_REMAINING, AttentionState
 
 
@@ -25,28 +25,6 @@ class CMABState(NamedTuple):
     """
 
     attention: AttentionState
-
-
-class _PreNormBlock(nn.Module):
-    """``h = x + Attn(LN(x), LN'(c), LN'(c)); h + FF(LN''(h))`` (self attention when ``c`` is ``x``)."""
-
-    def __init__(self, dim: int, num_heads: int, ff_dim: int, cross: bool) -> None:
-        super().__init__()
-        self.norm_query = nn.LayerNorm(dim)
-        # Queries and context come from different distributions, so a cross attention gets its own
-        # context norm (as in Perceiver); a self attention attends over its normalised queries.
-        self.norm_context = nn.LayerNorm(dim) if cross else None
-        self.attention = MultiheadCrossAttention(dim, num_heads, batch_first=True)
-        self.norm_ff = nn.LayerNorm(dim)
-        self.ff = nn.Sequential(nn.Linear(dim, ff_dim), nn.ReLU(), nn.Linear(ff_dim, dim))
-
-    def feed_forward(self, h: Tensor) -> Tensor:
-        return h + self.ff(self.norm_ff(h))
-
-    def forward(self, x: Tensor, context: Optional[Tensor] = None, context_mask: Optional[Tensor] = None) -> Tensor:
-        q = self.norm_query(x)
-        c = q if self.norm_context is None else self.norm_context(context)
-        return self.feed_forward(x + self.attention(q, c, c, key_padding_mask=context_mask)[0])
 
 
 class CMAB(nn.Module):
@@ -96,10 +74,10 @@ class CMAB(nn.Module):
         self.dim, self.num_latents, self.num_heads, self.ff_dim = dim, num_latents, num_heads, ff_dim
         # std 0.02 as for learned token embeddings (ViT/BERT): small against the LayerNorm'd scale.
         self.latents = nn.Parameter(torch.randn(num_latents, dim) * 0.02)
-        self.compress = _PreNormBlock(dim, num_heads, ff_dim, cross=True)        # CA(L_B, D)
-        self.latent_self = _PreNormBlock(dim, num_heads, ff_dim, cross=False)    # SA(·) -> L_B'
-        self.cross = _PreNormBlock(dim, num_heads, ff_dim, cross=True)           # CA(L_I, L_B')
-        self.output_self = _PreNormBlock(dim, num_heads, ff_dim, cross=False)    # SA(·) -> L_I'
+        self.compress = PreNormBlock(dim, num_heads, ff_dim, cross=True)        # CA(L_B, D)
+        self.latent_self = PreNormBlock(dim, num_heads, ff_dim, cross=False)    # SA(·) -> L_B'
+        self.cross = PreNormBlock(dim, num_heads, ff_dim, cross=True)           # CA(L_I, L_B')
+        self.output_self = PreNormBlock(dim, num_heads, ff_dim, cross=False)    # SA(·) -> L_I'
         for block in (self.compress, self.latent_self, self.cross, self.output_self):
             block.attention.chunk_size = chunk_size
 

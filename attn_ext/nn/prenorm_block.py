@@ -1,0 +1,54 @@
+"""``PreNormBlock``: the pre-norm residual attention + feed-forward block of CMAB, LBANP and the
+latent decoders of the reference models (SPEC §2)."""
+from __future__ import annotations
+
+from typing import Optional
+
+from torch import Tensor, nn
+
+from attn_ext.nn.multihead_cross_attention import MultiheadCrossAttention
+
+
+class PreNormBlock(nn.Module):
+    """``h = x + Attn(LN(x), LN'(c), LN'(c)); h + FF(LN''(h))`` (self attention when ``cross=False``).
+
+    Parameters
+    ----------
+    dim : int
+        Width of the tokens (queries and context).
+    num_heads : int
+        Attention heads (must divide ``dim``).
+    ff_dim : int
+        Hidden width of the feed-forward ``Linear(dim, ff_dim) → ReLU → Linear(ff_dim, dim)``.
+    cross : bool
+        True: the block attends over a ``context`` with its own LayerNorm; False: over its queries.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from attn_ext.nn import PreNormBlock
+    >>> block = PreNormBlock(dim=16, num_heads=2, ff_dim=32, cross=True)
+    >>> block(torch.randn(3, 8, 16), torch.randn(3, 40, 16)).shape
+    torch.Size([3, 8, 16])
+    """
+
+    def __init__(self, dim: int, num_heads: int, ff_dim: int, cross: bool) -> None:
+        super().__init__()
+        self.norm_query = nn.LayerNorm(dim)
+        # Queries and context come from different distributions, so a cross attention gets its own
+        # context norm (as in Perceiver); a self attention attends over its normalised queries.
+        self.norm_context = nn.LayerNorm(dim) if cross else None
+        self.attention = MultiheadCrossAttention(dim, num_heads, batch_first=True)
+        self.norm_ff = nn.LayerNorm(dim)
+        self.ff = nn.Sequential(nn.Linear(dim, ff_dim), nn.ReLU(), nn.Linear(ff_dim, dim))
+
+    def feed_forward(self, h: Tensor) -> Tensor:
+        """The second half of the block: ``h + FF(LN''(h))``."""
+        return h + self.ff(self.norm_ff(h))
+
+    def forward(self, x: Tensor, context: Optional[Tensor] = None, context_mask: Optional[Tensor] = None) -> Tensor:
+        if self.norm_context is not None and context is None:
+            raise ValueError("PreNormBlock(cross=True) needs a context [B, N, dim]")
+        q = self.norm_query(x)
+        c = q if self.norm_context is None else self.norm_context(context)
+        return self.feed_forward(x + self.attention(q, c, c, key_padding_mask=context_mask)[0])
