@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import torch
 
+from attn_ext.data import image_files
 from attn_ext.data.image_files import load_celeba, load_emnist, read_idx, write_idx
 from attn_ext.data.images import (DATASETS, ImageCompletionSampler, image_points, load_images, max_points,
                                   pixel_coordinates)
@@ -54,7 +55,7 @@ def test_missing_dataset_names_directory_and_files(tmp_path):
         load_images("celeba32", "train")
 
 
-def test_celeba_center_crop_resize_and_partition(tmp_path):
+def _tiny_celeba(tmp_path):
     from PIL import Image
 
     (tmp_path / "img_align_celeba").mkdir()
@@ -68,6 +69,10 @@ def test_celeba_center_crop_resize_and_partition(tmp_path):
         Image.fromarray(a).save(tmp_path / "img_align_celeba" / name, quality=100)
         lines.append(f"{name} {part}")
     (tmp_path / "list_eval_partition.txt").write_text("\n".join(lines) + "\n")
+
+
+def test_celeba_center_crop_resize_and_partition(tmp_path):
+    _tiny_celeba(tmp_path)
     train = load_celeba(tmp_path, "train", size=8)
     assert train.shape == (2, 3, 8, 8) and train.dtype == torch.uint8
     # Rows away from the crop edge are the red band only (the edges get bicubic/JPEG bleed).
@@ -142,3 +147,49 @@ def test_a_model_learns_to_read_image_context():
         mse = ((model.eval().predict(batch.xc, batch.yc, batch.xt).mean - batch.yt) ** 2).mean()
     _, y = image_points(test)
     assert mse < 0.25 * ((y - y.mean(0)) ** 2).mean()  # digits stay near 1 (image_completion.md)
+
+
+def _no_decoding(*args, **kwargs):
+    raise AssertionError("decoded again although the cache is valid")
+
+
+def test_celeba_decode_cache_is_reused_and_keyed(tmp_path, monkeypatch):
+    _tiny_celeba(tmp_path)
+    first = load_celeba(tmp_path, "train", size=8)
+    cache = tmp_path / image_files.CELEBA_CACHE_DIR / "celeba-train-8.npy"
+    assert cache.exists() and cache.with_suffix(".json").exists()
+    decode = image_files._decode_celeba
+    monkeypatch.setattr(image_files, "_decode_celeba", _no_decoding)
+    again = load_celeba(tmp_path, "train", size=8)
+    assert torch.equal(again, first) and again.dtype == torch.uint8
+    with pytest.raises(AssertionError, match="decoded again"):  # another size is another cache
+        load_celeba(tmp_path, "train", size=4)
+    # A changed partition file (here: the test image moved into train) invalidates the cache.
+    partition = tmp_path / "list_eval_partition.txt"
+    partition.write_text(partition.read_text().replace(" 2\n", " 0\n"))
+    with pytest.raises(AssertionError, match="decoded again"):
+        load_celeba(tmp_path, "train", size=8)
+    monkeypatch.setattr(image_files, "_decode_celeba", decode)
+    assert load_celeba(tmp_path, "train", size=8).shape == (3, 3, 8, 8)
+
+
+def test_celeba_cache_off_and_unwritable_dir(tmp_path, monkeypatch, capsys):
+    _tiny_celeba(tmp_path)
+    load_celeba(tmp_path, "train", size=8, cache=False)
+    assert not (tmp_path / image_files.CELEBA_CACHE_DIR).exists()
+
+    def refuse(*args, **kwargs):
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr(image_files.Path, "mkdir", refuse)
+    images = load_celeba(tmp_path, "train", size=8)
+    assert images.shape == (2, 3, 8, 8)
+    assert "cache not written" in capsys.readouterr().err
+
+
+def test_celeba_corrupt_cache_is_rebuilt(tmp_path):
+    _tiny_celeba(tmp_path)
+    expected = load_celeba(tmp_path, "train", size=8)
+    cache = tmp_path / image_files.CELEBA_CACHE_DIR / "celeba-train-8.npy"
+    cache.write_bytes(b"not an array")
+    assert torch.equal(load_celeba(tmp_path, "train", size=8), expected)

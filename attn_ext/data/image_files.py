@@ -7,7 +7,10 @@ task construction of :mod:`attn_ext.data.images` scales them.
 from __future__ import annotations
 
 import gzip
+import json
+import os
 import struct
+import sys
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
@@ -22,6 +25,10 @@ EMNIST_FILES = {split: (f"emnist-balanced-{split}-images-idx3-ubyte.gz", f"emnis
                 for split in ("train", "test")}
 CELEBA_FILES = ("img_align_celeba/*.jpg", "list_eval_partition.txt")
 CELEBA_PARTITIONS = {"train": 0, "valid": 1, "test": 2}
+#: Decoded CelebA arrays are cached here, inside the data directory (see load_celeba).
+CELEBA_CACHE_DIR = ".attn_ext_cache"
+#: Bumped whenever the decoding (crop, filter) changes, so that old caches are not reused.
+_CELEBA_DECODE_VERSION = 1
 
 
 def _missing(name: str, directory: Path, expected: Sequence[str]) -> FileNotFoundError:
@@ -86,17 +93,23 @@ def load_emnist(data_dir: Path, split: str = "train", classes: Optional[Sequence
     return resize(images, size), labels
 
 
-def load_celeba(data_dir: Path, split: str = "train", size: int = 32, limit: Optional[int] = None) -> Tensor:
+def load_celeba(data_dir: Path, split: str = "train", size: int = 32, limit: Optional[int] = None,
+                cache: bool = True) -> Tensor:
     """CelebA aligned images of ``split`` ("train", "valid", "test"), center-cropped to a square and
-    resized to ``size`` with PIL: ``uint8 [N, 3, size, size]`` (the first ``limit`` if given)."""
+    resized to ``size`` with PIL: ``uint8 [N, 3, size, size]`` (the first ``limit`` if given).
+
+    Decoding the 163k training JPEGs takes minutes, so with ``cache`` the result is written once to
+    ``data_dir/.attn_ext_cache/celeba-<split>-<size>[-<limit>].npy`` and memory-mapped on later
+    calls (read-only: copy before writing into it). The cache is keyed by the image list, the
+    partition file's size and mtime, and the decoding version; a stale or unreadable cache is
+    rebuilt, and a directory that cannot be written to only costs the cache (with a warning).
+    """
     if split not in CELEBA_PARTITIONS:
         raise ValueError(f"CelebA split must be one of {', '.join(CELEBA_PARTITIONS)}, got {split!r}")
     data_dir = Path(data_dir)
     partition, image_dir = data_dir / "list_eval_partition.txt", data_dir / "img_align_celeba"
     if not partition.exists() or not image_dir.is_dir():
         raise _missing("CelebA", data_dir, CELEBA_FILES)
-    from PIL import Image  # lazily: Pillow comes with matplotlib, which the core package does not need
-
     wanted = CELEBA_PARTITIONS[split]
     names = []
     for line in partition.read_text().splitlines():
@@ -106,8 +119,26 @@ def load_celeba(data_dir: Path, split: str = "train", size: int = 32, limit: Opt
     names = names[:limit] if limit is not None else names
     if not names:
         raise ValueError(f"{partition}: no image of partition {wanted} ({split})")
+    cache_path = data_dir / CELEBA_CACHE_DIR / f"celeba-{split}-{size}{'' if limit is None else f'-{limit}'}.npy"
+    key = {"version": _CELEBA_DECODE_VERSION, "count": len(names), "first": names[0], "last": names[-1],
+           "partition_bytes": partition.stat().st_size, "partition_mtime_ns": partition.stat().st_mtime_ns}
+    if cache:
+        cached = _read_cache(cache_path, key, (len(names), 3, size, size))
+        if cached is not None:
+            return cached
+    images = _decode_celeba(image_dir, partition, names, size)
+    if cache:
+        _write_cache(cache_path, key, images)
+    return images
+
+
+def _decode_celeba(image_dir: Path, partition: Path, names: Sequence[str], size: int) -> Tensor:
+    from PIL import Image  # lazily: Pillow comes with matplotlib, which the core package does not need
+
     out = np.empty((len(names), size, size, 3), dtype=np.uint8)
     for i, name in enumerate(names):
+        if i and i % 10000 == 0:  # the full training split is 163k images: minutes of decoding
+            print(f"attn_ext: CelebA decoded {i:,}/{len(names):,} images ({size}x{size})", file=sys.stderr, flush=True)
         path = image_dir / name
         if not path.exists():
             raise FileNotFoundError(f"CelebA: {path} is listed in {partition} but missing")
@@ -119,6 +150,40 @@ def load_celeba(data_dir: Path, split: str = "train", size: int = 32, limit: Opt
             img = img.crop((left, top, left + side, top + side)).resize((size, size), Image.BICUBIC)
             out[i] = np.asarray(img)
     return torch.from_numpy(out).permute(0, 3, 1, 2).contiguous()
+
+
+def _read_cache(path: Path, key: dict, shape: Tuple[int, ...]) -> Optional[Tensor]:
+    """The cached images if ``path`` exists with this ``key`` and ``shape``, else None."""
+    key_path = path.with_suffix(".json")
+    try:
+        if json.loads(key_path.read_text()) != key:
+            return None
+        array = np.load(path, mmap_mode="r")
+    except (OSError, ValueError):
+        return None
+    if array.shape != shape or array.dtype != np.uint8:
+        return None
+    import warnings
+
+    with warnings.catch_warnings():  # a read-only memory map: torch warns that it cannot be written to
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
+
+
+def _write_cache(path: Path, key: dict, images: Tensor) -> None:
+    """Write ``images`` and their ``key`` next to each other, each through a rename so that an
+    interrupted write never leaves a cache that looks valid."""
+    try:
+        path.parent.mkdir(exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            np.save(f, images.numpy())
+        os.replace(tmp, path)
+        tmp_key = path.with_name(f".{path.stem}.{os.getpid()}.json.tmp")
+        tmp_key.write_text(json.dumps(key))
+        os.replace(tmp_key, path.with_suffix(".json"))
+    except OSError as exc:
+        print(f"attn_ext: CelebA decode cache not written ({exc}); the next run decodes again", file=sys.stderr)
 
 
 def load_digits(split: str = "train") -> Tuple[Tensor, Tensor]:
