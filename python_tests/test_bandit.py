@@ -67,7 +67,8 @@ def test_bandit_cli(tmp_path, capsys):
                      "--out", str(tmp_path / model), *small]) == 0
     assert main(["bandit", "--ckpt", str(tmp_path / "cmanp"), str(tmp_path / "tnpd"), "--steps", "8", "--seeds", "1",
                  "--deltas", "0.7", "0.99", "--out", str(tmp_path / "res")]) == 0
-    assert "cmanp (incremental)" in capsys.readouterr().out
+    table = capsys.readouterr().out
+    assert "cmanp (incremental)" in table and "history-blind" in table
     res = json.loads((tmp_path / "res" / "bandit.json").read_text())
     assert set(res["results"]) == {"cmanp", "tnpd"} and (tmp_path / "res" / "bandit.png").stat().st_size > 0
     assert main(["train", "gp", "--model", "tnpd", "--steps", "1", "--out", str(tmp_path / "gp"), *small]) == 0
@@ -83,3 +84,17 @@ def test_pulled_context_rewards_show_one_arm():
     assert (kept >= 1).all() and kept.float().mean() < 1.3 and torch.equal(b.yt, full.yt)
     with pytest.raises(ValueError, match="context_rewards"):
         WheelSampler(context_rewards="some")
+
+
+def test_history_blind_policy_pulls_the_quadrant_arm():
+    from attn_ext.tasks.bandit import history_blind_regret_pct, quadrant_arms
+
+    data = problem(0.9, 400, 0)
+    arms = quadrant_arms(data.x)
+    outer = data.x.norm(dim=1) >= 0.9
+    assert torch.equal(arms[outer], data.opt_action[outer])  # outside the radius it is optimal
+    # ... and inside it loses arm 0's margin of about 0.2 per step; uniform loses more everywhere.
+    pct = history_blind_regret_pct(0.9, 400, 2)
+    inner_loss = (data.opt_reward - data.rewards[torch.arange(400), arms])[~outer].mean()
+    assert abs(inner_loss.item() - 0.2) < 0.05 and len(pct) == 2 and all(0 < p < 100 for p in pct)
+    assert history_blind_regret_pct(0.0, 100, 1) == [pytest.approx(0.0, abs=1e-3)]  # δ = 0: all outer

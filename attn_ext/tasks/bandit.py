@@ -127,6 +127,27 @@ def problem(delta: float, steps: int, seed: int) -> WheelData:
     return sample_wheel(steps, delta, torch.Generator().manual_seed(10_007 * seed + int(round(delta * 1000))))
 
 
+def quadrant_arms(x: Tensor) -> Tensor:
+    """The arm of each context's quadrant ``[N]`` (the arm that pays 50 when ``‖x‖ ≥ δ``)."""
+    return torch.where(x[:, 1] > 0, torch.where(x[:, 0] > 0, 1, 2), torch.where(x[:, 0] <= 0, 3, 4))
+
+
+def history_blind_regret_pct(delta: float, steps: int, seeds: int) -> List[float]:
+    """Per seed, the regret (% of uniform) of the policy that always pulls the quadrant arm.
+
+    It uses no history and no model: it is the best policy for a prior δ ~ U(0, 1) (at radius r the
+    quadrant arm is worth 50·r in expectation, arm 0 only 1.2), and it gives away only arm 0's 0.2
+    inside the radius, so at small δ it is hard to beat. A model whose regret is not below this
+    row's has not learned to infer δ from its history.
+    """
+    out = []
+    for seed in range(seeds):
+        data = problem(delta, steps, seed)
+        pulled = data.rewards[torch.arange(steps), quadrant_arms(data.x)]
+        out.append(100.0 * (data.opt_reward - pulled).sum().item() / (data.opt_reward - data.rewards.mean(1)).sum().item())
+    return out
+
+
 def run_bandits(models: Dict[str, object], deltas: List[float], steps: int, seeds: int,
                 mode: str = "auto", log=None) -> Dict[str, dict]:
     """Every model on every ``(δ, seed)`` problem; per model: normalised regrets and timing curves.

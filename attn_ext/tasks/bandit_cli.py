@@ -39,7 +39,7 @@ def _label(name: str, res: dict) -> str:
 
 def write_table(results: dict, deltas, steps: int, seeds: int, path: Path, header: str = "") -> str:
     """Markdown: regret per δ (ours ± std over seeds, the paper's), per-step cost at the start and end."""
-    from attn_ext.tasks.bandit import PAPER, mean_std
+    from attn_ext.tasks.bandit import PAPER, history_blind_regret_pct, mean_std
 
     cols = " | ".join(f"δ = {d}" for d in deltas)
     lines = [header, f"Cumulative regret after {steps} steps, % of the uniform policy (mean ± std over {seeds} "
@@ -51,6 +51,10 @@ def write_table(results: dict, deltas, steps: int, seeds: int, path: Path, heade
         base = name.split("-")[0]
         if base in PAPER:
             lines.append(f"| {base}, paper | " + " | ".join(f"{PAPER[base].get(d, float('nan')):.2f}" for d in deltas) + " |")
+    blind = [("%.2f ± %.2f" % mean_std(history_blind_regret_pct(d, steps, seeds))) for d in deltas]
+    lines += [f"| history-blind (always the quadrant arm; no model) | " + " | ".join(blind) + " |", "",
+              "The history-blind row is the best policy under the prior δ ~ U(0, 1) alone: a model that does "
+              "not beat it has not learned to read δ from its history."]
     lines += ["", "Per-step cost (ms, mean over δ and seeds): decide = predict + UCB arm, update = absorb the "
               "observation.", "", "| model | steps 1–10: decide / update | last 10 steps: decide / update |",
               "| --- | ---: | ---: |"]
