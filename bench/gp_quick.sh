@@ -5,7 +5,7 @@
 # Usage: [MODELS="tnpd lbanp ..."] bench/gp_quick.sh [STEPS] [EVAL_BATCHES] [RUNS_DIR]
 # MODELS (default: all seven) lets two shells each take part of the list on a 2-core machine.
 set -euo pipefail
-STEPS=${1:-1500}
+STEPS=${1:-5000}
 EVAL_BATCHES=${2:-200}
 RUNS=${3:-runs/gp-quick}
 PY=${PYTHON:-python}

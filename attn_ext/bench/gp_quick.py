@@ -2,7 +2,7 @@
 
 Quick mode (``--quick``): 100 steps of a small configuration per model (2 layers, 32 latents) and
 20 evaluation batches — a smoke test of the whole pipeline, not an accuracy figure (``gp_smoke.md``). Full mode: the
-quick protocol of ``bench/gp_quick.sh`` (SPEC §5 sizes, 1500 steps, 200 evaluation batches). The
+quick protocol of ``bench/gp_quick.sh`` (SPEC §5 sizes, 5000 steps, 200 evaluation batches). The
 paper protocol (100k steps, 3000 batches) is ``attn-ext train gp --steps 100000`` per model.
 ``python -m attn_ext.bench.gp_quick RUNS_DIR`` rewrites the report from finished runs.
 """
@@ -20,7 +20,7 @@ PAPER = {"tnpd": (1.39, 0.95, "CMANP Table 3"), "lbanp": (1.27, 0.85, "CMANP Tab
          "cmanp": (1.24, 0.80, "CMANP Table 3"), "cmanp_and": (1.48, 0.96, "CMANP Table 3"),
          "retreever": (1.25, 0.81, "TCA Table 13")}
 QUICK = {"steps": 100, "eval_batches": 20, "overrides": {"num_layers": 2, "num_latents": 32}}
-FULL = {"steps": 1500, "eval_batches": 200, "overrides": {}}
+FULL = {"steps": 5000, "eval_batches": 200, "overrides": {}}
 
 
 def report(runs_dir: Path, command: str) -> tuple[str, dict]:
@@ -95,7 +95,13 @@ if __name__ == "__main__":
 
     runs = Path(sys.argv[1])
     out = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("bench/results")
-    text, raw = report(runs, "bench/gp_quick.sh 1500 200 runs/gp-quick (attn-ext train gp --model MODEL --steps 1500 "
-                             "--checkpoint-every 250, then attn-ext eval gp --ckpt runs/gp-quick/MODEL --kernel KERNEL "
-                             "--num-batches 200)")
+    evals = sorted(runs.glob("*/eval_rbf.json"))
+    if not evals:
+        sys.exit(f"no finished runs (<model>/eval_rbf.json) in {runs}")
+    first = json.loads(evals[0].read_text())
+    steps, batches = first["train_steps"], first["num_batches"]
+    text, raw = report(runs, f"bench/gp_quick.sh {steps} {batches} {runs} (per model: attn-ext train gp --model MODEL "
+                             f"--steps {steps} --out {runs}/MODEL --log-every 100 --checkpoint-every 250; then "
+                             f"attn-ext eval gp --ckpt {runs}/MODEL --kernel rbf|matern52 --num-batches {batches}), "
+                             "OMP_NUM_THREADS=1; two shells each took part of the models (MODELS=...)")
     publish(NAME, text, {"benchmark": NAME, "runs": raw}, out, None, None)
