@@ -41,6 +41,10 @@ TORCH_LIBRARY(attn_ext, m) {
         "-> (Tensor out, Tensor factor, Tensor weights)");
   m.def("intention_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor? v, Tensor? key_padding_mask, Tensor factor, "
         "Tensor weights, float scale) -> (Tensor grad_q, Tensor grad_k, Tensor grad_v, Tensor grad_alpha)");
+  // σIntention forward fused (CPU): the transformed queries are made per query tile and attended at
+  // once; returns what intention_fwd(v=None) and cross_attention_fwd(scale=1) would, for their backwards.
+  m.def("sigma_intention_fwd(Tensor q, Tensor k, Tensor v, Tensor? key_padding_mask, Tensor alpha, float scale, "
+        "int chunk_size) -> (Tensor out, Tensor lse, Tensor q_tilde, Tensor factor, Tensor weights)");
   // Masked-mean aggregation of a tree's nodes from its tokens' values (SPEC §3 "Aggregate") and its
   // backward; node ids as in attn_ext/tree/build.py, leaf_token -1 at padding leaf slots.
   m.def("tree_aggregate_mean_fwd(Tensor leaf_values, Tensor leaf_token, Tensor node_padding_mask, int branching, "

@@ -99,8 +99,10 @@ def sigma_intention(
 ) -> Tensor:
     """σIntention: ``softmax(scale·Q (KᵀK + αI)⁻¹ Kᵀ) V`` per batch and head.
 
-    The softmax attention of the transformed queries ``Q̃ = scale·Q (KᵀK + αI)⁻¹`` over the keys,
-    computed by :func:`attn_ext.cross_attention` (score scale 1), so its memory is linear in N.
+    The softmax attention of the transformed queries ``Q̃ = scale·Q (KᵀK + αI)⁻¹`` over the keys
+    (score scale 1), streamed over key chunks, so its memory is linear in N. On the CPU (``cpp``) one
+    fused op makes each tile of Q̃ where the attention consumes it; the other backends run the
+    Intention kernel without values, then :func:`attn_ext.cross_attention`.
 
     Parameters
     ----------
@@ -119,11 +121,14 @@ def sigma_intention(
     >>> ae.sigma_intention(q, k, v, alpha=0.5).shape
     torch.Size([2, 4, 16, 5])
     """
-    from attn_ext.cross_attention import cross_attention
+    from attn_ext.cross_attention import DEFAULT_CHUNK_SIZE, cross_attention
 
     check_cross_attention_args(q, k, v, key_padding_mask, scale, None)
     alpha_t = _alpha_tensor(alpha, q)
     name = select_backend(backend, q, op="attn_ext::intention_fwd")
+    if name == "cpp":  # fused on the CPU: Q̃ is made per query tile where the attention consumes it
+        return torch.ops.attn_ext.sigma_intention_fwd(q, k, v, key_padding_mask, alpha_t, float(scale),
+                                                      DEFAULT_CHUNK_SIZE)[0]
     if name in COMPILED_BACKENDS:  # the Intention kernel without values (C = I) gives Q̃ with its backward
         q_tilde = torch.ops.attn_ext.intention_fwd(q, k, None, key_padding_mask, alpha_t, float(scale))[0]
     else:

@@ -75,3 +75,38 @@ register_op_pair("attn_ext::intention_fwd_triton", "attn_ext::intention_bwd_trit
 if extension_error() is None:
     register_op_pair("attn_ext::intention_fwd", "attn_ext::intention_bwd", _fake_forward, _fake_backward,
                      _autograd_backward, _setup_context)
+
+
+# σIntention's fused CPU forward (csrc/cpu/sigma_intention.cpp) returns what intention_fwd(v=None) and
+# cross_attention_fwd(q_tilde, k, v, scale=1) would: its backward is theirs, composed (no op of its own).
+def _fake_sigma_forward(q, k, v, key_padding_mask, alpha, scale, chunk_size):
+    B, H, M, D = q.shape
+    acc = _accumulation_dtype(q.dtype)
+    return (q.new_empty((B, H, M, v.shape[-1])), q.new_empty((B, H, M), dtype=acc), q.new_empty((B, H, M, D)),
+            q.new_empty((B, H, D, D), dtype=acc), q.new_empty((B, H, D, D), dtype=acc))
+
+
+def _setup_sigma_context(ctx, inputs, output):
+    q, k, v, key_padding_mask, alpha, scale, chunk_size = inputs
+    out, lse, q_tilde, factor, weights = output
+    ctx.save_for_backward(q, k, v, key_padding_mask, out, lse, q_tilde, factor, weights)
+    ctx.scale, ctx.chunk_size, ctx.alpha_dtype = scale, chunk_size, alpha.dtype
+
+
+def _sigma_backward(ctx, grad_out, grad_lse, grad_q_tilde, grad_factor, grad_weights):
+    q, k, v, key_padding_mask, out, lse, q_tilde, factor, weights = ctx.saved_tensors
+    grad_out = torch.zeros_like(out) if grad_out is None else grad_out
+    grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse
+    grad_qt, grad_k, grad_v = torch.ops.attn_ext.cross_attention_bwd(grad_out, grad_lse, q_tilde, k, v, key_padding_mask,
+                                                                      out, lse, 1.0, ctx.chunk_size)
+    if grad_q_tilde is not None:  # q_tilde is an intermediate the public function never returns, but exact anyway
+        grad_qt = grad_qt + grad_q_tilde
+    grad_q, grad_k_gram, _, grad_alpha = torch.ops.attn_ext.intention_bwd(grad_qt, q, k, None, key_padding_mask, factor,
+                                                                         weights, ctx.scale)
+    return grad_q, grad_k + grad_k_gram, grad_v, None, grad_alpha.to(ctx.alpha_dtype), None, None
+
+
+if extension_error() is None:
+    torch.library.register_fake("attn_ext::sigma_intention_fwd")(_fake_sigma_forward)
+    torch.library.register_autograd("attn_ext::sigma_intention_fwd", _sigma_backward,
+                                    setup_context=_setup_sigma_context)

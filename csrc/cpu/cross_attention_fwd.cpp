@@ -1,6 +1,6 @@
 // CPU forward of chunked cross attention (SPEC §1): for every (batch, head, tile of query rows) the
-// keys are streamed in chunks — scores by GEMM, the online-softmax row update of the shared header,
-// the value GEMM into an fp32 accumulator — so that no buffer larger than tile × chunk exists.
+// keys are streamed in chunks by attend_tile (attention_tile.h), so that no buffer larger than
+// tile × chunk exists.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -10,20 +10,14 @@
 #include <tuple>
 #include <vector>
 
+#include "attention_tile.h"
 #include "attn_ext/online_softmax.h"
-#include "blas.h"
 #include "cross_attention_checks.h"
 #include "cross_attention_cpu.h"
 #include "tile.h"
-#include "vectorized_rows.h"
 
 namespace attn_ext::cpu {
 namespace {
-
-// 128 query rows × 512 keys of fp32 scores stay in a 2 MB L2 next to the value accumulator, and
-// the two GEMMs per chunk are large enough for the BLAS to run near its peak (measured: 64 rows
-// cost 10-15 % more at N = 3e4, 32 rows 50 %).
-constexpr int64_t kQueryTile = 128;
 
 template <typename scalar_t>
 void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* padding,
@@ -51,81 +45,31 @@ void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   std::vector<acc_t> partial_lse(splits > 1 ? splits * B * H * M : 0);
 
   at::parallel_for(0, units * splits, grain_size_for(units * splits, total_macs), [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> scores(tile_m * chunk), acc(tile_m * Dv), q_tile(tile_m * D), k_tile(chunk * D),
-        v_tile(chunk * Dv);
-    std::vector<OnlineSoftmaxRow<acc_t>> rows(tile_m);
+    AttentionTileScratch<acc_t> scratch(tile_m, chunk, D, Dv);
+    std::vector<acc_t> q_tile(tile_m * D);
     for (int64_t unit = begin; unit < end; ++unit) {
       const int64_t split = unit % splits, tile = (unit / splits) % q_tiles, bh = unit / (splits * q_tiles);
       const int64_t b = bh / H, h = bh % H;
       const int64_t m0 = tile * tile_m, mt = std::min(tile_m, M - m0);
       int64_t c_first, c_last;
       split_range(n_chunks, splits, split, &c_first, &c_last);
-      const bool* padding_row = padding ? padding + b * N : nullptr;
-
-      int64_t ldq, ldk, ldv;
+      const KeyValueRows<scalar_t> kv{k_data + b * k.stride(0) + h * k.stride(1), v_data + b * v.stride(0) + h * v.stride(1),
+                                      k.stride(2), v.stride(2), padding ? padding + b * N : nullptr, N, D, Dv};
+      int64_t ldq;
       const acc_t* qt = rows_as_acc<acc_t>(q_data + b * q.stride(0) + h * q.stride(1) + m0 * q.stride(2),
                                            q.stride(2), mt, D, q_tile.data(), &ldq);
-      std::fill(acc.begin(), acc.begin() + mt * Dv, acc_t(0));
-      std::fill(rows.begin(), rows.begin() + mt, online_softmax_empty<acc_t>());
-
-      for (int64_t c = c_first; c < c_last; ++c) {
-        const int64_t n0 = c * chunk, nc = std::min(chunk, N - n0);
-        const int64_t valid = count_valid_keys(padding_row, n0, nc);
-        if (valid == 0) continue;  // a fully padded chunk changes nothing
-        const acc_t* kt = rows_as_acc<acc_t>(k_data + b * k.stride(0) + h * k.stride(1) + n0 * k.stride(2),
-                                             k.stride(2), nc, D, k_tile.data(), &ldk);
-        const acc_t* vt = rows_as_acc<acc_t>(v_data + b * v.stride(0) + h * v.stride(1) + n0 * v.stride(2),
-                                             v.stride(2), nc, Dv, v_tile.data(), &ldv);
-        gemm(Transpose::kNo, Transpose::kYes, mt, nc, D, scale, qt, ldq, kt, ldk, acc_t(0), scores.data(), nc);
-        if (valid < nc) {
-          for (int64_t j = 0; j < nc; ++j) {
-            if (!padding_row[n0 + j]) continue;
-            for (int64_t r = 0; r < mt; ++r) scores[r * nc + j] = negative_infinity<acc_t>();
-          }
-        }
-        for (int64_t r = 0; r < mt; ++r) {
-          acc_t* row_scores = scores.data() + r * nc;
-          const acc_t factor = online_softmax_advance(rows[r], row_max(row_scores, nc));
-          rows[r].sum += exp_shifted_inplace_sum(row_scores, nc, online_softmax_shift(rows[r]));
-          if (factor != acc_t(1)) {
-            for (int64_t d = 0; d < Dv; ++d) acc[r * Dv + d] *= factor;
-          }
-        }
-        gemm(Transpose::kNo, Transpose::kNo, mt, Dv, nc, acc_t(1), scores.data(), nc, vt, ldv, acc_t(1),
-             acc.data(), Dv);
-      }
-
-      for (int64_t r = 0; r < mt; ++r) {
-        const OnlineSoftmaxResult<acc_t> done = online_softmax_finish(rows[r]);
-        const int64_t row = bh * M + m0 + r;
-        if (splits == 1) {
-          for (int64_t d = 0; d < Dv; ++d) out_data[row * Dv + d] = static_cast<scalar_t>(acc[r * Dv + d] * done.inv_sum);
-          lse_data[row] = done.lse;
-        } else {
-          acc_t* po = partial_out.data() + (split * B * H * M + row) * Dv;
-          for (int64_t d = 0; d < Dv; ++d) po[d] = acc[r * Dv + d] * done.inv_sum;
-          partial_lse[split * B * H * M + row] = done.lse;
-        }
+      attend_tile(qt, ldq, mt, scale, kv, chunk, c_first, c_last, scratch);
+      const int64_t row = bh * M + m0;
+      if (splits == 1) {
+        store_tile(scratch, mt, Dv, out_data + row * Dv, lse_data + row);
+      } else {  // each part writes a normalised partial state, merged below
+        store_tile(scratch, mt, Dv, partial_out.data() + (split * B * H * M + row) * Dv,
+                   partial_lse.data() + split * B * H * M + row);
       }
     }
   });
 
-  if (splits == 1) return;
-  at::parallel_for(0, B * H * M, 64, [&](int64_t begin, int64_t end) {
-    std::vector<acc_t> merged(Dv);
-    for (int64_t row = begin; row < end; ++row) {
-      acc_t merged_lse = negative_infinity<acc_t>();
-      std::fill(merged.begin(), merged.end(), acc_t(0));
-      for (int64_t split = 0; split < splits; ++split) {
-        const StateMergeWeights<acc_t> w = state_merge_weights(merged_lse, partial_lse[split * B * H * M + row]);
-        const acc_t* po = partial_out.data() + (split * B * H * M + row) * Dv;
-        for (int64_t d = 0; d < Dv; ++d) merged[d] = w.weight_a * merged[d] + w.weight_b * po[d];
-        merged_lse = w.lse;
-      }
-      for (int64_t d = 0; d < Dv; ++d) out_data[row * Dv + d] = static_cast<scalar_t>(merged[d]);
-      lse_data[row] = merged_lse;
-    }
-  });
+  if (splits > 1) merge_partial_states(partial_out.data(), partial_lse.data(), splits, B * H * M, Dv, out_data, lse_data);
 }
 
 }  // namespace

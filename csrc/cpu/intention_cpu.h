@@ -24,4 +24,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> intention_bwd_cpu(
     const std::optional<at::Tensor>& key_padding_mask, const at::Tensor& factor, const at::Tensor& weights,
     double scale);
 
+/// σIntention fused (sigma_intention.cpp): out = softmax(scale·Q (KᵀK + αI)⁻¹ Kᵀ) V over the
+/// valid keys. Returns (out [B,H,M,Dv], lse [B,H,M], q_tilde = scale·Q (KᵀK + αI)⁻¹ [B,H,M,D] in q's
+/// dtype, factor L [B,H,D,D], weights (KᵀK + αI)⁻¹ [B,H,D,D]): exactly what intention_fwd(v=None)
+/// followed by cross_attention_fwd(q_tilde, k, v, scale=1) return, for their backwards.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sigma_intention_fwd_cpu(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& key_padding_mask,
+    const at::Tensor& alpha, double scale, int64_t chunk_size);
+
 }  // namespace attn_ext::cpu

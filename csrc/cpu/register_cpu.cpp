@@ -16,6 +16,7 @@ TORCH_LIBRARY_IMPL(attn_ext, CPU, m) {
   m.impl("tree_cross_attention_bwd", &attn_ext::cpu::tree_cross_attention_bwd_cpu);
   m.impl("intention_fwd", &attn_ext::cpu::intention_fwd_cpu);
   m.impl("intention_bwd", &attn_ext::cpu::intention_bwd_cpu);
+  m.impl("sigma_intention_fwd", &attn_ext::cpu::sigma_intention_fwd_cpu);
   m.impl("tree_aggregate_mean_fwd", &attn_ext::cpu::tree_aggregate_mean_fwd_cpu);
   m.impl("tree_aggregate_mean_bwd", &attn_ext::cpu::tree_aggregate_mean_bwd_cpu);
   m.impl("batched_cholesky", &attn_ext::cpu::batched_cholesky_cpu);

@@ -1,0 +1,136 @@
+// CPU forward of σIntention (SPEC §4), fused: softmax(scale·Q (KᵀK + αI)⁻¹ Kᵀ) V with the
+// transformed queries Q̃ = scale·Q W, W = (KᵀK + αI)⁻¹, made tile by tile where they are consumed:
+//  1. per (batch, head): the factor L and W (intention_head.h: Gram over the valid keys, Cholesky,
+//     solve against the identity);
+//  2. per (batch, head, tile of query rows[, part of the keys]): the tile of Q̃ by one GEMM into a
+//     thread-local buffer, then attend_tile over the keys (attention_tile.h).
+// Against intention_fwd(v=None) followed by cross_attention_fwd this saves a pass that writes Q̃ and
+// one that reads it back, and a second trip through the dispatcher and the thread pool. Q̃ is still
+// stored, because the backward (the two ops' backwards, composed in Python) needs it; fp16/bf16
+// tiles are rounded to the stored dtype before the attention, so the result is the unfused path's.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <tuple>
+#include <type_traits>
+#include <vector>
+
+#include "attention_tile.h"
+#include "blas.h"
+#include "intention_cpu.h"
+#include "intention_head.h"
+#include "tile.h"
+
+namespace attn_ext::cpu {
+namespace {
+
+using namespace intention;
+
+/// Phase 1: L and W for every (batch, head); returns the first failing index (or -1) and its info.
+template <typename scalar_t, typename acc_t>
+std::pair<int64_t, int> factor_all_heads(const IntentionArgs<scalar_t>& a, const acc_t* alpha, acc_t* factor,
+                                         acc_t* weights) {
+  const int64_t D = a.D;
+  std::atomic<int64_t> failed{-1};
+  std::atomic<int> failed_info{0};
+  at::parallel_for(0, a.B * a.H, 1, [&](int64_t begin, int64_t end) {
+    ForwardScratch<acc_t> scratch(D, D);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int info = solve_weights(a, bh / a.H, bh % a.H, alpha[bh], factor + bh * D * D, weights + bh * D * D, scratch);
+      int64_t none = -1;
+      if (info != 0 && failed.compare_exchange_strong(none, bh)) failed_info = info;
+    }
+  });
+  return {failed.load(), failed_info.load()};
+}
+
+/// Phase 2: per (batch, head, query tile, key part), Q̃ tile = scale·Q tile·W, stored, then attended.
+template <typename scalar_t, typename acc_t>
+void attend_transformed_queries(const IntentionArgs<scalar_t>& a, const scalar_t* v, int64_t vs0, int64_t vs1,
+                                int64_t vs2, int64_t Dv, const acc_t* weights, acc_t scale, int64_t chunk,
+                                scalar_t* q_tilde, scalar_t* out, acc_t* lse) {
+  const int64_t B = a.B, H = a.H, M = a.M, N = a.N, D = a.D;
+  const int64_t tile_m = std::min<int64_t>(kQueryTile, std::max<int64_t>(M, 1));
+  chunk = std::min<int64_t>(chunk, std::max<int64_t>(N, 1));
+  const int64_t q_tiles = (M + tile_m - 1) / tile_m, n_chunks = (N + chunk - 1) / chunk;
+  const int64_t units = B * H * q_tiles;
+  const int64_t total_macs = B * H * M * (N * (D + Dv) + D * D);
+  const int64_t splits = key_splits_for(units, n_chunks, total_macs);
+  std::vector<acc_t> partial_out(splits > 1 ? splits * B * H * M * Dv : 0);
+  std::vector<acc_t> partial_lse(splits > 1 ? splits * B * H * M : 0);
+
+  at::parallel_for(0, units * splits, grain_size_for(units * splits, total_macs), [&](int64_t begin, int64_t end) {
+    AttentionTileScratch<acc_t> scratch(tile_m, chunk, D, Dv);
+    std::vector<acc_t> q_rows(tile_m * D), q_transformed(tile_m * D);
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t split = unit % splits, tile = (unit / splits) % q_tiles, bh = unit / (splits * q_tiles);
+      const int64_t b = bh / H, h = bh % H;
+      const int64_t m0 = tile * tile_m, mt = std::min(tile_m, M - m0);
+      int64_t ldq, c_first, c_last;
+      split_range(n_chunks, splits, split, &c_first, &c_last);
+      const acc_t* qt = rows_as_acc<acc_t>(a.q + b * a.qs0 + h * a.qs1 + m0 * a.qs2, a.qs2, mt, D, q_rows.data(), &ldq);
+      acc_t* qw = q_transformed.data();
+      gemm(Transpose::kNo, Transpose::kNo, mt, D, D, scale, qt, ldq, weights + bh * D * D, D, acc_t(0), qw, D);
+      scalar_t* stored = q_tilde + (bh * M + m0) * D;
+      if (split == 0) {  // every key part makes the same tile; one of them stores it
+        for (int64_t i = 0; i < mt * D; ++i) stored[i] = static_cast<scalar_t>(qw[i]);
+      }
+      if constexpr (!std::is_same_v<scalar_t, acc_t>) {
+        for (int64_t i = 0; i < mt * D; ++i) qw[i] = static_cast<acc_t>(static_cast<scalar_t>(qw[i]));
+      }
+      const KeyValueRows<scalar_t> kv{a.k + b * a.ks0 + h * a.ks1, v + b * vs0 + h * vs1, a.ks2, vs2,
+                                      a.mask ? a.mask + b * N : nullptr, N, D, Dv};
+      attend_tile(static_cast<const acc_t*>(qw), D, mt, acc_t(1), kv, chunk, c_first, c_last, scratch);
+      const int64_t row = bh * M + m0;
+      if (splits == 1) {
+        store_tile(scratch, mt, Dv, out + row * Dv, lse + row);
+      } else {
+        store_tile(scratch, mt, Dv, partial_out.data() + (split * B * H * M + row) * Dv,
+                   partial_lse.data() + split * B * H * M + row);
+      }
+    }
+  });
+  if (splits > 1) merge_partial_states(partial_out.data(), partial_lse.data(), splits, B * H * M, Dv, out, lse);
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sigma_intention_fwd_cpu(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& key_padding_mask,
+    const at::Tensor& alpha, double scale, int64_t chunk_size) {
+  const CrossAttentionShape s = check_cross_attention_inputs(q, k, v, key_padding_mask, scale, chunk_size);
+  TORCH_CHECK(q.device().is_cpu(), "attn_ext: the CPU kernel got tensors on ", q.device());
+  TORCH_CHECK(alpha.sizes() == at::IntArrayRef({s.batch, s.heads}),
+              "attn_ext: alpha must be [B, H] = ", at::IntArrayRef({s.batch, s.heads}), ", got ", alpha.sizes());
+  const at::ScalarType acc_dtype = lse_dtype_for(q.scalar_type());
+  const at::Tensor qc = last_dim_contiguous(q), kc = last_dim_contiguous(k), vc = last_dim_contiguous(v);
+  const at::Tensor mask = key_padding_mask.has_value() ? key_padding_mask->contiguous() : at::Tensor();
+  const at::Tensor alpha_c = alpha.to(acc_dtype).contiguous();
+  const int64_t D = s.head_dim;
+  at::Tensor out = at::empty({s.batch, s.heads, s.queries, s.value_dim}, q.options());
+  at::Tensor lse = at::empty({s.batch, s.heads, s.queries}, q.options().dtype(acc_dtype));
+  at::Tensor q_tilde = at::empty({s.batch, s.heads, s.queries, D}, q.options());
+  at::Tensor factor = at::empty({s.batch, s.heads, D, D}, q.options().dtype(acc_dtype));
+  at::Tensor weights = at::empty({s.batch, s.heads, D, D}, q.options().dtype(acc_dtype));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ext::sigma_intention_fwd", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const IntentionArgs<scalar_t> a = make_args<scalar_t>(qc, kc, at::Tensor(), mask);  // no values: C = I
+    const auto [bad, info] = factor_all_heads<scalar_t, acc_t>(a, alpha_c.const_data_ptr<acc_t>(),
+                                                               factor.mutable_data_ptr<acc_t>(),
+                                                               weights.mutable_data_ptr<acc_t>());
+    check_positive_definite(bad, info, s);
+    if (out.numel() == 0 && lse.numel() == 0) return;
+    attend_transformed_queries<scalar_t, acc_t>(a, vc.const_data_ptr<scalar_t>(), vc.stride(0), vc.stride(1),
+                                                vc.stride(2), s.value_dim, weights.const_data_ptr<acc_t>(),
+                                                static_cast<acc_t>(scale), chunk_size,
+                                                q_tilde.mutable_data_ptr<scalar_t>(), out.mutable_data_ptr<scalar_t>(),
+                                                lse.mutable_data_ptr<acc_t>());
+  });
+  return {out, lse, q_tilde, factor, weights};
+}
+
+}  // namespace attn_ext::cpu
