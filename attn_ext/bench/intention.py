@@ -224,8 +224,9 @@ def _tables(result: dict) -> str:
         f"{att['intention']['rows_met']} of {att['intention']['rows']} rows, **{verdict(att['intention']['met'])}**; "
         f"σIntention met in {att['sigma_intention']['rows_met']} of {att['sigma_intention']['rows']} rows, "
         f"**{verdict(att['sigma_intention']['met'])}**. Intention's cost is linear in N (the keys enter through "
-        "KᵀK and KᵀV), SDPA's quadratic; σIntention is the transformed queries plus a softmax attention over all "
-        "N keys (`ae.cross_attention`), so it costs at least as much as softmax attention.",
+        "KᵀK and KᵀV), SDPA's quadratic; σIntention is a softmax attention over all N keys plus the transformed "
+        "queries Q̃ = Q (KᵀK + αI)⁻¹ (on the CPU one fused op, `attn_ext::sigma_intention_fwd`, makes each tile of "
+        "Q̃ where the attention consumes it), so it costs softmax attention plus the Gram, the solve and Q·W.",
         "",
         f"Batched Cholesky + solve, fp32 SPD `A = XᵀX/(2n) + I`, {CHOL_RHS} right-hand sides; median of "
         f"{cfg['repeats']} after {WARMUP_TEXT}, interleaved. **ours fused**: `ae.batched_spd_solve(A, B)` "
