@@ -4,7 +4,8 @@ Quick mode (``--quick``): 100 steps of a small configuration per model (2 layers
 20 evaluation batches — a smoke test of the whole pipeline, not an accuracy figure (``gp_smoke.md``). Full mode: the
 quick protocol of ``bench/gp_quick.sh`` (SPEC §5 sizes, 5000 steps, 200 evaluation batches). The
 paper protocol (100k steps, 3000 batches) is ``attn-ext train gp --steps 100000`` per model.
-``python -m attn_ext.bench.gp_quick RUNS_DIR`` rewrites the report from finished runs.
+``python -m attn_ext.bench.gp_quick RUNS_DIR [OUT_DIR [README]]`` rewrites the report (and the README
+block) from finished runs.
 """
 from __future__ import annotations
 
@@ -93,8 +94,10 @@ def run(options) -> int:
 if __name__ == "__main__":
     from .report import publish
 
+    # python -m attn_ext.bench.gp_quick RUNS_DIR [OUT_DIR [README]]
     runs = Path(sys.argv[1])
     out = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("bench/results")
+    readme = Path(sys.argv[3]) if len(sys.argv) > 3 else None
     evals = sorted(runs.glob("*/eval_rbf.json"))
     if not evals:
         sys.exit(f"no finished runs (<model>/eval_rbf.json) in {runs}")
@@ -104,4 +107,4 @@ if __name__ == "__main__":
                              f"--steps {steps} --out {runs}/MODEL --log-every 100 --checkpoint-every 250; then "
                              f"attn-ext eval gp --ckpt {runs}/MODEL --kernel rbf|matern52 --num-batches {batches}), "
                              "OMP_NUM_THREADS=1; two shells each took part of the models (MODELS=...)")
-    publish(NAME, text, {"benchmark": NAME, "runs": raw}, out, None, None)
+    publish(NAME, text, {"benchmark": NAME, "runs": raw}, out, None, readme)
