@@ -18,7 +18,6 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <atomic>
 #include <memory>
 #include <type_traits>
 #include <tuple>
@@ -131,25 +130,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> intention_fwd_cpu(const at::Tenso
   at::Tensor out = at::empty({s.batch, s.heads, s.queries, s.value_dim}, q.options());
   at::Tensor factor = at::empty({s.batch, s.heads, s.head_dim, s.head_dim}, q.options().dtype(acc_dtype));
   at::Tensor weights = at::empty({s.batch, s.heads, s.head_dim, s.value_dim}, q.options().dtype(acc_dtype));
-  std::atomic<int64_t> failed{-1};
-  std::atomic<int> failed_info{0};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ext::intention_fwd", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const IntentionArgs<scalar_t> a = make_args<scalar_t>(qc, kc, vc, mask);
     const acc_t* alpha_data = alpha_c.const_data_ptr<acc_t>();
-    at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
-      ForwardScratch<acc_t> scratch(s.head_dim, s.value_dim);
-      for (int64_t bh = begin; bh < end; ++bh) {
-        const int info = forward_head<scalar_t, acc_t>(
-            a, bh / s.heads, bh % s.heads, alpha_data[bh], static_cast<acc_t>(scale), out.mutable_data_ptr<scalar_t>(),
-            factor.mutable_data_ptr<acc_t>() + bh * s.head_dim * s.head_dim,
-            weights.mutable_data_ptr<acc_t>() + bh * s.head_dim * s.value_dim, scratch);
-        int64_t none = -1;
-        if (info != 0 && failed.compare_exchange_strong(none, bh)) failed_info = info;
-      }
+    const auto [bad, info] = for_each_head<acc_t>(s.batch * s.heads, s.head_dim, s.value_dim,
+                                                  [&](int64_t bh, ForwardScratch<acc_t>& scratch) {
+      return forward_head<scalar_t, acc_t>(a, bh / s.heads, bh % s.heads, alpha_data[bh], static_cast<acc_t>(scale),
+                                           out.mutable_data_ptr<scalar_t>(),
+                                           factor.mutable_data_ptr<acc_t>() + bh * s.head_dim * s.head_dim,
+                                           weights.mutable_data_ptr<acc_t>() + bh * s.head_dim * s.value_dim, scratch);
     });
+    check_positive_definite(bad, info, s);
   });
-  check_positive_definite(failed.load(), failed_info.load(), s);
   return {out, factor, weights};
 }
 

@@ -4,12 +4,15 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <type_traits>
+#include <utility>
 
 #include "blas.h"
 #include "cholesky_simd.h"
@@ -155,6 +158,24 @@ inline CrossAttentionShape check_inputs(const at::Tensor& q, const at::Tensor& k
   CrossAttentionShape s = check_cross_attention_inputs(q, k, v.has_value() ? *v : k, key_padding_mask, scale, 1);
   if (!v.has_value()) s.value_dim = s.head_dim;
   return s;
+}
+
+/// Runs `head(bh, scratch) -> Cholesky info` for every (batch, head) index bh in [0, count), in
+/// parallel, each thread with its own ForwardScratch(D, Dv). Returns the first failing index found
+/// (or -1) and its info, for check_positive_definite.
+template <typename acc_t, typename HeadFn>
+std::pair<int64_t, int> for_each_head(int64_t count, int64_t D, int64_t Dv, const HeadFn& head) {
+  std::atomic<int64_t> failed{-1};
+  std::atomic<int> failed_info{0};
+  at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
+    ForwardScratch<acc_t> scratch(D, Dv);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int info = head(bh, scratch);
+      int64_t none = -1;
+      if (info != 0 && failed.compare_exchange_strong(none, bh)) failed_info = info;
+    }
+  });
+  return {failed.load(), failed_info.load()};
 }
 
 /// Raises the error of a failed factorisation at (batch, head) index `bad` (nothing when bad < 0).

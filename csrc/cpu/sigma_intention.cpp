@@ -14,7 +14,6 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <atomic>
 #include <tuple>
 #include <type_traits>
 #include <vector>
@@ -30,25 +29,7 @@ namespace {
 
 using namespace intention;
 
-/// Phase 1: L and W for every (batch, head); returns the first failing index (or -1) and its info.
-template <typename scalar_t, typename acc_t>
-std::pair<int64_t, int> factor_all_heads(const IntentionArgs<scalar_t>& a, const acc_t* alpha, acc_t* factor,
-                                         acc_t* weights) {
-  const int64_t D = a.D;
-  std::atomic<int64_t> failed{-1};
-  std::atomic<int> failed_info{0};
-  at::parallel_for(0, a.B * a.H, 1, [&](int64_t begin, int64_t end) {
-    ForwardScratch<acc_t> scratch(D, D);
-    for (int64_t bh = begin; bh < end; ++bh) {
-      const int info = solve_weights(a, bh / a.H, bh % a.H, alpha[bh], factor + bh * D * D, weights + bh * D * D, scratch);
-      int64_t none = -1;
-      if (info != 0 && failed.compare_exchange_strong(none, bh)) failed_info = info;
-    }
-  });
-  return {failed.load(), failed_info.load()};
-}
-
-/// Phase 2: per (batch, head, query tile, key part), Q̃ tile = scale·Q tile·W, stored, then attended.
+/// Stage 2: per (batch, head, query tile, key part), Q̃ tile = scale·Q tile·W, stored, then attended.
 template <typename scalar_t, typename acc_t>
 void attend_transformed_queries(const IntentionArgs<scalar_t>& a, const scalar_t* v, int64_t vs0, int64_t vs1,
                                 int64_t vs2, int64_t Dv, const acc_t* weights, acc_t scale, int64_t chunk,
@@ -119,9 +100,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sigma_int
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ext::sigma_intention_fwd", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const IntentionArgs<scalar_t> a = make_args<scalar_t>(qc, kc, at::Tensor(), mask);  // no values: C = I
-    const auto [bad, info] = factor_all_heads<scalar_t, acc_t>(a, alpha_c.const_data_ptr<acc_t>(),
-                                                               factor.mutable_data_ptr<acc_t>(),
-                                                               weights.mutable_data_ptr<acc_t>());
+    const acc_t* alpha_data = alpha_c.const_data_ptr<acc_t>();
+    acc_t* factor_data = factor.mutable_data_ptr<acc_t>();
+    acc_t* weights_data = weights.mutable_data_ptr<acc_t>();
+    const auto [bad, info] = for_each_head<acc_t>(s.batch * s.heads, D, D, [&](int64_t bh, ForwardScratch<acc_t>& w) {
+      return solve_weights(a, bh / s.heads, bh % s.heads, alpha_data[bh], factor_data + bh * D * D,
+                           weights_data + bh * D * D, w);
+    });
     check_positive_definite(bad, info, s);
     if (out.numel() == 0 && lse.numel() == 0) return;
     attend_transformed_queries<scalar_t, acc_t>(a, vc.const_data_ptr<scalar_t>(), vc.stride(0), vc.stride(1),
