@@ -137,8 +137,8 @@ def _measure_attention(options: BenchOptions, n: int, step: str) -> list[dict]:
     rows = []
     # fwd first: make_call switches requires_grad on the shared inputs for the pass it builds.
     for pass_ in passes_for(n, options.quick):
-        progress(f"{step} N={n:,} {pass_}: {', '.join(LABELS[i] for i in IMPLS)} x>={repeats} (>= {MIN_TIMED_S:g} s)"
-                 + (f"x{number}" if number > 1 else "") + " ...", end="")
+        progress(f"{step} N={n:,} {pass_}: {', '.join(LABELS[i] for i in IMPLS)}, >= {repeats} samples over "
+                 f">= {MIN_TIMED_S:g} s" + (f" (each the mean of {number} calls)" if number > 1 else "") + " ...", end="")
         calls = {impl: make_call(implementation(impl, options.backend), pass_, q, k, v) for impl in IMPLS}
         timed = time_interleaved(calls, repeats=repeats, number=number, min_timed_s=MIN_TIMED_S)
         row = {"N": n, "pass": pass_, "number": number, "impls": {i: timing_dict(timed[i]) for i in IMPLS}}
