@@ -1,0 +1,42 @@
+"""The GP accuracy reports (attn_ext.bench.gp_quick): a run stopped before the end of its schedule
+is shown as such, and the paper protocol publishes under its own name."""
+import json
+
+from attn_ext.bench import gp_quick
+
+
+def _write_eval(run_dir, model, kernel, steps, schedule, ll):
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / f"eval_{kernel}.json").write_text(json.dumps({
+        "model": model, "kernel": kernel, "num_batches": 3000, "train_steps": steps, "schedule_steps": schedule,
+        "train_seconds": 600.0, "log_likelihood_mean": ll, "log_likelihood_std": 0.5}))
+
+
+def test_paper_protocol_marks_unfinished_runs(tmp_path):
+    runs = tmp_path / "runs"
+    for kernel, ll in (("rbf", 1.31), ("matern52", 0.9)):
+        _write_eval(runs / "tnpd", "tnpd", kernel, 100_000, 100_000, ll)
+        _write_eval(runs / "cmanp", "cmanp", kernel, 8_000, 100_000, ll - 1)
+    out = tmp_path / "results"
+    assert gp_quick.main([str(runs), str(out), "--protocol", "paper"]) == 0
+    text = (out / "gp_full.md").read_text()
+    assert "**paper protocol**" in text and "not run" not in text
+    assert "| tnpd | 100,000 |" in text
+    assert "| cmanp | 8,000 / 100,000 |" in text
+    assert "0.310 ± 0.500" in text  # cmanp RBF
+    assert json.loads((out / "gp_full.json").read_text())["protocol"] == "paper"
+    assert not (out / "gp_quick.md").exists()
+
+
+def test_quick_protocol_keeps_its_name_and_reads_old_results(tmp_path):
+    runs = tmp_path / "runs"
+    _write_eval(runs / "lbanp", "lbanp", "rbf", 5000, 5000, 0.4)
+    # Results written before schedule_steps existed count as finished runs.
+    old = json.loads((runs / "lbanp" / "eval_rbf.json").read_text())
+    del old["schedule_steps"]
+    (runs / "lbanp" / "eval_rbf.json").write_text(json.dumps(old))
+    out = tmp_path / "results"
+    assert gp_quick.main([str(runs), str(out)]) == 0
+    text = (out / "gp_quick.md").read_text()
+    assert "**quick protocol**" in text and "| lbanp | 5,000 |" in text
+    assert "bench/gp_quick.sh 5000 3000" in text
