@@ -62,7 +62,8 @@ class AttentionSharpness:
 @contextmanager
 def record_attention(model: nn.Module) -> Iterator[Dict[str, AttentionSharpness]]:
     """Within the block, every ``MultiheadCrossAttention.state`` call of ``model`` (every forward
-    goes through it) adds its sharpness under the module's name; the model computes as before."""
+    goes through it) adds its sharpness under the module's name; the model computes as before.
+    The incremental calls (``update``, ``stream``: a CMANP conditioning in chunks) are not recorded."""
     records: Dict[str, AttentionSharpness] = {}
     patched = []
     for name, module in model.named_modules():
