@@ -29,7 +29,6 @@ from attn_ext.nn import MultiheadCrossAttention
 class AttentionSharpness:
     """Accumulated over the calls of one attention module: mean normalised entropy and logit std."""
 
-    calls: int = 0
     entropy: List[float] = field(default_factory=list)
     logit_std: List[float] = field(default_factory=list)
 
@@ -46,9 +45,12 @@ class AttentionSharpness:
         normalised = torch.where(keys > 1, entropy / torch.log(keys.clamp_min(2)), torch.zeros_like(entropy))
         finite = torch.where(torch.isfinite(logits), logits, torch.nan)
         spread = (finite - finite.nanmean(-1, keepdim=True)).pow(2).nanmean(-1).sqrt()
-        self.calls += 1
         self.entropy.append(normalised.mean().item())
         self.logit_std.append(spread.nanmean().item())
+
+    @property
+    def calls(self) -> int:
+        return len(self.entropy)
 
     @property
     def mean_entropy(self) -> float:
