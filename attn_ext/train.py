@@ -47,6 +47,10 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stop-after", type=int, default=None, metavar="N",
                         help="checkpoint and stop after N steps of this invocation (rerun to resume)")
     add_model_arguments(parser)
+    parser.add_argument("--aggregator", choices=("mean", "transformer"), default=None,
+                        help="retreever: node aggregator (default mean; the paper's is transformer)")
+    parser.add_argument("--no-backprop-through-tree", dest="backprop_through_tree", action="store_false",
+                        default=None, help="retreever: detach the children in the node aggregation (paper: bptt=False)")
 
 
 def add_task_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -91,6 +95,22 @@ def model_overrides(args: argparse.Namespace) -> dict:
     return {f: getattr(args, f) for f in CONFIG_FLAGS if getattr(args, f, None) is not None}
 
 
+#: Constructor options of one model (beyond NPConfig) settable from the command line.
+MODEL_OPTION_FLAGS = {"retreever": ("aggregator", "backprop_through_tree")}
+
+
+def model_options(args: argparse.Namespace) -> dict:
+    """The model-specific options given on the command line; an error names any the model lacks."""
+    given = {f: getattr(args, f) for flags in MODEL_OPTION_FLAGS.values() for f in flags
+             if getattr(args, f, None) is not None}
+    allowed = MODEL_OPTION_FLAGS.get(args.model, ())
+    wrong = [f for f in given if f not in allowed]
+    if wrong:
+        flags = ", ".join("--" + f.replace("_", "-") for f in wrong)
+        raise ValueError(f"{flags} apply to {', '.join(MODEL_OPTION_FLAGS)} only, not {args.model}")
+    return given
+
+
 def _save(path: Path, payload: dict) -> None:
     import torch
 
@@ -109,18 +129,20 @@ def load_checkpoint(run_dir: Path):
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}")
     ckpt = torch.load(path, weights_only=False)
-    model = build_model(ckpt["model"], **ckpt["config"])
+    model = build_model(ckpt["model"], **ckpt["config"], **ckpt.get("model_options", {}))
     model.load_state_dict(ckpt["model_state"])
     return model, ckpt
 
 
 def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, batch_size: int = 16,
           lr: float = 5e-4, checkpoint_every: int = 1000, log_every: int = 100, restart: bool = False,
-          overrides: Optional[dict] = None, stop_after: Optional[int] = None, log=None, **gp_settings) -> dict:
+          overrides: Optional[dict] = None, options: Optional[dict] = None, stop_after: Optional[int] = None,
+          log=None, **gp_settings) -> dict:
     """Train (or resume) a model on ``task`` (an :class:`~attn_ext.tasks.np_tasks.NPTask`; default the
     GP task of ``gp_settings``, e.g. ``kernel="matern52"``); returns the summary written to ``out/train.json``.
 
-    ``stop_after`` ends this invocation after that many steps (checkpointed), for time-sliced jobs;
+    ``overrides`` are :class:`~attn_ext.models.NPConfig` fields, ``options`` the model's own constructor
+    options (e.g. ReTreever's ``aggregator``); both are stored in the checkpoint. ``stop_after`` ends this invocation after that many steps (checkpointed), for time-sliced jobs;
     calling again resumes.
     """
     import torch
@@ -134,7 +156,8 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
     task = task or gp_task(**gp_settings)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    model = build_model(model_name, **{**(overrides or {}), "dim_x": task.dim_x, "dim_y": task.dim_y})
+    options = dict(options or {})
+    model = build_model(model_name, **{**(overrides or {}), "dim_x": task.dim_x, "dim_y": task.dim_y}, **options)
     optimiser = torch.optim.Adam(model.parameters(), lr=lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, T_max=steps)
     generator = torch.Generator().manual_seed(seed + 1)
@@ -142,10 +165,11 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
     ckpt_path = out / CHECKPOINT
     if ckpt_path.exists() and not restart:
         ckpt = torch.load(ckpt_path, weights_only=False)
-        asked = (model_name, steps, task.name, task.settings)
-        found = (ckpt["model"], ckpt["steps"], ckpt.get("task", "gp"), ckpt.get("task_settings", task.settings))
+        asked = (model_name, steps, task.name, task.settings, options)
+        found = (ckpt["model"], ckpt["steps"], ckpt.get("task", "gp"), ckpt.get("task_settings", task.settings),
+                 ckpt.get("model_options", {}))
         if asked != found:
-            raise ValueError(f"{ckpt_path} is of (model, steps, task, settings) {found}; asked for {asked}: "
+            raise ValueError(f"{ckpt_path} is of (model, steps, task, settings, options) {found}; asked for {asked}: "
                              "use another --out or --restart")
         model.load_state_dict(ckpt["model_state"])
         optimiser.load_state_dict(ckpt["optimiser"])
@@ -155,7 +179,8 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
         step, elapsed = ckpt["step"], ckpt["elapsed"]
         log(f"resumed {model_name} from {ckpt_path} at step {step}/{steps}")
     # The task settings also sit at the top level (kernel, dataset, ...), where `eval` looks first.
-    meta = {"model": model_name, "config": model.config.to_dict(), "steps": steps, "task": task.name,
+    meta = {"model": model_name, "config": model.config.to_dict(), "model_options": options, "steps": steps,
+            "task": task.name,
             "task_settings": task.settings, **task.settings, "seed": seed, "batch_size": batch_size, "lr": lr}
 
     def checkpoint() -> None:
@@ -209,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
                 "wheel": lambda: wheel_task(args.num_context, args.num_target, args.context_rewards)}[args.task]()
         summary = train(args.model, args.steps, args.out, task=task, seed=args.seed, batch_size=args.batch_size,
                         lr=args.lr, checkpoint_every=args.checkpoint_every, log_every=args.log_every,
-                        restart=args.restart, overrides=model_overrides(args),
+                        restart=args.restart, overrides=model_overrides(args), options=model_options(args),
                         stop_after=args.stop_after)
         if args.task == "images" and args.plot_images > 0:
             from attn_ext.tasks.image_plot import plot_run

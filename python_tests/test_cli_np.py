@@ -50,3 +50,20 @@ def test_train_rejects_a_foreign_checkpoint(tmp_path, capsys):
     assert main([*args, "--model", "tnpd"]) == 0
     assert main([*args, "--model", "lbanp"]) == 1
     assert "use another --out or --restart" in capsys.readouterr().err
+
+
+def test_model_options_are_kept_in_the_checkpoint(tmp_path, capsys):
+    from attn_ext.train import load_checkpoint
+
+    run = tmp_path / "run"
+    args = ["train", "gp", "--model", "retreever", "--steps", "2", "--out", str(run), *TINY]
+    assert main([*args, "--aggregator", "transformer", "--no-backprop-through-tree"]) == 0
+    model, ckpt = load_checkpoint(run)
+    assert ckpt["model_options"] == {"aggregator": "transformer", "backprop_through_tree": False}
+    assert model.tca.aggregator == "transformer" and not model.tca.backprop_through_tree
+    # Resuming with other options would silently train another model.
+    assert main([*args, "--aggregator", "mean"]) == 1
+    assert "use another --out or --restart" in capsys.readouterr().err
+    assert main(["train", "gp", "--model", "tnpd", "--steps", "1", "--out", str(tmp_path / "t"),
+                 "--aggregator", "mean", *TINY]) == 1
+    assert "--aggregator apply to retreever only, not tnpd" in capsys.readouterr().err

@@ -64,9 +64,11 @@ def test_defaults_follow_spec():
 
 
 def test_no_model_uses_torch_multihead_attention():
-    for name in MODELS:
-        model = build_model(name, **SMALL)
-        assert not any(isinstance(m, torch.nn.MultiheadAttention) for m in model.modules()), name
+    models = {name: build_model(name, **SMALL) for name in MODELS}
+    models["retreever, transformer aggregator"] = build_model("retreever", aggregator="transformer", **SMALL)
+    for name, model in models.items():
+        assert not any(isinstance(m, (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer))
+                       for m in model.modules()), name
 
 
 @pytest.mark.parametrize("module", [models_pkg, base, cmanp, cmanp_and, intention_np, lbanp, linear_attention,

@@ -157,6 +157,30 @@ def test_transformer_aggregator_ignores_padding_and_gradients_flow_through_it():
     assert all(torch.isfinite(g).all() and g.abs().sum() > 0 for g in grads)
 
 
+@pytest.mark.parametrize("aggregator", ["mean", "transformer"])
+def test_without_backprop_through_tree_only_the_leaves_reach_the_context(aggregator):
+    context, coords, query, mask = _inputs()
+    through = _module(aggregator).eval()
+    detached = _module(aggregator).eval()
+    detached.backprop_through_tree = False
+    context.requires_grad_()
+    state = detached.build(context, coords, key_padding_mask=mask)
+    # Same values: detaching changes gradients only.
+    torch.testing.assert_close(state.nodes, through.build(context, coords, key_padding_mask=mask).nodes)
+    G = state.tree.leaf_offset
+    internal, leaves = state.nodes[:, :G], state.nodes[:, G:]
+    internal_params = list(detached.aggregate.parameters()) if aggregator == "transformer" else []
+    grads = torch.autograd.grad(internal.sum(), [context, *internal_params], allow_unused=True, retain_graph=True)
+    assert grads[0] is None or grads[0].abs().sum() == 0
+    assert all(g is not None and g.abs().sum() > 0 for g in grads[1:])  # the aggregator still learns
+    (leaf_grad,) = torch.autograd.grad(leaves.sum(), context)
+    assert leaf_grad[~mask].abs().sum() > 0
+    # With backprop through the tree the internal nodes do reach the context.
+    (through_grad,) = torch.autograd.grad(through.build(context, coords, key_padding_mask=mask).nodes[:, :G].sum(),
+                                          context)
+    assert through_grad[~mask].abs().sum() > 0
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

@@ -29,8 +29,10 @@ class ReTreever(NeuralProcess):
     branching : int
         Tree branching factor ``b``.
     aggregator : {"mean", "transformer"}
-        Node aggregator; ``"mean"`` by default because ``"transformer"`` runs a
-        ``torch.nn.TransformerEncoderLayer`` (torch's attention) over the children.
+        Node aggregator (:mod:`attn_ext.nn.tree_aggregator`); the paper's is ``"transformer"``, a
+        self-attention block over the children.
+    backprop_through_tree : bool
+        False detaches the children in the node aggregation (the paper's GP setting, ``bptt=False``).
     lambda_ca, lambda_rl, alpha : float
         Weights of the objective (paper: 1, 1, 0.01).
 
@@ -48,12 +50,13 @@ class ReTreever(NeuralProcess):
     """
 
     def __init__(self, config: Optional[NPConfig] = None, *, branching: int = 2, aggregator: str = "mean",
-                 lambda_ca: float = 1.0, lambda_rl: float = 1.0, alpha: float = 0.01, **overrides) -> None:
+                 backprop_through_tree: bool = True, lambda_ca: float = 1.0, lambda_rl: float = 1.0, alpha: float = 0.01, **overrides) -> None:
         super().__init__(config, **overrides)
         c = self.config
         self.lambdas = dict(lambda_ca=lambda_ca, lambda_rl=lambda_rl, alpha=alpha)
         self.encoder = ContextEncoder(c.num_layers, c.d_model, c.num_heads, c.ff_dim, "softmax")
-        self.tca = TreeCrossAttention(c.d_model, c.num_heads, branching, aggregator, ff_dim=c.ff_dim)
+        self.tca = TreeCrossAttention(c.d_model, c.num_heads, branching, aggregator, ff_dim=c.ff_dim,
+                                      backprop_through_tree=backprop_through_tree)
         self.head = GaussianHead(c.d_model, c.ff_dim, c.dim_y)
 
     def build(self, xc: Tensor, yc: Tensor) -> TreeState:

@@ -16,9 +16,8 @@ import torch
 from torch import Tensor, nn
 
 import attn_ext.tree as _tree
-from attn_ext.tree import Tree, masked_mean
-
-AGGREGATORS = ("mean", "transformer")
+from attn_ext.nn.tree_aggregator import AGGREGATORS, TransformerAggregator, make_reducer
+from attn_ext.tree import Tree
 
 
 class TreeState(NamedTuple):
@@ -61,31 +60,13 @@ class TreeCrossAttentionOutput(NamedTuple):
     selected: Tensor
 
 
-class _TransformerAggregator(nn.Module):
-    """ReTreever's aggregator: one pre-norm Transformer layer over the children, then their masked mean."""
-
-    def __init__(self, dim: int, num_heads: int, ff_dim: int) -> None:
-        super().__init__()
-        self.layer = nn.TransformerEncoderLayer(
-            dim, num_heads, dim_feedforward=ff_dim, dropout=0.0, batch_first=True, norm_first=True
-        )
-
-    def forward(self, children: Tensor, padding_mask: Tensor) -> Tensor:
-        B, n, c, E = children.shape
-        flat_mask = padding_mask.reshape(B * n, c)
-        # A node whose children are all padding would softmax over nothing (NaN in the gradients);
-        # unmasking its row is harmless because the masked mean below ignores it anyway.
-        flat_mask = flat_mask & ~flat_mask.all(dim=-1, keepdim=True)
-        mixed = self.layer(children.reshape(B * n, c, E), src_key_padding_mask=flat_mask)
-        return masked_mean(mixed.view(B, n, c, E), padding_mask)
-
-
 class TreeCrossAttention(nn.Module):
     """Multi-head Tree Cross Attention: each query attends over ``O(log N)`` tree nodes of its context.
 
     ``build(context, coords)`` sorts the tokens by ``coords``, aggregates the context embeddings into
     node embeddings (``"mean"``: masked mean of the children; ``"transformer"``: one pre-norm
-    ``nn.TransformerEncoderLayer`` over the children, then the masked mean — ReTreever's aggregator)
+    self-attention block over the children, then the masked mean — ReTreever's aggregator, see
+    :class:`attn_ext.nn.tree_aggregator.TransformerAggregator`)
     and projects them to per-head keys/values. ``forward(query, state)`` projects the queries,
     descends the tree (the policy is the head-averaged attention of the query over the children;
     sampled in training, argmax in evaluation), attends over the selected nodes, merges the heads
@@ -103,6 +84,9 @@ class TreeCrossAttention(nn.Module):
         How node embeddings are formed from their children.
     ff_dim : int, optional
         Feed-forward width of the ``"transformer"`` aggregator (default ``2 * dim``).
+    backprop_through_tree : bool
+        False detaches the children at every level of the aggregation (the official ReTreever's
+        ``bptt=False``): internal nodes then train only the aggregator, not the context's producer.
     bias : bool
         Biases of the projections.
 
@@ -129,6 +113,7 @@ class TreeCrossAttention(nn.Module):
         aggregator: str = "mean",
         *,
         ff_dim: Optional[int] = None,
+        backprop_through_tree: bool = True,
         bias: bool = True,
     ) -> None:
         for name, value in (("dim", dim), ("num_heads", num_heads)):
@@ -149,10 +134,12 @@ class TreeCrossAttention(nn.Module):
         self.k_proj = nn.Linear(dim, dim, bias=bias)
         self.v_proj = nn.Linear(dim, dim, bias=bias)
         self.out_proj = nn.Linear(dim, dim, bias=bias)
-        self.aggregate = _TransformerAggregator(dim, num_heads, ff_dim or 2 * dim) if aggregator == "transformer" else None
+        self.backprop_through_tree = backprop_through_tree
+        self.aggregate = TransformerAggregator(dim, num_heads, ff_dim or 2 * dim) if aggregator == "transformer" else None
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, num_heads={self.num_heads}, branching={self.branching}, aggregator={self.aggregator!r}"
+        return (f"dim={self.dim}, num_heads={self.num_heads}, branching={self.branching}, "
+                f"aggregator={self.aggregator!r}, backprop_through_tree={self.backprop_through_tree}")
 
     def _split_heads(self, x: Tensor) -> Tensor:
         return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)
@@ -186,7 +173,8 @@ class TreeCrossAttention(nn.Module):
                 f"{list(context.shape[:2])} of the context, got {got}"
             )
         tree = _tree.build_tree(coords, branching=self.branching, key_padding_mask=key_padding_mask)
-        nodes = _tree.tree_aggregate(tree, context, reduce=self.aggregate if self.aggregate is not None else "mean")
+        reduce = make_reducer(self.aggregate if self.aggregate is not None else "mean", self.backprop_through_tree)
+        nodes = _tree.tree_aggregate(tree, context, reduce=reduce)
         return TreeState(tree, nodes, self._split_heads(self.k_proj(nodes)), self._split_heads(self.v_proj(nodes)))
 
     def forward(
