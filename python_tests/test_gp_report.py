@@ -40,3 +40,20 @@ def test_quick_protocol_keeps_its_name_and_reads_old_results(tmp_path):
     text = (out / "gp_quick.md").read_text()
     assert "**quick protocol**" in text and "| lbanp | 5,000 |" in text
     assert "bench/gp_quick.sh 5000 3000" in text
+
+
+def test_variants_of_a_model_get_a_row_each_named_by_their_options(tmp_path):
+    runs = tmp_path / "runs"
+    _write_eval(runs / "retreever", "retreever", "rbf", 100_000, 100_000, 1.1)
+    _write_eval(runs / "retreever-transformer", "retreever", "rbf", 100_000, 100_000, 1.2)
+    variant = runs / "retreever-transformer" / "eval_rbf.json"
+    variant.write_text(json.dumps({**json.loads(variant.read_text()),
+                                   "model_options": {"aggregator": "transformer", "backprop_through_tree": False}}))
+    _write_eval(runs / "tnpd", "tnpd", "rbf", 100_000, 100_000, 1.3)
+    out = tmp_path / "results"
+    assert gp_quick.main([str(runs), str(out), "--protocol", "paper"]) == 0
+    rows = [line for line in (out / "gp_full.md").read_text().splitlines() if line.startswith("| ")][2:]
+    assert [row.split(" | ")[0] for row in rows] == [
+        "| tnpd", "| retreever", "| retreever (aggregator=transformer, backprop_through_tree=False)"]
+    assert "1.200 ± 0.500" in rows[2] and "1.25 / 0.81 (TCA Table 13)" in rows[2]
+    assert set(json.loads((out / "gp_full.json").read_text())["runs"]) == {"tnpd", "retreever", "retreever-transformer"}

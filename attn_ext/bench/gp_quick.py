@@ -44,23 +44,39 @@ def _steps_cell(result: dict) -> str:
     return f"{done:,}" if done >= scheduled else f"{done:,} / {scheduled:,}"
 
 
+def _label(result: dict) -> str:
+    """The model's name, and its constructor options when a run set any (e.g. ReTreever's aggregator)."""
+    options = result.get("model_options") or {}
+    return result["model"] + (f" ({', '.join(f'{k}={v}' for k, v in options.items())})" if options else "")
+
+
+def _runs(runs_dir: Path) -> list:
+    """``(run name, {kernel: eval result})`` of every run directory of ``runs_dir`` with an evaluation,
+    in :data:`MODELS` order, variants of one model by their directory name."""
+    found = []
+    for run in sorted(p for p in runs_dir.iterdir() if p.is_dir()):
+        evals = {k: json.loads((run / f"eval_{k}.json").read_text()) for k in KERNELS if (run / f"eval_{k}.json").exists()}
+        if evals:
+            model = next(iter(evals.values()))["model"]
+            found.append((MODELS.index(model) if model in MODELS else len(MODELS), run.name, evals))
+    return [(name, evals) for _, name, evals in sorted(found, key=lambda t: t[:2])]
+
+
 def report(runs_dir: Path, command: str, protocol: str = "quick") -> tuple[str, dict]:
-    """Markdown and JSON of the runs in ``runs_dir/<model>`` (``eval_*.json`` next to each checkpoint);
-    ``protocol`` ("quick" or "paper") picks the text that says what was measured."""
+    """Markdown and JSON of the runs in ``runs_dir/<run>`` (``eval_*.json`` next to each checkpoint; one
+    row per run, so variants of a model sit side by side); ``protocol`` ("quick" or "paper") picks the
+    text that says what was measured."""
     from .report import markdown_table
 
     rows, raw = [], {}
-    for model in MODELS:
-        run = runs_dir / model
-        evals = {k: json.loads((run / f"eval_{k}.json").read_text()) for k in KERNELS if (run / f"eval_{k}.json").exists()}
-        if not evals:
-            continue
+    for name, evals in _runs(runs_dir):
         first = next(iter(evals.values()))
-        raw[model] = evals
+        model = first["model"]
+        raw[name] = evals
         cells = [f"{evals[k]['log_likelihood_mean']:.3f} ± {evals[k]['log_likelihood_std']:.3f}" if k in evals else None
                  for k in KERNELS]
         paper = PAPER.get(model)
-        rows.append([model, _steps_cell(first), f"{first['train_seconds'] / 60:.1f}", *cells,
+        rows.append([_label(first), _steps_cell(first), f"{first['train_seconds'] / 60:.1f}", *cells,
                      f"{paper[0]:.2f} / {paper[1]:.2f} ({paper[2]})" if paper else "—"])
     eval_batches = next(iter(next(iter(raw.values())).values()))["num_batches"] if raw else None
     what, caveat = PROTOCOLS[protocol]
