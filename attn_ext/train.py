@@ -97,6 +97,13 @@ def model_overrides(args: argparse.Namespace) -> dict:
 
 #: Constructor options of one model (beyond NPConfig) settable from the command line.
 MODEL_OPTION_FLAGS = {"retreever": ("aggregator", "backprop_through_tree")}
+#: The options of checkpoints written before they were stored: the defaults of that time.
+LEGACY_OPTIONS = {"retreever": {"aggregator": "mean", "backprop_through_tree": True}}
+
+
+def stored_options(ckpt: dict) -> dict:
+    """The model options a checkpoint was trained with."""
+    return ckpt.get("model_options", LEGACY_OPTIONS.get(ckpt["model"], {}))
 
 
 def model_options(args: argparse.Namespace) -> dict:
@@ -129,7 +136,7 @@ def load_checkpoint(run_dir: Path):
     if not path.exists():
         raise FileNotFoundError(f"no checkpoint at {path}")
     ckpt = torch.load(path, weights_only=False)
-    model = build_model(ckpt["model"], **ckpt["config"], **ckpt.get("model_options", {}))
+    model = build_model(ckpt["model"], **ckpt["config"], **stored_options(ckpt))
     model.load_state_dict(ckpt["model_state"])
     return model, ckpt
 
@@ -142,8 +149,8 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
     GP task of ``gp_settings``, e.g. ``kernel="matern52"``); returns the summary written to ``out/train.json``.
 
     ``overrides`` are :class:`~attn_ext.models.NPConfig` fields, ``options`` the model's own constructor
-    options (e.g. ReTreever's ``aggregator``); both are stored in the checkpoint. ``stop_after`` ends this invocation after that many steps (checkpointed), for time-sliced jobs;
-    calling again resumes.
+    options (e.g. ReTreever's ``aggregator``); both are stored in the checkpoint. ``stop_after`` ends
+    this invocation after that many steps (checkpointed), for time-sliced jobs; calling again resumes.
     """
     import torch
 
@@ -156,8 +163,9 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
     task = task or gp_task(**gp_settings)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    options = dict(options or {})
-    model = build_model(model_name, **{**(overrides or {}), "dim_x": task.dim_x, "dim_y": task.dim_y}, **options)
+    sizes = {**(overrides or {}), "dim_x": task.dim_x, "dim_y": task.dim_y}
+    model = build_model(model_name, **sizes, **(options or {}))
+    options = model.options()
     optimiser = torch.optim.Adam(model.parameters(), lr=lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, T_max=steps)
     generator = torch.Generator().manual_seed(seed + 1)
@@ -167,7 +175,7 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
         ckpt = torch.load(ckpt_path, weights_only=False)
         asked = (model_name, steps, task.name, task.settings, options)
         found = (ckpt["model"], ckpt["steps"], ckpt.get("task", "gp"), ckpt.get("task_settings", task.settings),
-                 ckpt.get("model_options", {}))
+                 stored_options(ckpt))
         if asked != found:
             raise ValueError(f"{ckpt_path} is of (model, steps, task, settings, options) {found}; asked for {asked}: "
                              "use another --out or --restart")

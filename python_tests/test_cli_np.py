@@ -67,3 +67,16 @@ def test_model_options_are_kept_in_the_checkpoint(tmp_path, capsys):
     assert main(["train", "gp", "--model", "tnpd", "--steps", "1", "--out", str(tmp_path / "t"),
                  "--aggregator", "mean", *TINY]) == 1
     assert "--aggregator apply to retreever only, not tnpd" in capsys.readouterr().err
+
+
+def test_checkpoints_from_before_options_were_stored_load_with_the_defaults_of_their_time(tmp_path):
+    from attn_ext.train import load_checkpoint, train
+
+    tiny = dict(d_model=8, num_layers=1, num_heads=2, ff_dim=16, emb_depth=2)
+    train("retreever", 1, tmp_path, overrides=tiny, options={"aggregator": "mean"}, log=lambda m: None)
+    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert ckpt["model_options"] == {"aggregator": "mean", "backprop_through_tree": True}  # resolved, not as given
+    del ckpt["model_options"]
+    torch.save(ckpt, tmp_path / "checkpoint.pt")
+    model, _ = load_checkpoint(tmp_path)
+    assert model.options() == {"aggregator": "mean", "backprop_through_tree": True}

@@ -45,9 +45,16 @@ def _steps_cell(result: dict) -> str:
 
 
 def _label(result: dict) -> str:
-    """The model's name, and its constructor options when a run set any (e.g. ReTreever's aggregator)."""
-    options = result.get("model_options") or {}
-    return result["model"] + (f" ({', '.join(f'{k}={v}' for k, v in options.items())})" if options else "")
+    """The model's name, and the options it was trained with that differ from the model's defaults
+    (e.g. ReTreever's aggregator)."""
+    import inspect
+
+    from attn_ext.models import MODELS
+
+    model, options = result["model"], result.get("model_options") or {}
+    params = inspect.signature(MODELS[model].__init__).parameters if model in MODELS else {}
+    shown = [f"{k}={v}" for k, v in options.items() if k not in params or params[k].default != v]
+    return model + (f" ({', '.join(shown)})" if shown else "")
 
 
 def _runs(runs_dir: Path) -> list:

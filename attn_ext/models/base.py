@@ -112,6 +112,11 @@ class NeuralProcess(nn.Module):
         c = self.config
         self.embedder = mlp(c.dim_x + c.dim_y, c.d_model, c.d_model, c.emb_depth)
 
+    def options(self) -> dict:
+        """Constructor options beyond :class:`NPConfig` that change the model (none here); checkpoints
+        store them so that a run reloads as trained even if a default changes later."""
+        return {}
+
     def embed_pairs(self, x: Tensor, y: Optional[Tensor]) -> Tensor:
         """Embed ``[x, y]`` (targets: ``[x, 0]``, as the official code) to ``[B, N, d_model]``."""
         if y is None:

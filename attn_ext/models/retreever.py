@@ -54,10 +54,15 @@ class ReTreever(NeuralProcess):
         super().__init__(config, **overrides)
         c = self.config
         self.lambdas = dict(lambda_ca=lambda_ca, lambda_rl=lambda_rl, alpha=alpha)
+        self._options = dict(aggregator=aggregator, backprop_through_tree=backprop_through_tree)
         self.encoder = ContextEncoder(c.num_layers, c.d_model, c.num_heads, c.ff_dim, "softmax")
         self.tca = TreeCrossAttention(c.d_model, c.num_heads, branching, aggregator, ff_dim=c.ff_dim,
                                       backprop_through_tree=backprop_through_tree)
         self.head = GaussianHead(c.d_model, c.ff_dim, c.dim_y)
+
+    def options(self) -> dict:
+        """``aggregator`` and ``backprop_through_tree`` (what ``attn-ext train`` can set)."""
+        return dict(self._options)
 
     def build(self, xc: Tensor, yc: Tensor) -> TreeState:
         """Encode the context and organise it into a tree (once per context)."""
