@@ -48,9 +48,11 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="checkpoint and stop after N steps of this invocation (rerun to resume)")
     add_model_arguments(parser)
     parser.add_argument("--aggregator", choices=("mean", "transformer"), default=None,
-                        help="retreever: node aggregator (default mean; the paper's is transformer)")
-    parser.add_argument("--no-backprop-through-tree", dest="backprop_through_tree", action="store_false",
-                        default=None, help="retreever: detach the children in the node aggregation (paper: bptt=False)")
+                        help="retreever: node aggregator (default transformer, the paper's)")
+    parser.add_argument("--backprop-through-tree", dest="backprop_through_tree", action="store_true", default=None,
+                        help="retreever: let the internal nodes' gradients reach the encoder (paper: bptt=False)")
+    parser.add_argument("--no-backprop-through-tree", dest="backprop_through_tree", action="store_false", default=None,
+                        help="retreever: detach the children in the node aggregation (the default)")
 
 
 def add_task_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -102,7 +104,7 @@ LEGACY_OPTIONS = {"retreever": {"aggregator": "mean", "backprop_through_tree": T
 
 
 def stored_options(ckpt: dict) -> dict:
-    """The model options a checkpoint was trained with."""
+    """The model options a checkpoint (or an evaluation result written from one) was trained with."""
     return ckpt.get("model_options", LEGACY_OPTIONS.get(ckpt["model"], {}))
 
 

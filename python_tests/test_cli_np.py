@@ -57,12 +57,12 @@ def test_model_options_are_kept_in_the_checkpoint(tmp_path, capsys):
 
     run = tmp_path / "run"
     args = ["train", "gp", "--model", "retreever", "--steps", "2", "--out", str(run), *TINY]
-    assert main([*args, "--aggregator", "transformer", "--no-backprop-through-tree"]) == 0
+    assert main([*args, "--aggregator", "mean", "--backprop-through-tree"]) == 0
     model, ckpt = load_checkpoint(run)
-    assert ckpt["model_options"] == {"aggregator": "transformer", "backprop_through_tree": False}
-    assert model.tca.aggregator == "transformer" and not model.tca.backprop_through_tree
-    # Resuming with other options would silently train another model.
-    assert main([*args, "--aggregator", "mean"]) == 1
+    assert ckpt["model_options"] == {"aggregator": "mean", "backprop_through_tree": True}
+    assert model.tca.aggregator == "mean" and model.tca.backprop_through_tree
+    # Resuming with other options (here the defaults) would silently train another model.
+    assert main(args) == 1
     assert "use another --out or --restart" in capsys.readouterr().err
     assert main(["train", "gp", "--model", "tnpd", "--steps", "1", "--out", str(tmp_path / "t"),
                  "--aggregator", "mean", *TINY]) == 1
@@ -73,10 +73,15 @@ def test_checkpoints_from_before_options_were_stored_load_with_the_defaults_of_t
     from attn_ext.train import load_checkpoint, train
 
     tiny = dict(d_model=8, num_layers=1, num_heads=2, ff_dim=16, emb_depth=2)
-    train("retreever", 1, tmp_path, overrides=tiny, options={"aggregator": "mean"}, log=lambda m: None)
+    train("retreever", 1, tmp_path, overrides=tiny, options={"aggregator": "mean", "backprop_through_tree": True},
+          log=lambda m: None)
     ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
-    assert ckpt["model_options"] == {"aggregator": "mean", "backprop_through_tree": True}  # resolved, not as given
+    assert ckpt["model_options"] == {"aggregator": "mean", "backprop_through_tree": True}
     del ckpt["model_options"]
     torch.save(ckpt, tmp_path / "checkpoint.pt")
     model, _ = load_checkpoint(tmp_path)
     assert model.options() == {"aggregator": "mean", "backprop_through_tree": True}
+    # Options not given are stored resolved, so a later change of default cannot change the run.
+    train("retreever", 1, tmp_path / "b", overrides=tiny, log=lambda m: None)
+    stored = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["model_options"]
+    assert stored == {"aggregator": "transformer", "backprop_through_tree": False}

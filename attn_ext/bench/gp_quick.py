@@ -50,8 +50,9 @@ def _label(result: dict) -> str:
     import inspect
 
     from attn_ext.models import MODELS
+    from attn_ext.train import stored_options
 
-    model, options = result["model"], result.get("model_options") or {}
+    model, options = result["model"], stored_options(result)
     params = inspect.signature(MODELS[model].__init__).parameters if model in MODELS else {}
     shown = [f"{k}={v}" for k, v in options.items() if k not in params or params[k].default != v]
     return model + (f" ({', '.join(shown)})" if shown else "")

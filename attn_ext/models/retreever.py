@@ -28,11 +28,12 @@ class ReTreever(NeuralProcess):
     config : NPConfig, optional
     branching : int
         Tree branching factor ``b``.
-    aggregator : {"mean", "transformer"}
-        Node aggregator (:mod:`attn_ext.nn.tree_aggregator`); the paper's is ``"transformer"``, a
-        self-attention block over the children.
+    aggregator : {"transformer", "mean"}
+        Node aggregator (:mod:`attn_ext.nn.tree_aggregator`): the paper's self-attention block over the
+        children (SPEC §3), or their plain mean.
     backprop_through_tree : bool
-        False detaches the children in the node aggregation (the paper's GP setting, ``bptt=False``).
+        False (the paper's GP setting, ``bptt=False``) detaches the children in the node aggregation:
+        the aggregator learns from the internal nodes, the encoder only from the leaves.
     lambda_ca, lambda_rl, alpha : float
         Weights of the objective (paper: 1, 1, 0.01).
 
@@ -49,8 +50,8 @@ class ReTreever(NeuralProcess):
     True
     """
 
-    def __init__(self, config: Optional[NPConfig] = None, *, branching: int = 2, aggregator: str = "mean",
-                 backprop_through_tree: bool = True, lambda_ca: float = 1.0, lambda_rl: float = 1.0, alpha: float = 0.01, **overrides) -> None:
+    def __init__(self, config: Optional[NPConfig] = None, *, branching: int = 2, aggregator: str = "transformer",
+                 backprop_through_tree: bool = False, lambda_ca: float = 1.0, lambda_rl: float = 1.0, alpha: float = 0.01, **overrides) -> None:
         super().__init__(config, **overrides)
         c = self.config
         self.lambdas = dict(lambda_ca=lambda_ca, lambda_rl=lambda_rl, alpha=alpha)
