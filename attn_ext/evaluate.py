@@ -62,7 +62,8 @@ def score(model, batches: Iterable, block_size: Optional[int] = None):
 def _result(ckpt: dict, per_batch, seconds: float, extra: dict, **fields) -> dict:
     from attn_ext.train import stored_options
 
-    return {"model": ckpt["model"], "model_options": stored_options(ckpt), **fields, "num_batches": len(per_batch), "train_steps": ckpt["step"],
+    return {"model": ckpt["model"], "model_options": stored_options(ckpt), **fields, "num_batches": len(per_batch),
+            "train_steps": ckpt["step"],
             "schedule_steps": ckpt.get("steps", ckpt["step"]), "train_seconds": ckpt["elapsed"],
             "log_likelihood_mean": per_batch.mean().item(),
             "log_likelihood_std": per_batch.std().item() if len(per_batch) > 1 else 0.0,

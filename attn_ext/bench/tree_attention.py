@@ -36,10 +36,10 @@ from typing import Callable
 import torch
 
 from . import BenchOptions
+from .allocator import heap_reuse
 from .machine import load_average, machine_markdown
 from .plot import Series, plot_panel
 from .report import format_ms, markdown_table, progress, publish, start_run, timing_dict, verdict
-from .allocator import heap_reuse
 from .timing import WARMUP_TEXT, time_interleaved
 
 NAME = "tree_attention"

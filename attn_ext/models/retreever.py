@@ -51,7 +51,8 @@ class ReTreever(NeuralProcess):
     """
 
     def __init__(self, config: Optional[NPConfig] = None, *, branching: int = 2, aggregator: str = "transformer",
-                 backprop_through_tree: bool = False, lambda_ca: float = 1.0, lambda_rl: float = 1.0, alpha: float = 0.01, **overrides) -> None:
+                 backprop_through_tree: bool = False, lambda_ca: float = 1.0, lambda_rl: float = 1.0,
+                 alpha: float = 0.01, **overrides) -> None:
         super().__init__(config, **overrides)
         c = self.config
         self.lambdas = dict(lambda_ca=lambda_ca, lambda_rl=lambda_rl, alpha=alpha)
