@@ -190,8 +190,8 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
         log(f"resumed {model_name} from {ckpt_path} at step {step}/{steps}")
     # The task settings also sit at the top level (kernel, dataset, ...), where `eval` looks first.
     meta = {"model": model_name, "config": model.config.to_dict(), "model_options": options, "steps": steps,
-            "task": task.name,
-            "task_settings": task.settings, **task.settings, "seed": seed, "batch_size": batch_size, "lr": lr}
+            "task": task.name, "task_settings": task.settings, **task.settings, "seed": seed,
+            "batch_size": batch_size, "lr": lr}
 
     def checkpoint() -> None:
         _save(ckpt_path, {**meta, "model_state": model.state_dict(), "optimiser": optimiser.state_dict(),
