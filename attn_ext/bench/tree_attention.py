@@ -36,7 +36,6 @@ from typing import Callable
 import torch
 
 from . import BenchOptions
-from .allocator import heap_reuse
 from .machine import load_average, machine_markdown
 from .plot import Series, plot_panel
 from .report import format_ms, markdown_table, progress, publish, start_run, timing_dict, verdict
@@ -234,7 +233,7 @@ def _tables(result: dict) -> str:
         f"`[B,H,N,D]`), median of {cfg['repeats']}. **build + agg**: `build_tree` over random 1-D positions, "
         f"then `tree_aggregate` (mean) of the keys and of the values `[B,N,H*D]`, median of {cfg['repeats']}. "
         f"Each after {WARMUP_TEXT}. **read**: nodes each query attends over, `tree_num_selected(N, b)`, and that "
-        f"over N. Allocator: {cfg.get('allocator', 'default')}.",
+        "over N.",
         "",
         markdown_table(
             ["N", "b", "tree ms", "full CA ms", "speed-up", "build + agg ms", "build + agg ns / (N log2 N)",
@@ -283,24 +282,21 @@ def run(options: BenchOptions) -> int:
         return started
     ns, machine, warnings = started
     rows, notes = [], []
-    # Above 32 MB (N = 1e5) glibc would hand each call fresh pages, and the N log N check would time
-    # their page faults: see attn_ext/bench/allocator.py.
-    with heap_reuse() as allocator:
-        for i, n in enumerate(ns):
-            reason = skip_reason(n)
-            if reason:
-                progress(f"[{i + 1}/{len(ns)}] {reason}")
-                notes.append(reason)
-                continue
-            rows.append(_measure_n(options, n, f"[{i + 1}/{len(ns)}]"))
-            gc.collect()
+    for i, n in enumerate(ns):
+        reason = skip_reason(n)
+        if reason:
+            progress(f"[{i + 1}/{len(ns)}] {reason}")
+            notes.append(reason)
+            continue
+        rows.append(_measure_n(options, n, f"[{i + 1}/{len(ns)}]"))
+        gc.collect()
     machine["load_average_end"] = load_average()
     repeats = max(options.repeats, MIN_REPEATS)
     result = {
         "benchmark": NAME,
         "config": {"B": B, "H": H, "M": M, "D": D, "Dv": DV, "dtype": "fp32", "device": "cpu", "Ns": list(ns),
                    "branchings": list(BRANCHINGS), "policy": "greedy", "backend": options.backend,
-                   "quick": options.quick, "repeats": repeats, "allocator": allocator or "default",
+                   "quick": options.quick, "repeats": repeats,
                    "tree_repeats": max(options.repeats, TREE_MIN_REPEATS), "tree_number": TREE_NUMBER,
                    "warmup": 1},
         "machine": machine,
