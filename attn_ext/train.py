@@ -158,6 +158,7 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
 
     from attn_ext.models import build_model
     from attn_ext.tasks.np_tasks import gp_task
+    from attn_ext.train_history import LogPoint, append_history, start_history
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     if steps <= 0 or batch_size <= 0 or checkpoint_every <= 0 or log_every <= 0:
@@ -188,6 +189,7 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
         torch.set_rng_state(ckpt["torch_rng"])
         step, elapsed = ckpt["step"], ckpt["elapsed"]
         log(f"resumed {model_name} from {ckpt_path} at step {step}/{steps}")
+    start_history(out, step)
     # The task settings also sit at the top level (kernel, dataset, ...), where `eval` looks first.
     meta = {"model": model_name, "config": model.config.to_dict(), "model_options": options, "steps": steps,
             "task": task.name, "task_settings": task.settings, **task.settings, "seed": seed,
@@ -216,8 +218,10 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
             now = time.perf_counter()
             rate = len(window) / max(now - window_start, 1e-9)
             eta = (steps - step) / rate
-            log(f"[{model_name}] step {step}/{steps} loss {sum(window) / len(window):.4f} "
-                f"{rate:.2f} steps/s lr {schedule.get_last_lr()[0]:.2e} eta {eta / 60:.1f} min")
+            point = LogPoint(step, sum(window) / len(window), schedule.get_last_lr()[0], rate)
+            append_history(out, point)
+            log(f"[{model_name}] step {step}/{steps} loss {point.loss:.4f} "
+                f"{rate:.2f} steps/s lr {point.lr:.2e} eta {eta / 60:.1f} min")
             window, window_start = [], now
         if step % checkpoint_every == 0 or step == end:
             elapsed += time.perf_counter() - t0

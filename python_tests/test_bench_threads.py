@@ -31,7 +31,7 @@ def test_gp_protocol_trains_on_one_thread_and_restores_the_count(two_threads, mo
     seen = []
     monkeypatch.setattr(attn_ext.train, "train", lambda *a, **k: seen.append(("train", torch.get_num_threads())))
     monkeypatch.setattr(attn_ext.evaluate, "evaluate", lambda *a, **k: seen.append(("eval", torch.get_num_threads())))
-    monkeypatch.setattr(gp_quick, "report", lambda *a, **k: ("", {}))
+    monkeypatch.setattr(gp_quick, "report", lambda *a, **k: ("", {}, {}))
     monkeypatch.setattr(report, "publish", lambda *a, **k: True)
     assert gp_quick.run_protocol(tmp_path, tmp_path, steps=1, eval_batches=1, overrides={}) == 0
     assert seen and {threads for _, threads in seen} == {1}

@@ -32,17 +32,26 @@ def test_train_eval_memory_end_to_end(tmp_path, capsys, monkeypatch):
 
 def test_resume_matches_uninterrupted(tmp_path):
     from attn_ext.train import load_checkpoint, train
+    from attn_ext.train_history import LogPoint, append_history, read_history
 
     tiny = dict(d_model=8, num_layers=1, num_heads=2, ff_dim=16, emb_depth=2)
     quiet = dict(overrides=tiny, checkpoint_every=2, log_every=2, log=lambda m: None)
     train("retreever", 6, tmp_path / "a", **quiet)
     train("retreever", 6, tmp_path / "b", stop_after=4, **quiet)
     assert load_checkpoint(tmp_path / "b")[1]["step"] == 4
+    # A run killed after logging step 6 but before checkpointing it: that row is trained again.
+    append_history(tmp_path / "b", LogPoint(6, 99.0, 0.0, 1.0))
     train("retreever", 6, tmp_path / "b", **quiet)
     (a, _), (b, ckpt) = load_checkpoint(tmp_path / "a"), load_checkpoint(tmp_path / "b")
     assert ckpt["step"] == 6
     for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(p, q), name
+    whole, resumed = read_history(tmp_path / "a"), read_history(tmp_path / "b")
+    assert [p.step for p in whole] == [p.step for p in resumed] == [2, 4, 6]
+    assert [p.loss for p in whole] == [p.loss for p in resumed] and resumed[-1].loss != 99.0
+    # --restart starts the curve again.
+    train("retreever", 2, tmp_path / "b", restart=True, **quiet)
+    assert [p.step for p in read_history(tmp_path / "b")] == [2]
 
 
 def test_train_rejects_a_foreign_checkpoint(tmp_path, capsys):

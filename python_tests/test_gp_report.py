@@ -2,7 +2,10 @@
 is shown as such, and the paper protocol publishes under its own name."""
 import json
 
+import torch
+
 from attn_ext.bench import gp_quick
+from attn_ext.train_history import LogPoint, append_history, start_history
 
 
 def _write_eval(run_dir, model, kernel, steps, schedule, ll):
@@ -58,3 +61,31 @@ def test_variants_of_a_model_get_a_row_each_named_by_their_options(tmp_path):
         "| tnpd", "| retreever (aggregator=mean, backprop_through_tree=True)", "| retreever"]
     assert "1.200 ± 0.500" in rows[2] and "1.25 / 0.81 (TCA Table 13)" in rows[2]
     assert set(json.loads((out / "gp_full.json").read_text())["runs"]) == {"tnpd", "retreever", "retreever-transformer"}
+
+
+def test_training_curves_cover_every_run_with_a_history(tmp_path):
+    runs = tmp_path / "runs"
+    _write_eval(runs / "tnpd", "tnpd", "rbf", 100_000, 100_000, 1.3)
+    # A run still training: no evaluation yet, its model is read from the checkpoint.
+    (runs / "lbanp").mkdir()
+    torch.save({"model": "lbanp", "model_options": {}}, runs / "lbanp" / "checkpoint.pt")
+    for run, losses in (("tnpd", (0.5, -0.4, -1.2)), ("lbanp", (0.6, 0.1))):
+        start_history(runs / run, 0)
+        for i, loss in enumerate(losses):
+            append_history(runs / run, LogPoint(250 * (i + 1), loss, 5e-4, 3.0))
+    out = tmp_path / "results"
+    assert gp_quick.main([str(runs), str(out), "--protocol", "paper"]) == 0
+    curves = json.loads((out / "gp_full.json").read_text())["curves"]
+    assert curves["tnpd"]["loss"] == [0.5, -0.4, -1.2] and curves["tnpd"]["target"] == 1.39
+    assert curves["lbanp"]["steps"] == [250, 500] and curves["lbanp"]["label"] == "lbanp"
+    assert curves["lbanp"]["target"] == 1.27
+    assert (out / "gp_full.png").stat().st_size > 0
+    assert "Training curves: [gp_full.png](gp_full.png)" in (out / "gp_full.md").read_text()
+
+
+def test_no_history_no_curves(tmp_path):
+    runs = tmp_path / "runs"
+    _write_eval(runs / "tnpd", "tnpd", "rbf", 5000, 5000, 1.0)
+    out = tmp_path / "results"
+    assert gp_quick.main([str(runs), str(out)]) == 0
+    assert not (out / "gp_quick.png").exists() and "Training curves" not in (out / "gp_quick.md").read_text()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Optional
 
 NAME = "gp_quick"
 MODELS = ("tnpd", "lbanp", "cmanp", "cmanp_and", "retreever", "intention_np", "linear_tnp")
@@ -21,6 +22,9 @@ KERNELS = ("rbf", "matern52")
 PAPER = {"tnpd": (1.39, 0.95, "CMANP Table 3"), "lbanp": (1.27, 0.85, "CMANP Table 3"),
          "cmanp": (1.24, 0.80, "CMANP Table 3"), "cmanp_and": (1.48, 0.96, "CMANP Table 3"),
          "retreever": (1.25, 0.81, "TCA Table 13")}
+#: Models whose training loss is not the per-target NLL, so not comparable with the papers' figures.
+#: ReTreever's TCA objective sums the NLL of the retrieval, the NLL over all leaves and a policy term.
+OTHER_TRAINING_LOSS = {"retreever": "TCA objective"}
 QUICK = {"steps": 100, "eval_batches": 20, "overrides": {"num_layers": 2, "num_latents": 32}}
 FULL = {"steps": 5000, "eval_batches": 200, "overrides": {}}
 
@@ -70,10 +74,45 @@ def _runs(runs_dir: Path) -> list:
     return [(name, evals) for _, name, evals in sorted(found, key=lambda t: t[:2])]
 
 
-def report(runs_dir: Path, command: str, protocol: str = "quick") -> tuple[str, dict]:
-    """Markdown and JSON of the runs in ``runs_dir/<run>`` (``eval_*.json`` next to each checkpoint; one
-    row per run, so variants of a model sit side by side); ``protocol`` ("quick" or "paper") picks the
-    text that says what was measured."""
+def _checkpoint_identity(run: Path) -> Optional[dict]:
+    """``{"model", "model_options"}`` of a run without an evaluation yet, from its checkpoint."""
+    import torch
+
+    from attn_ext.train import CHECKPOINT
+
+    path = run / CHECKPOINT
+    if not path.exists():
+        return None
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    return {key: ckpt[key] for key in ("model", "model_options") if key in ckpt}
+
+
+def _curves(runs_dir: Path, evaluated: dict) -> dict:
+    """Training curves of every run with a history, labelled like the table's rows."""
+    from attn_ext.train_history import HISTORY
+
+    from .training_curves import collect_curves
+
+    identities = {name: next(iter(evals.values())) for name, evals in evaluated.items()}
+    for run in sorted(p for p in runs_dir.iterdir() if (p / HISTORY).exists()):
+        if run.name not in identities:
+            found = _checkpoint_identity(run)
+            if found is not None:
+                identities[run.name] = found
+    labels = {name: _label(first) + (f" [{OTHER_TRAINING_LOSS[first['model']]}]"
+                                     if first["model"] in OTHER_TRAINING_LOSS else "")
+              for name, first in identities.items()}
+    targets = {name: PAPER[first["model"]][0]
+               if first["model"] in PAPER and first["model"] not in OTHER_TRAINING_LOSS else None
+               for name, first in identities.items()}
+    return collect_curves(runs_dir, labels, targets)
+
+
+def report(runs_dir: Path, command: str, protocol: str = "quick", published_as: str = NAME) -> tuple[str, dict, dict]:
+    """Markdown, JSON and training curves of the runs in ``runs_dir/<run>`` (``eval_*.json`` next to each
+    checkpoint; one row per run, so variants of a model sit side by side); ``protocol`` ("quick" or
+    "paper") picks the text that says what was measured; ``published_as`` is the stem the curves' PNG
+    is published under."""
     from .report import markdown_table
 
     rows, raw = [], {}
@@ -88,6 +127,11 @@ def report(runs_dir: Path, command: str, protocol: str = "quick") -> tuple[str, 
                      f"{paper[0]:.2f} / {paper[1]:.2f} ({paper[2]})" if paper else "—"])
     eval_batches = next(iter(next(iter(raw.values())).values()))["num_batches"] if raw else None
     what, caveat = PROTOCOLS[protocol]
+    curves = _curves(runs_dir, raw)
+    shown = (f"\n\nTraining curves: [{published_as}.png]({published_as}.png), the training loss against step of "
+             "every run with a history (`loss_history.csv`), unfinished runs included; dotted, the paper's RBF "
+             "log-likelihood, negated. ReTreever trains on the TCA objective (the NLL of the retrieval plus the NLL "
+             "over all leaves plus a policy term), which is on another scale." if curves else "")
     text = "\n".join([
         f"GP meta-regression, {what}, then scored on the first {eval_batches} batches of 16 of the fixed-seed "
         f"evaluation sets (mean per-target log-likelihood ± std over batches; CMANP-AND block-autoregressive with "
@@ -96,8 +140,19 @@ def report(runs_dir: Path, command: str, protocol: str = "quick") -> tuple[str, 
         markdown_table(["model", "steps", "train min", "RBF", "Matern 5/2", "paper RBF / Matern (source)"], rows),
         "",
         f"Command: `{command}`",
-    ])
-    return text, raw
+    ]) + shown
+    return text, raw, curves
+
+
+def _publish(name: str, text: str, result: dict, curves: dict, out_dir: Path, readme: Optional[Path]) -> bool:
+    """Publish the report, with the curves' PNG when there are curves."""
+    from .report import publish
+    from .training_curves import plot_training_curves
+
+    def plot(_result, path):
+        plot_training_curves(curves, path, f"GP meta-regression ({name}): training loss on RBF tasks")
+
+    return publish(name, text, {**result, "curves": curves}, out_dir, plot if curves else None, readme)
 
 
 def run_protocol(out_dir: Path, runs_dir: Path, steps: int, eval_batches: int, overrides: dict,
@@ -107,7 +162,7 @@ def run_protocol(out_dir: Path, runs_dir: Path, steps: int, eval_batches: int, o
     from attn_ext.evaluate import evaluate
     from attn_ext.train import train
 
-    from .report import progress, publish
+    from .report import progress
     from .timing import torch_threads
 
     with torch_threads(1):  # the protocol's budget is one thread; the benchmarks after it keep theirs
@@ -118,9 +173,9 @@ def run_protocol(out_dir: Path, runs_dir: Path, steps: int, eval_batches: int, o
             for kernel in KERNELS:
                 evaluate(runs_dir / model, kernel, num_batches=eval_batches)
     flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in overrides.items())
-    text, raw = report(runs_dir, f"attn-ext train gp --model MODEL --steps {steps} {flags} && attn-ext eval gp "
-                                 f"--ckpt RUN --kernel KERNEL --num-batches {eval_batches}")
-    return 0 if publish(name, text, {"benchmark": name, "runs": raw}, out_dir, None, readme) else 1
+    text, raw, curves = report(runs_dir, f"attn-ext train gp --model MODEL --steps {steps} {flags} && attn-ext eval "
+                                         f"gp --ckpt RUN --kernel KERNEL --num-batches {eval_batches}", published_as=name)
+    return 0 if _publish(name, text, {"benchmark": name, "runs": raw}, curves, out_dir, readme) else 1
 
 
 def run(options) -> int:
@@ -139,8 +194,6 @@ def main(argv=None) -> int:
     of finished runs (``RUNS_DIR/<model>/eval_rbf.json``), as ``gp_quick`` or, for the paper protocol,
     ``gp_full``."""
     import argparse
-
-    from .report import publish
 
     parser = argparse.ArgumentParser(prog="python -m attn_ext.bench.gp_quick")
     parser.add_argument("runs", type=Path)
@@ -163,9 +216,9 @@ def main(argv=None) -> int:
         name = "gp_full"
         command = (f"attn-ext train gp --model MODEL --steps 100000 --out {args.runs}/MODEL (rerun to resume); "
                    f"attn-ext eval gp --ckpt {args.runs}/MODEL --kernel rbf|matern52 --num-batches {batches}")
-    text, raw = report(args.runs, command, args.protocol)
-    return 0 if publish(name, text, {"benchmark": name, "protocol": args.protocol, "runs": raw}, args.out, None,
-                        args.readme) else 1
+    text, raw, curves = report(args.runs, command, args.protocol, name)
+    return 0 if _publish(name, text, {"benchmark": name, "protocol": args.protocol, "runs": raw}, curves, args.out,
+                         args.readme) else 1
 
 
 if __name__ == "__main__":
