@@ -80,7 +80,7 @@ def test_training_curves_cover_every_run_with_a_history(tmp_path):
     assert curves["lbanp"]["steps"] == [250, 500] and curves["lbanp"]["label"] == "lbanp"
     assert curves["lbanp"]["target"] == 1.27
     assert (out / "gp_full.png").stat().st_size > 0
-    assert "Training curves: [gp_full.png](gp_full.png)" in (out / "gp_full.md").read_text()
+    assert "Training curves (`gp_full.png`, written with this table)" in (out / "gp_full.md").read_text()
 
 
 def test_no_history_no_curves(tmp_path):

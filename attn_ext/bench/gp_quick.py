@@ -128,7 +128,7 @@ def report(runs_dir: Path, command: str, protocol: str = "quick", published_as: 
     eval_batches = next(iter(next(iter(raw.values())).values()))["num_batches"] if raw else None
     what, caveat = PROTOCOLS[protocol]
     curves = _curves(runs_dir, raw)
-    shown = (f"\n\nTraining curves: [{published_as}.png]({published_as}.png), the training loss against step of "
+    shown = (f"\n\nTraining curves (`{published_as}.png`, written with this table): the training loss against step of "
              "every run with a history (`loss_history.csv`), unfinished runs included; dotted, the paper's RBF "
              "log-likelihood, negated. ReTreever trains on the TCA objective (the NLL of the retrieval plus the NLL "
              "over all leaves plus a policy term), which is on another scale." if curves else "")
