@@ -31,6 +31,18 @@ def test_loss_finite_and_backward(name):
     assert all(g is None or torch.isfinite(g).all() for g in grads)
 
 
+@pytest.mark.parametrize("name", ["lbanp", "cmanp", "cmanp_and"])
+def test_latents_start_at_unit_scale(name):
+    # The official models draw their latents from N(0, 1); at std 0.02 they collapse to a low rank.
+    torch.manual_seed(0)
+    model = build_model(name)
+    latents = {n: p for n, p in model.named_parameters() if n.split(".")[-1] == "latents"}
+    assert latents and len(latents) == (1 if name == "lbanp" else 1 + model.config.num_layers)
+    for n, p in latents.items():
+        assert 0.9 < p.std().item() < 1.1, f"{n}: std {p.std().item():.3f}"
+        assert torch.linalg.matrix_rank(p.detach()).item() == min(p.shape), n
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_predict_and_log_likelihood_shapes(name):
     model = build_model(name, **SMALL).eval()

@@ -11,6 +11,7 @@ from torch.distributions import Normal
 from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points
 from attn_ext.models.layers import LatentDecoder
 from attn_ext.nn import CMAB, CMABState
+from attn_ext.nn.latents import learned_latents
 
 
 class CMANPState(NamedTuple):
@@ -51,7 +52,7 @@ class CMANP(NeuralProcess):
         super().__init__(config, **overrides)
         c = self.config
         # L_0, the first block's input latents L_I; each later block takes the previous output.
-        self.latents = nn.Parameter(torch.randn(c.num_latents, c.d_model) * 0.02)
+        self.latents = learned_latents(c.num_latents, c.d_model)
         self.blocks = nn.ModuleList(CMAB(c.d_model, c.num_latents, c.num_heads, c.ff_dim)
                                     for _ in range(c.num_layers))
         self.decoder = LatentDecoder(c.num_layers, c.d_model, c.num_heads, c.ff_dim)

@@ -3,13 +3,13 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.distributions import Normal
 
 from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points
 from attn_ext.models.layers import LatentDecoder, stack
 from attn_ext.nn import PreNormBlock
+from attn_ext.nn.latents import learned_latents
 
 
 class LBANP(NeuralProcess):
@@ -30,7 +30,7 @@ class LBANP(NeuralProcess):
     def __init__(self, config: Optional[NPConfig] = None, **overrides) -> None:
         super().__init__(config, **overrides)
         c = self.config
-        self.latents = nn.Parameter(torch.randn(c.num_latents, c.d_model) * 0.02)
+        self.latents = learned_latents(c.num_latents, c.d_model)
         self.cross = stack(lambda: PreNormBlock(c.d_model, c.num_heads, c.ff_dim, cross=True), c.num_layers)
         self.self_attention = stack(lambda: PreNormBlock(c.d_model, c.num_heads, c.ff_dim, cross=False),
                                     c.num_layers)

@@ -8,6 +8,7 @@ torch.Size([1, 3, 16])
 """
 from attn_ext.nn.cmab import CMAB, CMABState
 from attn_ext.nn.intention import Informer, InformerLayer, Intention
+from attn_ext.nn.latents import learned_latents
 from attn_ext.nn.multihead_cross_attention import MultiheadCrossAttention
 from attn_ext.nn.prenorm_block import PreNormBlock
 from attn_ext.nn.tca_loss import TCALoss, tca_loss
@@ -25,5 +26,6 @@ __all__ = [
     "TreeCrossAttention",
     "TreeCrossAttentionOutput",
     "TreeState",
+    "learned_latents",
     "tca_loss",
 ]

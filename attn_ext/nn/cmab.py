@@ -13,6 +13,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor, nn
 
+from attn_ext.nn.latents import learned_latents
 from attn_ext.nn.prenorm_block import PreNormBlock
 from attn_ext.state import DEFAULT_MIN_REMAINING, AttentionState
 
@@ -72,8 +73,7 @@ class CMAB(nn.Module):
         if num_latents <= 0 or ff_dim <= 0:
             raise ValueError(f"num_latents and ff_dim must be positive, got {num_latents}, {ff_dim}")
         self.dim, self.num_latents, self.num_heads, self.ff_dim = dim, num_latents, num_heads, ff_dim
-        # std 0.02 as for learned token embeddings (ViT/BERT): small against the LayerNorm'd scale.
-        self.latents = nn.Parameter(torch.randn(num_latents, dim) * 0.02)
+        self.latents = learned_latents(num_latents, dim)
         self.compress = PreNormBlock(dim, num_heads, ff_dim, cross=True)        # CA(L_B, D)
         self.latent_self = PreNormBlock(dim, num_heads, ff_dim, cross=False)    # SA(·) -> L_B'
         self.cross = PreNormBlock(dim, num_heads, ff_dim, cross=True)           # CA(L_I, L_B')
