@@ -2,7 +2,8 @@
 
 ``gp``, ``images`` and ``wheel`` (bandit pre-training, batches of 8) share one loop (:func:`train`)
 over an :class:`attn_ext.tasks.np_tasks.NPTask`:
-Adam (lr 5e-4) with a cosine schedule over ``--steps``, batches of 16 fresh tasks. Every
+Adam (lr 5e-4, ``--weight-decay`` 0 as in the official GP code) with a cosine schedule over
+``--steps``, batches of 16 fresh tasks. Every
 ``--checkpoint-every`` steps (and at the end) the run directory gets ``checkpoint.pt`` (model,
 optimiser, schedule, step, the task settings, the batch generator's and torch's RNG states), written
 atomically, so rerunning the same command continues where it stopped and gives the same parameters
@@ -40,6 +41,8 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=5e-4)
+    parser.add_argument("--weight-decay", type=float, default=0.0,
+                        help="Adam's L2 penalty (default 0; the CMANP paper grid-searched 0, 1e-5, 1e-4, 1e-3)")
     parser.add_argument("--checkpoint-every", type=int, default=1000)
     parser.add_argument("--log-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
@@ -144,14 +147,16 @@ def load_checkpoint(run_dir: Path):
 
 
 def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, batch_size: int = 16,
-          lr: float = 5e-4, checkpoint_every: int = 1000, log_every: int = 100, restart: bool = False,
+          lr: float = 5e-4, weight_decay: float = 0.0, checkpoint_every: int = 1000, log_every: int = 100,
+          restart: bool = False,
           overrides: Optional[dict] = None, options: Optional[dict] = None, stop_after: Optional[int] = None,
           log=None, **gp_settings) -> dict:
     """Train (or resume) a model on ``task`` (an :class:`~attn_ext.tasks.np_tasks.NPTask`; default the
     GP task of ``gp_settings``, e.g. ``kernel="matern52"``); returns the summary written to ``out/train.json``.
 
     ``overrides`` are :class:`~attn_ext.models.NPConfig` fields, ``options`` the model's own constructor
-    options (e.g. ReTreever's ``aggregator``); both are stored in the checkpoint. ``stop_after`` ends
+    options (e.g. ReTreever's ``aggregator``); both are stored in the checkpoint, with the batch size, ``lr``
+    and ``weight_decay``, and resuming with any of them different is an error. ``stop_after`` ends
     this invocation after that many steps (checkpointed), for time-sliced jobs; calling again resumes.
     """
     import torch
@@ -163,25 +168,36 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     if steps <= 0 or batch_size <= 0 or checkpoint_every <= 0 or log_every <= 0:
         raise ValueError("steps, batch_size, checkpoint_every and log_every must be positive")
+    if not lr > 0 or not weight_decay >= 0:
+        raise ValueError(f"lr must be positive and weight_decay non-negative, got lr={lr}, weight_decay={weight_decay}")
     task = task or gp_task(**gp_settings)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     sizes = {**(overrides or {}), "dim_x": task.dim_x, "dim_y": task.dim_y}
     model = build_model(model_name, **sizes, **(options or {}))
     options = model.options()
-    optimiser = torch.optim.Adam(model.parameters(), lr=lr)
+    optimiser = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, T_max=steps)
     generator = torch.Generator().manual_seed(seed + 1)
     step, elapsed = 0, 0.0
     ckpt_path = out / CHECKPOINT
     if ckpt_path.exists() and not restart:
         ckpt = torch.load(ckpt_path, weights_only=False)
-        asked = (model_name, steps, task.name, task.settings, options)
-        found = (ckpt["model"], ckpt["steps"], ckpt.get("task", "gp"), ckpt.get("task_settings", task.settings),
-                 stored_options(ckpt))
-        if asked != found:
-            raise ValueError(f"{ckpt_path} is of (model, steps, task, settings, options) {found}; asked for {asked}: "
-                             "use another --out or --restart")
+        # The optimiser's state would silently override lr and weight decay, and another batch size or
+        # config would train a different run than the one the directory names.
+        asked = {"model": model_name, "steps": steps, "task": task.name, "task_settings": task.settings,
+                 "model_options": options, "config": model.config.to_dict(), "batch_size": batch_size, "lr": lr,
+                 "weight_decay": weight_decay}
+        found = {"model": ckpt["model"], "steps": ckpt["steps"], "task": ckpt.get("task", "gp"),
+                 "task_settings": ckpt.get("task_settings", task.settings), "model_options": stored_options(ckpt),
+                 "config": ckpt.get("config", asked["config"]), "batch_size": ckpt.get("batch_size", batch_size),
+                 "lr": ckpt.get("lr", lr), "weight_decay": ckpt.get("weight_decay", 0.0)}
+        differ = [key for key in asked if asked[key] != found[key]]
+        if differ:
+            raise ValueError(f"{ckpt_path} was trained with "
+                             + ", ".join(f"{key}={found[key]!r}" for key in differ) + "; asked for "
+                             + ", ".join(f"{key}={asked[key]!r}" for key in differ)
+                             + ": use another --out or --restart")
         model.load_state_dict(ckpt["model_state"])
         optimiser.load_state_dict(ckpt["optimiser"])
         schedule.load_state_dict(ckpt["schedule"])
@@ -193,7 +209,7 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
     # The task settings also sit at the top level (kernel, dataset, ...), where `eval` looks first.
     meta = {"model": model_name, "config": model.config.to_dict(), "model_options": options, "steps": steps,
             "task": task.name, "task_settings": task.settings, **task.settings, "seed": seed,
-            "batch_size": batch_size, "lr": lr}
+            "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay}
 
     def checkpoint() -> None:
         _save(ckpt_path, {**meta, "model_state": model.state_dict(), "optimiser": optimiser.state_dict(),
@@ -247,9 +263,9 @@ def run(args: argparse.Namespace) -> int:
                 "images": lambda: image_task(args.dataset, args.data_dir),
                 "wheel": lambda: wheel_task(args.num_context, args.num_target, args.context_rewards)}[args.task]()
         summary = train(args.model, args.steps, args.out, task=task, seed=args.seed, batch_size=args.batch_size,
-                        lr=args.lr, checkpoint_every=args.checkpoint_every, log_every=args.log_every,
-                        restart=args.restart, overrides=model_overrides(args), options=model_options(args),
-                        stop_after=args.stop_after)
+                        lr=args.lr, weight_decay=args.weight_decay, checkpoint_every=args.checkpoint_every,
+                        log_every=args.log_every, restart=args.restart, overrides=model_overrides(args),
+                        options=model_options(args), stop_after=args.stop_after)
         if args.task == "images" and args.plot_images > 0:
             from attn_ext.tasks.image_plot import plot_run
 

@@ -94,3 +94,23 @@ def test_checkpoints_from_before_options_were_stored_load_with_the_defaults_of_t
     train("retreever", 1, tmp_path / "b", overrides=tiny, log=lambda m: None)
     stored = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)["model_options"]
     assert stored == {"aggregator": "transformer", "backprop_through_tree": False}
+
+
+def test_weight_decay_reaches_adam_and_resuming_keeps_the_recipe(tmp_path, capsys):
+    from attn_ext.train import load_checkpoint
+
+    run = tmp_path / "run"
+    args = ["train", "gp", "--model", "lbanp", "--steps", "3", "--out", str(run), *TINY]
+    assert main([*args, "--weight-decay", "1e-4", "--stop-after", "1"]) == 0
+    _, ckpt = load_checkpoint(run)
+    assert ckpt["weight_decay"] == 1e-4 and ckpt["optimiser"]["param_groups"][0]["weight_decay"] == 1e-4
+    # The optimiser's saved state would silently replace these; another config would not even load.
+    for other in (["--weight-decay", "0"], ["--weight-decay", "1e-4", "--lr", "1e-3"],
+                  ["--weight-decay", "1e-4", "--batch-size", "8"], ["--weight-decay", "1e-4", "--num-latents", "2"]):
+        assert main([*args, *other]) == 1  # a repeated option: argparse keeps the last
+        err = capsys.readouterr().err
+        assert "was trained with" in err and "use another --out or --restart" in err, other
+    assert main([*args, "--weight-decay", "1e-4"]) == 0
+    assert load_checkpoint(run)[1]["step"] == 3
+    assert main([*args, "--weight-decay", "-1", "--restart"]) == 1
+    assert "weight_decay non-negative" in capsys.readouterr().err
