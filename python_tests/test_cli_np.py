@@ -105,11 +105,13 @@ def test_weight_decay_reaches_adam_and_resuming_keeps_the_recipe(tmp_path, capsy
     _, ckpt = load_checkpoint(run)
     assert ckpt["weight_decay"] == 1e-4 and ckpt["optimiser"]["param_groups"][0]["weight_decay"] == 1e-4
     # The optimiser's saved state would silently replace these; another config would not even load.
-    for other in (["--weight-decay", "0"], ["--weight-decay", "1e-4", "--lr", "1e-3"],
-                  ["--weight-decay", "1e-4", "--batch-size", "8"], ["--weight-decay", "1e-4", "--num-latents", "2"]):
+    for other, named in ((["--weight-decay", "0"], "weight_decay=0.0001; asked for weight_decay=0.0"),
+                         (["--weight-decay", "1e-4", "--lr", "1e-3"], "lr=0.0005; asked for lr=0.001"),
+                         (["--weight-decay", "1e-4", "--batch-size", "8"], "batch_size=16; asked for batch_size=8"),
+                         (["--weight-decay", "1e-4", "--num-latents", "2"], "'num_latents': 2")):
         assert main([*args, *other]) == 1  # a repeated option: argparse keeps the last
         err = capsys.readouterr().err
-        assert "was trained with" in err and "use another --out or --restart" in err, other
+        assert "was trained with" in err and named in err and "use another --out or --restart" in err, err
     assert main([*args, "--weight-decay", "1e-4"]) == 0
     assert load_checkpoint(run)[1]["step"] == 3
     assert main([*args, "--weight-decay", "-1", "--restart"]) == 1
