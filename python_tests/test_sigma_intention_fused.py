@@ -1,13 +1,15 @@
 """σIntention's fused CPU op ``attn_ext::sigma_intention_fwd`` (csrc/cpu/sigma_intention.cpp).
 
 It must return exactly what the unfused composition returns (Intention without values, then the
-cross attention over the transformed queries), with the same gradients, for every dtype and shape.
+cross attention over the transformed queries), for every dtype and shape, and gradients as accurate.
 """
 import pytest
 import torch
 
 import attn_ext as ae
 from attn_ext.ridge import functional
+
+from _helpers import assert_within_flash_rule
 
 F64 = torch.float64
 OPCHECK_TESTS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
@@ -53,20 +55,28 @@ def test_equals_the_unfused_composition_bit_for_bit(dtype, shape, masked):
 
 @pytest.mark.parametrize("dtype", [F64, torch.float32])
 def test_gradients_equal_the_unfused_composition(dtype):
+    """fp64: the same gradients as the composition to 1e-12. fp32: the fused backward orders its sums
+    differently, so both paths carry their own rounding (about 2e-6 here on gradients of ~0.2); the
+    fused one must be as close to the fp64 composition as the fp32 composition is (the FlashAttention
+    rule for gradients), not equal to the fp32 composition's rounding."""
     q, k, v, mask = problem(2, 2, 9, 70, 40, 24, dtype=dtype, seed=3)
     alpha = torch.tensor([0.3, 2.0], dtype=dtype)
     w = torch.randn(2, 2, 9, 24, generator=torch.Generator().manual_seed(1), dtype=dtype)
 
-    def grads(fn):
-        inputs = tuple(t.detach().clone().requires_grad_() for t in (q, k, v, alpha))
+    def grads(fn, to=dtype):
+        inputs = tuple(t.detach().to(to).requires_grad_() for t in (q, k, v, alpha))
         out = fn(*inputs)
-        return torch.autograd.grad((out * w).sum(), inputs)
+        return torch.autograd.grad((out * w.to(to)).sum(), inputs)
 
     fused = grads(lambda q, k, v, a: ae.sigma_intention(q, k, v, alpha=a, key_padding_mask=mask, scale=0.8))
     composed = grads(lambda q, k, v, a: unfused(q, k, v, a, mask, 0.8))
-    for name, f, c in zip(("dq", "dk", "dv", "dalpha"), fused, composed):
-        torch.testing.assert_close(f, c, rtol=1e-12 if dtype == F64 else 1e-5, atol=1e-12 if dtype == F64 else 1e-6,
-                                   msg=lambda m: f"{name}: {m}")
+    if dtype == F64:
+        for name, f, c in zip(("dq", "dk", "dv", "dalpha"), fused, composed):
+            torch.testing.assert_close(f, c, rtol=1e-12, atol=1e-12, msg=lambda m: f"{name}: {m}")
+        return
+    reference = grads(lambda q, k, v, a: unfused(q, k, v, a, mask, 0.8), to=F64)
+    for name, f, c, r in zip(("dq", "dk", "dv", "dalpha"), fused, composed, reference):
+        assert_within_flash_rule(f, r, c, grad=True, name=name)
 
 
 def test_gradcheck_through_the_fused_op():

@@ -23,6 +23,7 @@
 
 #include "cholesky_blocks.h"
 #include "cholesky_matrix.h"
+#include "isa_level.h"
 #include "simd_vector.h"
 
 namespace attn_ext::cpu {
@@ -117,13 +118,6 @@ ATTN_EXT_ALWAYS_INLINE void factor_solve_batch(const T* a, const BatchStrides& a
 
 // One compiled copy of the kernels per instruction set, each with the vector and panel widths that
 // fit its registers (target_clones would compile one configuration for all three), chosen per call.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define ATTN_EXT_TARGET(arch) __attribute__((target(arch)))
-#define ATTN_EXT_X86_KERNELS 1
-#else
-#define ATTN_EXT_TARGET(arch)
-#endif
-
 #define ATTN_EXT_CHOLESKY_KERNELS(T, name, target, I)                                                    \
   target void factor_##name(const T* a, BatchStrides s, T* l, int32_t* info, int64_t n, int64_t begin,  \
                             int64_t end) {                                                              \
@@ -146,27 +140,6 @@ ATTN_EXT_CHOLESKY_KERNELS(double, avx2, ATTN_EXT_TARGET("arch=x86-64-v3"), Avx2)
 ATTN_EXT_CHOLESKY_KERNELS(float, avx512, ATTN_EXT_TARGET("arch=x86-64-v4"), Avx512)
 ATTN_EXT_CHOLESKY_KERNELS(double, avx512, ATTN_EXT_TARGET("arch=x86-64-v4"), Avx512)
 #endif
-
-enum class IsaLevel { kBaseline, kAvx2, kAvx512 };
-
-/// The best level this CPU runs, capped by ATTN_EXT_CPU_ISA=avx2|baseline if set (read on each call,
-/// so that tests can run every path on one machine).
-IsaLevel isa_level() {
-#ifdef ATTN_EXT_X86_KERNELS
-  static const IsaLevel cpu = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("x86-64-v4")   ? IsaLevel::kAvx512
-           : __builtin_cpu_supports("x86-64-v3") ? IsaLevel::kAvx2
-                                                 : IsaLevel::kBaseline;
-  }();
-  const char* cap = std::getenv("ATTN_EXT_CPU_ISA");
-  if (cap != nullptr && std::strcmp(cap, "baseline") == 0) return IsaLevel::kBaseline;
-  if (cap != nullptr && std::strcmp(cap, "avx2") == 0 && cpu == IsaLevel::kAvx512) return IsaLevel::kAvx2;
-  return cpu;
-#else
-  return IsaLevel::kBaseline;
-#endif
-}
 
 template <typename T>
 void factor_dispatch(const T* a, BatchStrides s, T* l, int32_t* info, int64_t n, int64_t begin, int64_t end) {

@@ -1,63 +1,164 @@
 #include "vectorized_rows.h"
 
 #include <cmath>
-#include <cstring>
 #include <limits>
 
-#include "cpu_clones.h"
+#include "simd_vector.h"
 
 namespace attn_ext::cpu {
 namespace {
 
+using simd::kLanes;
+using simd::select;
+
+template <int VB>
+using FloatVec = typename simd::Vector<float, VB>::type;
+template <int VB>
+using IntVec = typename simd::Vector<float, VB>::mask;
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
 // exp(x) for x ≤ 0 as 2^n · e^r (Cody–Waite split of ln 2, Cephes' degree-6 polynomial on
-// |r| ≤ ln2/2): about 2 ulp, branch-free so the loops vectorise. Arguments below the smallest
+// |r| ≤ ln2/2): about 2 ulp. Written on whole vectors with bitwise selects: left to the
+// auto-vectoriser, the same scalar code stayed scalar in the AVX2 copy. Arguments below the smallest
 // normal float's log return exactly 0, which is what −inf scores of padded keys must become.
-inline float exp_nonpositive(float x) {
+template <int VB>
+ATTN_EXT_ALWAYS_INLINE FloatVec<VB> exp_nonpositive(FloatVec<VB> x) {
+  using V = FloatVec<VB>;
   constexpr float kLowest = -87.33654475f;  // log(FLT_MIN)
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kRound = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer
-  const float xc = x < kLowest ? kLowest : (x > 0.0f ? 0.0f : x);
-  const float n = (xc * kLog2e + kRound) - kRound;
-  float r = xc - n * 0.693359375f;
+  const V zero{}, lowest = zero + kLowest;
+  const IntVec<VB> underflow = x < lowest;
+  V xc = select<float, VB>(underflow, lowest, x);
+  xc = select<float, VB>(xc > zero, zero, xc);
+  const V n = (xc * kLog2e + kRound) - kRound;
+  V r = xc - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
+  V p = zero + 1.9875691500e-4f;
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, sizeof(two_n));
-  return x < kLowest ? 0.0f : p * two_n;
+  const IntVec<VB> two_n_bits = (__builtin_convertvector(n, IntVec<VB>) + 127) << 23;
+  // A vector cast between equal sizes reinterprets the bits: 2^n from its exponent field.
+  return select<float, VB>(underflow, zero, p * (V)two_n_bits);
+}
+
+template <int VB>
+ATTN_EXT_ALWAYS_INLINE float lane_sum(const FloatVec<VB>& v) {
+  float s = 0.0f;
+  for (int j = 0; j < kLanes<float, VB>; ++j) s += v[j];
+  return s;
+}
+
+// The last n % W elements are processed as one whole vector padded with `fill`, so that the tail
+// goes through the same arithmetic as the body.
+template <int VB>
+ATTN_EXT_ALWAYS_INLINE FloatVec<VB> load_tail(const float* x, int64_t count, float fill) {
+  FloatVec<VB> v;
+  for (int j = 0; j < kLanes<float, VB>; ++j) v[j] = j < count ? x[j] : fill;
+  return v;
+}
+
+template <int VB>
+ATTN_EXT_ALWAYS_INLINE void store_tail(float* x, int64_t count, const FloatVec<VB>& v) {
+  for (int64_t j = 0; j < count; ++j) x[j] = v[j];
+}
+
+template <int VB>
+ATTN_EXT_ALWAYS_INLINE float row_max_impl(const float* x, int64_t n) {
+  constexpr int W = kLanes<float, VB>;
+  FloatVec<VB> m = FloatVec<VB>{} - kInf;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const FloatVec<VB> v = simd::load<float, VB>(x + i);
+    m = select<float, VB>(v > m, v, m);
+  }
+  if (i < n) {
+    const FloatVec<VB> v = load_tail<VB>(x + i, n - i, -kInf);
+    m = select<float, VB>(v > m, v, m);
+  }
+  float best = -kInf;
+  for (int j = 0; j < W; ++j) best = m[j] > best ? m[j] : best;
+  return best;
+}
+
+template <int VB>
+ATTN_EXT_ALWAYS_INLINE float exp_shifted_inplace_sum_impl(float* x, int64_t n, float shift) {
+  constexpr int W = kLanes<float, VB>;
+  FloatVec<VB> sum{};
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const FloatVec<VB> e = exp_nonpositive<VB>(simd::load<float, VB>(x + i) - shift);
+    simd::store<float, VB>(x + i, e);
+    sum += e;
+  }
+  if (i < n) {  // −inf padding lanes contribute exp = 0 to the sum
+    const FloatVec<VB> e = exp_nonpositive<VB>(load_tail<VB>(x + i, n - i, -kInf) - shift);
+    store_tail<VB>(x + i, n - i, e);
+    sum += e;
+  }
+  return lane_sum<VB>(sum);
+}
+
+template <int VB>
+ATTN_EXT_ALWAYS_INLINE void score_gradient_row_impl(const float* p, const float* dp, float* ds, int64_t n,
+                                                    float delta_minus_dlse) {
+  constexpr int W = kLanes<float, VB>;
+  int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    simd::store<float, VB>(ds + i, simd::load<float, VB>(p + i) * (simd::load<float, VB>(dp + i) - delta_minus_dlse));
+  }
+  for (; i < n; ++i) ds[i] = p[i] * (dp[i] - delta_minus_dlse);
+}
+
+#define ATTN_EXT_ROW_KERNELS(name, target, VB)                                                           \
+  target float row_max_##name(const float* x, int64_t n) { return row_max_impl<VB>(x, n); }             \
+  target float exp_shifted_inplace_sum_##name(float* x, int64_t n, float shift) {                      \
+    return exp_shifted_inplace_sum_impl<VB>(x, n, shift);                                               \
+  }                                                                                                     \
+  target void score_gradient_row_##name(const float* p, const float* dp, float* ds, int64_t n, float c) { \
+    score_gradient_row_impl<VB>(p, dp, ds, n, c);                                                       \
+  }                                                                                                     \
+  constexpr RowKernels kRowKernels_##name{row_max_##name, exp_shifted_inplace_sum_##name,               \
+                                          score_gradient_row_##name};
+
+ATTN_EXT_ROW_KERNELS(baseline, , 16)
+#ifdef ATTN_EXT_X86_KERNELS
+ATTN_EXT_ROW_KERNELS(avx2, ATTN_EXT_TARGET("arch=x86-64-v3"), 32)
+ATTN_EXT_ROW_KERNELS(avx512, ATTN_EXT_TARGET("arch=x86-64-v4"), 64)
+#endif
+
+const RowKernels& default_row_kernels() {
+  static const RowKernels& kernels = row_kernels(isa_level());
+  return kernels;
 }
 
 }  // namespace
 
-ATTN_EXT_CPU_CLONES float row_max(const float* x, int64_t n) {
-  float m = -std::numeric_limits<float>::infinity();
-  // omp simd licenses the reordered (vector-lane) reduction that IEEE rules forbid by default; the
-  // order is still fixed at compile time, so results stay bit-identical run to run.
-#pragma omp simd reduction(max : m)
-  for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;
-  return m;
-}
-
-ATTN_EXT_CPU_CLONES float exp_shifted_inplace_sum(float* x, int64_t n, float shift) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int64_t i = 0; i < n; ++i) {
-    const float e = exp_nonpositive(x[i] - shift);
-    x[i] = e;
-    sum += e;
+const RowKernels& row_kernels(IsaLevel level) {
+  const IsaLevel cpu = cpu_isa_level();
+  if (level > cpu) level = cpu;
+  switch (level) {
+#ifdef ATTN_EXT_X86_KERNELS
+    case IsaLevel::kAvx512: return kRowKernels_avx512;
+    case IsaLevel::kAvx2: return kRowKernels_avx2;
+#endif
+    default: return kRowKernels_baseline;
   }
-  return sum;
 }
 
-ATTN_EXT_CPU_CLONES void score_gradient_row(const float* p, const float* dp, float* ds, int64_t n,
-                                            float delta_minus_dlse) {
-  for (int64_t i = 0; i < n; ++i) ds[i] = p[i] * (dp[i] - delta_minus_dlse);
+float row_max(const float* x, int64_t n) { return default_row_kernels().row_max(x, n); }
+
+float exp_shifted_inplace_sum(float* x, int64_t n, float shift) {
+  return default_row_kernels().exp_shifted_inplace_sum(x, n, shift);
+}
+
+void score_gradient_row(const float* p, const float* dp, float* ds, int64_t n, float delta_minus_dlse) {
+  default_row_kernels().score_gradient_row(p, dp, ds, n, delta_minus_dlse);
 }
 
 // fp64 exists for gradcheck: exactness matters, speed does not.
