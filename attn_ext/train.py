@@ -52,6 +52,8 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--aggregator", choices=("mean", "transformer"), default=None,
                         help="retreever: node aggregator (default transformer, the paper's)")
+    parser.add_argument("--block", choices=("prenorm", "perceiver"), default=None,
+                        help="lbanp: pre-norm blocks (default) or the official code's Perceiver blocks")
     parser.add_argument("--backprop-through-tree", dest="backprop_through_tree", action="store_true", default=None,
                         help="retreever: let the internal nodes' gradients reach the encoder (paper: bptt=False)")
     parser.add_argument("--no-backprop-through-tree", dest="backprop_through_tree", action="store_false", default=None,
@@ -101,14 +103,15 @@ def model_overrides(args: argparse.Namespace) -> dict:
 
 
 #: Constructor options of one model (beyond NPConfig) settable from the command line.
-MODEL_OPTION_FLAGS = {"retreever": ("aggregator", "backprop_through_tree")}
+MODEL_OPTION_FLAGS = {"retreever": ("aggregator", "backprop_through_tree"), "lbanp": ("block",)}
 #: The options of checkpoints written before they were stored: the defaults of that time.
-LEGACY_OPTIONS = {"retreever": {"aggregator": "mean", "backprop_through_tree": True}}
+LEGACY_OPTIONS = {"retreever": {"aggregator": "mean", "backprop_through_tree": True}, "lbanp": {"block": "prenorm"}}
 
 
 def stored_options(ckpt: dict) -> dict:
-    """The model options a checkpoint (or an evaluation result written from one) was trained with."""
-    return ckpt.get("model_options", LEGACY_OPTIONS.get(ckpt["model"], {}))
+    """The model options a checkpoint (or an evaluation result written from one) was trained with; an
+    option it does not store had, when it was written, the value in :data:`LEGACY_OPTIONS`."""
+    return {**LEGACY_OPTIONS.get(ckpt["model"], {}), **ckpt.get("model_options", {})}
 
 
 def model_options(args: argparse.Namespace) -> dict:
@@ -118,8 +121,9 @@ def model_options(args: argparse.Namespace) -> dict:
     allowed = MODEL_OPTION_FLAGS.get(args.model, ())
     wrong = [f for f in given if f not in allowed]
     if wrong:
-        flags = ", ".join("--" + f.replace("_", "-") for f in wrong)
-        raise ValueError(f"{flags} apply to {', '.join(MODEL_OPTION_FLAGS)} only, not {args.model}")
+        owners = {f: [m for m, flags in MODEL_OPTION_FLAGS.items() if f in flags] for f in wrong}
+        raise ValueError("; ".join(f"--{f.replace('_', '-')} applies to {', '.join(owners[f])} only"
+                                   for f in wrong) + f", not {args.model}")
     return given
 
 

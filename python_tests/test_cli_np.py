@@ -75,7 +75,28 @@ def test_model_options_are_kept_in_the_checkpoint(tmp_path, capsys):
     assert "use another --out or --restart" in capsys.readouterr().err
     assert main(["train", "gp", "--model", "tnpd", "--steps", "1", "--out", str(tmp_path / "t"),
                  "--aggregator", "mean", *TINY]) == 1
-    assert "--aggregator apply to retreever only, not tnpd" in capsys.readouterr().err
+    assert "--aggregator applies to retreever only, not tnpd" in capsys.readouterr().err
+
+
+def test_lbanp_block_is_kept_and_old_lbanp_checkpoints_resume_as_prenorm(tmp_path, capsys):
+    from attn_ext.train import load_checkpoint
+
+    args = ["train", "gp", "--model", "lbanp", "--steps", "2", *TINY]
+    assert main([*args, "--out", str(tmp_path / "p"), "--block", "perceiver"]) == 0
+    model, ckpt = load_checkpoint(tmp_path / "p")
+    assert ckpt["model_options"] == {"block": "perceiver"} and model.query_embedder is not None
+    # LBANP checkpoints written before the option stored no options ({}); they were pre-norm.
+    assert main([*args, "--out", str(tmp_path / "old"), "--stop-after", "1"]) == 0
+    ckpt = torch.load(tmp_path / "old" / "checkpoint.pt", weights_only=False)
+    ckpt["model_options"] = {}
+    torch.save(ckpt, tmp_path / "old" / "checkpoint.pt")
+    assert load_checkpoint(tmp_path / "old")[0].options() == {"block": "prenorm"}
+    assert main([*args, "--out", str(tmp_path / "old")]) == 0
+    assert main([*args, "--out", str(tmp_path / "old"), "--block", "perceiver"]) == 1
+    assert "model_options={'block': 'prenorm'}" in capsys.readouterr().err
+    assert main(["train", "gp", "--model", "tnpd", "--steps", "1", "--out", str(tmp_path / "t"),
+                 "--block", "perceiver", *TINY]) == 1
+    assert "--block applies to lbanp only, not tnpd" in capsys.readouterr().err
 
 
 def test_checkpoints_from_before_options_were_stored_load_with_the_defaults_of_their_time(tmp_path):

@@ -10,7 +10,7 @@ README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 def test_docstring_examples_run():
     # import_module, because the package attribute `attn_ext.cross_attention` is the function.
     for module in map(importlib.import_module, ("attn_ext", "attn_ext.cross_attention", "attn_ext.state",
-                                                "attn_ext.nn.multihead_cross_attention", "attn_ext.nn.cmab", "attn_ext.nn.prenorm_block",
+                                                "attn_ext.nn.multihead_cross_attention", "attn_ext.nn.cmab", "attn_ext.nn.prenorm_block", "attn_ext.nn.perceiver_block",
                                                 "attn_ext.nn.tree_cross_attention", "attn_ext.nn.tree_aggregator", "attn_ext.nn.tca_loss", "attn_ext.nn.latents",
                                                 "attn_ext.tree.build", "attn_ext.tree.aggregate",
                                                 "attn_ext.tree.retrieval", "attn_ext.ridge.functional",

@@ -68,6 +68,24 @@ def test_bad_shapes_raise_value_error_naming_them(name):
         model.predict(xc, yc, xt[:1])
 
 
+def test_lbanp_perceiver_blocks_train_and_embed_targets_from_x_only():
+    from attn_ext.nn import PerceiverBlock, PreNormBlock
+
+    torch.manual_seed(0)
+    model = build_model("lbanp", block="perceiver", **SMALL)
+    blocks = [m for m in model.modules() if isinstance(m, (PerceiverBlock, PreNormBlock))]
+    assert len(blocks) == 3 * SMALL["num_layers"] and all(isinstance(b, PerceiverBlock) for b in blocks)
+    assert model.options() == {"block": "perceiver"}
+    assert model.query_embedder[0].in_features == 1  # x only, as the official code
+    batch = _batch()
+    loss = model(batch)
+    loss.backward()
+    assert torch.isfinite(loss) and model.query_embedder[0].weight.grad.abs().sum() > 0
+    assert build_model("lbanp", **SMALL).options() == {"block": "prenorm"}
+    with pytest.raises(ValueError, match="unknown block 'post'; choose one of prenorm, perceiver"):
+        build_model("lbanp", block="post", **SMALL)
+
+
 def test_defaults_follow_spec():
     cfg = build_model("tnpd").config
     assert (cfg.d_model, cfg.num_layers, cfg.num_heads, cfg.ff_dim, cfg.emb_depth, cfg.num_latents) == (64, 6, 4, 128, 4, 128)
@@ -78,6 +96,7 @@ def test_defaults_follow_spec():
 def test_no_model_uses_torch_multihead_attention():
     models = {name: build_model(name, **SMALL) for name in MODELS}
     models["retreever, transformer aggregator"] = build_model("retreever", aggregator="transformer", **SMALL)
+    models["lbanp, perceiver blocks"] = build_model("lbanp", block="perceiver", **SMALL)
     for name, model in models.items():
         assert not any(isinstance(m, (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer))
                        for m in model.modules()), name

@@ -72,11 +72,13 @@ class ContextEncoder(nn.Module):
 
 
 class LatentDecoder(nn.Module):
-    """The query phase ``X^i = CA(X^{i−1}, L_i)``, one pre-norm cross-attention block per latent set."""
+    """The query phase ``X^i = CA(X^{i−1}, L_i)``, one cross-attention ``block`` per latent set
+    (``block(dim, num_heads, ff_dim, cross=True)``: :class:`~attn_ext.nn.PreNormBlock` by default)."""
 
-    def __init__(self, num_layers: int, dim: int, num_heads: int, ff_dim: int) -> None:
+    def __init__(self, num_layers: int, dim: int, num_heads: int, ff_dim: int,
+                 block: Callable[..., nn.Module] = PreNormBlock) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(PreNormBlock(dim, num_heads, ff_dim, cross=True) for _ in range(num_layers))
+        self.blocks = nn.ModuleList(block(dim, num_heads, ff_dim, cross=True) for _ in range(num_layers))
 
     def forward(self, queries: Tensor, latents: Sequence[Tensor]) -> Tensor:
         if len(latents) != len(self.blocks):

@@ -6,16 +6,29 @@ from typing import Optional
 from torch import Tensor
 from torch.distributions import Normal
 
-from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points
+from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points, mlp
 from attn_ext.models.layers import LatentDecoder, stack
-from attn_ext.nn import PreNormBlock
+from attn_ext.nn import PerceiverBlock, PreNormBlock
 from attn_ext.nn.latents import learned_latents
+
+#: ``block`` choices of :class:`LBANP`: name -> block class ``(dim, num_heads, ff_dim, cross)``.
+BLOCKS = {"prenorm": PreNormBlock, "perceiver": PerceiverBlock}
 
 
 class LBANP(NeuralProcess):
     """Latent Bottlenecked Attentive NP: ``num_latents`` learned latents updated per layer by a cross
     attention over the embedded context and a self attention; targets ``X^i = CA(X^{i−1}, L_i)``.
     Memory O(N_c · num_latents) in the conditioning phase (linear in ``N_c``).
+
+    Parameters
+    ----------
+    config, **overrides
+        Sizes (:class:`~attn_ext.models.NPConfig`).
+    block : {"prenorm", "perceiver"}
+        ``"prenorm"`` (default): every block is a :class:`~attn_ext.nn.PreNormBlock` and the targets
+        are embedded as ``[x, 0]`` by the context's embedder, as TNP-D does. ``"perceiver"``: the
+        official LBANP code's structure, :class:`~attn_ext.nn.PerceiverBlock` (normalised residuals,
+        GEGLU) everywhere and a separate ``x``-only embedder for the targets.
 
     Examples
     --------
@@ -27,15 +40,25 @@ class LBANP(NeuralProcess):
     torch.Size([2, 7, 1])
     """
 
-    def __init__(self, config: Optional[NPConfig] = None, **overrides) -> None:
+    def __init__(self, config: Optional[NPConfig] = None, *, block: str = "prenorm", **overrides) -> None:
         super().__init__(config, **overrides)
-        c = self.config
+        if block not in BLOCKS:
+            raise ValueError(f"LBANP: unknown block {block!r}; choose one of {', '.join(BLOCKS)}")
+        self.block = block
+        c, Block = self.config, BLOCKS[block]
         self.latents = learned_latents(c.num_latents, c.d_model)
-        self.cross = stack(lambda: PreNormBlock(c.d_model, c.num_heads, c.ff_dim, cross=True), c.num_layers)
-        self.self_attention = stack(lambda: PreNormBlock(c.d_model, c.num_heads, c.ff_dim, cross=False),
-                                    c.num_layers)
-        self.decoder = LatentDecoder(c.num_layers, c.d_model, c.num_heads, c.ff_dim)
+        self.cross = stack(lambda: Block(c.d_model, c.num_heads, c.ff_dim, cross=True), c.num_layers)
+        self.self_attention = stack(lambda: Block(c.d_model, c.num_heads, c.ff_dim, cross=False), c.num_layers)
+        self.decoder = LatentDecoder(c.num_layers, c.d_model, c.num_heads, c.ff_dim, block=Block)
+        self.query_embedder = mlp(c.dim_x, c.d_model, c.d_model, c.emb_depth) if block == "perceiver" else None
         self.head = GaussianHead(c.d_model, c.ff_dim, c.dim_y)
+
+    def options(self) -> dict:
+        """``block`` (what ``attn-ext train --block`` sets)."""
+        return {"block": self.block}
+
+    def embed_targets(self, xt: Tensor) -> Tensor:
+        return self.embed_pairs(xt, None) if self.query_embedder is None else self.query_embedder(xt)
 
     def predict(self, xc: Tensor, yc: Tensor, xt: Tensor) -> Normal:
         check_points(self, xc=xc, yc=yc, xt=xt)
@@ -45,4 +68,4 @@ class LBANP(NeuralProcess):
         for cross, self_attention in zip(self.cross, self.self_attention):
             latent = self_attention(cross(latent, context))
             latents.append(latent)
-        return self.head(self.decoder(self.embed_pairs(xt, None), latents))
+        return self.head(self.decoder(self.embed_targets(xt), latents))

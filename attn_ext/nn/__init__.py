@@ -1,5 +1,5 @@
 """Drop-in attention modules on the fused kernels: ``MultiheadCrossAttention``, ``CMAB``,
-``TreeCrossAttention`` (with ``tca_loss``), ``PreNormBlock`` and ``Intention`` (with ``InformerLayer``, ``Informer``).
+``TreeCrossAttention`` (with ``tca_loss``), ``PreNormBlock`` (and the official LBANP code's ``PerceiverBlock``) and ``Intention`` (with ``InformerLayer``, ``Informer``).
 
 >>> import torch, attn_ext as ae
 >>> mha = ae.nn.MultiheadCrossAttention(16, 2)
@@ -10,6 +10,7 @@ from attn_ext.nn.cmab import CMAB, CMABState
 from attn_ext.nn.intention import Informer, InformerLayer, Intention
 from attn_ext.nn.latents import learned_latents
 from attn_ext.nn.multihead_cross_attention import MultiheadCrossAttention
+from attn_ext.nn.perceiver_block import PerceiverBlock
 from attn_ext.nn.prenorm_block import PreNormBlock
 from attn_ext.nn.tca_loss import TCALoss, tca_loss
 from attn_ext.nn.tree_cross_attention import TreeCrossAttention, TreeCrossAttentionOutput, TreeState
@@ -21,6 +22,7 @@ __all__ = [
     "InformerLayer",
     "Intention",
     "MultiheadCrossAttention",
+    "PerceiverBlock",
     "PreNormBlock",
     "TCALoss",
     "TreeCrossAttention",

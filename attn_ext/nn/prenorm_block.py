@@ -2,7 +2,7 @@
 latent decoders of the reference models (SPEC §2)."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 from torch import Tensor, nn
 
@@ -40,15 +40,24 @@ class PreNormBlock(nn.Module):
         self.norm_context = nn.LayerNorm(dim) if cross else None
         self.attention = MultiheadCrossAttention(dim, num_heads, batch_first=True)
         self.norm_ff = nn.LayerNorm(dim)
-        self.ff = nn.Sequential(nn.Linear(dim, ff_dim), nn.ReLU(), nn.Linear(ff_dim, dim))
+        self.ff = self.feed_forward_net(dim, ff_dim)
+
+    @staticmethod
+    def feed_forward_net(dim: int, ff_dim: int) -> nn.Module:
+        """``Linear(dim, ff_dim) → ReLU → Linear(ff_dim, dim)``; a subclass may build another."""
+        return nn.Sequential(nn.Linear(dim, ff_dim), nn.ReLU(), nn.Linear(ff_dim, dim))
 
     def feed_forward(self, h: Tensor) -> Tensor:
         """The second half of the block: ``h + FF(LN''(h))``."""
         return h + self.ff(self.norm_ff(h))
 
-    def forward(self, x: Tensor, context: Optional[Tensor] = None, context_mask: Optional[Tensor] = None) -> Tensor:
+    def attend(self, x: Tensor, context: Optional[Tensor], context_mask: Optional[Tensor]) -> Tuple[Tensor, Tensor]:
+        """``(LN(x), Attn(LN(x), LN'(c), LN'(c)))``: the normalised queries and the attention output."""
         if self.norm_context is not None and context is None:
-            raise ValueError("PreNormBlock(cross=True) needs a context [B, N, dim]")
+            raise ValueError(f"{type(self).__name__}(cross=True) needs a context [B, N, dim]")
         q = self.norm_query(x)
         c = q if self.norm_context is None else self.norm_context(context)
-        return self.feed_forward(x + self.attention(q, c, c, key_padding_mask=context_mask)[0])
+        return q, self.attention(q, c, c, key_padding_mask=context_mask)[0]
+
+    def forward(self, x: Tensor, context: Optional[Tensor] = None, context_mask: Optional[Tensor] = None) -> Tensor:
+        return self.feed_forward(x + self.attend(x, context, context_mask)[1])

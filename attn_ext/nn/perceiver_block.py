@@ -1,0 +1,55 @@
+"""``PerceiverBlock``: the attention + feed-forward block of the official LBANP code (Perceiver-style).
+
+It differs from :class:`~attn_ext.nn.PreNormBlock` in two ways that change how a stack trains:
+each sub-block's residual is the *normalised* input, ``LN(x) + f(LN(x))``, so the residual stream
+is renormalised at every sub-block instead of growing; and the feed-forward is a GEGLU,
+``Linear(dim, 2·ff_dim) → a·GELU(g) → Linear(ff_dim, dim)``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attn_ext.nn.prenorm_block import PreNormBlock
+
+
+class GEGLU(nn.Module):
+    """``a · GELU(g)`` of the two halves ``[a, g]`` of the last dimension (Shazeer 2020)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        value, gate = x.chunk(2, dim=-1)
+        return value * F.gelu(gate)
+
+
+class PerceiverBlock(PreNormBlock):
+    """``h = LN(x) + Attn(LN(x), LN'(c), LN'(c)); LN''(h) + FF(LN''(h))`` with a GEGLU ``FF``.
+
+    The parameters are :class:`~attn_ext.nn.PreNormBlock`'s; ``ff_dim`` is the GEGLU's hidden width
+    (its first Linear is ``2·ff_dim`` wide).
+
+    Notes
+    -----
+    The official code's query and key/value projections have no bias; here they are
+    :class:`~attn_ext.nn.MultiheadCrossAttention`'s, with bias. A key bias shifts every score of a
+    query by the same amount, so it cancels in the softmax; the query and value biases are extra
+    parameters that start at zero.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from attn_ext.nn import PerceiverBlock
+    >>> block = PerceiverBlock(dim=16, num_heads=2, ff_dim=32, cross=False)
+    >>> block(torch.randn(3, 8, 16)).shape
+    torch.Size([3, 8, 16])
+    """
+
+    @staticmethod
+    def feed_forward_net(dim: int, ff_dim: int) -> nn.Module:
+        return nn.Sequential(nn.Linear(dim, 2 * ff_dim), GEGLU(), nn.Linear(ff_dim, dim))
+
+    def forward(self, x: Tensor, context: Optional[Tensor] = None, context_mask: Optional[Tensor] = None) -> Tensor:
+        q, attended = self.attend(x, context, context_mask)
+        h = self.norm_ff(q + attended)
+        return h + self.ff(h)
