@@ -53,7 +53,7 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--aggregator", choices=("mean", "transformer"), default=None,
                         help="retreever: node aggregator (default transformer, the paper's)")
     parser.add_argument("--block", choices=("prenorm", "perceiver"), default=None,
-                        help="lbanp: pre-norm blocks (default) or the official code's Perceiver blocks")
+                        help="lbanp, cmanp, cmanp_and: pre-norm blocks (default) or the official code's Perceiver blocks")
     parser.add_argument("--backprop-through-tree", dest="backprop_through_tree", action="store_true", default=None,
                         help="retreever: let the internal nodes' gradients reach the encoder (paper: bptt=False)")
     parser.add_argument("--no-backprop-through-tree", dest="backprop_through_tree", action="store_false", default=None,
@@ -103,9 +103,11 @@ def model_overrides(args: argparse.Namespace) -> dict:
 
 
 #: Constructor options of one model (beyond NPConfig) settable from the command line.
-MODEL_OPTION_FLAGS = {"retreever": ("aggregator", "backprop_through_tree"), "lbanp": ("block",)}
+MODEL_OPTION_FLAGS = {"retreever": ("aggregator", "backprop_through_tree"), "lbanp": ("block",), "cmanp": ("block",),
+                      "cmanp_and": ("block",)}
 #: The options of checkpoints written before they were stored: the defaults of that time.
-LEGACY_OPTIONS = {"retreever": {"aggregator": "mean", "backprop_through_tree": True}, "lbanp": {"block": "prenorm"}}
+LEGACY_OPTIONS = {"retreever": {"aggregator": "mean", "backprop_through_tree": True},
+                  **{name: {"block": "prenorm"} for name in ("lbanp", "cmanp", "cmanp_and")}}
 
 
 def stored_options(ckpt: dict) -> dict:

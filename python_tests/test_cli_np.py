@@ -78,7 +78,7 @@ def test_model_options_are_kept_in_the_checkpoint(tmp_path, capsys):
     assert "--aggregator applies to retreever only, not tnpd" in capsys.readouterr().err
 
 
-def test_lbanp_block_is_kept_and_old_lbanp_checkpoints_resume_as_prenorm(tmp_path, capsys):
+def test_block_is_kept_and_old_lbanp_checkpoints_resume_as_prenorm(tmp_path, capsys):
     from attn_ext.train import load_checkpoint
 
     args = ["train", "gp", "--model", "lbanp", "--steps", "2", *TINY]
@@ -96,7 +96,10 @@ def test_lbanp_block_is_kept_and_old_lbanp_checkpoints_resume_as_prenorm(tmp_pat
     assert "model_options={'block': 'prenorm'}" in capsys.readouterr().err
     assert main(["train", "gp", "--model", "tnpd", "--steps", "1", "--out", str(tmp_path / "t"),
                  "--block", "perceiver", *TINY]) == 1
-    assert "--block applies to lbanp only, not tnpd" in capsys.readouterr().err
+    assert "--block applies to lbanp, cmanp, cmanp_and only, not tnpd" in capsys.readouterr().err
+    assert main(["train", "gp", "--model", "cmanp", "--steps", "1", "--out", str(tmp_path / "c"),
+                 "--block", "perceiver", *TINY]) == 0
+    assert load_checkpoint(tmp_path / "c")[1]["model_options"] == {"block": "perceiver"}
 
 
 def test_checkpoints_from_before_options_were_stored_load_with_the_defaults_of_their_time(tmp_path):

@@ -17,10 +17,10 @@ def data():
     return xc, torch.sin(3 * xc), torch.rand(3, 9, 1, generator=g, dtype=torch.float64) * 4 - 2
 
 
-@pytest.fixture
-def model():
+@pytest.fixture(params=["prenorm", "perceiver"])
+def model(request):
     torch.manual_seed(0)
-    return CMANP(**SMALL).double().eval()
+    return CMANP(**SMALL, block=request.param).double().eval()
 
 
 def test_update_then_query_equals_condition_on_union(model, data):

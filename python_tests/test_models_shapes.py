@@ -68,22 +68,26 @@ def test_bad_shapes_raise_value_error_naming_them(name):
         model.predict(xc, yc, xt[:1])
 
 
-def test_lbanp_perceiver_blocks_train_and_embed_targets_from_x_only():
+@pytest.mark.parametrize("name, blocks_per_layer", [("lbanp", 3), ("cmanp", 5), ("cmanp_and", 5)])
+def test_perceiver_blocks_train_and_embed_targets_from_x_only(name, blocks_per_layer):
     from attn_ext.nn import PerceiverBlock, PreNormBlock
 
     torch.manual_seed(0)
-    model = build_model("lbanp", block="perceiver", **SMALL)
+    model = build_model(name, block="perceiver", **SMALL)
     blocks = [m for m in model.modules() if isinstance(m, (PerceiverBlock, PreNormBlock))]
-    assert len(blocks) == 3 * SMALL["num_layers"] and all(isinstance(b, PerceiverBlock) for b in blocks)
+    assert len(blocks) == blocks_per_layer * SMALL["num_layers"]
+    assert all(isinstance(b, PerceiverBlock) for b in blocks)
     assert model.options() == {"block": "perceiver"}
     assert model.query_embedder[0].in_features == 1  # x only, as the official code
     batch = _batch()
     loss = model(batch)
     loss.backward()
     assert torch.isfinite(loss) and model.query_embedder[0].weight.grad.abs().sum() > 0
-    assert build_model("lbanp", **SMALL).options() == {"block": "prenorm"}
+    default = build_model(name, **SMALL)
+    assert default.options() == {"block": "prenorm"} and default.query_embedder is None
+    assert not any(isinstance(m, PerceiverBlock) for m in default.modules())
     with pytest.raises(ValueError, match="unknown block 'post'; choose one of prenorm, perceiver"):
-        build_model("lbanp", block="post", **SMALL)
+        build_model(name, block="post", **SMALL)
 
 
 def test_defaults_follow_spec():
@@ -96,7 +100,8 @@ def test_defaults_follow_spec():
 def test_no_model_uses_torch_multihead_attention():
     models = {name: build_model(name, **SMALL) for name in MODELS}
     models["retreever, transformer aggregator"] = build_model("retreever", aggregator="transformer", **SMALL)
-    models["lbanp, perceiver blocks"] = build_model("lbanp", block="perceiver", **SMALL)
+    for name in ("lbanp", "cmanp", "cmanp_and"):
+        models[f"{name}, perceiver blocks"] = build_model(name, block="perceiver", **SMALL)
     for name, model in models.items():
         assert not any(isinstance(m, (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer))
                        for m in model.modules()), name

@@ -5,16 +5,16 @@ import pytest
 import torch
 
 import attn_ext.nn.cmab as cmab_module
-from attn_ext.nn import CMAB, CMABState, PreNormBlock
+from attn_ext.nn import CMAB, CMABState, PerceiverBlock, PreNormBlock
 
 DIM, LATENTS, HEADS, FF = 32, 16, 4, 64
 TOL = dict(atol=1e-5, rtol=1e-4)
 
 
-@pytest.fixture
-def block():
+@pytest.fixture(params=[PreNormBlock, PerceiverBlock], ids=["prenorm", "perceiver"])
+def block(request):
     torch.manual_seed(1)
-    module = CMAB(DIM, LATENTS, HEADS, FF)
+    module = CMAB(DIM, LATENTS, HEADS, FF, block=request.param)
     with torch.no_grad():
         # Random norms and biases, so that a mix-up of any of them shows.
         for name, p in module.named_parameters():
@@ -30,12 +30,17 @@ def _padding(S, valid):
 
 
 def _torch_block(block, x, context=None, mask=None):
-    """One pre-norm block computed with torch.nn.MultiheadAttention loaded with the block's weights."""
+    """One block computed with torch.nn.MultiheadAttention loaded with the block's weights: pre-norm
+    (residual x), or Perceiver (residuals LN(x) and LN''(h))."""
     mha = torch.nn.MultiheadAttention(DIM, HEADS, batch_first=True)
     mha.load_state_dict(block.attention.state_dict())
     q = block.norm_query(x)
     c = q if block.norm_context is None else block.norm_context(context)
-    h = x + mha(q, c, c, key_padding_mask=mask, need_weights=False)[0]
+    attended = mha(q, c, c, key_padding_mask=mask, need_weights=False)[0]
+    if isinstance(block, PerceiverBlock):
+        h = block.norm_ff(q + attended)
+        return h + block.ff(h)
+    h = x + attended
     return h + block.ff(block.norm_ff(h))
 
 

@@ -111,6 +111,8 @@ class NeuralProcess(nn.Module):
         self.config = NPConfig(**{**(config.to_dict() if config else {}), **overrides})
         c = self.config
         self.embedder = mlp(c.dim_x + c.dim_y, c.d_model, c.d_model, c.emb_depth)
+        #: An ``x``-only target embedder, for a model that sets one (else targets go through ``embedder``).
+        self.query_embedder: Optional[nn.Module] = None
 
     def options(self) -> dict:
         """Constructor options beyond :class:`NPConfig` that change the model (none here); checkpoints
@@ -122,6 +124,10 @@ class NeuralProcess(nn.Module):
         if y is None:
             y = x.new_zeros(*x.shape[:-1], self.config.dim_y)
         return self.embedder(torch.cat([x, y], dim=-1))
+
+    def embed_targets(self, xt: Tensor) -> Tensor:
+        """Target features ``[B, N_t, d_model]``: ``query_embedder(x)`` if the model has one, else ``[x, 0]``."""
+        return self.embed_pairs(xt, None) if self.query_embedder is None else self.query_embedder(xt)
 
     def predict(self, xc: Tensor, yc: Tensor, xt: Tensor) -> Normal:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -8,8 +8,8 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Normal
 
-from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points
-from attn_ext.models.layers import LatentDecoder
+from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points, mlp
+from attn_ext.models.layers import LatentDecoder, block_class
 from attn_ext.nn import CMAB, CMABState
 from attn_ext.nn.latents import learned_latents
 
@@ -34,6 +34,9 @@ class CMANP(NeuralProcess):
     ----------
     config : NPConfig, optional
         Sizes (SPEC §2 defaults: 6 CMABs of 128 latents); keyword overrides on top.
+    block : {"prenorm", "perceiver"}
+        The attention blocks, as :class:`~attn_ext.models.LBANP`'s: ``"perceiver"`` is the official
+        code's structure (:class:`~attn_ext.nn.PerceiverBlock`, an ``x``-only target embedder).
 
     Examples
     --------
@@ -48,15 +51,21 @@ class CMANP(NeuralProcess):
     True
     """
 
-    def __init__(self, config: Optional[NPConfig] = None, **overrides) -> None:
+    def __init__(self, config: Optional[NPConfig] = None, *, block: str = "prenorm", **overrides) -> None:
         super().__init__(config, **overrides)
-        c = self.config
+        c, Block, self.block = self.config, block_class(type(self).__name__, block), block
         # L_0, the first block's input latents L_I; each later block takes the previous output.
         self.latents = learned_latents(c.num_latents, c.d_model)
-        self.blocks = nn.ModuleList(CMAB(c.d_model, c.num_latents, c.num_heads, c.ff_dim)
+        self.blocks = nn.ModuleList(CMAB(c.d_model, c.num_latents, c.num_heads, c.ff_dim, block=Block)
                                     for _ in range(c.num_layers))
-        self.decoder = LatentDecoder(c.num_layers, c.d_model, c.num_heads, c.ff_dim)
+        self.decoder = LatentDecoder(c.num_layers, c.d_model, c.num_heads, c.ff_dim, block=Block)
+        if block == "perceiver":
+            self.query_embedder = mlp(c.dim_x, c.d_model, c.d_model, c.emb_depth)
         self.head = self.make_head()
+
+    def options(self) -> dict:
+        """``block`` (what ``attn-ext train --block`` sets)."""
+        return {"block": self.block}
 
     def make_head(self) -> nn.Module:
         c = self.config
@@ -121,7 +130,7 @@ class CMANP(NeuralProcess):
         """Target features ``[B, N_t, d_model]`` after the query phase."""
         check_points(self, xt=xt)
         self._check_state(state, xt.shape[0])
-        return self.decoder(self.embed_pairs(xt, None), self.latent_sets(state))
+        return self.decoder(self.embed_targets(xt), self.latent_sets(state))
 
     def query(self, state: CMANPState, xt: Tensor) -> Normal:
         """Predictive ``Normal`` at ``xt [B, N_t, dim_x]`` given the context summarised by ``state``."""

@@ -11,8 +11,7 @@ from typing import Callable, Sequence
 
 from torch import Tensor, nn
 
-from attn_ext.nn import Intention, MultiheadCrossAttention
-from attn_ext.nn import PreNormBlock
+from attn_ext.nn import Intention, MultiheadCrossAttention, PerceiverBlock, PreNormBlock
 from attn_ext.models.linear_attention import LinearAttention
 
 #: Attention kinds of :class:`ContextAttentionLayer`: name -> factory(dim, heads) -> module(q, k, v) -> [B, M, dim].
@@ -21,6 +20,18 @@ ATTENTIONS: dict = {
     "intention": lambda dim, heads: Intention(dim, heads),
     "linear": lambda dim, heads: LinearAttention(dim, heads),
 }
+
+
+#: ``block`` choices of the latent models (LBANP, CMANP): ``"prenorm"``, ours; ``"perceiver"``, the
+#: official LBANP/CMANP code's (normalised residuals, GEGLU), which also embeds the targets from x alone.
+BLOCKS: dict = {"prenorm": PreNormBlock, "perceiver": PerceiverBlock}
+
+
+def block_class(owner: str, name: str) -> type:
+    """The block class called ``name`` in :data:`BLOCKS`; ``ValueError`` naming ``owner`` otherwise."""
+    if name not in BLOCKS:
+        raise ValueError(f"{owner}: unknown block {name!r}; choose one of {', '.join(BLOCKS)}")
+    return BLOCKS[name]
 
 
 class _FirstOutput(nn.Module):

@@ -7,12 +7,8 @@ from torch import Tensor
 from torch.distributions import Normal
 
 from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points, mlp
-from attn_ext.models.layers import LatentDecoder, stack
-from attn_ext.nn import PerceiverBlock, PreNormBlock
+from attn_ext.models.layers import LatentDecoder, block_class, stack
 from attn_ext.nn.latents import learned_latents
-
-#: ``block`` choices of :class:`LBANP`: name -> block class ``(dim, num_heads, ff_dim, cross)``.
-BLOCKS = {"prenorm": PreNormBlock, "perceiver": PerceiverBlock}
 
 
 class LBANP(NeuralProcess):
@@ -42,23 +38,18 @@ class LBANP(NeuralProcess):
 
     def __init__(self, config: Optional[NPConfig] = None, *, block: str = "prenorm", **overrides) -> None:
         super().__init__(config, **overrides)
-        if block not in BLOCKS:
-            raise ValueError(f"LBANP: unknown block {block!r}; choose one of {', '.join(BLOCKS)}")
-        self.block = block
-        c, Block = self.config, BLOCKS[block]
+        c, Block, self.block = self.config, block_class("LBANP", block), block
         self.latents = learned_latents(c.num_latents, c.d_model)
         self.cross = stack(lambda: Block(c.d_model, c.num_heads, c.ff_dim, cross=True), c.num_layers)
         self.self_attention = stack(lambda: Block(c.d_model, c.num_heads, c.ff_dim, cross=False), c.num_layers)
         self.decoder = LatentDecoder(c.num_layers, c.d_model, c.num_heads, c.ff_dim, block=Block)
-        self.query_embedder = mlp(c.dim_x, c.d_model, c.d_model, c.emb_depth) if block == "perceiver" else None
+        if block == "perceiver":
+            self.query_embedder = mlp(c.dim_x, c.d_model, c.d_model, c.emb_depth)
         self.head = GaussianHead(c.d_model, c.ff_dim, c.dim_y)
 
     def options(self) -> dict:
         """``block`` (what ``attn-ext train --block`` sets)."""
         return {"block": self.block}
-
-    def embed_targets(self, xt: Tensor) -> Tensor:
-        return self.embed_pairs(xt, None) if self.query_embedder is None else self.query_embedder(xt)
 
     def predict(self, xc: Tensor, yc: Tensor, xt: Tensor) -> Normal:
         check_points(self, xc=xc, yc=yc, xt=xt)

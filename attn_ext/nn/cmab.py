@@ -8,7 +8,7 @@ forgets context points in O(points) (:mod:`attn_ext.state`); everything after it
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Type
 
 import torch
 from torch import Tensor, nn
@@ -31,8 +31,8 @@ class CMABState(NamedTuple):
 class CMAB(nn.Module):
     """Constant Memory Attention Block: ``CMAB(L_I, D) = SA(CA(L_I, SA(CA(L_B, D))))``.
 
-    Four pre-norm residual blocks (LayerNorm → attention → residual, LayerNorm → Linear(dim, ff_dim)
-    → ReLU → Linear(ff_dim, dim) → residual), all on :class:`MultiheadCrossAttention`. ``L_B`` is a
+    Four residual attention blocks, by default pre-norm (LayerNorm → attention → residual, LayerNorm
+    → Linear(dim, ff_dim) → ReLU → Linear(ff_dim, dim) → residual), all on :class:`MultiheadCrossAttention`. ``L_B`` is a
     learned ``[num_latents, dim]`` parameter, so ``CA(L_B, D)`` has fixed queries: its attention
     state (a :class:`CMABState`, constant size in ``|D|``) supports :meth:`update` and :meth:`remove`
     of context points in O(points), and :meth:`output` finishes the block from the state in constant
@@ -50,6 +50,9 @@ class CMAB(nn.Module):
         Hidden width of the feed-forward layers.
     chunk_size : int, optional
         Keys per chunk of the fused attention kernel (default: the kernel's).
+    block : type, optional
+        The class of the four blocks: :class:`~attn_ext.nn.PreNormBlock` (default) or a subclass,
+        e.g. :class:`~attn_ext.nn.PerceiverBlock`, the official CMANP code's.
 
     Examples
     --------
@@ -68,16 +71,16 @@ class CMAB(nn.Module):
     """
 
     def __init__(self, dim: int, num_latents: int, num_heads: int, ff_dim: int, *,
-                 chunk_size: Optional[int] = None) -> None:
+                 chunk_size: Optional[int] = None, block: Type[PreNormBlock] = PreNormBlock) -> None:
         super().__init__()
         if num_latents <= 0 or ff_dim <= 0:
             raise ValueError(f"num_latents and ff_dim must be positive, got {num_latents}, {ff_dim}")
         self.dim, self.num_latents, self.num_heads, self.ff_dim = dim, num_latents, num_heads, ff_dim
         self.latents = learned_latents(num_latents, dim)
-        self.compress = PreNormBlock(dim, num_heads, ff_dim, cross=True)        # CA(L_B, D)
-        self.latent_self = PreNormBlock(dim, num_heads, ff_dim, cross=False)    # SA(·) -> L_B'
-        self.cross = PreNormBlock(dim, num_heads, ff_dim, cross=True)           # CA(L_I, L_B')
-        self.output_self = PreNormBlock(dim, num_heads, ff_dim, cross=False)    # SA(·) -> L_I'
+        self.compress = block(dim, num_heads, ff_dim, cross=True)        # CA(L_B, D)
+        self.latent_self = block(dim, num_heads, ff_dim, cross=False)    # SA(·) -> L_B'
+        self.cross = block(dim, num_heads, ff_dim, cross=True)           # CA(L_I, L_B')
+        self.output_self = block(dim, num_heads, ff_dim, cross=False)    # SA(·) -> L_I'
         for block in (self.compress, self.latent_self, self.cross, self.output_self):
             block.attention.chunk_size = chunk_size
 
@@ -159,8 +162,9 @@ class CMAB(nn.Module):
         if latents.dim() != 3 or latents.shape[0] != batch or latents.shape[-1] != self.dim:
             raise ValueError(f"attn_ext.nn.CMAB: latents must be [{batch}, L_I, {self.dim}] or [L_I, {self.dim}] "
                              f"for a state of batch {batch}, got {tuple(latents.shape)}")
-        # The residual of CA(L_B, D) is L_B itself, as in the block's forward.
-        compressed = self.compress.feed_forward(self.latents + self.compress.attention.query(state.attention))
+        # The block finishes CA(L_B, D) from its attention output as its forward would.
+        compressed = self.compress.finish(self.latents, self.compress.norm_query(self.latents),
+                                          self.compress.attention.query(state.attention))
         compressed = self.latent_self(compressed)
         return self.output_self(self.cross(latents, compressed))
 

@@ -7,8 +7,6 @@ is renormalised at every sub-block instead of growing; and the feed-forward is a
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -49,7 +47,7 @@ class PerceiverBlock(PreNormBlock):
     def feed_forward_net(dim: int, ff_dim: int) -> nn.Module:
         return nn.Sequential(nn.Linear(dim, 2 * ff_dim), GEGLU(), nn.Linear(ff_dim, dim))
 
-    def forward(self, x: Tensor, context: Optional[Tensor] = None, context_mask: Optional[Tensor] = None) -> Tensor:
-        q, attended = self.attend(x, context, context_mask)
-        h = self.norm_ff(q + attended)
+    def finish(self, x: Tensor, normed: Tensor, attended: Tensor) -> Tensor:
+        """``LN''(h) + FF(LN''(h))`` of ``h = LN(x) + attended``: the residuals start from the normalised input."""
+        h = self.norm_ff(normed + attended)
         return h + self.ff(h)

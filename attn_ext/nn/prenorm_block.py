@@ -59,5 +59,10 @@ class PreNormBlock(nn.Module):
         c = q if self.norm_context is None else self.norm_context(context)
         return q, self.attention(q, c, c, key_padding_mask=context_mask)[0]
 
+    def finish(self, x: Tensor, normed: Tensor, attended: Tensor) -> Tensor:
+        """The block's output from its input ``x``, ``LN(x)`` and the attention output: here
+        ``x + attended`` through :meth:`feed_forward` (a subclass may take another residual)."""
+        return self.feed_forward(x + attended)
+
     def forward(self, x: Tensor, context: Optional[Tensor] = None, context_mask: Optional[Tensor] = None) -> Tensor:
-        return self.feed_forward(x + self.attend(x, context, context_mask)[1])
+        return self.finish(x, *self.attend(x, context, context_mask))
