@@ -9,14 +9,13 @@ measures
 * per branching factor b in {2, 4, 16}:
 
   * **build + aggregate**: ``build_tree`` over the positions, then
-    ``tree_aggregate`` (mean) of the keys and of the values;
+    ``tree_aggregate`` (mean) of the keys and of the values; interleaved with
+    **gather**: PyTorch's ``index_select`` of the keys' and values' rows in the
+    tree's leaf order, the memory traffic any aggregation has to do (read every
+    token row, write every leaf row);
   * **tree CA**: ``tree_cross_attention(q, node_k, node_v, tree, policy="greedy")``
     with the aggregated nodes viewed as ``[B, H, num_nodes, D]`` (as in its docstring);
   * the fraction of tokens read per query, ``tree_num_selected(N, b) / N``.
-
-  * **gather**, in the same interleaved loop: PyTorch's ``index_select`` of the
-    keys' and values' rows in the tree's leaf order, the memory traffic any
-    aggregation has to do (read every token row, write every leaf row).
 
 The issue's goals: tree CA at least 20x faster than full CA at N = 1e5 with
 b = 2, and build + aggregate O(N log N) at most, judged here as its time over
@@ -151,7 +150,7 @@ def full_call(q, k_leaves, v_leaves, backend: str) -> Callable[[], object]:
 
 def _measure_n(options: BenchOptions, n: int, step: str) -> dict:
     """One N: full CA, then per b build + aggregate and the tree op (one b's nodes alive at a time)."""
-    from attn_ext.tree import tree_num_selected
+    from attn_ext.tree import build_tree, tree_num_selected
 
     repeats = max(options.repeats, MIN_REPEATS)
     q, points, leaf_k, leaf_v = make_problem(n)
@@ -167,10 +166,10 @@ def _measure_n(options: BenchOptions, n: int, step: str) -> dict:
     for b in BRANCHINGS:
         progress(f"{step} N={n:,} b={b}: build + aggregate x{repeats}, tree attention "
                  f"x{max(options.repeats, TREE_MIN_REPEATS)}x{TREE_NUMBER} ...", end="")
-        tree, node_k, node_v = build_and_aggregate(points, leaf_k, leaf_v, b)
-        del node_k, node_v
+        # The gather needs only the leaf order: no node tensors alive while the build is timed.
         build = time_interleaved({"build": lambda: build_and_aggregate(points, leaf_k, leaf_v, b),
-                                  "gather": gather_call(leaf_k, leaf_v, tree)}, repeats=repeats)
+                                  "gather": gather_call(leaf_k, leaf_v, build_tree(points, branching=b))},
+                                 repeats=repeats)
         build, gather = build["build"], build["gather"]
         tree, node_k, node_v = build_and_aggregate(points, leaf_k, leaf_v, b)
         timed = time_interleaved({"tree": tree_call(q, node_k, node_v, tree, options.backend)},

@@ -1,5 +1,6 @@
 """Drop-in attention modules on the fused kernels: ``MultiheadCrossAttention``, ``CMAB``,
-``TreeCrossAttention`` (with ``tca_loss``), ``PreNormBlock`` (and the official LBANP code's ``PerceiverBlock``) and ``Intention`` (with ``InformerLayer``, ``Informer``).
+``TreeCrossAttention`` (with ``tca_loss``), ``PreNormBlock`` (and the official LBANP code's
+``PerceiverBlock``) and ``Intention`` (with ``InformerLayer``, ``Informer``).
 
 >>> import torch, attn_ext as ae
 >>> mha = ae.nn.MultiheadCrossAttention(16, 2)
