@@ -7,7 +7,9 @@ Adam (lr 5e-4, ``--weight-decay`` 0 as in the official GP code) with a cosine sc
 ``--checkpoint-every`` steps (and at the end) the run directory gets ``checkpoint.pt`` (model,
 optimiser, schedule, step, the task settings, the batch generator's and torch's RNG states), written
 atomically, so rerunning the same command continues where it stopped and gives the same parameters
-as an uninterrupted run. Progress lines go to stderr. ``images`` also writes ``completions.png``
+as an uninterrupted run; ``--keep-every`` also keeps step-numbered copies, from which a stretch of the run
+replays exactly. Progress lines (loss, the gradient's global norm, steps/s) go to stderr and
+``loss_history.csv``. ``images`` also writes ``completions.png``
 (context / mean / std of a few held-out images). ``copy`` is the TCA copy task
 (:mod:`attn_ext.tasks.copy_cli`), a few minutes, not checkpointed.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -46,6 +49,8 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint-every", type=int, default=1000)
     parser.add_argument("--log-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--keep-every", type=int, default=None, metavar="N",
+                        help="also keep the checkpoint of every N-th step as checkpoint-STEP.pt (to replay a stretch)")
     parser.add_argument("--restart", action="store_true", help="ignore an existing checkpoint in --out")
     parser.add_argument("--stop-after", type=int, default=None, metavar="N",
                         help="checkpoint and stop after N steps of this invocation (rerun to resume)")
@@ -154,7 +159,7 @@ def load_checkpoint(run_dir: Path):
 
 def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, batch_size: int = 16,
           lr: float = 5e-4, weight_decay: float = 0.0, checkpoint_every: int = 1000, log_every: int = 100,
-          restart: bool = False,
+          restart: bool = False, keep_every: Optional[int] = None,
           overrides: Optional[dict] = None, options: Optional[dict] = None, stop_after: Optional[int] = None,
           log=None, **gp_settings) -> dict:
     """Train (or resume) a model on ``task`` (an :class:`~attn_ext.tasks.np_tasks.NPTask`; default the
@@ -164,6 +169,9 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
     options (e.g. ReTreever's ``aggregator``); both are stored in the checkpoint, with the batch size, ``lr``
     and ``weight_decay``, and resuming with any of them different is an error. ``stop_after`` ends
     this invocation after that many steps (checkpointed), for time-sliced jobs; calling again resumes.
+    ``keep_every`` also keeps the checkpoint of every multiple of that many steps as
+    ``checkpoint-STEP.pt``: copied into an empty directory as ``checkpoint.pt``, it replays the run
+    from that step bit for bit (the batch generator and RNG states are in it), e.g. to look at a spike.
     """
     import torch
 
@@ -172,8 +180,8 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
     from attn_ext.train_history import LogPoint, append_history, start_history
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    if steps <= 0 or batch_size <= 0 or checkpoint_every <= 0 or log_every <= 0:
-        raise ValueError("steps, batch_size, checkpoint_every and log_every must be positive")
+    if steps <= 0 or batch_size <= 0 or checkpoint_every <= 0 or log_every <= 0 or (keep_every is not None and keep_every <= 0):
+        raise ValueError("steps, batch_size, checkpoint_every, log_every and keep_every must be positive")
     if not lr > 0 or not weight_decay >= 0:
         raise ValueError(f"lr must be positive and weight_decay non-negative, got lr={lr}, weight_decay={weight_decay}")
     task = task or gp_task(**gp_settings)
@@ -223,7 +231,8 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
                           "torch_rng": torch.get_rng_state(), "step": step, "elapsed": elapsed})
 
     model.train()
-    window, window_start, t0, last = [], time.perf_counter(), time.perf_counter(), None
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    window, norms, window_start, t0, last = [], [], time.perf_counter(), time.perf_counter(), None
     end = steps if stop_after is None else min(steps, step + stop_after)
     while step < end:
         loss = model(task.sample(batch_size, generator))
@@ -231,6 +240,7 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
             raise FloatingPointError(f"{model_name}: loss {loss.item()} at step {step}")
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
+        norms.append(gradient_norm(parameters))
         optimiser.step()
         schedule.step()
         step += 1
@@ -240,18 +250,33 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
             now = time.perf_counter()
             rate = len(window) / max(now - window_start, 1e-9)
             eta = (steps - step) / rate
-            point = LogPoint(step, sum(window) / len(window), schedule.get_last_lr()[0], rate)
+            point = LogPoint(step, sum(window) / len(window), schedule.get_last_lr()[0], rate,
+                             sum(norms) / len(norms), max(norms))
             append_history(out, point)
-            log(f"[{model_name}] step {step}/{steps} loss {point.loss:.4f} "
-                f"{rate:.2f} steps/s lr {point.lr:.2e} eta {eta / 60:.1f} min")
-            window, window_start = [], now
-        if step % checkpoint_every == 0 or step == end:
+            log(f"[{model_name}] step {step}/{steps} loss {point.loss:.4f} |grad| {point.grad_norm:.3g} "
+                f"(max {point.grad_norm_max:.3g}) {rate:.2f} steps/s lr {point.lr:.2e} eta {eta / 60:.1f} min")
+            window, norms, window_start = [], [], now
+        kept = keep_every is not None and step % keep_every == 0
+        if step % checkpoint_every == 0 or step == end or kept:
             elapsed += time.perf_counter() - t0
             t0 = time.perf_counter()
             checkpoint()
+            if kept:
+                shutil.copyfile(ckpt_path, out / f"checkpoint-{step:06d}.pt")
     summary = {**meta, "final_step": step, "train_seconds": round(elapsed, 1), "last_loss": last}
     (out / "train.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def gradient_norm(parameters) -> float:
+    """The global L2 norm of the parameters' gradients (parameters without one count as zero)."""
+    import torch
+
+    grads = [p.grad.detach() for p in parameters if p.grad is not None]
+    if not grads:
+        return 0.0
+    # One fused call per dtype, as clip_grad_norm_ does: a per-tensor loop cost 2% of a TNP-D step.
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))).item()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -270,7 +295,8 @@ def run(args: argparse.Namespace) -> int:
                 "wheel": lambda: wheel_task(args.num_context, args.num_target, args.context_rewards)}[args.task]()
         summary = train(args.model, args.steps, args.out, task=task, seed=args.seed, batch_size=args.batch_size,
                         lr=args.lr, weight_decay=args.weight_decay, checkpoint_every=args.checkpoint_every,
-                        log_every=args.log_every, restart=args.restart, overrides=model_overrides(args),
+                        log_every=args.log_every, restart=args.restart, keep_every=args.keep_every,
+                        overrides=model_overrides(args),
                         options=model_options(args), stop_after=args.stop_after)
         if args.task == "images" and args.plot_images > 0:
             from attn_ext.tasks.image_plot import plot_run
