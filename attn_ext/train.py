@@ -46,6 +46,9 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--weight-decay", type=float, default=0.0,
                         help="Adam's L2 penalty (default 0; the CMANP paper grid-searched 0, 1e-5, 1e-4, 1e-3)")
+    parser.add_argument("--clip-grad-norm", type=float, default=None, metavar="C",
+                        help="scale the global gradient norm down to at most C before each step (default: no "
+                             "clipping, as in the official GP code)")
     parser.add_argument("--checkpoint-every", type=int, default=1000)
     parser.add_argument("--log-every", type=int, default=100)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
@@ -158,7 +161,8 @@ def load_checkpoint(run_dir: Path):
 
 
 def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, batch_size: int = 16,
-          lr: float = 5e-4, weight_decay: float = 0.0, checkpoint_every: int = 1000, log_every: int = 100,
+          lr: float = 5e-4, weight_decay: float = 0.0, clip_grad_norm: Optional[float] = None,
+          checkpoint_every: int = 1000, log_every: int = 100,
           restart: bool = False, keep_every: Optional[int] = None,
           overrides: Optional[dict] = None, options: Optional[dict] = None, stop_after: Optional[int] = None,
           log=None, **gp_settings) -> dict:
@@ -167,7 +171,8 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
 
     ``overrides`` are :class:`~attn_ext.models.NPConfig` fields, ``options`` the model's own constructor
     options (e.g. ReTreever's ``aggregator``); both are stored in the checkpoint, with the batch size, ``lr``
-    and ``weight_decay``, and resuming with any of them different is an error. ``stop_after`` ends
+    ``weight_decay`` and ``clip_grad_norm`` (the global gradient norm is scaled down to at most this
+    before each step; None, the official recipe's, does not clip), and resuming with any of them different is an error. ``stop_after`` ends
     this invocation after that many steps (checkpointed), for time-sliced jobs; calling again resumes.
     ``keep_every`` also keeps the checkpoint of every multiple of that many steps as
     ``checkpoint-STEP.pt``: copied into an empty directory as ``checkpoint.pt``, it replays the run
@@ -184,6 +189,8 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
         raise ValueError("steps, batch_size, checkpoint_every, log_every and keep_every must be positive")
     if not lr > 0 or not weight_decay >= 0:
         raise ValueError(f"lr must be positive and weight_decay non-negative, got lr={lr}, weight_decay={weight_decay}")
+    if clip_grad_norm is not None and not clip_grad_norm > 0:
+        raise ValueError(f"clip_grad_norm must be positive (or None: no clipping), got {clip_grad_norm}")
     task = task or gp_task(**gp_settings)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
@@ -201,11 +208,12 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
         # config would train a different run than the one the directory names.
         asked = {"model": model_name, "steps": steps, "task": task.name, "task_settings": task.settings,
                  "model_options": options, "config": model.config.to_dict(), "batch_size": batch_size, "lr": lr,
-                 "weight_decay": weight_decay}
+                 "weight_decay": weight_decay, "clip_grad_norm": clip_grad_norm}
         found = {"model": ckpt["model"], "steps": ckpt["steps"], "task": ckpt.get("task", "gp"),
                  "task_settings": ckpt.get("task_settings", task.settings), "model_options": stored_options(ckpt),
                  "config": ckpt.get("config", asked["config"]), "batch_size": ckpt.get("batch_size", batch_size),
-                 "lr": ckpt.get("lr", lr), "weight_decay": ckpt.get("weight_decay", 0.0)}
+                 "lr": ckpt.get("lr", lr), "weight_decay": ckpt.get("weight_decay", 0.0),
+                 "clip_grad_norm": ckpt.get("clip_grad_norm")}
         differ = [key for key in asked if asked[key] != found[key]]
         if differ:
             raise ValueError(f"{ckpt_path} was trained with "
@@ -223,7 +231,7 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
     # The task settings also sit at the top level (kernel, dataset, ...), where `eval` looks first.
     meta = {"model": model_name, "config": model.config.to_dict(), "model_options": options, "steps": steps,
             "task": task.name, "task_settings": task.settings, **task.settings, "seed": seed,
-            "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay}
+            "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay, "clip_grad_norm": clip_grad_norm}
 
     def checkpoint() -> None:
         _save(ckpt_path, {**meta, "model_state": model.state_dict(), "optimiser": optimiser.state_dict(),
@@ -240,7 +248,10 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
             raise FloatingPointError(f"{model_name}: loss {loss.item()} at step {step}")
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
-        norms.append(gradient_norm(parameters))
+        if clip_grad_norm is None:
+            norms.append(gradient_norm(parameters))
+        else:  # logged before clipping, so that the log still shows the spikes
+            norms.append(torch.nn.utils.clip_grad_norm_(parameters, clip_grad_norm).item())
         optimiser.step()
         schedule.step()
         step += 1
@@ -294,7 +305,8 @@ def run(args: argparse.Namespace) -> int:
                 "images": lambda: image_task(args.dataset, args.data_dir),
                 "wheel": lambda: wheel_task(args.num_context, args.num_target, args.context_rewards)}[args.task]()
         summary = train(args.model, args.steps, args.out, task=task, seed=args.seed, batch_size=args.batch_size,
-                        lr=args.lr, weight_decay=args.weight_decay, checkpoint_every=args.checkpoint_every,
+                        lr=args.lr, weight_decay=args.weight_decay,
+                        clip_grad_norm=args.clip_grad_norm, checkpoint_every=args.checkpoint_every,
                         log_every=args.log_every, restart=args.restart, keep_every=args.keep_every,
                         overrides=model_overrides(args),
                         options=model_options(args), stop_after=args.stop_after)

@@ -78,3 +78,23 @@ def test_keep_every_on_the_command_line(tmp_path):
     assert main(["train", "gp", "--model", "tnpd", "--steps", "3", "--out", str(tmp_path), "--keep-every", "2",
                  *tiny]) == 0
     assert sorted(p.name for p in tmp_path.glob("checkpoint*.pt")) == ["checkpoint-000002.pt", "checkpoint.pt"]
+
+
+def test_clip_grad_norm_scales_the_step_and_logs_the_norm_before_clipping(tmp_path):
+    train("tnpd", 2, tmp_path / "clipped", log_every=1, clip_grad_norm=0.5, stop_after=1, **QUIET)
+    unclipped = first_step_gradient_norm("tnpd")
+    assert unclipped > 0.5
+    assert read_history(tmp_path / "clipped")[0].grad_norm == pytest.approx(unclipped, rel=1e-5)
+    # Adam's first moment after one step is (1 - beta1) times the gradient it was given.
+    _, ckpt = load_checkpoint(tmp_path / "clipped")
+    first_moment = torch.cat([s["exp_avg"].flatten() for s in ckpt["optimiser"]["state"].values()])
+    assert first_moment.norm().item() == pytest.approx(0.1 * 0.5, rel=1e-5)
+    assert ckpt["clip_grad_norm"] == 0.5
+    # Resuming without the clipping would train another recipe; runs from before the option resume.
+    with pytest.raises(ValueError, match="clip_grad_norm=0.5"):
+        train("tnpd", 2, tmp_path / "clipped", **QUIET)
+    with pytest.raises(ValueError, match="clip_grad_norm must be positive"):
+        train("tnpd", 2, tmp_path / "other", clip_grad_norm=0.0, **QUIET)
+    del ckpt["clip_grad_norm"]
+    torch.save(ckpt, tmp_path / "clipped" / "checkpoint.pt")
+    assert train("tnpd", 2, tmp_path / "clipped", **QUIET)["final_step"] == 2
