@@ -7,8 +7,8 @@ Adam (lr 5e-4, ``--weight-decay`` 0 as in the official GP code) with a cosine sc
 ``--checkpoint-every`` steps (and at the end) the run directory gets ``checkpoint.pt`` (model,
 optimiser, schedule, step, the task settings, the batch generator's and torch's RNG states), written
 atomically, so rerunning the same command continues where it stopped and gives the same parameters
-as an uninterrupted run; ``--keep-every`` also keeps step-numbered copies, from which a stretch of the run
-replays exactly. Progress lines (loss, the gradient's global norm, steps/s) go to stderr and
+as an uninterrupted run; ``--keep-every`` also keeps step-numbered copies, from which a stretch of
+the run replays exactly. Progress lines (loss, the gradient's global norm, steps/s) go to stderr and
 ``loss_history.csv``. ``images`` also writes ``completions.png``
 (context / mean / std of a few held-out images). ``copy`` is the TCA copy task
 (:mod:`attn_ext.tasks.copy_cli`), a few minutes, not checkpointed.
@@ -170,11 +170,11 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
     GP task of ``gp_settings``, e.g. ``kernel="matern52"``); returns the summary written to ``out/train.json``.
 
     ``overrides`` are :class:`~attn_ext.models.NPConfig` fields, ``options`` the model's own constructor
-    options (e.g. ReTreever's ``aggregator``); both are stored in the checkpoint, with the batch size, ``lr``
-    ``weight_decay`` and ``clip_grad_norm`` (the global gradient norm is scaled down to at most this
-    before each step; None, the official recipe's, does not clip), and resuming with any of them different is an error. ``stop_after`` ends
-    this invocation after that many steps (checkpointed), for time-sliced jobs; calling again resumes.
-    ``keep_every`` also keeps the checkpoint of every multiple of that many steps as
+    options (e.g. ReTreever's ``aggregator``); both are stored in the checkpoint, with the batch size,
+    ``lr``, ``weight_decay`` and ``clip_grad_norm`` (the global gradient norm is scaled down to at most
+    this before each step; None, the official recipe's, does not clip), and resuming with any of them
+    different is an error. ``stop_after`` ends this invocation after that many steps (checkpointed),
+    for time-sliced jobs; calling again resumes. ``keep_every`` also keeps the checkpoint of every multiple of that many steps as
     ``checkpoint-STEP.pt``: copied into an empty directory as ``checkpoint.pt``, it replays the run
     from that step bit for bit (the batch generator and RNG states are in it), e.g. to look at a spike.
     """
@@ -185,7 +185,7 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
     from attn_ext.train_history import LogPoint, append_history, start_history
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
-    if steps <= 0 or batch_size <= 0 or checkpoint_every <= 0 or log_every <= 0 or (keep_every is not None and keep_every <= 0):
+    if min(steps, batch_size, checkpoint_every, log_every, 1 if keep_every is None else keep_every) <= 0:
         raise ValueError("steps, batch_size, checkpoint_every, log_every and keep_every must be positive")
     if not lr > 0 or not weight_decay >= 0:
         raise ValueError(f"lr must be positive and weight_decay non-negative, got lr={lr}, weight_decay={weight_decay}")
