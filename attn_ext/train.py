@@ -60,8 +60,9 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--aggregator", choices=("mean", "transformer"), default=None,
                         help="retreever: node aggregator (default transformer, the paper's)")
-    parser.add_argument("--block", choices=("prenorm", "perceiver"), default=None,
-                        help="lbanp, cmanp, cmanp_and: pre-norm blocks (default) or the official code's Perceiver blocks")
+    parser.add_argument("--block", choices=("prenorm", "perceiver", "official"), default=None,
+                        help="lbanp, cmanp, cmanp_and: pre-norm blocks (default), the official code's Perceiver "
+                             "blocks, or those with its projections and layers copied from one (official)")
     parser.add_argument("--backprop-through-tree", dest="backprop_through_tree", action="store_true", default=None,
                         help="retreever: let the internal nodes' gradients reach the encoder (paper: bptt=False)")
     parser.add_argument("--no-backprop-through-tree", dest="backprop_through_tree", action="store_false", default=None,

@@ -100,6 +100,10 @@ def test_block_is_kept_and_old_lbanp_checkpoints_resume_as_prenorm(tmp_path, cap
     assert main(["train", "gp", "--model", "cmanp", "--steps", "1", "--out", str(tmp_path / "c"),
                  "--block", "perceiver", *TINY]) == 0
     assert load_checkpoint(tmp_path / "c")[1]["model_options"] == {"block": "perceiver"}
+    assert main(["train", "gp", "--model", "lbanp", "--steps", "1", "--out", str(tmp_path / "o"),
+                 "--block", "official", *TINY]) == 0
+    model, ckpt = load_checkpoint(tmp_path / "o")
+    assert ckpt["model_options"] == {"block": "official"} and model.cross[0].attention.in_proj_bias is None
 
 
 def test_checkpoints_from_before_options_were_stored_load_with_the_defaults_of_their_time(tmp_path):

@@ -17,7 +17,7 @@ def data():
     return xc, torch.sin(3 * xc), torch.rand(3, 9, 1, generator=g, dtype=torch.float64) * 4 - 2
 
 
-@pytest.fixture(params=["prenorm", "perceiver"])
+@pytest.fixture(params=["prenorm", "perceiver", "official"])
 def model(request):
     torch.manual_seed(0)
     return CMANP(**SMALL, block=request.param).double().eval()

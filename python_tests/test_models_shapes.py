@@ -86,8 +86,36 @@ def test_perceiver_blocks_train_and_embed_targets_from_x_only(name, blocks_per_l
     default = build_model(name, **SMALL)
     assert default.options() == {"block": "prenorm"} and default.query_embedder is None
     assert not any(isinstance(m, PerceiverBlock) for m in default.modules())
-    with pytest.raises(ValueError, match="unknown block 'post'; choose one of prenorm, perceiver"):
+    with pytest.raises(ValueError, match="unknown block 'post'; choose one of prenorm, perceiver, official"):
         build_model(name, block="post", **SMALL)
+
+
+@pytest.mark.parametrize("name", ["lbanp", "cmanp", "cmanp_and"])
+def test_official_blocks_start_every_layer_from_the_same_weights(name):
+    # The official code's _get_clones: each stack's layers are deep copies of one at initialisation
+    # (CMABs with their own latents L_B), separate parameters that then train apart.
+    from attn_ext.nn import OfficialPerceiverBlock
+
+    torch.manual_seed(0)
+    model = build_model(name, block="official", **SMALL)
+    assert model.options() == {"block": "official"} and model.query_embedder[0].in_features == 1
+    stacks = [model.decoder.blocks] + ([model.cross, model.self_attention] if name == "lbanp" else [model.blocks])
+    for stack in stacks:
+        first, *rest = [dict(layer.named_parameters()) for layer in stack]
+        assert rest
+        for other in rest:
+            assert first.keys() == other.keys()
+            for key, value in first.items():
+                assert torch.equal(value, other[key]) and value.data_ptr() != other[key].data_ptr(), key
+    assert sum(isinstance(m, OfficialPerceiverBlock) for m in model.modules()) > 0
+    loss = model(_batch())
+    loss.backward()
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    last = stacks[0]
+    assert not torch.equal(last[0].ff[0].weight, last[-1].ff[0].weight)  # trained apart
+    independent = build_model(name, block="perceiver", **SMALL)
+    blocks = independent.decoder.blocks
+    assert not torch.equal(blocks[0].ff[0].weight, blocks[1].ff[0].weight)
 
 
 def test_defaults_follow_spec():
@@ -102,6 +130,7 @@ def test_no_model_uses_torch_multihead_attention():
     models["retreever, transformer aggregator"] = build_model("retreever", aggregator="transformer", **SMALL)
     for name in ("lbanp", "cmanp", "cmanp_and"):
         models[f"{name}, perceiver blocks"] = build_model(name, block="perceiver", **SMALL)
+        models[f"{name}, official blocks"] = build_model(name, block="official", **SMALL)
     for name, model in models.items():
         assert not any(isinstance(m, (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer))
                        for m in model.modules()), name

@@ -5,13 +5,13 @@ import pytest
 import torch
 
 import attn_ext.nn.cmab as cmab_module
-from attn_ext.nn import CMAB, CMABState, PerceiverBlock, PreNormBlock
+from attn_ext.nn import CMAB, CMABState, OfficialPerceiverBlock, PerceiverBlock, PreNormBlock
 
 DIM, LATENTS, HEADS, FF = 32, 16, 4, 64
 TOL = dict(atol=1e-5, rtol=1e-4)
 
 
-@pytest.fixture(params=[PreNormBlock, PerceiverBlock], ids=["prenorm", "perceiver"])
+@pytest.fixture(params=[PreNormBlock, PerceiverBlock, OfficialPerceiverBlock], ids=["prenorm", "perceiver", "official"])
 def block(request):
     torch.manual_seed(1)
     module = CMAB(DIM, LATENTS, HEADS, FF, block=request.param)
@@ -33,7 +33,10 @@ def _torch_block(block, x, context=None, mask=None):
     """One block computed with torch.nn.MultiheadAttention loaded with the block's weights: pre-norm
     (residual x), or Perceiver (residuals LN(x) and LN''(h))."""
     mha = torch.nn.MultiheadAttention(DIM, HEADS, batch_first=True)
-    mha.load_state_dict(block.attention.state_dict())
+    weights = dict(block.attention.state_dict())
+    if block.attention.in_proj_bias is None:  # OfficialPerceiverBlock: bias-free q/k/v projections
+        weights["in_proj_bias"] = torch.zeros(3 * DIM)
+    mha.load_state_dict(weights)
     q = block.norm_query(x)
     c = q if block.norm_context is None else block.norm_context(context)
     attended = mha(q, c, c, key_padding_mask=mask, need_weights=False)[0]

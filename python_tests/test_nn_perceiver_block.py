@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attn_ext.nn import PerceiverBlock, PreNormBlock
+from attn_ext.nn import OfficialPerceiverBlock, PerceiverBlock, PreNormBlock
 
 DIM, HEADS, FF = 24, 3, 40
 
@@ -11,7 +11,7 @@ DIM, HEADS, FF = 24, 3, 40
 def _attention(mha, q, c):
     """Multi-head attention with ``mha``'s weights, on PyTorch's own ops."""
     w_q, w_k, w_v = mha.in_proj_weight.chunk(3)
-    b_q, b_k, b_v = mha.in_proj_bias.chunk(3)
+    b_q, b_k, b_v = (None,) * 3 if mha.in_proj_bias is None else mha.in_proj_bias.chunk(3)
 
     def heads(t):
         return t.unflatten(-1, (HEADS, DIM // HEADS)).transpose(1, 2)
@@ -29,10 +29,11 @@ def _formula(block, x, context):
     return h + block.ff[2](hidden * F.gelu(gate))
 
 
+@pytest.mark.parametrize("Block", [PerceiverBlock, OfficialPerceiverBlock])
 @pytest.mark.parametrize("cross", [True, False])
-def test_matches_its_formula_in_float64(cross):
+def test_matches_its_formula_in_float64(cross, Block):
     torch.manual_seed(0)
-    block = PerceiverBlock(DIM, HEADS, FF, cross=cross).double()
+    block = Block(DIM, HEADS, FF, cross=cross).double()
     for p in block.parameters():  # LayerNorm and bias start at 1 and 0: move them so the test sees them.
         p.data.add_(0.1 * torch.randn_like(p))
     x = 3 * torch.randn(2, 7, DIM, dtype=torch.float64) + 1
@@ -67,3 +68,20 @@ def test_padding_mask_drops_keys():
 def test_cross_needs_a_context():
     with pytest.raises(ValueError, match="needs a context"):
         PerceiverBlock(8, 2, 16, cross=True)(torch.randn(1, 3, 8))
+
+
+def test_official_projections_are_bias_free_linear_layers():
+    # The official Attention: to_q and to_kv are nn.Linear(bias=False), to_out nn.Linear; all start
+    # uniform in ±1/sqrt(fan_in). MultiheadCrossAttention's own start is Xavier (wider) with zero biases.
+    torch.manual_seed(3)
+    dim = 64
+    official = OfficialPerceiverBlock(dim, 4, FF, cross=True).attention
+    names = {name for name, _ in official.named_parameters()}
+    assert "in_proj_bias" not in names and "out_proj.bias" in names
+    bound = dim ** -0.5
+    for weight in (official.in_proj_weight, official.out_proj.weight, official.out_proj.bias):
+        assert weight.abs().max() <= bound
+        assert weight.abs().max() > 0.8 * bound  # uniform over the whole range, not a narrower draw
+    assert official.out_proj.bias.abs().min() > 0
+    xavier = PerceiverBlock(dim, 4, FF, cross=True).attention.in_proj_weight
+    assert xavier.abs().max() > 1.1 * bound

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from torch.distributions import Normal
 
 from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points, mlp
-from attn_ext.models.layers import LatentDecoder, block_class
+from attn_ext.models.layers import CLONED_STACKS, LatentDecoder, block_class, layer_stack
 from attn_ext.nn import CMAB, CMABState
 from attn_ext.nn.latents import learned_latents
 
@@ -34,9 +34,10 @@ class CMANP(NeuralProcess):
     ----------
     config : NPConfig, optional
         Sizes (SPEC §2 defaults: 6 CMABs of 128 latents); keyword overrides on top.
-    block : {"prenorm", "perceiver"}
+    block : {"prenorm", "perceiver", "official"}
         The attention blocks, as :class:`~attn_ext.models.LBANP`'s: ``"perceiver"`` is the official
-        code's structure (:class:`~attn_ext.nn.PerceiverBlock`, an ``x``-only target embedder).
+        code's structure (:class:`~attn_ext.nn.PerceiverBlock`, an ``x``-only target embedder);
+        ``"official"`` adds its projections and its layers copied from one (CMABs with their ``L_B``).
 
     Examples
     --------
@@ -56,10 +57,11 @@ class CMANP(NeuralProcess):
         c, Block, self.block = self.config, block_class(type(self).__name__, block), block
         # L_0, the first block's input latents L_I; each later block takes the previous output.
         self.latents = learned_latents(c.num_latents, c.d_model)
-        self.blocks = nn.ModuleList(CMAB(c.d_model, c.num_latents, c.num_heads, c.ff_dim, block=Block)
-                                    for _ in range(c.num_layers))
-        self.decoder = LatentDecoder(c.num_layers, c.d_model, c.num_heads, c.ff_dim, block=Block)
-        if block == "perceiver":
+        cloned = block in CLONED_STACKS
+        self.blocks = layer_stack(lambda: CMAB(c.d_model, c.num_latents, c.num_heads, c.ff_dim, block=Block),
+                                  c.num_layers, cloned=cloned)
+        self.decoder = LatentDecoder(c.num_layers, c.d_model, c.num_heads, c.ff_dim, block=Block, cloned=cloned)
+        if block != "prenorm":
             self.query_embedder = mlp(c.dim_x, c.d_model, c.d_model, c.emb_depth)
         self.head = self.make_head()
 

@@ -7,11 +7,12 @@ is the query phase of LBANP and CMANP: ``X^i = CA(X^{i−1}, L_i)`` per layer.
 """
 from __future__ import annotations
 
+import copy
 from typing import Callable, Sequence
 
 from torch import Tensor, nn
 
-from attn_ext.nn import Intention, MultiheadCrossAttention, PerceiverBlock, PreNormBlock
+from attn_ext.nn import Intention, MultiheadCrossAttention, OfficialPerceiverBlock, PerceiverBlock, PreNormBlock
 from attn_ext.models.linear_attention import LinearAttention
 
 #: Attention kinds of :class:`ContextAttentionLayer`: name -> factory(dim, heads) -> module(q, k, v) -> [B, M, dim].
@@ -23,8 +24,13 @@ ATTENTIONS: dict = {
 
 
 #: ``block`` choices of the latent models (LBANP, CMANP): ``"prenorm"``, ours; ``"perceiver"``, the
-#: official LBANP/CMANP code's (normalised residuals, GEGLU), which also embeds the targets from x alone.
-BLOCKS: dict = {"prenorm": PreNormBlock, "perceiver": PerceiverBlock}
+#: official LBANP/CMANP code's block structure (normalised residuals, GEGLU), which also embeds the
+#: targets from x alone; ``"official"``, that structure with the official projections (bias-free q/kv,
+#: ``nn.Linear`` initialisation) and, as the official ``_get_clones``, every layer of a stack a copy of one.
+BLOCKS: dict = {"prenorm": PreNormBlock, "perceiver": PerceiverBlock, "official": OfficialPerceiverBlock}
+
+#: The ``block`` choices whose stacks start as copies of one layer (see :func:`layer_stack`).
+CLONED_STACKS = frozenset({"official"})
 
 
 def block_class(owner: str, name: str) -> type:
@@ -87,9 +93,9 @@ class LatentDecoder(nn.Module):
     (``block(dim, num_heads, ff_dim, cross=True)``: :class:`~attn_ext.nn.PreNormBlock` by default)."""
 
     def __init__(self, num_layers: int, dim: int, num_heads: int, ff_dim: int,
-                 block: Callable[..., nn.Module] = PreNormBlock) -> None:
+                 block: Callable[..., nn.Module] = PreNormBlock, *, cloned: bool = False) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(block(dim, num_heads, ff_dim, cross=True) for _ in range(num_layers))
+        self.blocks = layer_stack(lambda: block(dim, num_heads, ff_dim, cross=True), num_layers, cloned=cloned)
 
     def forward(self, queries: Tensor, latents: Sequence[Tensor]) -> Tensor:
         if len(latents) != len(self.blocks):
@@ -99,6 +105,11 @@ class LatentDecoder(nn.Module):
         return queries
 
 
-def stack(factory: Callable[[], nn.Module], n: int) -> nn.ModuleList:
-    """``n`` independently initialised modules from ``factory``."""
+def layer_stack(factory: Callable[[], nn.Module], n: int, *, cloned: bool = False) -> nn.ModuleList:
+    """``n`` modules from ``factory``: independently initialised, or with ``cloned`` ``n`` deep copies
+    of one (the official LBANP/CMANP code's ``_get_clones``: every layer starts from the same
+    weights, and each trains on its own)."""
+    if cloned:
+        first = factory()
+        return nn.ModuleList(copy.deepcopy(first) for _ in range(n))
     return nn.ModuleList(factory() for _ in range(n))

@@ -7,7 +7,7 @@ from torch import Tensor
 from torch.distributions import Normal
 
 from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points, mlp
-from attn_ext.models.layers import LatentDecoder, block_class, stack
+from attn_ext.models.layers import CLONED_STACKS, LatentDecoder, block_class, layer_stack
 from attn_ext.nn.latents import learned_latents
 
 
@@ -20,11 +20,13 @@ class LBANP(NeuralProcess):
     ----------
     config, **overrides
         Sizes (:class:`~attn_ext.models.NPConfig`).
-    block : {"prenorm", "perceiver"}
+    block : {"prenorm", "perceiver", "official"}
         ``"prenorm"`` (default): every block is a :class:`~attn_ext.nn.PreNormBlock` and the targets
         are embedded as ``[x, 0]`` by the context's embedder, as TNP-D does. ``"perceiver"``: the
         official LBANP code's structure, :class:`~attn_ext.nn.PerceiverBlock` (normalised residuals,
-        GEGLU) everywhere and a separate ``x``-only embedder for the targets.
+        GEGLU) everywhere and a separate ``x``-only embedder for the targets. ``"official"``: that,
+        with :class:`~attn_ext.nn.OfficialPerceiverBlock` (bias-free q/kv projections initialised as
+        ``nn.Linear``) and each stack's layers starting as copies of one, as the official code does.
 
     Examples
     --------
@@ -40,10 +42,13 @@ class LBANP(NeuralProcess):
         super().__init__(config, **overrides)
         c, Block, self.block = self.config, block_class("LBANP", block), block
         self.latents = learned_latents(c.num_latents, c.d_model)
-        self.cross = stack(lambda: Block(c.d_model, c.num_heads, c.ff_dim, cross=True), c.num_layers)
-        self.self_attention = stack(lambda: Block(c.d_model, c.num_heads, c.ff_dim, cross=False), c.num_layers)
-        self.decoder = LatentDecoder(c.num_layers, c.d_model, c.num_heads, c.ff_dim, block=Block)
-        if block == "perceiver":
+        cloned = block in CLONED_STACKS
+        self.cross = layer_stack(lambda: Block(c.d_model, c.num_heads, c.ff_dim, cross=True), c.num_layers,
+                                 cloned=cloned)
+        self.self_attention = layer_stack(lambda: Block(c.d_model, c.num_heads, c.ff_dim, cross=False),
+                                          c.num_layers, cloned=cloned)
+        self.decoder = LatentDecoder(c.num_layers, c.d_model, c.num_heads, c.ff_dim, block=Block, cloned=cloned)
+        if block != "prenorm":
             self.query_embedder = mlp(c.dim_x, c.d_model, c.d_model, c.emb_depth)
         self.head = GaussianHead(c.d_model, c.ff_dim, c.dim_y)
 

@@ -11,7 +11,7 @@ from attn_ext.nn.cmab import CMAB, CMABState
 from attn_ext.nn.intention import Informer, InformerLayer, Intention
 from attn_ext.nn.latents import learned_latents
 from attn_ext.nn.multihead_cross_attention import MultiheadCrossAttention
-from attn_ext.nn.perceiver_block import PerceiverBlock
+from attn_ext.nn.perceiver_block import OfficialPerceiverBlock, PerceiverBlock
 from attn_ext.nn.prenorm_block import PreNormBlock
 from attn_ext.nn.tca_loss import TCALoss, tca_loss
 from attn_ext.nn.tree_cross_attention import TreeCrossAttention, TreeCrossAttentionOutput, TreeState
@@ -23,6 +23,7 @@ __all__ = [
     "InformerLayer",
     "Intention",
     "MultiheadCrossAttention",
+    "OfficialPerceiverBlock",
     "PerceiverBlock",
     "PreNormBlock",
     "TCALoss",

@@ -7,6 +7,8 @@ is renormalised at every sub-block instead of growing; and the feed-forward is a
 """
 from __future__ import annotations
 
+import math
+
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -51,3 +53,32 @@ class PerceiverBlock(PreNormBlock):
         """``LN''(h) + FF(LN''(h))`` of ``h = LN(x) + attended``: the residuals start from the normalised input."""
         h = self.norm_ff(normed + attended)
         return h + self.ff(h)
+
+
+class OfficialPerceiverBlock(PerceiverBlock):
+    """:class:`PerceiverBlock` with the official LBANP/CMANP code's attention projections.
+
+    The official ``Attention`` builds its projections from ``nn.Linear``: ``to_q`` and ``to_kv``
+    without bias, ``to_out`` with one, each initialised as ``nn.Linear`` is (uniform in
+    ``±1/sqrt(fan_in)``). Here the query/key/value projections have no bias either and the same
+    initialisation; :class:`~attn_ext.nn.MultiheadCrossAttention` otherwise starts them as
+    ``nn.MultiheadAttention`` does (Xavier-uniform, 1.22× wider at ``dim`` 64, zero biases). Wider
+    initial projections give larger initial scores, and the scores' growth is what made the
+    128-latent Perceiver LBANP spike here; the block exists to train the official model exactly.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from attn_ext.nn import OfficialPerceiverBlock
+    >>> block = OfficialPerceiverBlock(dim=16, num_heads=2, ff_dim=32, cross=True)
+    >>> block.attention.in_proj_bias is None, block(torch.randn(3, 8, 16), torch.randn(3, 5, 16)).shape
+    (True, torch.Size([3, 8, 16]))
+    """
+
+    def __init__(self, dim: int, num_heads: int, ff_dim: int, cross: bool) -> None:
+        super().__init__(dim, num_heads, ff_dim, cross)
+        attention = self.attention
+        attention.register_parameter("in_proj_bias", None)
+        # nn.Linear's default: kaiming_uniform(a=sqrt(5)) is uniform(±1/sqrt(fan_in)), fan_in = dim.
+        nn.init.kaiming_uniform_(attention.in_proj_weight, a=math.sqrt(5))
+        attention.out_proj.reset_parameters()
