@@ -1,25 +1,28 @@
 """attn_ext: fused, exact, memory-efficient attention kernels for Neural Processes.
 
+Three op families (``attn_ext.ops``): chunked cross attention with its attention states, tree cross
+attention, and Intention; the drop-in modules of ``attn_ext.nn`` and the reference Neural Processes
+of ``attn_ext.models`` are built on them. Every public op is importable from here.
+
 >>> import torch, attn_ext as ae
 >>> out = ae.cross_attention(torch.randn(1, 2, 8, 16), torch.randn(1, 2, 100, 16), torch.randn(1, 2, 100, 16))
 >>> out.shape
 torch.Size([1, 2, 8, 16])
 """
-from attn_ext import ops  # noqa: F401  (registers the custom ops, fake kernels and autograd)
+from attn_ext import ops  # noqa: F401  (registers the custom ops, fake kernels, autograd and backends)
 from attn_ext import nn
-from attn_ext import ridge  # Intention and σIntention, ridge-regression attention (SPEC §4)
-from attn_ext import tree  # Tree Cross Attention (SPEC §3)
-from attn_ext.backends import BACKENDS, available_backends
-from attn_ext.cross_attention import DEFAULT_CHUNK_SIZE, cross_attention
-from attn_ext.tree import (
-    Tree,
-    TreeAttentionResult,
-    build_tree,
-    tree_aggregate,
-    tree_cross_attention,
-    tree_num_selected,
+from attn_ext.ops.cross_attention import (
+    DEFAULT_CHUNK_SIZE,
+    AttentionState,
+    attention_state,
+    cross_attention,
+    empty_state,
+    merge_states,
+    remove_from_state,
+    stream_attention,
+    update_state,
 )
-from attn_ext.ridge import (
+from attn_ext.ops.intention import (
     IntentionState,
     batched_cholesky,
     batched_cholesky_solve,
@@ -32,15 +35,8 @@ from attn_ext.ridge import (
     sigma_intention,
     update_intention_state,
 )
-from attn_ext.state import (
-    AttentionState,
-    attention_state,
-    empty_state,
-    merge_states,
-    remove_from_state,
-    stream_attention,
-    update_state,
-)
+from attn_ext.ops.tree import Tree, TreeAttentionResult, build_tree, tree_aggregate, tree_cross_attention, tree_num_selected
+from attn_ext.ops.utils.dispatch import BACKENDS, available_backends
 
 __version__ = "0.1.0"
 
@@ -54,37 +50,38 @@ def __getattr__(name):
         return importlib.import_module("attn_ext.distributed")
     raise AttributeError(f"module 'attn_ext' has no attribute {name!r}")
 
+
 __all__ = [
     "BACKENDS",
     "DEFAULT_CHUNK_SIZE",
     "AttentionState",
+    "IntentionState",
+    "Tree",
+    "TreeAttentionResult",
     "attention_state",
     "available_backends",
+    "batched_cholesky",
+    "batched_cholesky_solve",
+    "batched_spd_solve",
+    "build_tree",
     "cross_attention",
     "distributed",
     "empty_state",
     "intention",
-    "merge_states",
-    "nn",
-    "remove_from_state",
-    "stream_attention",
-    "update_state",
-    "Tree",
-    "TreeAttentionResult",
-    "build_tree",
-    "tree",
-    "tree_aggregate",
-    "tree_cross_attention",
-    "tree_num_selected",
-    "IntentionState",
-    "batched_cholesky",
-    "batched_cholesky_solve",
-    "batched_spd_solve",
     "intention_from_state",
     "intention_state",
     "merge_intention_states",
+    "merge_states",
+    "nn",
+    "ops",
     "remove_from_intention_state",
+    "remove_from_state",
     "sigma_intention",
+    "stream_attention",
+    "tree_aggregate",
+    "tree_cross_attention",
+    "tree_num_selected",
     "update_intention_state",
+    "update_state",
     "__version__",
 ]

@@ -344,3 +344,25 @@ def check_backward_case(backend: str, case, chunk_size=None, *, name: str = ""):
         assert bool((dk.masked_select(padded) == 0).all()), f"{name}: dk of padded keys is not 0"
         assert bool((dv.masked_select(padded) == 0).all()), f"{name}: dv of padded keys is not 0"
     return grads
+
+
+def peak_allocated_bytes(run) -> int:
+    """Peak bytes of CPU tensor memory live during ``run()`` beyond what was live before (torch.profiler's
+    allocation events, replayed in time order: allocations positive, frees negative)."""
+    from torch._C._profiler import _EventType
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = run()
+    del out
+    pending = list(prof.profiler.kineto_results.experimental_event_tree())
+    sizes = []
+    while pending:
+        event = pending.pop()
+        pending.extend(event.children)
+        if event.tag == _EventType.Allocation:
+            sizes.append((event.start_time_ns, event.extra_fields.alloc_size))
+    live = peak = 0
+    for _, size in sorted(sizes):
+        live += size
+        peak = max(peak, live)
+    return peak

@@ -1,15 +1,18 @@
 """pytest configuration of the attn_ext suite.
 
-TRITON_INTERPRET must be set before any Triton kernel is decorated, i.e. before attn_ext.triton's
-kernel modules are imported, so it is set here, first thing. ``setdefault`` keeps an explicit
+TRITON_INTERPRET must be set before any Triton kernel is decorated, i.e. before the ``triton_*``
+kernel modules of attn_ext.ops are imported, so it is set here, first thing. ``setdefault`` keeps an explicit
 TRITON_INTERPRET=0 (e.g. on a GPU machine) intact.
 """
 import hashlib
 import os
 import pathlib
+import sys
 import tempfile
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# The tests live in one folder per op family and share _helpers.py at this folder's top.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 
 def _inductor_cache_dir() -> str:

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import attn_ext.ridge as ridge
-from attn_ext.ridge import IntentionState
+import attn_ext.ops.intention as intention_ops
+from attn_ext.ops.intention import IntentionState
 
 
 def _inverse_softplus(y: float) -> float:
@@ -90,7 +90,7 @@ class Intention(nn.Module):
     def forward(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
         """``[B, M, dim]`` from ``query [B, M, dim]``, ``key [B, N, kdim]``, ``value [B, N, vdim]``."""
         q, k, v = self._heads(self.e_q(query)), self._heads(self.e_k(key)), self._heads(self.e_v(value))
-        fn = ridge.sigma_intention if self.sigma else ridge.intention
+        fn = intention_ops.sigma_intention if self.sigma else intention_ops.intention
         out = fn(q, k, v, alpha=self.alpha.to(q.dtype), key_padding_mask=key_padding_mask, scale=self.query_scale,
                  backend=self.backend)
         return self._merge(out)
@@ -98,26 +98,26 @@ class Intention(nn.Module):
     def condition(self, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor] = None) -> IntentionState:
         """Per-head statistics of a context (or of a first chunk of it)."""
         self._no_sigma("condition")
-        return ridge.intention_state(self._heads(self.e_k(key)), self._heads(self.e_v(value)),
+        return intention_ops.intention_state(self._heads(self.e_k(key)), self._heads(self.e_v(value)),
                                      key_padding_mask=key_padding_mask)
 
     def update(self, state: IntentionState, key: Tensor, value: Tensor,
                key_padding_mask: Optional[Tensor] = None) -> IntentionState:
         """``state`` with new context points added: cost independent of the points seen before."""
-        return ridge.merge_intention_states(state, self.condition(key, value, key_padding_mask))
+        return intention_ops.merge_intention_states(state, self.condition(key, value, key_padding_mask))
 
     def remove(self, state: IntentionState, key: Tensor, value: Tensor,
                key_padding_mask: Optional[Tensor] = None) -> IntentionState:
         """``state`` with context points that were added before taken out again."""
         self._no_sigma("remove")
-        return ridge.remove_from_intention_state(state, self._heads(self.e_k(key)), self._heads(self.e_v(value)),
+        return intention_ops.remove_from_intention_state(state, self._heads(self.e_k(key)), self._heads(self.e_v(value)),
                                                  key_padding_mask=key_padding_mask)
 
     def query(self, query: Tensor, state: IntentionState) -> Tensor:
         """The module's output for ``query`` against the context summarised by ``state``."""
         self._no_sigma("query")
         q = self._heads(self.e_q(query))
-        out = ridge.intention_from_state(q, state, alpha=self.alpha.to(state.gram.dtype), scale=self.query_scale)
+        out = intention_ops.intention_from_state(q, state, alpha=self.alpha.to(state.gram.dtype), scale=self.query_scale)
         return self._merge(out)
 
     def _no_sigma(self, what: str) -> None:

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
-import attn_ext.state as st
-from attn_ext.state import AttentionState
+import attn_ext.ops.cross_attention.state as st
+from attn_ext.ops.cross_attention.state import AttentionState
 
 _NO_MATRIX = "the fused kernel never forms the [L, S] attention matrix"
 

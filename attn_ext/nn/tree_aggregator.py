@@ -1,5 +1,5 @@
 """Node aggregators of :class:`attn_ext.nn.TreeCrossAttention`: how a tree node's embedding is formed
-from its children's (the ``reduce`` of :func:`attn_ext.tree.tree_aggregate`)."""
+from its children's (the ``reduce`` of :func:`attn_ext.tree_aggregate`)."""
 from __future__ import annotations
 
 from typing import Callable, Union
@@ -7,7 +7,7 @@ from typing import Callable, Union
 from torch import Tensor, nn
 
 from attn_ext.nn.prenorm_block import PreNormBlock
-from attn_ext.tree import masked_mean
+from attn_ext.ops.tree import masked_mean
 
 AGGREGATORS = ("mean", "transformer")
 Reducer = Callable[[Tensor, Tensor], Tensor]
@@ -50,7 +50,7 @@ class TransformerAggregator(nn.Module):
 
 
 def make_reducer(aggregate: Union[str, nn.Module], backprop_through_tree: bool) -> Union[str, Reducer]:
-    """The ``reduce`` argument of :func:`attn_ext.tree.tree_aggregate` for an aggregator.
+    """The ``reduce`` argument of :func:`attn_ext.tree_aggregate` for an aggregator.
 
     With ``backprop_through_tree=False`` every level's children are detached (the official
     ReTreever's ``bptt=False``): the internal nodes still train the aggregator's own weights, but send

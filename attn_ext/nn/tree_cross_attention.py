@@ -15,9 +15,9 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor, nn
 
-import attn_ext.tree as _tree
+import attn_ext.ops.tree as _tree
 from attn_ext.nn.tree_aggregator import AGGREGATORS, TransformerAggregator, make_reducer
-from attn_ext.tree import Tree
+from attn_ext.ops.tree import Tree
 
 
 class TreeState(NamedTuple):
@@ -51,7 +51,7 @@ class TreeCrossAttentionOutput(NamedTuple):
     entropy : Tensor
         ``[B, M]``, ``Σ_t H(π(· | s_t))`` (0 for ``policy="full"``); for the entropy bonus.
     selected : Tensor
-        Long ``[B, M, S]`` node ids each query read (see :class:`attn_ext.tree.TreeAttentionResult`).
+        Long ``[B, M, S]`` node ids each query read (see :class:`attn_ext.TreeAttentionResult`).
     """
 
     out: Tensor

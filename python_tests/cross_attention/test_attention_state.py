@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import attn_ext as ae
-from attn_ext.bench.memory import _measure_profiler
+from attn_ext.ops.utils import dispatch
 
-from _helpers import ALL_BACKENDS, assert_within_flash_rule, naive_attention, require_backend
+from _helpers import ALL_BACKENDS, assert_within_flash_rule, naive_attention, peak_allocated_bytes, require_backend
 
 
 def _qkv(n=40, B=2, H=2, M=3, D=8, Dv=5, dtype=torch.float32, seed=0):
@@ -40,7 +40,7 @@ def test_merge_op_passes_opcheck(backend):
     a = ae.attention_state(q, k[:, :, :10], v[:, :, :10])
     b = ae.attention_state(q, k[:, :, 10:], v[:, :, 10:])
     empty = ae.empty_state(q, v.shape[-1])
-    op = ae.ops.merge_op(backend)
+    op = dispatch.kernel("merge_states", backend)
     for x, y in ((a, b), (a, empty), (empty, empty)):
         args = tuple(t.clone().requires_grad_() for t in (x.out, x.lse, y.out, y.lse))
         torch.library.opcheck(op, args)
@@ -120,7 +120,7 @@ def _streamed_peak_bytes(q, n_chunks, chunk_keys, stream):
         for _ in range(n_chunks):  # made on the fly: the whole key set never exists
             yield (torch.randn(1, 2, chunk_keys, 32, generator=g), torch.randn(1, 2, chunk_keys, 32, generator=g))
 
-    return _measure_profiler(lambda: stream(q, chunks()), note="")["extra_bytes"]
+    return peak_allocated_bytes(lambda: stream(q, chunks()))
 
 
 def _stream_by_materialising(q, chunks):

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import attn_ext as ae
+from attn_ext.ops.cross_attention.state import DEFAULT_MIN_REMAINING
 
 from _helpers import assert_within_flash_rule, naive_attention
 
@@ -98,7 +99,7 @@ def test_update_then_remove_returns_to_the_earlier_state(backend, n_keep, n_remo
     grown = ae.update_state(kept, q, k[:, :, n_keep:], v[:, :, n_keep:], backend=backend)
     removed = ae.attention_state(q, k[:, :, n_keep:], v[:, :, n_keep:], backend=backend)
     remaining = 1 - torch.exp(removed.lse - grown.lse)
-    if float(remaining.min()) < ae.state.DEFAULT_MIN_REMAINING:
+    if float(remaining.min()) < DEFAULT_MIN_REMAINING:
         with pytest.raises(ValueError, match="remove_from_state would leave"):
             ae.remove_from_state(grown, q, k[:, :, n_keep:], v[:, :, n_keep:], backend=backend)
         return

@@ -178,6 +178,6 @@ def test_cuda_backend_on_cpu_tensors_says_why():
     assert ae.available_backends(q)["cuda"] is not None
     with pytest.raises(RuntimeError, match=r"backend 'cuda' cannot run.*cuda: the CUDA kernels run on CUDA tensors"):
         ae.cross_attention(q, q, q, backend="cuda")
-    with pytest.raises(RuntimeError, match="backend 'cuda' cannot run tree_aggregate"):
+    with pytest.raises(RuntimeError, match=r"attn_ext.tree_aggregate: backend 'cuda' cannot run on cpu.*cuda: the CUDA kernels run on CUDA"):
         tree = ae.build_tree(torch.rand(1, 8, 1))
         ae.tree_aggregate(tree, torch.randn(1, 8, 3), backend="cuda")

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import attn_ext as ae
-from attn_ext import ops
-from attn_ext.backends import BACKENDS, ENVIRONMENT_VARIABLE
+from attn_ext.ops.utils import dispatch
+from attn_ext.ops.utils.dispatch import BACKENDS, ENVIRONMENT_VARIABLE
 from _helpers import ALL_BACKENDS, make_mask, make_qkv, require_backend
 
 # --------------------------------------------------------------------------------------------- opcheck
@@ -34,22 +34,22 @@ OPCHECK_IDS = [f"{b}-{str(dt)[6:]}-{'mask' if m else 'nomask'}" for b, dt, m in 
 def test_opcheck_forward_op(backend, dtype, with_mask):
     q, k, v, mask = _opcheck_inputs(backend, dtype, with_mask)
     q, k, v = (t.requires_grad_(True) for t in (q, k, v))
-    torch.library.opcheck(ops.forward_op(backend), (q, k, v, mask, 0.4, 4), test_utils=OPCHECK_TESTS)
+    torch.library.opcheck(dispatch.kernel("cross_attention", backend), (q, k, v, mask, 0.4, 4), test_utils=OPCHECK_TESTS)
 
 
 @pytest.mark.parametrize("backend,dtype,with_mask", OPCHECK_CASES, ids=OPCHECK_IDS)
 def test_opcheck_backward_op(backend, dtype, with_mask):
     q, k, v, mask = _opcheck_inputs(backend, dtype, with_mask)
-    out, lse = ops.forward_op(backend)(q, k, v, mask, 0.4, 4)
+    out, lse = dispatch.kernel("cross_attention", backend)(q, k, v, mask, 0.4, 4)
     grad_out, grad_lse = torch.randn_like(out), torch.randn_like(lse)
     args = (grad_out, grad_lse, q, k, v, mask, out, lse, 0.4, 4)
-    torch.library.opcheck(ops.backward_op(backend), args, test_utils=OPCHECK_TESTS)
+    torch.library.opcheck(dispatch.backward_kernel("cross_attention", backend), args, test_utils=OPCHECK_TESTS)
 
 
 def test_every_backend_has_registered_ops():
     for backend in BACKENDS:
-        fwd, bwd = ops.CROSS_ATTENTION_OPS[backend]
-        assert hasattr(torch.ops.attn_ext, fwd) and hasattr(torch.ops.attn_ext, bwd), backend
+        for op in ("cross_attention", "merge_states"):
+            assert dispatch.kernel(op, backend) is not None and dispatch.backward_kernel(op, backend) is not None, (op, backend)
 
 
 # --------------------------------------------------------------------------------------------- compile
@@ -116,13 +116,14 @@ def test_cpp_is_deterministic(dtype, B, H, M, N):
 def used_backends(monkeypatch):
     """Names of the backends whose forward op ae.cross_attention called."""
     calls = []
-    real = ops.forward_op
+    real = dispatch.kernel
 
-    def spy(name):
-        calls.append(name)
-        return real(name)
+    def spy(op, name):
+        if op == "cross_attention":
+            calls.append(name)
+        return real(op, name)
 
-    monkeypatch.setattr(ops, "forward_op", spy)
+    monkeypatch.setattr(dispatch, "kernel", spy)
     return calls
 
 
@@ -195,9 +196,9 @@ def test_forced_unavailable_backend_from_environment_raises(monkeypatch):
 
 
 def test_unavailable_cpp_is_reported_and_automatic_falls_back(monkeypatch, used_backends):
-    import attn_ext.backends as backends
+    from attn_ext.ops.utils import extension
 
-    monkeypatch.setattr(backends, "extension_error", lambda: "attn_ext._C could not be imported (test)")
+    monkeypatch.setattr(extension, "extension_error", lambda: "attn_ext._C could not be imported (test)")
     q, k, v = _small()
     with pytest.raises(RuntimeError, match=r"cpp: attn_ext\._C could not be imported \(test\)"):
         ae.cross_attention(q, k, v, backend="cpp")

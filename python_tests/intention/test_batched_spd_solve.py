@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import attn_ext as ae
-from test_batched_cholesky import assert_as_accurate_as_torch, ill_conditioned, indefinite_at, rhs, spd
+from _matrices import assert_as_accurate_as_torch, ill_conditioned, indefinite_at, rhs, spd
 
 NS = (1, 2, 7, 40, 59, 64, 96, 128, 200)
 RS = (1, 3, 64)

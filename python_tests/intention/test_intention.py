@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import attn_ext as ae
-from attn_ext.ridge import reference
+from attn_ext.ops.intention import naive as reference
 
 BACKENDS = ["reference", "cpp"]
 F64 = torch.float64
@@ -223,11 +223,15 @@ def test_sigma_intention_cpp_equals_reference_float32(masked):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
 
 
-def test_triton_backend_runs_large_heads_through_torch_linalg():
+def test_triton_backend_refuses_heads_beyond_its_tiles_with_the_reason():
     _skip_unless("triton")
     q, k, v, mask = problem(B=1, H=1, M=2, N=300, D=130, Dv=3, masked=True, seed=12, dtype=torch.float32)
-    out = ae.intention(q, k, v, alpha=0.5, key_padding_mask=mask, backend="triton")
-    torch.testing.assert_close(out, ae.intention(q, k, v, alpha=0.5, key_padding_mask=mask, backend="reference"))
+    assert "D <= 128" in ae.available_backends(q, "intention", value_dim=3)["triton"]
+    with pytest.raises(RuntimeError, match=r"backend 'triton' cannot run .*triton: the Triton kernels hold .* D = 130"):
+        ae.intention(q, k, v, alpha=0.5, key_padding_mask=mask, backend="triton")
+    # The automatic choice passes over it: here to the C++ kernel (on CUDA: the CUDA kernel, then the reference).
+    torch.testing.assert_close(ae.intention(q, k, v, alpha=0.5, key_padding_mask=mask),
+                               ae.intention(q, k, v, alpha=0.5, key_padding_mask=mask, backend="reference"))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -10,8 +10,8 @@ differently, and either may be the lucky one on a given seed.
 import pytest
 import torch
 
-from attn_ext.ridge.reference import intention_primal, statistics
-from attn_ext.triton import triton_unavailable_reason
+from attn_ext.ops.intention.naive import intention_primal, statistics
+from attn_ext.ops.utils.triton import triton_unavailable_reason
 
 from _helpers import assert_within_flash_rule, make_qkv
 
@@ -19,7 +19,7 @@ _REASON = triton_unavailable_reason(torch.device("cpu"))
 pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"Triton unavailable: {_REASON}")
 
 if _REASON is None:
-    from attn_ext.triton.intention import intention_bwd_triton, intention_fwd_triton
+    from attn_ext.ops.intention.triton_ridge import intention_bwd_triton, intention_fwd_triton
 
 F64 = torch.float64
 DV = 59  # odd and not a power of two: the padded value tile is exercised everywhere

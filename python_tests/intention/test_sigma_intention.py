@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import attn_ext as ae
-from attn_ext.ridge import functional
+from attn_ext.ops.intention import ridge as functional
 
 from _helpers import assert_within_flash_rule
 

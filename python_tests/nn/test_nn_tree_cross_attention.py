@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from attn_ext.nn.tca_loss import TCALoss, tca_loss
 from attn_ext.nn.tree_cross_attention import TreeCrossAttention, TreeState
-from attn_ext.tree import build_tree, tree_aggregate, tree_cross_attention, tree_num_selected
+from attn_ext.ops.tree import build_tree, tree_aggregate, tree_cross_attention, tree_num_selected
 
 DIM, HEADS = 16, 4
 

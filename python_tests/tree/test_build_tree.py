@@ -1,4 +1,4 @@
-"""Tree construction and aggregation of Tree Cross Attention (attn_ext.tree, SPEC §3 "Build"/"Aggregate")."""
+"""Tree construction and aggregation of Tree Cross Attention (attn_ext.ops.tree, SPEC §3 "Build"/"Aggregate")."""
 import doctest
 import importlib
 import math
@@ -6,20 +6,8 @@ import math
 import pytest
 import torch
 
-from attn_ext.tree import build_tree, tree_aggregate, tree_height_and_group_size, tree_num_selected
-
-
-def children_of(tree, node):
-    """Brute-force children ids of ``node`` from the documented layout (written independently of the code)."""
-    b, k, P = tree.branching, tree.height, tree.group_size
-    first_group = sum(b**lv for lv in range(k))
-    G = first_group + b**k
-    if node >= G:
-        return []
-    if node >= first_group:
-        g = node - first_group
-        return [G + g * P + j for j in range(P)]
-    return [b * node + 1 + j for j in range(b)]
+from attn_ext.ops.tree import build_tree, tree_aggregate, tree_height_and_group_size, tree_num_selected
+from _trees import children_of
 
 
 def make_tree(B, N, b, masked=False, C=2, seed=0):
@@ -194,7 +182,8 @@ def test_aggregate_is_differentiable():
 
 
 def test_docstring_examples_run():
-    for name in ("attn_ext.tree", "attn_ext.tree.build", "attn_ext.tree.aggregate", "attn_ext.tree.retrieval"):
+    for name in ("attn_ext.ops.tree", "attn_ext.ops.tree.build", "attn_ext.ops.tree.aggregate",
+                 "attn_ext.ops.tree.retrieval"):
         result = doctest.testmod(importlib.import_module(name), raise_on_error=False)
         assert result.attempted > 0 and result.failed == 0, (name, result)
 

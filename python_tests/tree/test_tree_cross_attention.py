@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import attn_ext as ae
-from attn_ext.tree import build_tree, tree_aggregate, tree_cross_attention, tree_num_selected
-from test_tree_build import children_of
+from attn_ext.ops.tree import build_tree, tree_aggregate, tree_cross_attention, tree_num_selected
+from _trees import children_of
 
 
 def setup(B=2, H=3, M=5, N=20, b=2, D=4, Dv=3, masked=False, seed=0, dtype=torch.float64):

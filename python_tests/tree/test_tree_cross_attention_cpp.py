@@ -5,8 +5,8 @@ import pytest
 import torch
 
 import attn_ext as ae
-from attn_ext.tree import build_tree, tree_aggregate, tree_cross_attention
-from attn_ext.tree.retrieval import path_forward
+from attn_ext.ops.tree import build_tree, tree_aggregate, tree_cross_attention
+from attn_ext.ops.tree.naive import path_forward
 
 pytestmark = pytest.mark.skipif(
     ae.available_backends(torch.zeros(1))["cpp"] is not None, reason="attn_ext._C is not built"

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import attn_ext as ae
-from attn_ext.triton import triton_unavailable_reason
-from attn_ext.tree import build_tree, tree_aggregate, tree_cross_attention
-import attn_ext.tree.ops  # noqa: F401  (registers the C++ op's fake kernel and autograd)
-from attn_ext.tree.retrieval import _attend, _attend_gathered, _draw_uniforms, _gather_nodes, path_forward
+from attn_ext.ops.utils.triton import triton_unavailable_reason
+from attn_ext.ops.tree import build_tree, tree_aggregate, tree_cross_attention
+from attn_ext.ops.tree.naive import _attend, _attend_gathered, _gather_nodes, path_forward
+from attn_ext.ops.tree.retrieval import _draw_uniforms
 
 from _helpers import assert_within_flash_rule
 
@@ -17,8 +17,8 @@ _REASON = triton_unavailable_reason(torch.device("cpu"))
 pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"Triton unavailable: {_REASON}")
 
 if _REASON is None:
-    from attn_ext.triton.tree_cross_attention import tree_cross_attention_fwd_triton
-    from attn_ext.triton.tree_cross_attention_bwd import tree_cross_attention_bwd_triton
+    from attn_ext.ops.tree.triton_fwd import tree_cross_attention_fwd_triton
+    from attn_ext.ops.tree.triton_bwd import tree_cross_attention_bwd_triton
 
 needs_cpp = pytest.mark.skipif(ae.available_backends(torch.zeros(1))["cpp"] is not None,
                                reason="attn_ext._C is not built")

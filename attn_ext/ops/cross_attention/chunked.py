@@ -6,9 +6,8 @@ from typing import Optional, Tuple, Union
 
 from torch import Tensor
 
-from attn_ext import ops
-from attn_ext._validation import check_cross_attention_args
-from attn_ext.backends import select_backend
+from attn_ext.ops.utils import dispatch
+from attn_ext.ops.utils.validation import check_cross_attention_args
 
 DEFAULT_CHUNK_SIZE = 512
 
@@ -72,6 +71,6 @@ def cross_attention(
     check_cross_attention_args(q, k, v, key_padding_mask, scale, chunk_size)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     chunk_size = DEFAULT_CHUNK_SIZE if chunk_size is None else chunk_size
-    name = select_backend(backend, q, op="attn_ext::cross_attention_fwd")
-    out, lse = ops.forward_op(name)(q, k, v, key_padding_mask, scale, chunk_size)
+    name = dispatch.select_backend("cross_attention", backend, q)
+    out, lse = dispatch.kernel("cross_attention", name)(q, k, v, key_padding_mask, scale, chunk_size)
     return (out, lse) if return_lse else out

@@ -12,10 +12,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-
-def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """fp32 accumulation for fp16/bf16/fp32 inputs, fp64 for fp64 (the dtype of the returned lse)."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+from attn_ext.ops.utils.dtypes import accumulation_dtype
 
 
 def _chunk_scores(q: Tensor, k_chunk: Tensor, padding_chunk: Optional[Tensor], scale: float) -> Tensor:
@@ -97,7 +94,7 @@ def _merge_weights(lse_a: Tensor, lse_b: Tensor, lse: Tensor) -> Tuple[Tensor, T
     return weight_a, weight_b
 
 
-def merge_attention_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
+def merge_states_forward(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
     """State of the union of two disjoint key sets (SPEC §1 merge); −inf rows stay NaN-free."""
     acc = lse_a.dtype
     lse = torch.logaddexp(lse_a, lse_b)  # logaddexp(−inf, −inf) = −inf
@@ -106,7 +103,7 @@ def merge_attention_states(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: T
     return out.to(out_a.dtype).contiguous(), lse.contiguous()  # every backend returns contiguous states
 
 
-def merge_attention_states_backward(
+def merge_states_backward(
     grad_out: Tensor, grad_lse: Tensor, out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, out: Tensor,
     lse: Tensor,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:

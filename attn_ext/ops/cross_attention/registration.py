@@ -1,14 +1,18 @@
-"""torch.library registrations: the Python-implemented ops, fake kernels and autograd formulas.
+"""Custom ops of the chunked cross-attention family: schemas of the Python backends, fake kernels,
+autograd, and the backends each public op has (the dispatch table of :mod:`attn_ext.ops.utils.dispatch`).
 
-Every backend exposes a forward op ``(q, k, v, key_padding_mask, scale, chunk_size) -> (out, lse)``
-and a backward op with the gradients of ``out`` and ``lse`` prepended and ``out, lse`` appended:
+Every backend of ``cross_attention`` exposes a forward op ``(q, k, v, key_padding_mask, scale,
+chunk_size) -> (out, lse)`` and a backward op with the gradients of ``out`` and ``lse`` prepended and
+``out, lse`` appended; ``merge_states`` likewise ``(out_a, lse_a, out_b, lse_b) -> (out, lse)``:
 
-* ``attn_ext::cross_attention_fwd`` / ``_bwd``: compiled kernels (csrc/, registered in C++);
-* ``attn_ext::cross_attention_fwd_reference`` / ``_bwd_reference``: attn_ext/reference.py;
-* ``attn_ext::cross_attention_fwd_triton`` / ``_bwd_triton``: attn_ext/triton/.
+* ``attn_ext::cross_attention_fwd`` / ``_bwd``, ``merge_states_fwd`` / ``_bwd``: the compiled kernels
+  (C++ for CPU tensors, CUDA for CUDA tensors; schemas and kernels registered in C++);
+* ``..._fwd_reference`` / ``..._bwd_reference``: :mod:`attn_ext.ops.cross_attention.naive`;
+* ``..._fwd_triton`` / ``..._bwd_triton``: the Triton kernels of this folder.
 
-All forward ops share one autograd formula (SPEC §1): the backward op of the same backend is called
-with the saved inputs and the final ``(out, lse)``, so no [M, N] matrix is kept between the passes.
+All forward ops of an op share one autograd formula (SPEC §1): the backward op of the same backend
+is called with the saved inputs and the final ``(out, lse)``, so no [M, N] matrix is kept between
+the passes.
 """
 from __future__ import annotations
 
@@ -17,10 +21,12 @@ from typing import Callable, Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from attn_ext import reference
-from attn_ext._extension import extension_error
-from attn_ext._registration import register_op_pair
-from attn_ext._validation import check_cross_attention_args
+from attn_ext.ops.cross_attention import naive as reference
+from attn_ext.ops.utils.dispatch import Implementation, declare
+from attn_ext.ops.utils.dtypes import accumulation_dtype
+from attn_ext.ops.utils.extension import extension_error
+from attn_ext.ops.utils.registration import register_op_pair
+from attn_ext.ops.utils.validation import check_cross_attention_args
 
 _FwdResult = Tuple[Tensor, Tensor]
 _BwdResult = Tuple[Tensor, Tensor, Tensor]
@@ -48,7 +54,7 @@ def _cross_attention_bwd_reference(
 def _cross_attention_fwd_triton(
     q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], scale: float, chunk_size: int
 ) -> _FwdResult:
-    from attn_ext.triton.cross_attention_fwd import cross_attention_forward
+    from attn_ext.ops.cross_attention.triton_fwd import cross_attention_forward
 
     return cross_attention_forward(q, k, v, key_padding_mask, scale, chunk_size)
 
@@ -58,7 +64,7 @@ def _cross_attention_bwd_triton(
     grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
     out: Tensor, lse: Tensor, scale: float, chunk_size: int,
 ) -> _BwdResult:
-    from attn_ext.triton.cross_attention_bwd import cross_attention_backward
+    from attn_ext.ops.cross_attention.triton_bwd import cross_attention_backward
 
     return cross_attention_backward(grad_out, grad_lse, q, k, v, key_padding_mask, out, lse, scale, chunk_size)
 
@@ -66,7 +72,7 @@ def _cross_attention_bwd_triton(
 def _fake_forward(q, k, v, key_padding_mask, scale, chunk_size):
     B, H, M, _ = q.shape
     out = q.new_empty((B, H, M, v.shape[-1]))
-    lse = q.new_empty((B, H, M), dtype=reference.accumulation_dtype(q.dtype))
+    lse = q.new_empty((B, H, M), dtype=accumulation_dtype(q.dtype))
     return out, lse
 
 
@@ -105,40 +111,38 @@ if extension_error() is None:
     _register("attn_ext::cross_attention_fwd", "attn_ext::cross_attention_bwd")
 
 
-# ----------------------------------------------------------------------------------------------
 # Merge of two attention states (SPEC §1 merge): (out_a, lse_a, out_b, lse_b) -> (out, lse)
-# ----------------------------------------------------------------------------------------------
 _MergeBwdResult = Tuple[Tensor, Tensor, Tensor, Tensor]
 
 
-@torch.library.custom_op("attn_ext::merge_attention_states_reference", mutates_args=())
-def _merge_reference(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> _FwdResult:
-    return reference.merge_attention_states(out_a, lse_a, out_b, lse_b)
+@torch.library.custom_op("attn_ext::merge_states_fwd_reference", mutates_args=())
+def _merge_states_fwd_reference(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> _FwdResult:
+    return reference.merge_states_forward(out_a, lse_a, out_b, lse_b)
 
 
-@torch.library.custom_op("attn_ext::merge_attention_states_bwd_reference", mutates_args=())
-def _merge_bwd_reference(
+@torch.library.custom_op("attn_ext::merge_states_bwd_reference", mutates_args=())
+def _merge_states_bwd_reference(
     grad_out: Tensor, grad_lse: Tensor, out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, out: Tensor,
     lse: Tensor,
 ) -> _MergeBwdResult:
-    return reference.merge_attention_states_backward(grad_out, grad_lse, out_a, lse_a, out_b, lse_b, out, lse)
+    return reference.merge_states_backward(grad_out, grad_lse, out_a, lse_a, out_b, lse_b, out, lse)
 
 
-@torch.library.custom_op("attn_ext::merge_attention_states_triton", mutates_args=())
-def _merge_triton(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> _FwdResult:
-    from attn_ext.triton.merge_states import merge_attention_states
+@torch.library.custom_op("attn_ext::merge_states_fwd_triton", mutates_args=())
+def _merge_states_fwd_triton(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> _FwdResult:
+    from attn_ext.ops.cross_attention.triton_merge import merge_states_forward
 
-    return merge_attention_states(out_a, lse_a, out_b, lse_b)
+    return merge_states_forward(out_a, lse_a, out_b, lse_b)
 
 
-@torch.library.custom_op("attn_ext::merge_attention_states_bwd_triton", mutates_args=())
-def _merge_bwd_triton(
+@torch.library.custom_op("attn_ext::merge_states_bwd_triton", mutates_args=())
+def _merge_states_bwd_triton(
     grad_out: Tensor, grad_lse: Tensor, out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, out: Tensor,
     lse: Tensor,
 ) -> _MergeBwdResult:
-    from attn_ext.triton.merge_states import merge_attention_states_backward
+    from attn_ext.ops.cross_attention.triton_merge import merge_states_backward
 
-    return merge_attention_states_backward(grad_out, grad_lse, out_a, lse_a, out_b, lse_b, out, lse)
+    return merge_states_backward(grad_out, grad_lse, out_a, lse_a, out_b, lse_b, out, lse)
 
 
 def _fake_merge(out_a, lse_a, out_b, lse_b):
@@ -169,39 +173,12 @@ def _register_merge(forward_name: str, backward_name: str) -> None:
                      _setup_merge_context)
 
 
-_register_merge("attn_ext::merge_attention_states_reference", "attn_ext::merge_attention_states_bwd_reference")
-_register_merge("attn_ext::merge_attention_states_triton", "attn_ext::merge_attention_states_bwd_triton")
+_register_merge("attn_ext::merge_states_fwd_reference", "attn_ext::merge_states_bwd_reference")
+_register_merge("attn_ext::merge_states_fwd_triton", "attn_ext::merge_states_bwd_triton")
 if extension_error() is None:
-    _register_merge("attn_ext::merge_attention_states", "attn_ext::merge_attention_states_bwd")
+    _register_merge("attn_ext::merge_states_fwd", "attn_ext::merge_states_bwd")
 
-#: backend name -> (forward op, backward op)
-CROSS_ATTENTION_OPS: Dict[str, Tuple[str, str]] = {
-    "cpp": ("cross_attention_fwd", "cross_attention_bwd"),
-    "cuda": ("cross_attention_fwd", "cross_attention_bwd"),  # the same ops: they dispatch on the device
-    "reference": ("cross_attention_fwd_reference", "cross_attention_bwd_reference"),
-    "triton": ("cross_attention_fwd_triton", "cross_attention_bwd_triton"),
-}
-
-
-#: backend name -> (merge op, merge backward op)
-MERGE_OPS: Dict[str, Tuple[str, str]] = {
-    "cpp": ("merge_attention_states", "merge_attention_states_bwd"),
-    "cuda": ("merge_attention_states", "merge_attention_states_bwd"),
-    "reference": ("merge_attention_states_reference", "merge_attention_states_bwd_reference"),
-    "triton": ("merge_attention_states_triton", "merge_attention_states_bwd_triton"),
-}
-
-
-def merge_op(backend: str):
-    """The ``torch.ops.attn_ext`` state-merge op of a backend."""
-    return getattr(torch.ops.attn_ext, MERGE_OPS[backend][0])
-
-
-def forward_op(backend: str):
-    """The ``torch.ops.attn_ext`` forward op of a backend."""
-    return getattr(torch.ops.attn_ext, CROSS_ATTENTION_OPS[backend][0])
-
-
-def backward_op(backend: str):
-    """The ``torch.ops.attn_ext`` backward op of a backend."""
-    return getattr(torch.ops.attn_ext, CROSS_ATTENTION_OPS[backend][1])
+declare("cross_attention", cpp=Implementation("cross_attention_fwd"), cuda=Implementation("cross_attention_fwd"),
+        triton=Implementation("cross_attention_fwd_triton"), reference=Implementation("cross_attention_fwd_reference"))
+declare("merge_states", cpp=Implementation("merge_states_fwd"), cuda=Implementation("merge_states_fwd"),
+        triton=Implementation("merge_states_fwd_triton"), reference=Implementation("merge_states_fwd_reference"))

@@ -15,10 +15,9 @@ from typing import Iterable, NamedTuple, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-from attn_ext import ops
-from attn_ext.backends import select_backend
-from attn_ext.cross_attention import cross_attention
-from attn_ext.reference import accumulation_dtype
+from attn_ext.ops.cross_attention.chunked import cross_attention
+from attn_ext.ops.utils import dispatch
+from attn_ext.ops.utils.dtypes import accumulation_dtype
 
 DEFAULT_MIN_REMAINING = 1e-2
 
@@ -73,8 +72,8 @@ def _merge_pair(a: AttentionState, b: AttentionState, backend: Optional[str]) ->
     if tuple(a.out.shape) != tuple(b.out.shape) or a.out.dtype != b.out.dtype or a.out.device != b.out.device:
         raise ValueError(f"attn_ext: cannot merge states with out {tuple(a.out.shape)} {a.out.dtype} {a.out.device} "
                          f"and {tuple(b.out.shape)} {b.out.dtype} {b.out.device}")
-    name = select_backend(backend, a.out, op="attn_ext::merge_attention_states")
-    out, lse = ops.merge_op(name)(a.out, a.lse, b.out, b.lse)
+    name = dispatch.select_backend("merge_states", backend, a.out)
+    out, lse = dispatch.kernel("merge_states", name)(a.out, a.lse, b.out, b.lse)
     return AttentionState(out, lse)
 
 

@@ -21,10 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-from attn_ext._validation import check_cross_attention_args
-
-from .cross_attention_fwd import (LOG2E, _block_d, _block_m_interp, _check_device, _check_dtypes,
-                                  _interpreting, _mask_arg, autotuned, launch)
+from attn_ext.ops.cross_attention.triton_tiles import autotuned, block_d, block_m_interpreted, launch
+from attn_ext.ops.utils.triton import LOG2E, check_device, check_dtypes, interpreting, mask_arg
+from attn_ext.ops.utils.validation import check_cross_attention_args
 
 __all__ = ["cross_attention_backward"]
 
@@ -250,8 +249,8 @@ def cross_attention_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | No
     """
     check_cross_attention_args(q, k, v, key_padding_mask, scale, chunk_size)
     tensors = [grad_out, q, k, v, out, lse] + ([grad_lse] if grad_lse is not None else [])
-    _check_device(_bwd_dq, *tensors)
-    dtype = _check_dtypes(q=q, k=k, v=v)
+    check_device(_bwd_dq, *tensors)
+    dtype = check_dtypes(q=q, k=k, v=v)
     B, H, M, D = q.shape
     N, DV = k.shape[2], v.shape[3]
     if tuple(grad_out.shape) != (B, H, M, DV) or tuple(out.shape) != (B, H, M, DV):
@@ -262,7 +261,7 @@ def cross_attention_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | No
     for name, t in (("lse", lse), ("grad_lse", grad_lse)):
         if t is not None and tuple(t.shape) != (B, H, M):
             raise ValueError(f"{name} must have shape {(B, H, M)}, got {tuple(t.shape)}")
-    mask, smb, smn, has_mask = _mask_arg(key_padding_mask, q, k)
+    mask, smb, smn, has_mask = mask_arg(key_padding_mask, q)
 
     grad_q = torch.empty((B, H, M, D), dtype=q.dtype, device=q.device)
     grad_k = torch.empty((B, H, N, D), dtype=k.dtype, device=k.device)
@@ -271,10 +270,10 @@ def cross_attention_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | No
         # Nothing to attend to or from: every gradient is identically zero.
         return grad_q.zero_(), grad_k.zero_(), grad_v.zero_()
 
-    interp = _interpreting()
-    block_dv = _block_d(DV)
+    interp = interpreting()
+    block_dv = block_d(DV)
     delta = torch.empty((B, H, M), dtype=torch.float32, device=q.device)
-    pre_m = _block_m_interp(M) if interp else 64
+    pre_m = block_m_interpreted(M) if interp else 64
     has_dlse = grad_lse is not None
     dlse = grad_lse if has_dlse else lse
     _bwd_preprocess[(triton.cdiv(M, pre_m), B * H)](
@@ -284,7 +283,7 @@ def cross_attention_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | No
     common = (q, k, v, mask, grad_out, lse, delta)
     strides = (*q.stride(), *k.stride(), *v.stride(), smb, smn, *grad_out.stride(), *lse.stride())
     sizes = (H, M, N, D, DV, float(scale), float(scale) * LOG2E)
-    meta = dict(HAS_MASK=has_mask, UPCAST=interp, BLOCK_D=_block_d(D), BLOCK_DV=block_dv)
+    meta = dict(HAS_MASK=has_mask, UPCAST=interp, BLOCK_D=block_d(D), BLOCK_DV=block_dv)
     launch(_bwd_dkdv, _bwd_dkdv_tuned, lambda bm, bn: (triton.cdiv(N, bn), B * H),
            (*common, grad_k, grad_v, *strides, *grad_k.stride(), *grad_v.stride(), *sizes),
            meta, M, N, chunk_size)

@@ -13,9 +13,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .cross_attention_fwd import _block_d, _check_device, _check_dtypes, _interpreting
+from attn_ext.ops.utils.triton import block_dim, check_device, check_dtypes, interpreting
 
-__all__ = ["merge_attention_states", "merge_attention_states_backward"]
+__all__ = ["merge_states_backward", "merge_states_forward"]
 
 
 @triton.jit
@@ -99,10 +99,10 @@ def _merge_bwd_kernel(
 # --------------------------------------------------------------------------- wrappers
 
 def _blocks(rows: int, dv: int) -> tuple[int, int]:
-    block_dv = _block_d(dv)
+    block_dv = block_dim(dv)
     # Each interpreted op is one numpy call per program, so fewer, larger
     # tiles are much faster there; on GPU a ~4K-element tile keeps registers modest.
-    tile, cap = (1 << 17, 1024) if _interpreting() else (4096, 128)
+    tile, cap = (1 << 17, 1024) if interpreting() else (4096, 128)
     block_r = max(1, min(cap, tile // block_dv, triton.next_power_of_2(max(rows, 1))))
     return 1 << (block_r.bit_length() - 1), block_dv
 
@@ -114,7 +114,7 @@ def _check_states(out_a, lse_a, out_b, lse_b) -> None:
     if lse_a.shape != out_a.shape[:-1] or lse_b.shape != lse_a.shape:
         raise ValueError(f"lse must be out.shape[:-1] = {tuple(out_a.shape[:-1])}, got "
                          f"{tuple(lse_a.shape)} and {tuple(lse_b.shape)}")
-    _check_dtypes(out_a=out_a)  # float64 / unsupported dtypes raise TypeError here
+    check_dtypes(out_a=out_a)  # float64 / unsupported dtypes raise TypeError here
     if out_b.dtype != out_a.dtype:
         raise TypeError(f"merged states must share a dtype, got {out_a.dtype} and {out_b.dtype}")
     if lse_a.dtype != torch.float32 or lse_b.dtype != torch.float32:
@@ -127,7 +127,7 @@ def _rows2d(t: torch.Tensor, rows: int, dv: int) -> torch.Tensor:
     return t.reshape(rows, dv)
 
 
-def merge_attention_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
+def merge_states_forward(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
                            lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Merge two attention states over disjoint key sets (Triton).
 
@@ -155,7 +155,7 @@ def merge_attention_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torc
     as in the C++ kernel, so no exponent is ever positive and no NaN appears.
     """
     _check_states(out_a, lse_a, out_b, lse_b)
-    _check_device(_merge_fwd_kernel, out_a, lse_a, out_b, lse_b)
+    check_device(_merge_fwd_kernel, out_a, lse_a, out_b, lse_b)
     dv, rows = out_a.shape[-1], lse_a.numel()
     out = torch.empty(out_a.shape, dtype=out_a.dtype, device=out_a.device)
     lse = torch.empty(lse_a.shape, dtype=torch.float32, device=out_a.device)
@@ -171,7 +171,7 @@ def merge_attention_states(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torc
     return out, lse
 
 
-def merge_attention_states_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, out_a: torch.Tensor,
+def merge_states_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, out_a: torch.Tensor,
                                     lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor,
                                     out: torch.Tensor, lse: torch.Tensor):
     """Backward of :func:`merge_attention_states` (Triton).
@@ -204,7 +204,7 @@ def merge_attention_states_backward(grad_out: torch.Tensor, grad_lse: torch.Tens
     if grad_out.dtype != out_a.dtype or out.dtype != out_a.dtype or grad_lse.dtype != torch.float32 \
             or lse.dtype != torch.float32:
         raise TypeError("merge backward dtypes must match the states'")
-    _check_device(_merge_bwd_kernel, grad_out, grad_lse, out_a, lse_a, out_b, lse_b, out, lse)
+    check_device(_merge_bwd_kernel, grad_out, grad_lse, out_a, lse_a, out_b, lse_b, out, lse)
     dv, rows = out_a.shape[-1], lse_a.numel()
     grads = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (out_a, lse_a, out_b, lse_b)]
     if rows == 0:

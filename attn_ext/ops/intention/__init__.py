@@ -1,11 +1,13 @@
-"""Intention and σIntention (SPEC §4): ridge-regression attention ``Q (KᵀK + αI)⁻¹ KᵀV``.
+"""Intention and σIntention (docs/spec.md §4): attention as ridge regression, ``Q (KᵀK + αI)⁻¹ KᵀV``.
 
-The folder is named ``ridge`` because ``attn_ext.intention`` is the function."""
-from attn_ext.ridge import ops  # noqa: F401  (registers the custom ops, fake kernels and autograd)
-from attn_ext.ridge.cholesky import batched_cholesky, batched_cholesky_solve
-from attn_ext.ridge.functional import intention, sigma_intention
-from attn_ext.ridge.spd_solve import batched_spd_solve
-from attn_ext.ridge.state import (
+:mod:`.ridge` (``intention``, ``sigma_intention``), :mod:`.state` (streaming statistics ``KᵀK``, ``KᵀV``),
+:mod:`.cholesky` (the batched small-SPD Cholesky under it); the readable PyTorch reference is
+:mod:`.naive`; :mod:`.registration` binds every backend as a custom op.
+"""
+from attn_ext.ops.intention import registration  # noqa: F401  (custom ops, fakes, autograd, backends)
+from attn_ext.ops.intention.cholesky import batched_cholesky, batched_cholesky_solve, batched_spd_solve
+from attn_ext.ops.intention.ridge import intention, sigma_intention
+from attn_ext.ops.intention.state import (
     IntentionState,
     intention_from_state,
     intention_state,

@@ -1,13 +1,12 @@
-"""Batched Cholesky factorisation and solves of small SPD matrices (SPEC §4).
+"""Batched Cholesky factorisation and solves of small SPD matrices (SPEC §4), under the Intention op.
 
 The Intention op ``Q (KᵀK + αI)⁻¹ KᵀV`` factors one D×D matrix per batch and head and solves with it
-in the forward pass and once more in the backward pass; these two ops do that for a whole batch at
-once. The C++ kernels (csrc/cpu/batched_cholesky.cpp, schemas in csrc/ops.cpp) get here
-
-* fake (meta) kernels, for meta tensors and ``torch.compile``;
-* an autograd formula that raises: the ops are not differentiable on purpose (the Intention
-  backward differentiates through the factor by hand, with one more solve with the saved L). Without
-  any formula torch would only warn and let gradients silently stop at these ops.
+in the forward pass and once more in the backward pass; ``batched_cholesky`` and
+``batched_cholesky_solve`` do that for a whole batch at once, and ``batched_spd_solve`` both at once
+with the factor kept in cache. Compiled kernels only (C++ on CPU, CUDA in CUDA builds): their fake
+kernels and autograd formulas are in :mod:`.registration`. The factor and the solve are not
+differentiable on purpose (the Intention backward differentiates through the factor by hand, with
+one more solve with the saved L); ``batched_spd_solve`` is.
 """
 from __future__ import annotations
 
@@ -16,9 +15,9 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
-from attn_ext._extension import extension_error
+from attn_ext.ops.utils import dispatch
 
-__all__ = ["batched_cholesky", "batched_cholesky_solve"]
+__all__ = ["batched_cholesky", "batched_cholesky_solve", "batched_spd_solve"]
 
 _SUPPORTED_DTYPES = (torch.float32, torch.float64)
 
@@ -37,16 +36,8 @@ def _check_dtype_and_device(op: str, name: str, t: Tensor) -> None:
     if t.dtype not in _SUPPORTED_DTYPES:
         raise TypeError(f"attn_ext.{op}: {name} must be float32 or float64, got {t.dtype} "
                         "(convert with .float(); a half-precision factor would be too inexact)")
-    if t.device.type not in ("cpu", "meta") and not _has_kernel(op, t.device.type):
-        raise RuntimeError(f"attn_ext.{op}: this build has kernels for CPU tensors"
-                           + (" and CUDA tensors" if _has_kernel(op, "cuda") else "") + f", got {name} on {t.device}")
-
-
-def _has_kernel(op: str, device_type: str) -> bool:
-    """Whether ``attn_ext::op`` has a kernel for ``device_type`` in this build (CUDA ones need a CUDA torch)."""
-    key = {"cpu": "CPU", "cuda": "CUDA"}.get(device_type)
-    return key is not None and extension_error() is None and torch._C._dispatch_has_kernel_for_dispatch_key(
-        f"attn_ext::{op}", key)
+    if t.device.type != "meta":
+        dispatch.select_backend(op, None, t)  # compiled kernels only: raises with each backend's reason
 
 
 def _check_matrix_and_rhs(op: str, matrix_name: str, matrix: Tensor, B: Tensor) -> None:
@@ -71,12 +62,6 @@ def _check_matrix_and_rhs(op: str, matrix_name: str, matrix: Tensor, B: Tensor) 
 
 def _check_solve_args(L: Tensor, B: Tensor) -> None:
     _check_matrix_and_rhs("batched_cholesky_solve", "L", L, B)
-
-
-def _require_extension() -> None:
-    error = extension_error()
-    if error is not None:
-        raise RuntimeError(f"attn_ext: the batched Cholesky ops need the compiled kernels: {error}")
 
 
 def batched_cholesky(A: Tensor) -> Tuple[Tensor, Tensor]:
@@ -111,7 +96,7 @@ def batched_cholesky(A: Tensor) -> Tuple[Tensor, Tensor]:
     Examples
     --------
     >>> import torch
-    >>> from attn_ext.ridge import batched_cholesky
+    >>> from attn_ext.ops.intention import batched_cholesky
     >>> A = torch.tensor([[[4.0, 2.0], [2.0, 5.0]], [[1.0, 2.0], [2.0, 1.0]]])
     >>> L, info = batched_cholesky(A)
     >>> L[0]
@@ -122,7 +107,6 @@ def batched_cholesky(A: Tensor) -> Tuple[Tensor, Tensor]:
     """
     _check_square("batched_cholesky", "A", A)
     _check_dtype_and_device("batched_cholesky", "A", A)
-    _require_extension()
     return torch.ops.attn_ext.batched_cholesky(A)
 
 
@@ -155,7 +139,7 @@ def batched_cholesky_solve(L: Tensor, B: Tensor) -> Tensor:
     Examples
     --------
     >>> import torch
-    >>> from attn_ext.ridge import batched_cholesky, batched_cholesky_solve
+    >>> from attn_ext.ops.intention import batched_cholesky, batched_cholesky_solve
     >>> A = torch.tensor([[[4.0, 2.0], [2.0, 5.0]]])
     >>> L, info = batched_cholesky(A)
     >>> batched_cholesky_solve(L, torch.tensor([[[6.0, 2.0], [7.0, 2.0]]]))
@@ -163,31 +147,55 @@ def batched_cholesky_solve(L: Tensor, B: Tensor) -> Tensor:
              [1.0000, 0.2500]]])
     """
     _check_solve_args(L, B)
-    _require_extension()
     return torch.ops.attn_ext.batched_cholesky_solve(L, B)
 
 
-def _fake_cholesky(A: Tensor) -> Tuple[Tensor, Tensor]:
-    _check_square("batched_cholesky", "A", A)
-    return A.new_empty(A.shape), A.new_empty(A.shape[:-2], dtype=torch.int32)
+def batched_spd_solve(A: Tensor, B: Tensor, *, check_errors: bool = True) -> Tensor:
+    """Solves ``A X = B`` for a batch of small symmetric positive-definite matrices.
 
+    The Cholesky factorisation and both triangular solves run per matrix with the factor kept in
+    cache, so only X is written: the same result as
+    ``torch.cholesky_solve(B, torch.linalg.cholesky(A))`` without materialising the factors.
 
-def _fake_cholesky_solve(L: Tensor, B: Tensor) -> Tensor:
-    _check_solve_args(L, B)
-    return B.new_empty(B.shape)
+    Parameters
+    ----------
+    A : Tensor, shape (..., n, n)
+        Symmetric positive definite, float32 or float64, on the CPU; any strides. Only the lower
+        triangle is read (and receives a gradient), as :func:`torch.linalg.cholesky` does.
+    B : Tensor, shape (..., n, r)
+        Right-hand sides with A's batch dimensions and dtype (no broadcasting).
+    check_errors : bool
+        Raise ``ValueError`` naming the first matrix that is not positive definite (default). With
+        False, such matrices get an all-NaN X instead, and the caller checks ``isnan``.
 
+    Returns
+    -------
+    X : Tensor, shape (..., n, r)
+        Contiguous, in A's dtype; differentiable with respect to A and B.
 
-def _not_differentiable(op: str):
-    def backward(ctx, *grads):
-        raise RuntimeError(f"attn_ext.{op} is not differentiable (by design: the Intention op's backward will "
-                           "reuse the factor by hand); use torch.linalg.cholesky / torch.cholesky_solve where "
-                           "gradients are needed")
+    Raises
+    ------
+    ValueError
+        Shapes do not match, or (with ``check_errors``) a matrix is not positive definite.
+    TypeError
+        A or B is not float32/float64, or their dtypes differ.
 
-    return backward
-
-
-if extension_error() is None:
-    torch.library.register_fake("attn_ext::batched_cholesky")(_fake_cholesky)
-    torch.library.register_fake("attn_ext::batched_cholesky_solve")(_fake_cholesky_solve)
-    for _op in ("batched_cholesky", "batched_cholesky_solve"):
-        torch.library.register_autograd(f"attn_ext::{_op}", _not_differentiable(_op))
+    Examples
+    --------
+    >>> import torch
+    >>> from attn_ext.ops.intention import batched_spd_solve
+    >>> A = torch.tensor([[[4.0, 2.0], [2.0, 5.0]]])
+    >>> batched_spd_solve(A, torch.tensor([[[6.0, 2.0], [7.0, 2.0]]]))
+    tensor([[[1.0000, 0.3750],
+             [1.0000, 0.2500]]])
+    """
+    _check_matrix_and_rhs("batched_spd_solve", "A", A, B)
+    X, info = torch.ops.attn_ext.batched_spd_solve(A, B)
+    if check_errors and info.numel() > 0:
+        failed = torch.nonzero(info)
+        if failed.numel() > 0:
+            index = tuple(failed[0].tolist())
+            raise ValueError(f"attn_ext.batched_spd_solve: A{list(index)} (of batch shape {tuple(A.shape[:-2])}) is "
+                             f"not positive definite: the pivot of column {int(info[index]) - 1} is not positive "
+                             "and finite")
+    return X

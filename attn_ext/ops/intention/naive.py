@@ -1,6 +1,6 @@
 """Readable PyTorch reference of Intention and σIntention (SPEC §4).
 
-Everything is batched over ``[B, H]``; the kernels (csrc/cpu/intention*.cpp, attn_ext/triton/) are
+Everything is batched over ``[B, H]``; the kernels (csrc/cpu/intention*.cpp, the Triton kernels of this folder) are
 tested against these functions, and these against an independent least-squares solve in the tests.
 
 Notation: ``K [N, D]``, ``V [N, Dv]``, ``Q [M, D]`` per (batch, head); masked keys are dropped, which

@@ -1,4 +1,4 @@
-"""``attn_ext.ridge`` and ``attn_ext.sigma_intention``: ridge-regression attention (SPEC §4)."""
+"""``intention`` and ``sigma_intention``: attention as ridge regression from keys to values (SPEC §4)."""
 from __future__ import annotations
 
 import math
@@ -7,9 +7,11 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
-from attn_ext._validation import check_cross_attention_args
-from attn_ext.backends import COMPILED_BACKENDS, select_backend
-from attn_ext.ridge import reference
+from attn_ext.ops.cross_attention.chunked import DEFAULT_CHUNK_SIZE, cross_attention
+from attn_ext.ops.intention import naive as reference
+from attn_ext.ops.utils import dispatch
+from attn_ext.ops.utils.dtypes import accumulation_dtype, compute_dtype
+from attn_ext.ops.utils.validation import check_cross_attention_args
 
 FORMS = ("primal", "dual", "auto")
 AlphaLike = Union[float, Tensor]
@@ -52,9 +54,10 @@ def intention(
         Kernel of the primal form, chosen as for :func:`attn_ext.cross_attention`: the fused C++
         kernel on CPU (``attn_ext::intention_fwd``: Gram accumulation over valid keys, Cholesky,
         solves, output; backward by one more solve with the saved factor), Triton on CUDA (D ≤ 128,
-        Dv ≤ 256: its factor lives in registers; larger heads run the reference, i.e.
-        ``torch.linalg.cholesky_ex`` with an explicit info check), the PyTorch reference otherwise.
-        The dual form always runs the reference (it is for N < D).
+        Dv ≤ 256: its factor lives in registers; for larger heads the automatic choice moves on to
+        the next backend, and a forced ``"triton"`` raises with the reason), the PyTorch reference
+        otherwise (``torch.linalg.cholesky_ex`` with an explicit info check). The dual form is
+        PyTorch code on every backend (it is for N < D, where the N×N system is the small one).
 
     Returns
     -------
@@ -74,14 +77,11 @@ def intention(
     alpha_t = _alpha_tensor(alpha, q)
     if form not in FORMS:
         raise ValueError(f"attn_ext: unknown form {form!r}; choose one of {', '.join(FORMS)}")
-    name = select_backend(backend, q, op="attn_ext::intention_fwd")
     if form == "auto":
         form = "dual" if k.shape[2] < k.shape[3] else "primal"
-    if name == "triton" and _beyond_triton_tiles(q, v):
-        name = "reference"  # torch.linalg's Cholesky (cholesky_ex + an explicit info check) for big D
+    name = dispatch.select_backend("intention", backend, q, value_dim=v.shape[-1])
     if form == "primal" and name != "reference":
-        op = torch.ops.attn_ext.intention_fwd if name in COMPILED_BACKENDS else torch.ops.attn_ext.intention_fwd_triton
-        return op(q, k, v, key_padding_mask, alpha_t, float(scale))[0]
+        return dispatch.kernel("intention", name)(q, k, v, key_padding_mask, alpha_t, float(scale))[0]
     fn = reference.intention_dual if form == "dual" else reference.intention_primal
     q_, k_, v_, alpha_ = _upcast(q, k, v, alpha_t)
     return fn(q_, k_, v_, alpha_, key_padding_mask, float(scale)).to(q.dtype)
@@ -121,31 +121,23 @@ def sigma_intention(
     >>> ae.sigma_intention(q, k, v, alpha=0.5).shape
     torch.Size([2, 4, 16, 5])
     """
-    from attn_ext.cross_attention import DEFAULT_CHUNK_SIZE, cross_attention
-
     check_cross_attention_args(q, k, v, key_padding_mask, scale, None)
     alpha_t = _alpha_tensor(alpha, q)
-    name = select_backend(backend, q, op="attn_ext::intention_fwd")
+    name = dispatch.select_backend("sigma_intention", backend, q)
     if name == "cpp":  # fused on the CPU: Q̃ is made per query tile where the attention consumes it
-        return torch.ops.attn_ext.sigma_intention_fwd(q, k, v, key_padding_mask, alpha_t, float(scale),
-                                                      DEFAULT_CHUNK_SIZE)[0]
-    if name in COMPILED_BACKENDS:  # the Intention kernel without values (C = I) gives Q̃ with its backward
-        q_tilde = torch.ops.attn_ext.intention_fwd(q, k, None, key_padding_mask, alpha_t, float(scale))[0]
+        return dispatch.kernel("sigma_intention", name)(q, k, v, key_padding_mask, alpha_t, float(scale),
+                                                        DEFAULT_CHUNK_SIZE)[0]
+    if name == "cuda":  # the Intention kernel without values (C = I) gives Q̃ with its backward
+        q_tilde = dispatch.kernel("sigma_intention", name)(q, k, None, key_padding_mask, alpha_t, float(scale))[0]
     else:
         q_, k_, _, alpha_ = _upcast(q, k, v, alpha_t)
         q_tilde = reference.transformed_queries(q_, k_, alpha_, key_padding_mask, float(scale)).to(q.dtype)
     return cross_attention(q_tilde, k, v, key_padding_mask=key_padding_mask, scale=1.0, backend=name)
 
 
-def _beyond_triton_tiles(q: Tensor, v: Tensor) -> bool:
-    from attn_ext.triton.intention import MAX_HEAD_DIM, MAX_VALUE_DIM
-
-    return q.shape[-1] > MAX_HEAD_DIM or v.shape[-1] > MAX_VALUE_DIM
-
-
 def _upcast(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor):
     """fp16/bf16 inputs are solved in fp32 (SPEC §0); ``alpha`` follows the compute dtype."""
-    dtype = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    dtype = compute_dtype(q.dtype)
     return q.to(dtype), k.to(dtype), v.to(dtype), alpha.to(dtype)
 
 
@@ -173,6 +165,6 @@ def _alpha_tensor(alpha: AlphaLike, q: Tensor) -> Tensor:
         return alpha.expand(B, H)
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha < 0:
         raise ValueError(f"attn_ext: alpha must be a finite float >= 0 or a tensor, got {alpha!r}")
-    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dtype = accumulation_dtype(q.dtype)
     return torch.full((B, H), float(alpha), dtype=dtype, device=q.device)
 

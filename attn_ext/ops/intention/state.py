@@ -10,8 +10,10 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from attn_ext.ridge import reference
-from attn_ext.ridge.functional import AlphaLike, _alpha_tensor
+from attn_ext.ops.intention import naive as reference
+from attn_ext.ops.intention.ridge import AlphaLike, _alpha_tensor
+from attn_ext.ops.utils.dtypes import compute_dtype
+from attn_ext.ops.utils.validation import check_cross_attention_args
 
 
 class IntentionState(NamedTuple):
@@ -47,7 +49,7 @@ def intention_state(k: Tensor, v: Tensor, *, key_padding_mask: Optional[Tensor] 
     True
     """
     _check_keys(k, v, key_padding_mask)
-    dtype = torch.float32 if k.dtype in (torch.float16, torch.bfloat16) else k.dtype
+    dtype = compute_dtype(k.dtype)
     gram, kv = reference.statistics(k.to(dtype), v.to(dtype), key_padding_mask)
     B, H, N = k.shape[:3]
     valid = N if key_padding_mask is None else (~key_padding_mask).sum(dim=1, keepdim=True)
@@ -85,7 +87,7 @@ def remove_from_intention_state(state: IntentionState, k_old: Tensor, v_old: Ten
 
 
 def intention_from_state(q: Tensor, state: IntentionState, *, alpha: AlphaLike = 1.0, scale: float = 1.0) -> Tensor:
-    """``scale·Q (G + αI)⁻¹ C`` from the statistics: :func:`attn_ext.ridge` of the keys seen so far."""
+    """``scale·Q (G + αI)⁻¹ C`` from the statistics: :func:`attn_ext.intention` of the keys seen so far."""
     if not isinstance(state, IntentionState):
         raise TypeError(f"attn_ext: state must be an IntentionState, got {type(state).__name__}")
     if not isinstance(q, Tensor) or q.dim() != 4:
@@ -102,8 +104,6 @@ def intention_from_state(q: Tensor, state: IntentionState, *, alpha: AlphaLike =
 
 
 def _check_keys(k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor]) -> None:
-    from attn_ext._validation import check_cross_attention_args
-
     # The keys' checks are the cross-attention ones with a stand-in query of the keys' shape.
     check_cross_attention_args(k[:, :, :0], k, v, key_padding_mask, None, None)
 

@@ -1,7 +1,7 @@
 """Triton forward and backward of Intention, primal form (SPEC §4): ``out = scale·Q (KᵀK + αI)⁻¹ KᵀV``.
 
 The math is that of csrc/cpu/intention.cpp; the readable reference is
-:func:`attn_ext.ridge.reference.intention_primal`. With ``A = G + αI = L Lᵀ`` and ``W = A⁻¹ C``:
+:func:`attn_ext.ops.intention.naive.intention_primal`. With ``A = G + αI = L Lᵀ`` and ``W = A⁻¹ C``:
 
 * forward: ``G = KᵀK``, ``C = KᵀV`` over the valid keys; ``L``, ``W`` (:mod:`.intention_solve`);
   ``out = scale·Q W``;
@@ -36,12 +36,10 @@ import torch
 import triton
 import triton.language as tl
 
-from .cross_attention_fwd import _check_device, _interpreting
-from .intention_solve import cholesky_solve_batched
+from attn_ext.ops.intention.triton_solve import cholesky_solve_batched
+from attn_ext.ops.utils.triton import SUPPORTED_DTYPES, block_dim, check_device, interpreting
 
 __all__ = ["intention_fwd_triton", "intention_bwd_triton"]
-
-_SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 128  # the factor tile [D, D] of the solve kernel lives in registers
 MAX_VALUE_DIM = 256
 
@@ -169,14 +167,10 @@ def _dkdv_kernel(
 
 # --------------------------------------------------------------------------- launch configuration
 
-def _pow2(x: int) -> int:
-    return max(16, triton.next_power_of_2(max(int(x), 1)))
-
-
 def _column_tile(width: int, gpu_cap: int = 64) -> int:
     # Whole tiles under the interpreter (fewer, larger numpy calls); on a GPU the tiles are capped so
     # that the operand tiles of the largest row tile fit in shared memory (about 99 KB, sm_86 class).
-    return _pow2(width) if _interpreting() else min(_pow2(width), gpu_cap)
+    return block_dim(width) if interpreting() else min(block_dim(width), gpu_cap)
 
 
 @functools.lru_cache(maxsize=None)
@@ -189,7 +183,7 @@ def _tuned(kernel, row_block: str, key: tuple):
 
 def _launch(kernel, row_block: str, key: tuple, rows: int, grid, args, meta) -> None:
     """Fixed row tile (16 to 64) under the interpreter, autotuned per ``key`` on CUDA; ``grid(row tile)``."""
-    if _interpreting():
+    if interpreting():
         block = max(16, min(64, triton.next_power_of_2(max(rows, 1))))
         kernel[grid(block)](*args, **{row_block: block}, **meta)
     else:
@@ -204,7 +198,7 @@ def _transposed_product(a, x, mask_u8, scale: float, out: torch.Tensor) -> None:
     has_mask = mask_u8 is not None
     args = (a, x, mask_u8 if has_mask else a, out, *a.stride(), *x.stride(),
             *(mask_u8.stride() if has_mask else (0, 0)), H, N, D, E, float(scale))
-    meta = dict(HAS_MASK=has_mask, UPCAST=_interpreting(), BLOCK_D=_pow2(D), BLOCK_E=block_e)
+    meta = dict(HAS_MASK=has_mask, UPCAST=interpreting(), BLOCK_D=block_dim(D), BLOCK_E=block_e)
     _launch(_transposed_product_kernel, "BLOCK_N", ("D", "E", "HAS_MASK"), N,
             lambda bn: (B * H, triton.cdiv(E, block_e)), args, meta)
 
@@ -242,7 +236,7 @@ def _check_args(q, k, v, key_padding_mask, scale):
         raise TypeError(f"attn_ext: q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.dtype == torch.float64:
         raise TypeError("attn_ext: the Triton backend does not support float64; use the cpp or reference backend")
-    if q.dtype not in _SUPPORTED_DTYPES:
+    if q.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"attn_ext: the Triton backend supports float32/float16/bfloat16, got {q.dtype}")
     if not isinstance(scale, (int, float)) or isinstance(scale, bool) or scale != scale or abs(scale) == float("inf"):
         raise ValueError(f"attn_ext: scale must be a finite float, got {scale!r}")
@@ -254,7 +248,7 @@ def _check_args(q, k, v, key_padding_mask, scale):
             raise ValueError(f"attn_ext: key_padding_mask must be [B, N] = {[k.shape[0], k.shape[2]]}, got "
                              f"{list(key_padding_mask.shape)}")
         tensors.append(key_padding_mask)
-    _check_device(_transposed_product_kernel, *tensors)
+    check_device(_transposed_product_kernel, *tensors)
     # bool loads as i1, which some Triton paths treat awkwardly; uint8 is a free view.
     return None if key_padding_mask is None else key_padding_mask.contiguous().view(torch.uint8)
 
@@ -357,7 +351,7 @@ def intention_bwd_triton(grad_out, q, k, v, key_padding_mask, factor, weights, s
     weights = _check_small("weights", weights, (B, H, D, DV))
     # The solve below takes the factor as is: the upper triangle the forward may have left is cleared.
     factor = factor.tril()
-    _check_device(_transposed_product_kernel, grad_out, factor, weights, q)
+    check_device(_transposed_product_kernel, grad_out, factor, weights, q)
     # One dtype for the dots of scale·Qᵀ dY (fp16 x fp32 operands do not mix in tl.dot).
     grad_out = grad_out.to(q.dtype)
     dq = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -380,6 +374,6 @@ def intention_bwd_triton(grad_out, q, k, v, key_padding_mask, factor, weights, s
         has_mask = mask_u8 is not None
         args = (k, v, mask_u8 if has_mask else k, grad_b, weights, dk, dv, *k.stride(), *v.stride(),
                 *(mask_u8.stride() if has_mask else (0, 0)), *dk.stride(), *dv.stride(), H, N, D, DV)
-        meta = dict(HAS_MASK=has_mask, BLOCK_D=_pow2(D), BLOCK_C=block_c)
+        meta = dict(HAS_MASK=has_mask, BLOCK_D=block_dim(D), BLOCK_C=block_c)
         _launch(_dkdv_kernel, "BLOCK_N", ("D", "DV", "HAS_MASK"), N, lambda bn: (triton.cdiv(N, bn), B * H), args, meta)
     return dq, dk, dv, dalpha

@@ -1,18 +1,19 @@
-"""Tree Cross Attention (SPEC §3): build a tree over the tokens, aggregate node values, retrieve + attend.
+"""Tree Cross Attention (docs/spec.md §3): build a tree over the tokens, aggregate node values, retrieve + attend.
 
-This package holds the pure-PyTorch reference (readable, vectorised over batch, heads and queries) and
-the registration of the fused C++ kernel (``backend="cpp"``, the default on CPU).
+:mod:`.build` (the tree), :mod:`.aggregate` (``tree_aggregate``), :mod:`.retrieval`
+(``tree_cross_attention``); the readable PyTorch reference is :mod:`.naive`; :mod:`.registration`
+binds every backend as a custom op.
 
->>> import torch
->>> from attn_ext.tree import build_tree, tree_aggregate, tree_cross_attention, tree_num_selected
->>> tree = build_tree(torch.rand(1, 256, 2), branching=2)
->>> tree.num_selected == tree_num_selected(256, 2) == 9
+>>> import torch, attn_ext as ae
+>>> tree = ae.build_tree(torch.rand(1, 256, 2), branching=2)
+>>> tree.num_selected == ae.tree_num_selected(256, 2) == 9
 True
 """
-from attn_ext.tree.aggregate import masked_mean, tree_aggregate
-from attn_ext.tree.build import Tree, build_tree, tree_height_and_group_size, tree_num_selected
-from attn_ext.tree.retrieval import POLICIES, TreeAttentionResult, tree_cross_attention
-from attn_ext.tree import aggregate_ops, ops  # noqa: F401,E402  (fake kernels and autograd of the fused ops)
+from attn_ext.ops.tree import registration  # noqa: F401  (custom ops, fakes, autograd, backends)
+from attn_ext.ops.tree.aggregate import tree_aggregate
+from attn_ext.ops.tree.build import Tree, build_tree, tree_height_and_group_size, tree_num_selected
+from attn_ext.ops.tree.naive import TreeAttentionResult, masked_mean
+from attn_ext.ops.tree.retrieval import POLICIES, tree_cross_attention
 
 __all__ = [
     "POLICIES",

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional, Tuple, Union
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -61,7 +60,7 @@ def tree_num_selected(n: int, branching: int = 2) -> int:
 
     Examples
     --------
-    >>> from attn_ext.tree import tree_num_selected
+    >>> from attn_ext.ops.tree import tree_num_selected
     >>> [tree_num_selected(n, 2) for n in (128, 256, 512)]
     [8, 9, 10]
     """
@@ -185,7 +184,7 @@ def build_tree(
     Examples
     --------
     >>> import torch
-    >>> from attn_ext.tree import build_tree
+    >>> from attn_ext.ops.tree import build_tree
     >>> tree = build_tree(torch.tensor([[0.5, 0.1, 0.9, 0.3, 0.7]]), branching=2)
     >>> tree.height, tree.group_size, tree.num_nodes   # 4 groups of 2 leaves: 7 tree nodes + 8 leaves
     (2, 2, 15)
@@ -218,6 +217,15 @@ def build_tree(
     return Tree(leaf_token, token_leaf, node_padding_mask, offsets, chosen_axis, branching, k, P, N)
 
 
+def _numpy():
+    """numpy if installed (not a requirement of attn_ext: without it the sort is torch's, slower)."""
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy
+
+
 def _token_order(key: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
     """Token indices ``[B, N]`` sorted by (is padding, key), ties in index order: valid tokens first."""
     B, N = key.shape
@@ -228,8 +236,9 @@ def _token_order(key: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
         packed = (_key_code(key) << _INDEX_BITS) | torch.arange(N, device=key.device)
         if key_padding_mask is not None:
             packed |= key_padding_mask.long() << (32 + _INDEX_BITS)
-        if packed.device.type == "cpu":
-            packed = torch.from_numpy(np.sort(packed.numpy(), axis=1))
+        numpy = _numpy()
+        if packed.device.type == "cpu" and numpy is not None:
+            packed = torch.from_numpy(numpy.sort(packed.numpy(), axis=1))
         else:
             packed = torch.sort(packed, dim=1).values
         return packed & (2**_INDEX_BITS - 1)

@@ -1,12 +1,20 @@
-"""torch.library registrations of the fused Tree Cross Attention ops (SPEC §0, §3).
+"""Custom ops of the tree family: the Python backends' schemas, fake kernels, autograd, and the backends
+each public op has (the dispatch table of :mod:`attn_ext.ops.utils.dispatch`).
+
+**Tree cross attention** (SPEC §0, §3).
 
 ``attn_ext::tree_cross_attention_fwd`` (C++, csrc/cpu/tree_cross_attention.cpp; schemas in csrc/ops.cpp)
 returns ``(out, lse, selected, log_prob, entropy)``; ``attn_ext::tree_cross_attention_bwd``
 (csrc/cpu/tree_cross_attention_bwd.cpp) returns ``(grad_q, grad_node_k, grad_node_v)`` from the
 forward's ``selected`` and ``lse``, without repeating the descent. ``..._fwd_triton`` / ``..._bwd_triton``
-are the same contract on the Triton kernels (attn_ext/triton/tree_cross_attention*.py), defined here.
+are the same contract on the Triton kernels (:mod:`.triton_fwd`, :mod:`.triton_bwd`), defined here.
 Each pair gets fake kernels (shapes only; ``S = height·(b − 1) + group_size``) for meta tensors and
 torch.compile, and the forward its autograd formula.
+
+**Aggregation** (SPEC §3 "Aggregate"): ``attn_ext::tree_aggregate_fwd`` (the compiled masked mean,
+one depth-first pass) gets a fake kernel and an autograd formula calling ``attn_ext::tree_aggregate_bwd``.
+The aggregation is linear, so the backward is its transpose and the backward's own backward is the
+forward again (double backward works).
 """
 from __future__ import annotations
 
@@ -15,12 +23,10 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import Tensor
 
-from attn_ext._extension import extension_error
-from attn_ext._registration import register_op_pair
-
-
-def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
+from attn_ext.ops.utils.dispatch import Implementation, declare
+from attn_ext.ops.utils.dtypes import SUPPORTED_DTYPES, accumulation_dtype
+from attn_ext.ops.utils.extension import extension_error
+from attn_ext.ops.utils.registration import register_op_pair
 
 
 def _fake_backward(grad_out, grad_lse, grad_log_prob, grad_entropy, q, node_k, node_v, node_padding_mask, selected,
@@ -33,7 +39,7 @@ def _tree_cross_attention_fwd_triton(
     q: Tensor, node_k: Tensor, node_v: Tensor, node_padding_mask: Tensor, branching: int, height: int,
     group_size: int, scale: float, uniforms: Optional[Tensor],
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    from attn_ext.triton.tree_cross_attention import tree_cross_attention_fwd_triton
+    from attn_ext.ops.tree.triton_fwd import tree_cross_attention_fwd_triton
 
     return tree_cross_attention_fwd_triton(q, node_k, node_v, node_padding_mask, branching, height, group_size, scale,
                                            uniforms)
@@ -45,7 +51,7 @@ def _tree_cross_attention_bwd_triton(
     node_v: Tensor, node_padding_mask: Tensor, selected: Tensor, lse: Tensor, branching: int, height: int,
     group_size: int, scale: float,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    from attn_ext.triton.tree_cross_attention_bwd import tree_cross_attention_bwd_triton
+    from attn_ext.ops.tree.triton_bwd import tree_cross_attention_bwd_triton
 
     return tree_cross_attention_bwd_triton(grad_out, grad_lse, grad_log_prob, grad_entropy, q, node_k, node_v,
                                            node_padding_mask, selected, lse, branching, height, group_size, scale)
@@ -53,7 +59,7 @@ def _tree_cross_attention_bwd_triton(
 
 def _fake_forward(q, node_k, node_v, node_padding_mask, branching, height, group_size, scale, uniforms):
     B, H, M, _ = q.shape
-    acc = _accumulation_dtype(q.dtype)
+    acc = accumulation_dtype(q.dtype)
     S = height * (branching - 1) + group_size
     return (q.new_empty((B, H, M, node_v.shape[-1])), q.new_empty((B, H, M), dtype=acc),
             q.new_empty((B, M, S), dtype=torch.long), q.new_empty((B, M), dtype=acc), q.new_empty((B, M), dtype=acc))
@@ -88,3 +94,77 @@ def _register(forward_name: str, backward_name: str) -> None:
 _register("attn_ext::tree_cross_attention_fwd_triton", "attn_ext::tree_cross_attention_bwd_triton")
 if extension_error() is None:
     _register("attn_ext::tree_cross_attention_fwd", "attn_ext::tree_cross_attention_bwd")
+
+
+# Aggregation (SPEC §3 "Aggregate")
+
+def _fake_aggregate_forward(leaf_values, leaf_token, node_padding_mask, branching, height, group_size):
+    return leaf_values.new_empty((leaf_values.shape[0], node_padding_mask.shape[1], leaf_values.shape[2]))
+
+
+def _fake_aggregate_backward(grad_nodes, leaf_token, token_leaf, node_padding_mask, branching, height, group_size,
+                             num_tokens):
+    return grad_nodes.new_empty((grad_nodes.shape[0], num_tokens, grad_nodes.shape[2]))
+
+
+def token_leaf_of(leaf_token: Tensor, num_tokens: int) -> Tensor:
+    """Inverse map ``[B, num_tokens]`` of ``leaf_token [B, L]`` (``-1`` at padding slots), as ``Tree.token_leaf``."""
+    B, L = leaf_token.shape
+    slots = torch.arange(L, device=leaf_token.device).expand(B, L)
+    # The padding slots all land in an extra column, dropped afterwards.
+    inverse = leaf_token.new_full((B, num_tokens + 1), -1)
+    inverse.scatter_(1, torch.where(leaf_token >= 0, leaf_token, num_tokens), slots)
+    return inverse[:, :num_tokens]
+
+
+def _aggregate_setup_context(ctx, inputs, output):
+    leaf_values, leaf_token, node_padding_mask, branching, height, group_size = inputs
+    ctx.save_for_backward(leaf_token, node_padding_mask)
+    ctx.tree = (branching, height, group_size)
+    ctx.num_tokens = leaf_values.shape[1]
+
+
+def _aggregate_backward(ctx, grad_nodes: Tensor):
+    # The op's inputs do not include the tree's token_leaf (the forward has no use for it), so the
+    # backward rebuilds it: O(B·L) integers, small next to the [B, L, E] payload.
+    leaf_token, node_padding_mask = ctx.saved_tensors
+    grad = torch.ops.attn_ext.tree_aggregate_bwd(grad_nodes, leaf_token, token_leaf_of(leaf_token, ctx.num_tokens),
+                                                      node_padding_mask, *ctx.tree, ctx.num_tokens)
+    return grad, None, None, None, None, None
+
+
+def _aggregate_bwd_setup_context(ctx, inputs, output):
+    _, leaf_token, _, node_padding_mask, branching, height, group_size, _ = inputs
+    ctx.save_for_backward(leaf_token, node_padding_mask)
+    ctx.tree = (branching, height, group_size)
+
+
+def _aggregate_bwd_backward(ctx, grad_grad_values: Tensor):
+    leaf_token, node_padding_mask = ctx.saved_tensors
+    grad_grad_nodes = torch.ops.attn_ext.tree_aggregate_fwd(grad_grad_values, leaf_token, node_padding_mask,
+                                                                 *ctx.tree)
+    return grad_grad_nodes, None, None, None, None, None, None, None
+
+
+if extension_error() is None:
+    torch.library.register_fake("attn_ext::tree_aggregate_fwd")(_fake_aggregate_forward)
+    torch.library.register_fake("attn_ext::tree_aggregate_bwd")(_fake_aggregate_backward)
+    torch.library.register_autograd("attn_ext::tree_aggregate_fwd", _aggregate_backward,
+                                    setup_context=_aggregate_setup_context)
+    torch.library.register_autograd("attn_ext::tree_aggregate_bwd", _aggregate_bwd_backward,
+                                    setup_context=_aggregate_bwd_setup_context)
+
+
+def _mean_of_floats(x, context):
+    if not isinstance(context.get("reduce", "mean"), str):
+        return "the compiled kernel runs reduce='mean' only, not a callable"
+    if x.dtype not in SUPPORTED_DTYPES:
+        return f"the compiled kernel takes float16, bfloat16, float32 or float64, not {x.dtype}"
+    return None
+
+
+declare("tree_cross_attention", cpp=Implementation("tree_cross_attention_fwd"),
+        cuda=Implementation("tree_cross_attention_fwd"), triton=Implementation("tree_cross_attention_fwd_triton"),
+        reference=Implementation())
+declare("tree_aggregate", cpp=Implementation("tree_aggregate_fwd", (_mean_of_floats,)),
+        cuda=Implementation("tree_aggregate_fwd", (_mean_of_floats,)), reference=Implementation())

@@ -1,6 +1,6 @@
 """Triton backward of Tree Cross Attention: ``(dq, dk, dv)`` of ``(out, lse, log_prob, entropy)``.
 
-The gradients are those of autograd through :func:`attn_ext.tree.retrieval.path_forward` (the
+The gradients are those of autograd through :func:`attn_ext.ops.tree.naive.path_forward` (the
 discrete choices are constants). Two launches:
 
 1. ``_policy_grad_kernel``, one program per (batch entry, query block), all heads as in the forward
@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .cross_attention_fwd import _check_device, _interpreting
-from .tree_cross_attention import _SUPPORTED_DTYPES, _gather_scores
+from attn_ext.ops.tree.triton_fwd import _gather_scores
+from attn_ext.ops.utils.triton import SUPPORTED_DTYPES, check_device, interpreting
 
 __all__ = ["tree_cross_attention_bwd_triton"]
 
@@ -201,7 +201,7 @@ def tree_cross_attention_bwd_triton(grad_out, grad_lse, grad_log_prob, grad_entr
     grad_log_prob, grad_entropy : torch.Tensor
         ``[B, M]``, upstream gradients of ``log_prob`` and ``entropy``.
     q, node_k, node_v, node_padding_mask : torch.Tensor
-        The forward's inputs (see :func:`attn_ext.triton.tree_cross_attention.tree_cross_attention_fwd_triton`).
+        The forward's inputs (see :func:`attn_ext.ops.tree.triton_fwd.tree_cross_attention_fwd_triton`).
     selected, lse : torch.Tensor
         The forward's ``selected [B, M, S]`` (the path is read back from its last ``P`` ids) and
         ``lse [B, H, M]``.
@@ -225,7 +225,7 @@ def tree_cross_attention_bwd_triton(grad_out, grad_lse, grad_log_prob, grad_entr
     if D is None or node_k.dim() != 4 or node_v.dim() != 4:
         raise ValueError(f"attn_ext: q, node_k, node_v must be 4-D; got q {tuple(q.shape)}, node_k "
                          f"{tuple(node_k.shape)}, node_v {tuple(node_v.shape)}")
-    if q.dtype not in _SUPPORTED_DTYPES or not (q.dtype == node_k.dtype == node_v.dtype == grad_out.dtype):
+    if q.dtype not in SUPPORTED_DTYPES or not (q.dtype == node_k.dtype == node_v.dtype == grad_out.dtype):
         raise TypeError(f"attn_ext: q, node_k, node_v, grad_out must share one of float32/float16/bfloat16; got "
                         f"{q.dtype}, {node_k.dtype}, {node_v.dtype}, {grad_out.dtype}")
     DV = node_v.shape[3]
@@ -246,7 +246,7 @@ def tree_cross_attention_bwd_triton(grad_out, grad_lse, grad_log_prob, grad_entr
                         f" and {selected.dtype}")
     if not math.isfinite(scale):
         raise ValueError(f"attn_ext: scale must be finite, got {scale!r}")
-    _check_device(_tree_bwd_kernel, q, node_k, node_v, node_padding_mask, selected, lse, grad_out, grad_lse,
+    check_device(_tree_bwd_kernel, q, node_k, node_v, node_padding_mask, selected, lse, grad_out, grad_lse,
                   grad_log_prob, grad_entropy)
     device = q.device
     dq = torch.empty((B, H, M, D), dtype=q.dtype, device=device)
@@ -263,7 +263,7 @@ def tree_cross_attention_bwd_triton(grad_out, grad_lse, grad_log_prob, grad_entr
     block_b = triton.next_power_of_2(branching)
     block_h, block_d, block_dv = (triton.next_power_of_2(x) for x in (H, D, DV))
     block_m = min(16, triton.next_power_of_2(M))
-    if not _interpreting():
+    if not interpreting():
         block_m = max(1, min(block_m, 8192 // (block_h * block_d), 8192 // max(block_b, 16) // max(block_d, block_dv)))
         block_m = 1 << (block_m.bit_length() - 1)
     tree_args = (height, group_size, num_groups, leaf_offset, S, float(scale))

@@ -4,7 +4,7 @@ Same semantics as the C++ kernel (csrc/cpu/tree_cross_attention.cpp, csrc/includ
 per level the policy is the head mean of the per-head softmax over the valid children, the choice is
 the argmax (ties to the first child) or the inverse-CDF draw ``#{c : cdf_c <= u·cdf_last}`` capped at
 ``b − 1``, the rejected children and then the ``P`` leaves of the chosen group are folded into one
-online-softmax row per head. The node-id layout is attn_ext/tree/build.py's (heap layout).
+online-softmax row per head. The node-id layout is attn_ext/ops/tree/build.py's (heap layout).
 
 Design
 ------
@@ -31,11 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .cross_attention_fwd import _check_device, _interpreting
+from attn_ext.ops.utils.triton import SUPPORTED_DTYPES, check_device, interpreting
 
 __all__ = ["tree_cross_attention_fwd_triton"]
-
-_SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @triton.jit
@@ -254,7 +252,7 @@ def _check_args(q, node_k, node_v, node_padding_mask, branching, height, group_s
                         f"{node_v.dtype}")
     if q.dtype == torch.float64:
         raise TypeError("attn_ext: the Triton backend does not support float64; use the cpp or reference backend")
-    if q.dtype not in _SUPPORTED_DTYPES:
+    if q.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"attn_ext: the Triton backend supports float32/float16/bfloat16, got {q.dtype}")
     if node_padding_mask.dtype != torch.bool:
         raise TypeError(f"attn_ext: node_padding_mask must be bool (True = padding), got {node_padding_mask.dtype}")
@@ -270,7 +268,7 @@ def _check_args(q, node_k, node_v, node_padding_mask, branching, height, group_s
             raise ValueError(f"attn_ext: uniforms must be [B, M, height] = {[B, M, height]}, got "
                              f"{list(uniforms.shape)}")
         tensors.append(uniforms)
-    _check_device(_tree_fwd_kernel, *tensors)
+    check_device(_tree_fwd_kernel, *tensors)
     return num_nodes, height * (branching - 1) + group_size
 
 
@@ -284,7 +282,7 @@ def tree_cross_attention_fwd_triton(q, node_k, node_v, node_padding_mask, branch
         ``[B, H, M, D]`` queries; any strides.
     node_k, node_v : torch.Tensor
         ``[B, H, num_nodes, D]`` / ``[B, H, num_nodes, Dv]`` keys and values of every node, in the id
-        layout of :mod:`attn_ext.tree.build` (``num_nodes = G + P·b^k``); any strides. q, node_k, node_v
+        layout of :mod:`attn_ext.ops.tree.build` (``num_nodes = G + P·b^k``); any strides. q, node_k, node_v
         share one dtype among float32, float16, bfloat16 (float64: ``TypeError``, use the C++ op).
     node_padding_mask : torch.Tensor
         Bool ``[B, num_nodes]``, True = padding (``Tree.node_padding_mask``).
@@ -294,7 +292,7 @@ def tree_cross_attention_fwd_triton(q, node_k, node_v, node_padding_mask, branch
         Multiplier of ``q·k`` (scores of the policy and of the attention alike).
     uniforms : torch.Tensor, optional
         ``[B, M, height]`` draws in [0, 1) for the ``"sample"`` policy (inverse CDF, as
-        :func:`attn_ext.tree.retrieval._inverse_cdf`); ``None`` for greedy (argmax, ties to the first child).
+        :func:`attn_ext.ops.tree.naive._inverse_cdf`); ``None`` for greedy (argmax, ties to the first child).
 
     Returns
     -------
@@ -343,7 +341,7 @@ def tree_cross_attention_fwd_triton(q, node_k, node_v, node_padding_mask, branch
             H, M, D, DV, height, group_size, group_offset, leaf_offset, float(scale))
     meta = dict(BRANCH=branching, SAMPLE=sample, BLOCK_H=block_h, BLOCK_D=block_d, BLOCK_DV=block_dv,
                 BLOCK_B=triton.next_power_of_2(branching), BLOCK_P=min(triton.next_power_of_2(group_size), 16))
-    if _interpreting():
+    if interpreting():
         # Each interpreted op is a numpy call over the whole tile: a modest fixed query tile.
         block_m = min(16, triton.next_power_of_2(M))
         _tree_fwd_kernel[(triton.cdiv(M, block_m), B)](*args, BLOCK_M=block_m, **meta)

@@ -1,97 +1,183 @@
-"""Which kernel runs a call: chosen by device and availability, overridable by the caller.
+"""Which kernel runs a call: one table of every op's backends, each declaring what it supports.
 
-Order of precedence: the ``backend=`` argument, then the ``ATTN_EXT_BACKEND`` environment variable,
-then the automatic choice (CPU: ``cpp``; CUDA: ``triton``, then ``cuda``; anywhere: ``reference`` as
-last resort). A backend that was asked for but cannot run raises, listing why each backend was
-rejected.
+Every public op declares, per backend, an :class:`Implementation`: the ``torch.ops.attn_ext`` kernel
+it calls (None for the pure-PyTorch code of the op's own module) and the op-specific requirements
+that can rule it out for a call (head dims beyond a Triton tile, a callable reducer, ...). On top,
+each backend has requirements of its own (device, dtype, a compiled extension, Triton installed).
+:func:`rejection_reasons` asks all of them, so a backend that cannot run a call always comes with the
+reason, and :func:`select_backend` is the only place a backend is chosen:
 
-``cpp`` and ``cuda`` are the same compiled ``torch.ops.attn_ext`` ops, which dispatch on the device:
-the C++ kernels for CPU tensors, the hand-written CUDA kernels of ``csrc/cuda`` for CUDA tensors
-(present only when the extension was built against a CUDA build of torch). The CUDA kernels have
-been compiled and emulated on the host but never run on a GPU, so on CUDA the automatic choice
-prefers Triton, and ``backend="cuda"`` must be asked for.
+1. the ``backend=`` argument; a backend that cannot run the call raises ``RuntimeError`` listing
+   every backend's reason;
+2. else the ``ATTN_EXT_BACKEND`` environment variable, with the same rule, except that it is
+   ignored by ops that have no implementation on the backend it names (it is process-wide);
+3. else the automatic order of the device (CPU: ``cpp``; CUDA: ``triton``, then ``cuda``), with
+   ``reference`` as last resort.
+
+``cpp`` and ``cuda`` are the same compiled ``torch.ops.attn_ext`` kernels, which dispatch on the
+device: the C++ kernels for CPU tensors, the hand-written CUDA kernels (present only when the
+extension was built against a CUDA build of torch) for CUDA tensors. The CUDA kernels have been
+compiled and emulated on the host but never run on a GPU, so on CUDA the automatic order prefers Triton.
 """
 from __future__ import annotations
 
 import os
-from typing import Dict, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 from torch import Tensor
 
-from attn_ext._extension import extension_error
+from attn_ext.ops.utils import extension
 
 BACKENDS = ("cpp", "cuda", "triton", "reference")
 #: Backends whose kernels are the compiled ``torch.ops.attn_ext`` ops (dispatched on the device).
 COMPILED_BACKENDS = ("cpp", "cuda")
-_AUTOMATIC_ORDER = {"cpu": ("cpp", "reference"), "cuda": ("triton", "cuda", "reference")}
+AUTOMATIC_ORDER = {"cpu": ("cpp", "reference"), "cuda": ("triton", "cuda", "reference")}
 ENVIRONMENT_VARIABLE = "ATTN_EXT_BACKEND"
 
+#: ``requirement(x, context)`` returns None when it is met, else the reason; ``x`` is the call's first
+#: tensor argument, ``context`` the other facts of the call the op passes to :func:`select_backend`.
+Requirement = Callable[[Tensor, Mapping[str, Any]], Optional[str]]
 
-def _cpp_rejection(q: Tensor) -> Optional[str]:
-    error = extension_error()
+
+@dataclass(frozen=True)
+class Implementation:
+    """How one backend runs one op.
+
+    Attributes
+    ----------
+    kernel : str or None
+        Name of the forward op in ``torch.ops.attn_ext`` (its backward is registered as its autograd),
+        or None when the op's own module runs PyTorch code.
+    requires : tuple of Requirement
+        Op-specific conditions, checked after the backend's own (device, dtype, build).
+    """
+
+    kernel: Optional[str] = None
+    requires: Tuple[Requirement, ...] = ()
+
+
+#: public op name -> backend -> implementation; filled by each op family's ``registration`` module.
+OPS: Dict[str, Dict[str, Implementation]] = {}
+
+
+def declare(op: str, **implementations: Implementation) -> None:
+    """Declares the backends of ``op`` (keyword per backend name); a backend left out cannot run it."""
+    unknown = set(implementations) - set(BACKENDS)
+    if unknown:
+        raise ValueError(f"attn_ext: {op} declares unknown backends {sorted(unknown)}")
+    OPS[op] = dict(implementations)
+
+
+def kernel(op: str, backend: str):
+    """The ``torch.ops.attn_ext`` forward op that ``backend`` runs ``op`` with."""
+    name = OPS[op][backend].kernel
+    if name is None:
+        raise RuntimeError(f"attn_ext: {op} on backend {backend!r} is PyTorch code, not a kernel")
+    return getattr(torch.ops.attn_ext, name)
+
+
+def backward_kernel(op: str, backend: str):
+    """The backward op of :func:`kernel`'s: ``<op>_fwd[_<backend>]`` has ``<op>_bwd[_<backend>]``."""
+    name = OPS[op][backend].kernel
+    if name is None or "_fwd" not in name:
+        raise RuntimeError(f"attn_ext: {op} on backend {backend!r} has no backward op of its own")
+    return getattr(torch.ops.attn_ext, name.replace("_fwd", "_bwd", 1))
+
+
+def _compiled_reason(backend: str, x: Tensor, kernel_name: Optional[str]) -> Optional[str]:
+    error = extension.extension_error()
     if error is not None:
         return error
-    if q.device.type != "cpu":
-        return f"the C++ kernels run on CPU tensors, got {q.device} (backend 'cuda' is the compiled kernels for CUDA)"
-    return None
-
-
-#: The op whose CUDA kernel decides whether backend "cuda" can run a call, unless the caller names another.
-DEFAULT_OP = "attn_ext::cross_attention_fwd"
-
-
-def _cuda_rejection(q: Tensor, op: str) -> Optional[str]:
-    error = extension_error()
-    if error is not None:
-        return error
-    if q.device.type != "cuda":
-        return f"the CUDA kernels run on CUDA tensors, got {q.device}"
-    # Per op: a build may carry CUDA kernels for some op families and not others.
-    if not torch._C._dispatch_has_kernel_for_dispatch_key(op, "CUDA"):
-        return (f"this build of attn_ext has no CUDA kernel for {op} (it was compiled against a torch without "
-                "CUDA, or before that kernel existed; reinstall with a CUDA build of torch and nvcc on PATH)")
-    if q.dtype == torch.float64:
+    device_type, key = ("cpu", "CPU") if backend == "cpp" else ("cuda", "CUDA")
+    if x.device.type != device_type:
+        other = "'cuda' is the compiled kernels for CUDA" if backend == "cpp" else "'cpp' is the compiled kernels for CPU"
+        return f"the {'C++' if backend == 'cpp' else 'CUDA'} kernels run on {device_type.upper()} tensors, got {x.device} ({other})"
+    # Per op: a build may carry CUDA kernels for some op families and not others. (Every CPU kernel is
+    # registered with the extension, and asking torch here would break torch.compile's graph on CPU.)
+    if backend == "cuda" and kernel_name is not None and \
+            not torch._C._dispatch_has_kernel_for_dispatch_key(f"attn_ext::{kernel_name}", key):
+        return (f"this build of attn_ext has no {key} kernel for attn_ext::{kernel_name} (it was compiled against a "
+                "torch without CUDA, or before that kernel existed; reinstall with a CUDA build of torch and nvcc on PATH)")
+    if backend == "cuda" and x.dtype == torch.float64:
         return "the CUDA kernels take float16, bfloat16 or float32, not float64"
     return None
 
 
-def _triton_rejection(q: Tensor) -> Optional[str]:
-    from attn_ext.triton import triton_unavailable_reason
+def _triton_reason(x: Tensor) -> Optional[str]:
+    from attn_ext.ops.utils.triton import triton_unavailable_reason
 
-    reason = triton_unavailable_reason(q.device)
-    if reason is not None:
-        return reason
-    if q.dtype == torch.float64:
-        return "Triton kernels take float16, bfloat16 or float32, not float64"
+    reason = triton_unavailable_reason(x.device)
+    if reason is None and x.dtype == torch.float64:
+        reason = "Triton kernels take float16, bfloat16 or float32, not float64"
+    return reason
+
+
+def _backend_reason(backend: str, x: Tensor, implementation: Implementation) -> Optional[str]:
+    if backend in COMPILED_BACKENDS:
+        return _compiled_reason(backend, x, implementation.kernel)
+    if backend == "triton":
+        return _triton_reason(x)
     return None
 
 
-def rejection_reasons(q: Tensor, op: str = DEFAULT_OP) -> Dict[str, Optional[str]]:
-    """For each backend, None if it can run ``op`` (a ``"attn_ext::name"`` schema) on inputs like ``q``,
-    else the reason it cannot."""
-    return {"cpp": _cpp_rejection(q), "cuda": _cuda_rejection(q, op), "triton": _triton_rejection(q),
-            "reference": None}
+def _resolve_op(op: str) -> str:
+    """A public op name, or (for callers of the old interface) the schema name of one of its kernels."""
+    if op in OPS:
+        return op
+    schema = op.split("::")[-1]
+    for name, implementations in OPS.items():
+        if any(impl.kernel == schema for impl in implementations.values()):
+            return name
+    raise ValueError(f"attn_ext: unknown op {op!r}; ops with backends: {', '.join(sorted(OPS))}")
 
 
-def available_backends(q: Tensor, op: str = DEFAULT_OP) -> Dict[str, Optional[str]]:
-    """Public form of :func:`rejection_reasons`: ``{name: None or reason}`` for inputs like ``q``."""
-    return rejection_reasons(q, op)
+def rejection_reasons(op: str, x: Tensor, **context: Any) -> Dict[str, Optional[str]]:
+    """For each backend, None if it can run ``op`` on inputs like ``x`` (and ``context``), else why not."""
+    op = _resolve_op(op)
+    reasons: Dict[str, Optional[str]] = {}
+    for backend in BACKENDS:
+        implementation = OPS[op].get(backend)
+        if implementation is None:
+            reasons[backend] = f"attn_ext has no {backend} implementation of {op}"
+            continue
+        reason = _backend_reason(backend, x, implementation)
+        for requirement in implementation.requires:
+            if reason is not None:
+                break
+            reason = requirement(x, context)
+        reasons[backend] = reason
+    return reasons
 
 
-def select_backend(requested: Optional[str], q: Tensor, op: str = DEFAULT_OP) -> str:
-    """The backend to run ``q``'s call of ``op`` on; raises RuntimeError if a requested one cannot run it."""
-    if requested is None or requested == "auto":
+def available_backends(q: Tensor, op: str = "cross_attention", **context: Any) -> Dict[str, Optional[str]]:
+    """``{backend: None or the reason it cannot run}`` for ``op`` on inputs like ``q``.
+
+    ``op`` is a public op name (``"cross_attention"``, ``"merge_states"``, ``"tree_cross_attention"``,
+    ``"tree_aggregate"``, ``"intention"``, ``"sigma_intention"``, ``"batched_cholesky"``, ...).
+    """
+    return rejection_reasons(op, q, **context)
+
+
+def select_backend(op: str, requested: Optional[str], x: Tensor, **context: Any) -> str:
+    """The backend that runs this call of ``op``; raises RuntimeError if a requested one cannot."""
+    op = _resolve_op(op)
+    from_environment = requested is None or requested == "auto"
+    if from_environment:
         requested = os.environ.get(ENVIRONMENT_VARIABLE) or "auto"
     if requested != "auto" and requested not in BACKENDS:
         raise ValueError(f"attn_ext: unknown backend {requested!r}; choose one of {', '.join(BACKENDS)} or 'auto'")
-    reasons = rejection_reasons(q, op)
+    if from_environment and requested != "auto" and requested not in OPS[op]:
+        requested = "auto"  # the process-wide preference names a backend this op does not have
+    reasons = rejection_reasons(op, x, **context)
     if requested != "auto":
         if reasons[requested] is None:
             return requested
         listing = "; ".join(f"{name}: {reason or 'available'}" for name, reason in reasons.items())
-        raise RuntimeError(f"attn_ext: backend {requested!r} cannot run on {q.device} {q.dtype} inputs ({listing})")
-    for name in _AUTOMATIC_ORDER.get(q.device.type, ("reference",)):
+        raise RuntimeError(f"attn_ext.{op}: backend {requested!r} cannot run on {x.device} {x.dtype} inputs ({listing})")
+    for name in AUTOMATIC_ORDER.get(x.device.type, ()) + ("reference",):
         if reasons[name] is None:
             return name
-    return "reference"
+    listing = "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
+    raise RuntimeError(f"attn_ext.{op}: no backend can run on {x.device} {x.dtype} inputs ({listing})")

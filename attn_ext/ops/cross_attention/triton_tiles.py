@@ -1,0 +1,95 @@
+"""Tiles and autotuning of the cross-attention Triton kernels (forward, and the backward's two kernels).
+
+Under the interpreter the tiles are fixed and small (each interpreted op is a numpy call); on a GPU
+``BLOCK_M``/``BLOCK_N``/warps/stages are autotuned per padded head dims, the chunk-size hint and
+power-of-two buckets of M and N, within the shared memory of the device.
+"""
+from __future__ import annotations
+
+import triton
+
+from attn_ext.ops.utils.triton import block_dim as block_d
+from attn_ext.ops.utils.triton import interpreting, lazily_autotuned, next_pow2
+
+__all__ = ["autotuned", "block_d", "block_m_interpreted", "launch"]
+
+
+def _pow2_floor(x: int) -> int:
+    return 1 << (max(int(x), 1).bit_length() - 1)
+
+
+def _block_n(chunk_size: int, n: int) -> int:
+    block = min(max(_pow2_floor(chunk_size), 16), 128)
+    if interpreting():
+        block = min(block, 64)  # each interpreted op is a numpy call: keep tiles modest
+    # Never tile far past the real key count (tl.dot needs >= 16).
+    return max(16, min(block, next_pow2(max(n, 1))))
+
+
+def block_m_interpreted(m: int) -> int:
+    return max(16, min(32, next_pow2(max(m, 1))))
+
+
+def _bucket(x: int) -> int:
+    # Autotune keys use power-of-two buckets so that every new M or N does not retune.
+    return min(next_pow2(max(x, 1)), 1 << 16)
+
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages); BLOCK_N is capped by the chunk_size hint.
+# The 16x16 single-stage tile is the last resort for huge D/Dv and tiny M/N.
+_GPU_TILES = ((16, 16, 2, 1), (16, 64, 4, 2), (16, 128, 4, 2), (32, 32, 4, 2), (64, 16, 4, 2),
+              (64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 2),
+              (64, 128, 4, 2), (128, 128, 8, 2))
+
+
+def _gpu_configs():
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+            for bm, bn, w, s in _GPU_TILES]
+
+
+def _smem_estimate(c, elem: int, d: int, dv: int) -> int:
+    # Fitted on sm_80 compiles of these kernels: the pipelined operand tiles
+    # dominate; rough, misses are caught by the autotuner as OutOfResources.
+    bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+    return elem * (d + dv) * (max(c.num_stages - 1, 1) * max(bm, bn) + min(bm, bn))
+
+
+def _prune_configs(configs, named_args, **kwargs):
+    """Keep configs within the chunk_size hint, the problem size and shared memory."""
+    elem = named_args["Q"].element_size()
+    d, dv = kwargs["BLOCK_D"], kwargs["BLOCK_DV"]
+    try:
+        props = triton.runtime.driver.active.utils.get_device_properties(named_args["Q"].device.index or 0)
+        budget = props["max_shared_mem"]
+    except Exception:  # pragma: no cover - conservative default (sm_86 class)
+        budget = 99 * 1024
+    bn_max, m_b, n_b = named_args["BLOCK_N_MAX"], named_args["M_BUCKET"], named_args["N_BUCKET"]
+    kept = [c for c in configs
+            if c.kwargs["BLOCK_N"] <= max(16, min(bn_max, n_b)) and c.kwargs["BLOCK_M"] <= max(16, m_b)
+            and _smem_estimate(c, elem, d, dv) <= budget]
+    return kept or [min(configs, key=lambda c: _smem_estimate(c, elem, d, dv))]
+
+
+_TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "BLOCK_N_MAX", "M_BUCKET", "N_BUCKET"]
+
+
+def autotuned(kernel):
+    """``kernel`` in ``triton.autotune`` over the tiles above, built on first use."""
+    return lazily_autotuned(kernel, _gpu_configs, _TUNE_KEY, prune_configs_by={"early_config_prune": _prune_configs})
+
+
+def launch(kernel, tuned, grid, args, meta, m: int, n: int, chunk_size: int) -> None:
+    """Launch with fixed tiles under the interpreter, autotuned tiles on GPU.
+
+    ``args`` must end with the (unused in-kernel) tuning-key slots
+    ``BLOCK_N_MAX, M_BUCKET, N_BUCKET`` which this fills in; ``grid`` maps
+    ``(BLOCK_M, BLOCK_N)`` to the launch grid.
+    """
+    bn = _block_n(chunk_size, n)
+    args = (*args, bn, _bucket(m), _bucket(n))
+    if interpreting():
+        bm = block_m_interpreted(m)
+        kernel[grid(bm, bn)](*args, BLOCK_M=bm, BLOCK_N=bn, **meta)
+    else:
+        tuned()[lambda META: grid(META["BLOCK_M"], META["BLOCK_N"])](*args, **meta)
+
