@@ -1,10 +1,13 @@
-"""The examples users copy must run: docstrings of the public API and the README's code block."""
+"""The examples users copy must run (docstrings of the public API, the README's and the user docs' code
+blocks), and every reference to the spec must resolve to a section of docs/spec.md."""
 import doctest
 import importlib
 import pathlib
 import re
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
 
 
 def test_docstring_examples_run():
@@ -26,3 +29,33 @@ def test_readme_example_runs():
     assert blocks, "README has no python example"
     for code in blocks:
         exec(compile(code, str(README), "exec"), {})
+
+
+def test_user_docs_examples_run():
+    assert DOCS, "docs/ has no pages"
+    ran = 0
+    for page in DOCS:
+        for code in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S):
+            exec(compile(code, str(page), "exec"), {})
+            ran += 1
+    assert ran >= 5, f"only {ran} python examples in docs/"
+
+
+def _sources():
+    for pattern in ("attn_ext/**/*.py", "csrc/**/*.h", "csrc/**/*.cpp", "csrc/**/*.cu", "csrc/**/*.cuh", "*.md",
+                    "docs/*.md", "bench/**/*.py", "bench/**/*.md"):
+        yield from ROOT.glob(pattern)
+
+
+def test_every_spec_reference_resolves_to_a_section_of_docs_spec():
+    sections = set(re.findall(r"^## §(\d+) ", (ROOT / "docs" / "spec.md").read_text(), flags=re.M))
+    assert sections == {str(i) for i in range(7)}, sections
+    cited = {}
+    for path in _sources():
+        text = path.read_text(errors="replace")
+        assert "SPEC §" not in text and "SPEC section" not in text, f"{path} cites SPEC, which users cannot see"
+        for number in re.findall(r"docs/spec\.md §(\d+)", text):
+            cited.setdefault(number, path)
+    assert cited, "nothing cites docs/spec.md"
+    missing = {n: str(p) for n, p in cited.items() if n not in sections}
+    assert not missing, f"references to sections docs/spec.md does not have: {missing}"
