@@ -23,6 +23,7 @@ import triton.language as tl
 
 from attn_ext.ops.cross_attention.triton_tiles import autotuned, block_d, block_m_interpreted, launch
 from attn_ext.ops.utils.triton import LOG2E, check_device, check_dtypes, interpreting, mask_arg
+from attn_ext.ops.utils.triton_jit import load_tile, valid_rows
 from attn_ext.ops.utils.validation import check_cross_attention_args
 
 __all__ = ["cross_attention_backward"]
@@ -81,20 +82,12 @@ def _bwd_dkdv(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     n_in = offs_n < N
-    n_ok = n_in
-    if HAS_MASK:
-        pad = tl.load(MASK + off_b * smb + offs_n * smn, mask=n_in, other=1)
-        n_ok = n_in & (pad == 0)
+    n_ok = valid_rows(MASK, off_b * smb, smn, offs_n, N, HAS_MASK)
     d_ok = offs_d < D
     dv_ok = offs_dv < DV
 
-    k = tl.load(K + off_b * skb + off_h * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
-                mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-    v = tl.load(V + off_b * svb + off_h * svh + offs_n[:, None] * svn + offs_dv[None, :] * svd,
-                mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
+    k = load_tile(K + off_b * skb + off_h * skh, offs_n, offs_d, skn, skd, n_ok, d_ok, UPCAST)
+    v = load_tile(V + off_b * svb + off_h * svh, offs_n, offs_dv, svn, svd, n_ok, dv_ok, UPCAST)
 
     q_base = Q + off_b * sqb + off_h * sqh
     do_base = DO + off_b * sdob + off_h * sdoh
@@ -106,13 +99,8 @@ def _bwd_dkdv(
     for start_m in range(0, M, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         m_ok = offs_m < M
-        q = tl.load(q_base + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-                    mask=m_ok[:, None] & d_ok[None, :], other=0.0)
-        do = tl.load(do_base + offs_m[:, None] * sdom + offs_dv[None, :] * sdod,
-                     mask=m_ok[:, None] & dv_ok[None, :], other=0.0)
-        if UPCAST:
-            q = q.to(tl.float32)
-            do = do.to(tl.float32)
+        q = load_tile(q_base, offs_m, offs_d, sqm, sqd, m_ok, d_ok, UPCAST)
+        do = load_tile(do_base, offs_m, offs_dv, sdom, sdod, m_ok, dv_ok, UPCAST)
         lse = tl.load(lse_base + offs_m * slm, mask=m_ok, other=float("-inf"))
         delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)
         row_ok = lse > float("-inf")
@@ -161,13 +149,8 @@ def _bwd_dq(
     d_ok = offs_d < D
     dv_ok = offs_dv < DV
 
-    q = tl.load(Q + off_b * sqb + off_h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-                mask=m_ok[:, None] & d_ok[None, :], other=0.0)
-    do = tl.load(DO + off_b * sdob + off_h * sdoh + offs_m[:, None] * sdom + offs_dv[None, :] * sdod,
-                 mask=m_ok[:, None] & dv_ok[None, :], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-        do = do.to(tl.float32)
+    q = load_tile(Q + off_b * sqb + off_h * sqh, offs_m, offs_d, sqm, sqd, m_ok, d_ok, UPCAST)
+    do = load_tile(DO + off_b * sdob + off_h * sdoh, offs_m, offs_dv, sdom, sdod, m_ok, dv_ok, UPCAST)
     lse = tl.load(LSE + off_b * slb + off_h * slh + offs_m * slm, mask=m_ok, other=float("-inf"))
     delta = tl.load(DELTA + pid_bh.to(tl.int64) * M + offs_m, mask=m_ok, other=0.0)
     row_ok = lse > float("-inf")
@@ -179,17 +162,9 @@ def _bwd_dq(
 
     for start_n in range(0, N, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < N
-        if HAS_MASK:
-            pad = tl.load(MASK + off_b * smb + offs_n * smn, mask=n_ok, other=1)
-            n_ok = n_ok & (pad == 0)
-        k = tl.load(k_base + offs_n[:, None] * skn + offs_d[None, :] * skd,
-                    mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * svn + offs_dv[None, :] * svd,
-                    mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        n_ok = valid_rows(MASK, off_b * smb, smn, offs_n, N, HAS_MASK)
+        k = load_tile(k_base, offs_n, offs_d, skn, skd, n_ok, d_ok, UPCAST)
+        v = load_tile(v_base, offs_n, offs_dv, svn, svd, n_ok, dv_ok, UPCAST)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
         valid = row_ok[:, None] & n_ok[None, :]
         p = tl.where(valid, tl.exp2(s - lse2[:, None]), 0.0)

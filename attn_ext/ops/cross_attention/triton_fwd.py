@@ -18,6 +18,7 @@ import triton.language as tl
 
 from attn_ext.ops.cross_attention.triton_tiles import autotuned, block_d, launch
 from attn_ext.ops.utils.triton import LOG2E, check_device, check_dtypes, interpreting, mask_arg
+from attn_ext.ops.utils.triton_jit import load_tile, valid_rows
 from attn_ext.ops.utils.validation import check_cross_attention_args
 
 __all__ = ["cross_attention_forward"]
@@ -52,10 +53,7 @@ def _fwd_kernel(
     d_ok = offs_d < D
     dv_ok = offs_dv < DV
 
-    q = tl.load(Q + off_b * sqb + off_h * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-                mask=m_ok[:, None] & d_ok[None, :], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
+    q = load_tile(Q + off_b * sqb + off_h * sqh, offs_m, offs_d, sqm, sqd, m_ok, d_ok, UPCAST)
     k_base = K + off_b * skb + off_h * skh
     v_base = V + off_b * svb + off_h * svh
 
@@ -65,18 +63,9 @@ def _fwd_kernel(
 
     for start_n in range(0, N, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < N
-        if HAS_MASK:
-            pad = tl.load(MASK + off_b * smb + offs_n * smn, mask=n_ok, other=1)
-            n_ok = n_ok & (pad == 0)
-        # Padded keys are not even loaded: garbage (NaN/inf) there must not leak via 0*NaN.
-        kt = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None] * skd,
-                     mask=n_ok[None, :] & d_ok[:, None], other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * svn + offs_dv[None, :] * svd,
-                    mask=n_ok[:, None] & dv_ok[None, :], other=0.0)
-        if UPCAST:
-            kt = kt.to(tl.float32)
-            v = v.to(tl.float32)
+        n_ok = valid_rows(MASK, off_b * smb, smn, offs_n, N, HAS_MASK)
+        kt = load_tile(k_base, offs_d, offs_n, skd, skn, d_ok, n_ok, UPCAST)  # Kᵀ: padded keys never loaded
+        v = load_tile(v_base, offs_n, offs_dv, svn, svd, n_ok, dv_ok, UPCAST)
 
         s = tl.dot(q, kt, input_precision="ieee") * qk_scale
         s = tl.where(n_ok[None, :], s, float("-inf"))

@@ -38,6 +38,7 @@ import triton.language as tl
 
 from attn_ext.ops.intention.triton_solve import cholesky_solve_batched
 from attn_ext.ops.utils.triton import SUPPORTED_DTYPES, block_dim, check_device, interpreting
+from attn_ext.ops.utils.triton_jit import load_tile, valid_rows
 
 __all__ = ["intention_fwd_triton", "intention_bwd_triton"]
 MAX_HEAD_DIM = 128  # the factor tile [D, D] of the solve kernel lives in registers
@@ -68,18 +69,9 @@ def _transposed_product_kernel(
     acc = tl.zeros([BLOCK_D, BLOCK_E], tl.float32)
     for start_n in range(0, N, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < N
-        if HAS_MASK:
-            pad = tl.load(MASK + off_b * smb + offs_n * smn, mask=n_ok, other=1)
-            n_ok = n_ok & (pad == 0)
-        # Padding keys are not even loaded: whatever they hold (NaN, inf) must not leak via 0·NaN.
-        a_t = tl.load(a_base + offs_n[None, :] * san + offs_d[:, None] * sad,
-                      mask=n_ok[None, :] & d_ok[:, None], other=0.0)
-        x = tl.load(x_base + offs_n[:, None] * sxn + offs_e[None, :] * sxe,
-                    mask=n_ok[:, None] & e_ok[None, :], other=0.0)
-        if UPCAST:
-            a_t = a_t.to(tl.float32)
-            x = x.to(tl.float32)
+        n_ok = valid_rows(MASK, off_b * smb, smn, offs_n, N, HAS_MASK)
+        a_t = load_tile(a_base, offs_d, offs_n, sad, san, d_ok, n_ok, UPCAST)  # padding keys never loaded
+        x = load_tile(x_base, offs_n, offs_e, sxn, sxe, n_ok, e_ok, UPCAST)
         # fp16/bf16 products are exact in fp32, so tensor-core dots lose nothing before accumulation.
         acc += tl.dot(a_t, x, input_precision="ieee")
     out_ptrs = OUT + bh.to(tl.int64) * D * E + offs_d[:, None] * E + offs_e[None, :]
@@ -136,10 +128,7 @@ def _dkdv_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_c = tl.arange(0, BLOCK_C)
     in_range = offs_n < N
-    n_ok = in_range
-    if HAS_MASK:
-        pad = tl.load(MASK + off_b * smb + offs_n * smn, mask=in_range, other=1)
-        n_ok = n_ok & (pad == 0)
+    n_ok = valid_rows(MASK, off_b * smb, smn, offs_n, N, HAS_MASK)
     d_ok = offs_d < D
     # A padding key's row stays 0, so its dk and dv rows below are exactly 0 (and are stored as such).
     k = tl.load(K + off_b * skb + off_h * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,

@@ -1,0 +1,29 @@
+"""Device functions every Triton kernel of attn_ext shares (imports Triton: kernel modules only).
+
+Padding keys are never loaded, not just masked after the load: whatever they hold (NaN, inf) must
+not reach a result through 0·NaN, and a kernel must not read memory the caller marked unused.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def valid_rows(MASK, mask_row, stride_n, offs, n, HAS_MASK: tl.constexpr):
+    """Which of the rows ``offs`` exist (``< n``) and are not padding (``MASK[mask_row + offs·stride_n]``
+    nonzero, a uint8 view of a bool padding mask; ``HAS_MASK`` False: no mask, never read)."""
+    ok = offs < n
+    if HAS_MASK:
+        pad = tl.load(MASK + mask_row + offs * stride_n, mask=ok, other=1)
+        ok = ok & (pad == 0)
+    return ok
+
+
+@triton.jit
+def load_tile(base, rows, cols, stride_r, stride_c, rows_ok, cols_ok, UPCAST: tl.constexpr):
+    """The ``[rows, cols]`` tile at ``base``, 0 (and not loaded) outside ``rows_ok`` × ``cols_ok``;
+    fp32 when ``UPCAST`` (the interpreter's ``tl.dot`` needs it for bf16)."""
+    x = tl.load(base + rows[:, None] * stride_r + cols[None, :] * stride_c,
+                mask=rows_ok[:, None] & cols_ok[None, :], other=0.0)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
