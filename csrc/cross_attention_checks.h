@@ -77,7 +77,7 @@ inline void check_cross_attention_grads(const CrossAttentionShape& s, const at::
                    " inputs; got ", lse.scalar_type(), " and ", grad_lse.scalar_type());
 }
 
-/// Rows of the flattened [rows, Dv] state tensors of a merge (attn_ext::merge_attention_states).
+/// Rows of the flattened [rows, Dv] state tensors of a merge (attn_ext::merge_states_fwd).
 struct MergeStateRows {
   int64_t rows, dv;
 };

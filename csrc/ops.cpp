@@ -22,8 +22,8 @@ TORCH_LIBRARY(attn_ext, m) {
   m.def("cross_attention_bwd(Tensor grad_out, Tensor grad_lse, Tensor q, Tensor k, Tensor v, "
         "Tensor? key_padding_mask, Tensor out, Tensor lse, float scale, int chunk_size) "
         "-> (Tensor grad_q, Tensor grad_k, Tensor grad_v)");
-  m.def("merge_attention_states(Tensor out_a, Tensor lse_a, Tensor out_b, Tensor lse_b) -> (Tensor out, Tensor lse)");
-  m.def("merge_attention_states_bwd(Tensor grad_out, Tensor grad_lse, Tensor out_a, Tensor lse_a, Tensor out_b, "
+  m.def("merge_states_fwd(Tensor out_a, Tensor lse_a, Tensor out_b, Tensor lse_b) -> (Tensor out, Tensor lse)");
+  m.def("merge_states_bwd(Tensor grad_out, Tensor grad_lse, Tensor out_a, Tensor lse_a, Tensor out_b, "
         "Tensor lse_b, Tensor out, Tensor lse) -> (Tensor grad_out_a, Tensor grad_lse_a, Tensor grad_out_b, "
         "Tensor grad_lse_b)");
   // Tree Cross Attention (SPEC §3): fused descent + online-softmax attention over the selected nodes.
@@ -47,9 +47,9 @@ TORCH_LIBRARY(attn_ext, m) {
         "int chunk_size) -> (Tensor out, Tensor lse, Tensor q_tilde, Tensor factor, Tensor weights)");
   // Masked-mean aggregation of a tree's nodes from its tokens' values (SPEC §3 "Aggregate") and its
   // backward; node ids as in attn_ext/tree/build.py, leaf_token -1 at padding leaf slots.
-  m.def("tree_aggregate_mean_fwd(Tensor leaf_values, Tensor leaf_token, Tensor node_padding_mask, int branching, "
+  m.def("tree_aggregate_fwd(Tensor leaf_values, Tensor leaf_token, Tensor node_padding_mask, int branching, "
         "int height, int group_size) -> Tensor");
-  m.def("tree_aggregate_mean_bwd(Tensor grad_nodes, Tensor leaf_token, Tensor token_leaf, Tensor node_padding_mask, "
+  m.def("tree_aggregate_bwd(Tensor grad_nodes, Tensor leaf_token, Tensor token_leaf, Tensor node_padding_mask, "
         "int branching, int height, int group_size, int num_tokens) -> Tensor");
   // Batched small-SPD Cholesky (SPEC §4, under the Intention op): L with A = L Lᵀ from A's lower
   // triangle and info as torch.linalg.cholesky_ex; then X = (L Lᵀ)⁻¹ B. No autograd (the Intention

@@ -257,9 +257,9 @@ struct BackwardWalk {
 
 }  // namespace
 
-at::Tensor tree_aggregate_mean_fwd_cpu(const at::Tensor& leaf_values, const at::Tensor& leaf_token,
-                                       const at::Tensor& node_padding_mask, int64_t branching, int64_t height,
-                                       int64_t group_size) {
+at::Tensor tree_aggregate_fwd_cpu(const at::Tensor& leaf_values, const at::Tensor& leaf_token,
+                                  const at::Tensor& node_padding_mask, int64_t branching, int64_t height,
+                                  int64_t group_size) {
   check_payload(leaf_values, "leaf_values [B, N, E]");
   const Layout s = make_layout(leaf_values.size(0), leaf_values.size(1), leaf_values.size(2), branching, height,
                                group_size);
@@ -268,7 +268,7 @@ at::Tensor tree_aggregate_mean_fwd_cpu(const at::Tensor& leaf_values, const at::
   const at::Tensor tokens = leaf_token.contiguous(), pad = node_padding_mask.contiguous();
   at::Tensor out = at::empty({s.batch, s.nodes, s.dim}, values.options());
   std::atomic<bool> bad_token{false};
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "attn_ext::tree_aggregate_mean_fwd",
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "attn_ext::tree_aggregate_fwd",
                                   [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const ForwardWalk<scalar_t> walk{s, values.const_data_ptr<scalar_t>(), values.stride(0), values.stride(1),
@@ -308,9 +308,9 @@ at::Tensor tree_aggregate_mean_fwd_cpu(const at::Tensor& leaf_values, const at::
   return out;
 }
 
-at::Tensor tree_aggregate_mean_bwd_cpu(const at::Tensor& grad_nodes, const at::Tensor& leaf_token,
-                                       const at::Tensor& token_leaf, const at::Tensor& node_padding_mask,
-                                       int64_t branching, int64_t height, int64_t group_size, int64_t num_tokens) {
+at::Tensor tree_aggregate_bwd_cpu(const at::Tensor& grad_nodes, const at::Tensor& leaf_token,
+                                  const at::Tensor& token_leaf, const at::Tensor& node_padding_mask,
+                                  int64_t branching, int64_t height, int64_t group_size, int64_t num_tokens) {
   check_payload(grad_nodes, "grad_nodes [B, num_nodes, E]");
   TORCH_CHECK_VALUE(num_tokens >= 0, "attn_ext: num_tokens must be >= 0, got ", num_tokens);
   const Layout s = make_layout(grad_nodes.size(0), num_tokens, grad_nodes.size(2), branching, height, group_size);
@@ -330,7 +330,7 @@ at::Tensor tree_aggregate_mean_bwd_cpu(const at::Tensor& grad_nodes, const at::T
   at::Tensor grad_values = at::empty({s.batch, num_tokens, s.dim}, grad.options());
   std::atomic<bool> bad_token{false};
   std::atomic<int64_t> written{0};
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "attn_ext::tree_aggregate_mean_bwd",
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "attn_ext::tree_aggregate_bwd",
                                   [&] {
     using acc_t = at::opmath_type<scalar_t>;
     const BackwardWalk<scalar_t> walk{s, grad.const_data_ptr<scalar_t>(), grad.stride(0), grad.stride(1),

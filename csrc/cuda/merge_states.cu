@@ -7,7 +7,7 @@
 namespace attn_ext {
 namespace cuda {
 
-cudaError_t launch_merge_states(const MergeStatesParams& p, cudaStream_t stream) {
+cudaError_t launch_merge_states_fwd(const MergeStatesParams& p, cudaStream_t stream) {
   const MergeStatesPlan plan = plan_merge_states(p.rows, p.Dv, p.dtype);
   if (!plan.supported) return cudaErrorInvalidValue;
   if (plan.grid.x == 0) return cudaSuccess;
@@ -17,11 +17,11 @@ cudaError_t launch_merge_states(const MergeStatesParams& p, cudaStream_t stream)
   }
   switch (p.dtype) {
     case ScalarType::kFloat32:
-      return detail::launch_with_smem(detail::merge_states_kernel<float>, plan.grid, plan.block, 0, stream, p);
+      return detail::launch_with_smem(detail::merge_states_fwd_kernel<float>, plan.grid, plan.block, 0, stream, p);
     case ScalarType::kFloat16:
-      return detail::launch_with_smem(detail::merge_states_kernel<__half>, plan.grid, plan.block, 0, stream, p);
+      return detail::launch_with_smem(detail::merge_states_fwd_kernel<__half>, plan.grid, plan.block, 0, stream, p);
     case ScalarType::kBFloat16:
-      return detail::launch_with_smem(detail::merge_states_kernel<__nv_bfloat16>, plan.grid, plan.block, 0, stream, p);
+      return detail::launch_with_smem(detail::merge_states_fwd_kernel<__nv_bfloat16>, plan.grid, plan.block, 0, stream, p);
   }
   return cudaErrorInvalidValue;
 }

@@ -1,5 +1,5 @@
 // Host-side interface and launch plan of the CUDA merge of two attention states (SPEC §1 merge,
-// the op attn_ext::merge_attention_states): out = w_a·o_a + w_b·o_b, lse = logaddexp(lse_a, lse_b),
+// the op attn_ext::merge_states_fwd): out = w_a·o_a + w_b·o_b, lse = logaddexp(lse_a, lse_b),
 // the weights from state_merge_weights() in attn_ext/online_softmax.h. The plan is plain C++.
 #pragma once
 
@@ -55,7 +55,7 @@ inline MergeStatesPlan plan_merge_states(int64_t rows, int64_t Dv, ScalarType dt
 }
 
 /// Enqueues the merge on `stream`. cudaErrorInvalidValue for bad sizes, dtype or null pointers.
-cudaError_t launch_merge_states(const MergeStatesParams& p, cudaStream_t stream);
+cudaError_t launch_merge_states_fwd(const MergeStatesParams& p, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace attn_ext

@@ -14,7 +14,7 @@ namespace cuda {
 namespace detail {
 
 template <typename scalar_t>
-__global__ void __launch_bounds__(kMergeStatesThreads) merge_states_kernel(const MergeStatesParams p) {
+__global__ void __launch_bounds__(kMergeStatesThreads) merge_states_fwd_kernel(const MergeStatesParams p) {
   const int64_t cols = p.Dv > 0 ? p.Dv : 1;  // Dv = 0 still has lse to merge
   const int64_t total = p.rows * cols;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;

@@ -74,7 +74,7 @@ cudaError_t bwd(const TreeAggregateBwdParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t launch_tree_aggregate_mean_fwd(const TreeAggregateFwdParams& p, cudaStream_t stream) {
+cudaError_t launch_tree_aggregate_fwd(const TreeAggregateFwdParams& p, cudaStream_t stream) {
   if (!shape_ok(p.s)) return cudaErrorInvalidValue;
   if (p.s.B == 0 || p.s.E == 0) return cudaSuccess;
   if ((p.leaf_values == nullptr && p.s.tokens > 0) || p.leaf_token == nullptr || p.node_padding_mask == nullptr ||
@@ -89,7 +89,7 @@ cudaError_t launch_tree_aggregate_mean_fwd(const TreeAggregateFwdParams& p, cuda
   return cudaErrorInvalidValue;
 }
 
-cudaError_t launch_tree_aggregate_mean_bwd(const TreeAggregateBwdParams& p, cudaStream_t stream) {
+cudaError_t launch_tree_aggregate_bwd(const TreeAggregateBwdParams& p, cudaStream_t stream) {
   if (!shape_ok(p.s)) return cudaErrorInvalidValue;
   if (p.s.B == 0) return cudaSuccess;
   if (p.grad_nodes == nullptr || p.leaf_token == nullptr || (p.token_leaf == nullptr && p.s.tokens > 0) ||

@@ -1,5 +1,5 @@
 // Torch bindings of the CUDA chunked cross-attention kernels (SPEC §1): cross_attention_fwd/_bwd and
-// merge_attention_states(_bwd) for CUDA tensors (schemas in csrc/ops.cpp). Inputs are validated by
+// merge_states_fwd/_bwd for CUDA tensors (schemas in csrc/ops.cpp). Inputs are validated by
 // the same checks as the CPU ops (csrc/cross_attention_checks.h, same messages); outputs have the
 // CPU ops' shapes and dtypes (LSE fp32). Compiled only against a CUDA build of torch.
 //
@@ -113,9 +113,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_attention_bwd_cuda(
   return {grad_q, grad_k, grad_v};
 }
 
-std::tuple<at::Tensor, at::Tensor> merge_attention_states_cuda(const at::Tensor& out_a, const at::Tensor& lse_a,
-                                                              const at::Tensor& out_b, const at::Tensor& lse_b) {
-  const char* op = "merge_attention_states";
+std::tuple<at::Tensor, at::Tensor> merge_states_fwd_cuda(const at::Tensor& out_a, const at::Tensor& lse_a,
+                                                         const at::Tensor& out_b, const at::Tensor& lse_b) {
+  const char* op = "merge_states_fwd";
   const MergeStateRows s = check_merge_states(out_a, lse_a, out_b, lse_b);
   TORCH_CHECK(out_a.is_cuda(), "attn_ext.", op, ": the CUDA kernel got tensors on ", out_a.device());
   const at::Tensor oa = out_a.contiguous(), ob = out_b.contiguous(), la = lse_a.contiguous(), lb = lse_b.contiguous();
@@ -126,17 +126,17 @@ std::tuple<at::Tensor, at::Tensor> merge_attention_states_cuda(const at::Tensor&
   p.lse_b = lb.const_data_ptr<float>(), p.out = out.data_ptr(), p.lse = lse.data_ptr<float>();
   p.rows = s.rows, p.Dv = s.dv, p.dtype = kernel_scalar_type(oa.scalar_type(), op);
   const c10::cuda::CUDAGuard guard(out_a.device());
-  check_launch(launch_merge_states(p, at::cuda::getCurrentCUDAStream()), op);
+  check_launch(launch_merge_states_fwd(p, at::cuda::getCurrentCUDAStream()), op);
   return {out, lse};
 }
 
 /// The merge's backward is a handful of elementwise ops and one row sum: composed from ATen CUDA ops
 /// in fp32 rather than a hand-written kernel. w = exp(lse_x − lse) is the share of side x (0 for an
 /// empty merged row, guarding (−inf) − (−inf)); grad_out_x = w·g, grad_lse_x = w·(g·(o_x − o) + dlse).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> merge_attention_states_bwd_cuda(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> merge_states_bwd_cuda(
     const at::Tensor& grad_out, const at::Tensor& grad_lse, const at::Tensor& out_a, const at::Tensor& lse_a,
     const at::Tensor& out_b, const at::Tensor& lse_b, const at::Tensor& out, const at::Tensor& lse) {
-  const char* op = "merge_attention_states_bwd";
+  const char* op = "merge_states_bwd";
   check_merge_states(out_a, lse_a, out_b, lse_b);
   check_merge_states_grads(grad_out, grad_lse, out, lse, out_a, lse_a);
   TORCH_CHECK(out_a.is_cuda(), "attn_ext.", op, ": the CUDA kernel got tensors on ", out_a.device());
@@ -162,6 +162,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> merge_attention_state
 TORCH_LIBRARY_IMPL(attn_ext, CUDA, m) {
   m.impl("cross_attention_fwd", &attn_ext::cuda::cross_attention_fwd_cuda);
   m.impl("cross_attention_bwd", &attn_ext::cuda::cross_attention_bwd_cuda);
-  m.impl("merge_attention_states", &attn_ext::cuda::merge_attention_states_cuda);
-  m.impl("merge_attention_states_bwd", &attn_ext::cuda::merge_attention_states_bwd_cuda);
+  m.impl("merge_states_fwd", &attn_ext::cuda::merge_states_fwd_cuda);
+  m.impl("merge_states_bwd", &attn_ext::cuda::merge_states_bwd_cuda);
 }

@@ -1,5 +1,5 @@
 // Torch bindings of the CUDA Tree Cross Attention and tree aggregation kernels (SPEC §3):
-// tree_cross_attention_fwd/_bwd and tree_aggregate_mean_fwd/_bwd for CUDA tensors (schemas in
+// tree_cross_attention_fwd/_bwd and tree_aggregate_fwd/_bwd for CUDA tensors (schemas in
 // csrc/ops.cpp). The attention ops validate with the CPU op's check_tree_inputs (same messages);
 // outputs have the CPU ops' shapes and dtypes. Compiled only against a CUDA build of torch.
 #include <ATen/ATen.h>
@@ -179,10 +179,10 @@ TreeAggregateShape aggregate_shape(const at::Tensor& payload, const char* name, 
   return s;
 }
 
-at::Tensor tree_aggregate_mean_fwd_cuda(const at::Tensor& leaf_values, const at::Tensor& leaf_token,
-                                        const at::Tensor& node_padding_mask, int64_t branching, int64_t height,
-                                        int64_t group_size) {
-  const char* op = "tree_aggregate_mean_fwd";
+at::Tensor tree_aggregate_fwd_cuda(const at::Tensor& leaf_values, const at::Tensor& leaf_token,
+                                   const at::Tensor& node_padding_mask, int64_t branching, int64_t height,
+                                   int64_t group_size) {
+  const char* op = "tree_aggregate_fwd";
   const int64_t tokens = leaf_values.dim() == 3 ? leaf_values.size(1) : 0;
   const TreeAggregateShape s = aggregate_shape(leaf_values, "leaf_values [B, N, E]", tokens, branching, height,
                                                group_size, leaf_token, node_padding_mask, op);
@@ -197,16 +197,16 @@ at::Tensor tree_aggregate_mean_fwd_cuda(const at::Tensor& leaf_values, const at:
   p.leaf_token = lt.const_data_ptr<int64_t>(), p.node_padding_mask = mask.const_data_ptr<uint8_t>();
   p.out = out.data_ptr(), p.means = means.data_ptr<float>(), p.bad = bad.data_ptr<int32_t>();
   const c10::cuda::CUDAGuard guard(leaf_values.device());
-  check_launch(launch_tree_aggregate_mean_fwd(p, at::cuda::getCurrentCUDAStream()), op);
+  check_launch(launch_tree_aggregate_fwd(p, at::cuda::getCurrentCUDAStream()), op);
   TORCH_CHECK_VALUE(bad.item<int32_t>() == 0, "attn_ext: leaf_token names a token outside [0, N = ", s.tokens,
                     ") at a non-padding leaf slot");
   return out;
 }
 
-at::Tensor tree_aggregate_mean_bwd_cuda(const at::Tensor& grad_nodes, const at::Tensor& leaf_token,
-                                        const at::Tensor& token_leaf, const at::Tensor& node_padding_mask,
-                                        int64_t branching, int64_t height, int64_t group_size, int64_t num_tokens) {
-  const char* op = "tree_aggregate_mean_bwd";
+at::Tensor tree_aggregate_bwd_cuda(const at::Tensor& grad_nodes, const at::Tensor& leaf_token,
+                                   const at::Tensor& token_leaf, const at::Tensor& node_padding_mask,
+                                   int64_t branching, int64_t height, int64_t group_size, int64_t num_tokens) {
+  const char* op = "tree_aggregate_bwd";
   TORCH_CHECK_VALUE(num_tokens >= 0, "attn_ext: num_tokens must be >= 0, got ", num_tokens);
   const TreeAggregateShape s = aggregate_shape(grad_nodes, "grad_nodes [B, num_nodes, E]", num_tokens, branching,
                                                height, group_size, leaf_token, node_padding_mask, op);
@@ -230,7 +230,7 @@ at::Tensor tree_aggregate_mean_bwd_cuda(const at::Tensor& grad_nodes, const at::
   p.node_padding_mask = mask.const_data_ptr<uint8_t>(), p.grad_values = grad_values.data_ptr();
   p.shares = shares.data_ptr<float>(), p.bad = bad.data_ptr<int32_t>();
   const c10::cuda::CUDAGuard guard(grad_nodes.device());
-  check_launch(launch_tree_aggregate_mean_bwd(p, at::cuda::getCurrentCUDAStream()), op);
+  check_launch(launch_tree_aggregate_bwd(p, at::cuda::getCurrentCUDAStream()), op);
   TORCH_CHECK_VALUE(bad.item<int32_t>() == 0,
                     "attn_ext: leaf_token [B, L] and token_leaf [B, N] must be inverse maps, every one of the N = ",
                     num_tokens, " tokens at exactly one leaf slot (-1 at the padding slots)");
@@ -244,6 +244,6 @@ at::Tensor tree_aggregate_mean_bwd_cuda(const at::Tensor& grad_nodes, const at::
 TORCH_LIBRARY_IMPL(attn_ext, CUDA, m) {
   m.impl("tree_cross_attention_fwd", &attn_ext::cuda::tree_cross_attention_fwd_cuda);
   m.impl("tree_cross_attention_bwd", &attn_ext::cuda::tree_cross_attention_bwd_cuda);
-  m.impl("tree_aggregate_mean_fwd", &attn_ext::cuda::tree_aggregate_mean_fwd_cuda);
-  m.impl("tree_aggregate_mean_bwd", &attn_ext::cuda::tree_aggregate_mean_bwd_cuda);
+  m.impl("tree_aggregate_fwd", &attn_ext::cuda::tree_aggregate_fwd_cuda);
+  m.impl("tree_aggregate_bwd", &attn_ext::cuda::tree_aggregate_bwd_cuda);
 }
