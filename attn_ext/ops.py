@@ -111,12 +111,12 @@ if extension_error() is None:
 _MergeBwdResult = Tuple[Tensor, Tensor, Tensor, Tensor]
 
 
-@torch.library.custom_op("attn_ext::merge_attention_states_reference", mutates_args=())
+@torch.library.custom_op("attn_ext::merge_states_fwd_reference", mutates_args=())
 def _merge_reference(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> _FwdResult:
     return reference.merge_attention_states(out_a, lse_a, out_b, lse_b)
 
 
-@torch.library.custom_op("attn_ext::merge_attention_states_bwd_reference", mutates_args=())
+@torch.library.custom_op("attn_ext::merge_states_bwd_reference", mutates_args=())
 def _merge_bwd_reference(
     grad_out: Tensor, grad_lse: Tensor, out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, out: Tensor,
     lse: Tensor,
@@ -124,14 +124,14 @@ def _merge_bwd_reference(
     return reference.merge_attention_states_backward(grad_out, grad_lse, out_a, lse_a, out_b, lse_b, out, lse)
 
 
-@torch.library.custom_op("attn_ext::merge_attention_states_triton", mutates_args=())
+@torch.library.custom_op("attn_ext::merge_states_fwd_triton", mutates_args=())
 def _merge_triton(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> _FwdResult:
     from attn_ext.triton.merge_states import merge_attention_states
 
     return merge_attention_states(out_a, lse_a, out_b, lse_b)
 
 
-@torch.library.custom_op("attn_ext::merge_attention_states_bwd_triton", mutates_args=())
+@torch.library.custom_op("attn_ext::merge_states_bwd_triton", mutates_args=())
 def _merge_bwd_triton(
     grad_out: Tensor, grad_lse: Tensor, out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, out: Tensor,
     lse: Tensor,
@@ -169,10 +169,10 @@ def _register_merge(forward_name: str, backward_name: str) -> None:
                      _setup_merge_context)
 
 
-_register_merge("attn_ext::merge_attention_states_reference", "attn_ext::merge_attention_states_bwd_reference")
-_register_merge("attn_ext::merge_attention_states_triton", "attn_ext::merge_attention_states_bwd_triton")
+_register_merge("attn_ext::merge_states_fwd_reference", "attn_ext::merge_states_bwd_reference")
+_register_merge("attn_ext::merge_states_fwd_triton", "attn_ext::merge_states_bwd_triton")
 if extension_error() is None:
-    _register_merge("attn_ext::merge_attention_states", "attn_ext::merge_attention_states_bwd")
+    _register_merge("attn_ext::merge_states_fwd", "attn_ext::merge_states_bwd")
 
 #: backend name -> (forward op, backward op)
 CROSS_ATTENTION_OPS: Dict[str, Tuple[str, str]] = {
@@ -185,10 +185,10 @@ CROSS_ATTENTION_OPS: Dict[str, Tuple[str, str]] = {
 
 #: backend name -> (merge op, merge backward op)
 MERGE_OPS: Dict[str, Tuple[str, str]] = {
-    "cpp": ("merge_attention_states", "merge_attention_states_bwd"),
-    "cuda": ("merge_attention_states", "merge_attention_states_bwd"),
-    "reference": ("merge_attention_states_reference", "merge_attention_states_bwd_reference"),
-    "triton": ("merge_attention_states_triton", "merge_attention_states_bwd_triton"),
+    "cpp": ("merge_states_fwd", "merge_states_bwd"),
+    "cuda": ("merge_states_fwd", "merge_states_bwd"),
+    "reference": ("merge_states_fwd_reference", "merge_states_bwd_reference"),
+    "triton": ("merge_states_fwd_triton", "merge_states_bwd_triton"),
 }
 
 

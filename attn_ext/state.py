@@ -73,7 +73,7 @@ def _merge_pair(a: AttentionState, b: AttentionState, backend: Optional[str]) ->
     if tuple(a.out.shape) != tuple(b.out.shape) or a.out.dtype != b.out.dtype or a.out.device != b.out.device:
         raise ValueError(f"attn_ext: cannot merge states with out {tuple(a.out.shape)} {a.out.dtype} {a.out.device} "
                          f"and {tuple(b.out.shape)} {b.out.dtype} {b.out.device}")
-    name = select_backend(backend, a.out, op="attn_ext::merge_attention_states")
+    name = select_backend(backend, a.out, op="attn_ext::merge_states_fwd")
     out, lse = ops.merge_op(name)(a.out, a.lse, b.out, b.lse)
     return AttentionState(out, lse)
 

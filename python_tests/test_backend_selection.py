@@ -62,10 +62,10 @@ def test_public_functions_name_their_op(monkeypatch):
 
     assert called(lambda: ae.cross_attention(q, k, v)) == {"attn_ext::cross_attention_fwd"}
     state = ae.attention_state(q, k, v)
-    assert called(lambda: ae.merge_states(state, state)) == {"attn_ext::merge_attention_states"}
+    assert called(lambda: ae.merge_states(state, state)) == {"attn_ext::merge_states_fwd"}
     assert called(lambda: ae.intention(q, k, v)) == {"attn_ext::intention_fwd"}
     tree = build_tree(torch.rand(1, 10, 1, generator=g), branching=2)
     assert called(lambda: tree_aggregate(tree, torch.randn(1, 10, 8, generator=g))) == {
-        "attn_ext::tree_aggregate_mean_fwd"}
+        "attn_ext::tree_aggregate_fwd"}
     node_k = tree_aggregate(tree, k[:, 0])[:, None].expand(1, 2, -1, -1)
     assert called(lambda: tree_cross_attention(q, node_k, node_k, tree)) == {"attn_ext::tree_cross_attention_fwd"}

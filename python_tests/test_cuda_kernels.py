@@ -74,8 +74,8 @@ def test_merge_states_matches_cpu():
     out_a, out_b = torch.randn(2, 3, 5, 7, generator=g), torch.randn(2, 3, 5, 7, generator=g)
     lse_a, lse_b = torch.randn(2, 3, 5, generator=g), torch.randn(2, 3, 5, generator=g)
     lse_b[0, 0, 0] = lse_a[0, 0, 0] = float("-inf")  # the (−inf) − (−inf) guard
-    expected = torch.ops.attn_ext.merge_attention_states(out_a, lse_a, out_b, lse_b)
-    got = torch.ops.attn_ext.merge_attention_states(*_cuda(out_a, lse_a, out_b, lse_b))
+    expected = torch.ops.attn_ext.merge_states_fwd(out_a, lse_a, out_b, lse_b)
+    got = torch.ops.attn_ext.merge_states_fwd(*_cuda(out_a, lse_a, out_b, lse_b))
     for x, y in zip(got, expected):
         torch.testing.assert_close(x.cpu(), y, rtol=1e-5, atol=1e-6)
 
@@ -86,10 +86,10 @@ def test_merge_states_backward_matches_cpu(dtype):
     out_a, out_b, grad_out = (torch.randn(2, 3, 5, 7, generator=g).to(dtype) for _ in range(3))
     lse_a, lse_b, grad_lse = (torch.randn(2, 3, 5, generator=g) for _ in range(3))
     lse_b[0, 0, 0] = lse_a[0, 0, 0] = float("-inf")  # an empty merged row: zero gradients, not NaN
-    out, lse = torch.ops.attn_ext.merge_attention_states(out_a, lse_a, out_b, lse_b)
+    out, lse = torch.ops.attn_ext.merge_states_fwd(out_a, lse_a, out_b, lse_b)
     args = (grad_out, grad_lse, out_a, lse_a, out_b, lse_b, out, lse)
-    expected = torch.ops.attn_ext.merge_attention_states_bwd(*args)
-    got = torch.ops.attn_ext.merge_attention_states_bwd(*_cuda(*args))
+    expected = torch.ops.attn_ext.merge_states_bwd(*args)
+    got = torch.ops.attn_ext.merge_states_bwd(*_cuda(*args))
     for x, y in zip(got, expected):
         assert x.dtype == y.dtype and not bool(x.isnan().any())
         torch.testing.assert_close(x.cpu().float(), y.float(), rtol=1e-2, atol=1e-2)
@@ -164,7 +164,7 @@ def test_opcheck_attention_ops():
                           (grad_out, grad_lse, q.detach(), k.detach(), v.detach(), mask, out, lse, 0.2, 4),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
     out_b, lse_b = torch.randn_like(out, requires_grad=True), torch.randn_like(lse, requires_grad=True)
-    torch.library.opcheck(torch.ops.attn_ext.merge_attention_states.default,
+    torch.library.opcheck(torch.ops.attn_ext.merge_states_fwd.default,
                           (out.detach().requires_grad_(True), lse.detach().requires_grad_(True), out_b, lse_b),
                           test_utils=OPCHECK_TESTS)
 

@@ -1,4 +1,4 @@
-"""The fused C++ masked-mean aggregation (attn_ext::tree_aggregate_mean_{fwd,bwd}) against the reference."""
+"""The fused C++ masked-mean aggregation (attn_ext::tree_aggregate_{fwd,bwd}) against the reference."""
 import pytest
 import torch
 
@@ -88,7 +88,7 @@ def test_non_contiguous_leaf_values(layout):
 
 def test_non_contiguous_grad_nodes():
     tree, values, grad = setup(N=40, b=2, E=6, seed=5)
-    op = torch.ops.attn_ext.tree_aggregate_mean_bwd
+    op = torch.ops.attn_ext.tree_aggregate_bwd
     args = (tree.leaf_token, tree.token_leaf, tree.node_padding_mask, 2, tree.height, tree.group_size, 40)
     wide = torch.cat([grad, grad], dim=-1)
     for strided in (wide[..., 6:], wide[..., ::2], grad.transpose(0, 1).contiguous().transpose(0, 1)):
@@ -126,7 +126,7 @@ def test_results_do_not_depend_on_the_thread_count():
 def test_gradcheck_and_gradgradcheck_of_the_op():
     tree, values, _ = setup(B=2, N=11, b=3, E=3, seed=7)
     x = values.detach().requires_grad_()
-    fn = lambda v: torch.ops.attn_ext.tree_aggregate_mean_fwd(*op_args(tree, v))  # noqa: E731
+    fn = lambda v: torch.ops.attn_ext.tree_aggregate_fwd(*op_args(tree, v))  # noqa: E731
     assert torch.autograd.gradcheck(fn, (x,))
     assert torch.autograd.gradgradcheck(fn, (x,))
     assert torch.autograd.gradcheck(lambda v: tree_aggregate(tree, v, backend="cpp"), (x,))
@@ -136,7 +136,7 @@ def test_gradcheck_and_gradgradcheck_of_the_op():
 @pytest.mark.parametrize("mask", ["none", "random"])
 def test_opcheck_forward_op(dtype, mask):
     tree, values, _ = setup(B=2, N=13, b=2, E=5, mask=mask, seed=8, dtype=dtype)
-    torch.library.opcheck(torch.ops.attn_ext.tree_aggregate_mean_fwd, op_args(tree, values.requires_grad_()),
+    torch.library.opcheck(torch.ops.attn_ext.tree_aggregate_fwd, op_args(tree, values.requires_grad_()),
                           test_utils=OPCHECK_TESTS)
 
 
@@ -144,7 +144,7 @@ def test_opcheck_backward_op():
     tree, _, grad = setup(B=2, N=13, b=3, E=4, seed=9)
     args = (grad.requires_grad_(), tree.leaf_token, tree.token_leaf, tree.node_padding_mask, tree.branching,
             tree.height, tree.group_size, 13)
-    torch.library.opcheck(torch.ops.attn_ext.tree_aggregate_mean_bwd, args, test_utils=OPCHECK_TESTS)
+    torch.library.opcheck(torch.ops.attn_ext.tree_aggregate_bwd, args, test_utils=OPCHECK_TESTS)
 
 
 def test_token_leaf_of_inverts_leaf_token():
@@ -171,7 +171,7 @@ def test_empty_feature_dim_and_single_token():
 
 
 def uses_cpp(nodes):
-    return "tree_aggregate_mean_fwd" in type(nodes.grad_fn).__name__
+    return "tree_aggregate_fwd" in type(nodes.grad_fn).__name__
 
 
 def test_backend_selection(monkeypatch):
@@ -212,7 +212,7 @@ def test_reference_errors_are_unchanged_on_every_backend():
 
 def test_bad_inputs_of_the_ops_raise_clear_errors():
     tree, values, grad = setup(N=10, b=2, E=3)
-    fwd, bwd = torch.ops.attn_ext.tree_aggregate_mean_fwd, torch.ops.attn_ext.tree_aggregate_mean_bwd
+    fwd, bwd = torch.ops.attn_ext.tree_aggregate_fwd, torch.ops.attn_ext.tree_aggregate_bwd
     lt, pad, k, P = tree.leaf_token, tree.node_padding_mask, tree.height, tree.group_size
     bad_token = lt.clone()
     bad_token[0, 0] = 10

@@ -1,6 +1,6 @@
 """Bottom-up aggregation of leaf values into node values (SPEC §3 "Aggregate").
 
-Two implementations of the masked mean: the fused C++ op ``attn_ext::tree_aggregate_mean_fwd``
+Two implementations of the masked mean: the fused C++ op ``attn_ext::tree_aggregate_fwd``
 (csrc/cpu/tree_aggregate.cpp, one depth-first pass; its fake kernel and autograd are in
 :mod:`attn_ext.tree.aggregate_ops`) and the vectorised PyTorch reference below, level by level, which also
 runs any callable reducer.
@@ -77,7 +77,7 @@ def tree_aggregate(
     _check_leaf_values(tree, leaf_values)
     if _select_backend(backend, reduce, leaf_values) in ("cpp", "cuda"):
         # Its fake kernel and autograd are registered by attn_ext.tree, which imports attn_ext.tree.aggregate_ops.
-        return torch.ops.attn_ext.tree_aggregate_mean_fwd(leaf_values, tree.leaf_token, tree.node_padding_mask,
+        return torch.ops.attn_ext.tree_aggregate_fwd(leaf_values, tree.leaf_token, tree.node_padding_mask,
                                                           tree.branching, tree.height, tree.group_size)
     B, E = leaf_values.shape[0], leaf_values.shape[2]
     b, k, P = tree.branching, tree.height, tree.group_size
@@ -128,7 +128,7 @@ def _select_backend(requested: Optional[str], reduce: Union[str, Reducer], leaf_
     if requested == "reference":
         return requested
     compiled = requested if requested != "auto" else ("cuda" if leaf_values.device.type == "cuda" else "cpp")
-    reason = rejection_reasons(leaf_values, "attn_ext::tree_aggregate_mean_fwd")[compiled]
+    reason = rejection_reasons(leaf_values, "attn_ext::tree_aggregate_fwd")[compiled]
     if reason is None and leaf_values.dtype not in _CPP_DTYPES:
         reason = f"the kernel takes float16, bfloat16, float32 or float64, not {leaf_values.dtype}"
     if requested == compiled and reason is not None:

@@ -1,7 +1,7 @@
 """torch.library registrations of the fused masked-mean tree aggregation (SPEC §3 "Aggregate").
 
-``attn_ext::tree_aggregate_mean_fwd`` (csrc/cpu/tree_aggregate.cpp) gets a fake kernel and an autograd
-formula calling ``attn_ext::tree_aggregate_mean_bwd``. The aggregation is linear, so the backward is
+``attn_ext::tree_aggregate_fwd`` (csrc/cpu/tree_aggregate.cpp) gets a fake kernel and an autograd
+formula calling ``attn_ext::tree_aggregate_bwd``. The aggregation is linear, so the backward is
 its transpose and the backward's own backward is the forward again (double backward works).
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ def _aggregate_backward(ctx, grad_nodes: Tensor):
     # The op's inputs do not include the tree's token_leaf (the forward has no use for it), so the
     # backward rebuilds it: O(B·L) integers, small next to the [B, L, E] payload.
     leaf_token, node_padding_mask = ctx.saved_tensors
-    grad = torch.ops.attn_ext.tree_aggregate_mean_bwd(grad_nodes, leaf_token, token_leaf_of(leaf_token, ctx.num_tokens),
+    grad = torch.ops.attn_ext.tree_aggregate_bwd(grad_nodes, leaf_token, token_leaf_of(leaf_token, ctx.num_tokens),
                                                       node_padding_mask, *ctx.tree, ctx.num_tokens)
     return grad, None, None, None, None, None
 
@@ -55,15 +55,15 @@ def _aggregate_bwd_setup_context(ctx, inputs, output):
 
 def _aggregate_bwd_backward(ctx, grad_grad_values: Tensor):
     leaf_token, node_padding_mask = ctx.saved_tensors
-    grad_grad_nodes = torch.ops.attn_ext.tree_aggregate_mean_fwd(grad_grad_values, leaf_token, node_padding_mask,
+    grad_grad_nodes = torch.ops.attn_ext.tree_aggregate_fwd(grad_grad_values, leaf_token, node_padding_mask,
                                                                  *ctx.tree)
     return grad_grad_nodes, None, None, None, None, None, None, None
 
 
 if extension_error() is None:
-    torch.library.register_fake("attn_ext::tree_aggregate_mean_fwd")(_fake_aggregate_forward)
-    torch.library.register_fake("attn_ext::tree_aggregate_mean_bwd")(_fake_aggregate_backward)
-    torch.library.register_autograd("attn_ext::tree_aggregate_mean_fwd", _aggregate_backward,
+    torch.library.register_fake("attn_ext::tree_aggregate_fwd")(_fake_aggregate_forward)
+    torch.library.register_fake("attn_ext::tree_aggregate_bwd")(_fake_aggregate_backward)
+    torch.library.register_autograd("attn_ext::tree_aggregate_fwd", _aggregate_backward,
                                     setup_context=_aggregate_setup_context)
-    torch.library.register_autograd("attn_ext::tree_aggregate_mean_bwd", _aggregate_bwd_backward,
+    torch.library.register_autograd("attn_ext::tree_aggregate_bwd", _aggregate_bwd_backward,
                                     setup_context=_aggregate_bwd_setup_context)
