@@ -10,7 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "launch_plan.h"
+#include "cross_attention_fwd_plan.h"
 
 namespace attn_ext {
 namespace cuda {

@@ -7,7 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "launch_plan.h"
+#include "common/launch_geometry.h"
 
 namespace attn_ext {
 namespace cuda {

@@ -1,7 +1,7 @@
 // Launcher of the state merge (one instantiation per dtype).
 #include "merge_states.cuh"
 
-#include "launch_utils.cuh"
+#include "common/launch.cuh"
 #include "merge_states_kernel.cuh"
 
 namespace attn_ext {
@@ -15,15 +15,10 @@ cudaError_t launch_merge_states_fwd(const MergeStatesParams& p, cudaStream_t str
       (p.Dv > 0 && (p.out_a == nullptr || p.out_b == nullptr || p.out == nullptr))) {
     return cudaErrorInvalidValue;
   }
-  switch (p.dtype) {
-    case ScalarType::kFloat32:
-      return detail::launch_with_smem(detail::merge_states_fwd_kernel<float>, plan.grid, plan.block, 0, stream, p);
-    case ScalarType::kFloat16:
-      return detail::launch_with_smem(detail::merge_states_fwd_kernel<__half>, plan.grid, plan.block, 0, stream, p);
-    case ScalarType::kBFloat16:
-      return detail::launch_with_smem(detail::merge_states_fwd_kernel<__nv_bfloat16>, plan.grid, plan.block, 0, stream, p);
-  }
-  return cudaErrorInvalidValue;
+  return detail::dispatch_attention_dtype(p.dtype, [&](auto scalar) {
+    return detail::launch_with_smem(detail::merge_states_fwd_kernel<decltype(scalar)>, plan.grid, plan.block, 0,
+                                    stream, p);
+  });
 }
 
 }  // namespace cuda

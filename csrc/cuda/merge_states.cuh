@@ -7,7 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "launch_plan.h"
+#include "common/launch_geometry.h"
 
 namespace attn_ext {
 namespace cuda {
@@ -38,8 +38,8 @@ struct MergeStatesPlan {
 /// One thread per output element (rows·Dv, grid-stride), plus the lse of rows with Dv = 0.
 inline MergeStatesPlan plan_merge_states(int64_t rows, int64_t Dv, ScalarType dtype) {
   MergeStatesPlan plan;
-  if (dtype != ScalarType::kFloat32 && dtype != ScalarType::kFloat16 && dtype != ScalarType::kBFloat16) {
-    plan.error = "unsupported dtype (expected float32, float16 or bfloat16)";
+  if (!is_attention_dtype(dtype)) {
+    plan.error = kAttentionDtypeError;
     return plan;
   }
   if (rows < 0 || Dv < 0 || (Dv > 0 && rows > INT64_MAX / Dv)) {

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "attn_ext/online_softmax.h"
-#include "cross_attention_fwd_kernel.cuh"
+#include "common/dtypes.cuh"
 #include "merge_states.cuh"
 
 namespace attn_ext {

@@ -6,7 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "launch_plan.h"
+#include "common/launch_geometry.h"
 #include "tree_plan.h"
 
 namespace attn_ext {

@@ -14,7 +14,7 @@ namespace {
 
 using attn_ext::cuda::MergeStatesParams;
 using attn_ext::cuda::MergeStatesPlan;
-using attn_ext::cuda::ScalarType;
+using attn_ext::ScalarType;
 using attn_ext::cuda::detail::from_float;
 using attn_ext::cuda::detail::to_float;
 

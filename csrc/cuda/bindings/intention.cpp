@@ -131,12 +131,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> intention_bwd_cuda(
   return {dq, dk, dv, dalpha};
 }
 
-CholeskyScalar cholesky_scalar(const at::Tensor& t, const char* op, const char* name) {
+ScalarType cholesky_scalar(const at::Tensor& t, const char* op, const char* name) {
   TORCH_CHECK(t.is_cuda(), "attn_ext.", op, ": the CUDA kernel got ", name, " on ", t.device());
   TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, "attn_ext.", op,
               ": supports float32 and float64 only, got ", name, " of dtype ", t.scalar_type(),
               " (convert with .float(); a half-precision factor would be too inexact)");
-  return t.scalar_type() == at::kDouble ? CholeskyScalar::kFloat64 : CholeskyScalar::kFloat32;
+  return t.scalar_type() == at::kDouble ? ScalarType::kFloat64 : ScalarType::kFloat32;
 }
 
 /// t [batch..., rows, cols] as the kernels' strided batch of matrices (a copy only when the batch
@@ -153,7 +153,7 @@ std::tuple<at::Tensor, at::Tensor> batched_cholesky_cuda(const at::Tensor& a) {
   const char* op = "batched_cholesky";
   TORCH_CHECK(a.dim() >= 2 && a.size(-1) == a.size(-2),
               "attn_ext.batched_cholesky: A must be a batch of square matrices [..., n, n], got shape ", a.sizes());
-  const CholeskyScalar dtype = cholesky_scalar(a, op, "A");
+  const ScalarType dtype = cholesky_scalar(a, op, "A");
   const int64_t n = a.size(-1);
   TORCH_CHECK_VALUE(n <= kCholeskyMaxDim, "attn_ext.batched_cholesky (CUDA): n must be <= ", kCholeskyMaxDim,
                     " (one matrix per block, in shared memory), got A of shape ", a.sizes());
@@ -180,7 +180,7 @@ at::Tensor batched_cholesky_solve_cuda(const at::Tensor& l, const at::Tensor& b)
                   std::equal(l.sizes().begin(), l.sizes().end() - 2, b.sizes().begin()),
               "attn_ext.batched_cholesky_solve: B must be [..., n, r] with the batch dimensions and n of L ",
               l.sizes(), " (no broadcasting), got B of shape ", b.sizes());
-  const CholeskyScalar dtype = cholesky_scalar(l, op, "L");
+  const ScalarType dtype = cholesky_scalar(l, op, "L");
   cholesky_scalar(b, op, "B");
   TORCH_CHECK(l.scalar_type() == b.scalar_type(), "attn_ext.batched_cholesky_solve: L and B must share a dtype, got ",
               l.scalar_type(), " and ", b.scalar_type());

@@ -5,7 +5,7 @@
 #include <ATen/ATen.h>
 #include <cuda_runtime_api.h>
 
-#include "cuda/launch_plan.h"
+#include "cuda/common/launch_geometry.h"
 
 namespace attn_ext {
 namespace cuda {
