@@ -1,6 +1,6 @@
 // Torch bindings of the CUDA chunked cross-attention kernels (SPEC §1): cross_attention_fwd/_bwd and
 // merge_states_fwd/_bwd for CUDA tensors (schemas in csrc/ops.cpp). Inputs are validated by
-// the same checks as the CPU ops (csrc/cross_attention_checks.h, same messages); outputs have the
+// the same checks as the CPU ops (csrc/checks/cross_attention_checks.h, same messages); outputs have the
 // CPU ops' shapes and dtypes (LSE fp32). Compiled only against a CUDA build of torch.
 //
 // chunk_size is validated but otherwise unused here: the kernels stream the keys in their own tiles,
@@ -13,7 +13,7 @@
 #include <optional>
 #include <tuple>
 
-#include "cross_attention_checks.h"
+#include "checks/cross_attention_checks.h"
 #include "cuda/cross_attention_bwd.cuh"
 #include "cuda/cross_attention_fwd.cuh"
 #include "cuda/merge_states.cuh"
@@ -23,7 +23,7 @@ namespace attn_ext {
 namespace cuda {
 namespace {
 
-using namespace bindings;  // tensor_checks.h: dtype mapping, device checks, unit inner stride, launch errors
+using namespace bindings;  // tensor_checks.h: dtype mapping, device checks, mask bytes, launch errors
 
 /// The unpacked inputs of a call (kept alive while the kernel's params point at them).
 struct AttentionInputs {
@@ -69,7 +69,7 @@ std::tuple<at::Tensor, at::Tensor> cross_attention_fwd_cuda(const at::Tensor& q,
       plan_cross_attention_fwd(s.batch, s.heads, s.queries, s.keys, s.head_dim, s.value_dim, in.dtype);
   TORCH_CHECK_VALUE(plan.supported, "attn_ext.", op, " (CUDA): ", plan.error, "; got q ", q.sizes(), ", v ", v.sizes());
   at::Tensor out = at::empty({s.batch, s.heads, s.queries, s.value_dim}, q.options());
-  at::Tensor lse = at::empty({s.batch, s.heads, s.queries}, q.options().dtype(at::kFloat));
+  at::Tensor lse = at::empty({s.batch, s.heads, s.queries}, q.options().dtype(accumulation_dtype(q.scalar_type())));
   if (plan.empty) return {out, lse};
   CrossAttentionFwdParams p;
   fill_inputs(p, in, scale);
@@ -99,7 +99,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_attention_bwd_cuda(
   at::Tensor grad_q = at::empty({s.batch, s.heads, s.queries, s.head_dim}, q.options());
   at::Tensor grad_k = at::empty({s.batch, s.heads, s.keys, s.head_dim}, k.options());
   at::Tensor grad_v = at::empty({s.batch, s.heads, s.keys, s.value_dim}, v.options());
-  at::Tensor delta = at::empty({s.batch, s.heads, s.queries}, q.options().dtype(at::kFloat));
+  at::Tensor delta = at::empty({s.batch, s.heads, s.queries}, q.options().dtype(accumulation_dtype(q.scalar_type())));
   CrossAttentionBwdParams p;
   fill_inputs(p, in, scale);
   p.out = o.data_ptr(), p.grad_out = go.data_ptr();
@@ -131,7 +131,7 @@ std::tuple<at::Tensor, at::Tensor> merge_states_fwd_cuda(const at::Tensor& out_a
 }
 
 /// The merge's backward is a handful of elementwise ops and one row sum: composed from ATen CUDA ops
-/// in fp32 rather than a hand-written kernel. w = exp(lse_x − lse) is the share of side x (0 for an
+/// in the accumulation dtype rather than a hand-written kernel. w = exp(lse_x − lse) is the share of side x (0 for an
 /// empty merged row, guarding (−inf) − (−inf)); grad_out_x = w·g, grad_lse_x = w·(g·(o_x − o) + dlse).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> merge_states_bwd_cuda(
     const at::Tensor& grad_out, const at::Tensor& grad_lse, const at::Tensor& out_a, const at::Tensor& lse_a,
@@ -142,12 +142,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> merge_states_bwd_cuda
   TORCH_CHECK(out_a.is_cuda(), "attn_ext.", op, ": the CUDA kernel got tensors on ", out_a.device());
   kernel_scalar_type(out_a.scalar_type(), op);
   const c10::cuda::CUDAGuard guard(out_a.device());
-  const at::Tensor g = grad_out.to(at::kFloat), o = out.to(at::kFloat);
+  const at::ScalarType acc = accumulation_dtype(out_a.scalar_type());
+  const at::Tensor g = grad_out.to(acc), o = out.to(acc);
   const at::Tensor empty_row = at::isneginf(lse);
   const auto side = [&](const at::Tensor& out_x, const at::Tensor& lse_x) {
     const at::Tensor w = at::where(empty_row, at::zeros_like(lse), at::exp(lse_x - lse));
     at::Tensor grad_out_x = (w.unsqueeze(-1) * g).to(out_x.scalar_type());
-    at::Tensor grad_lse_x = w * ((g * (out_x.to(at::kFloat) - o)).sum(-1) + grad_lse);
+    at::Tensor grad_lse_x = w * ((g * (out_x.to(acc) - o)).sum(-1) + grad_lse);
     return std::make_pair(grad_out_x, grad_lse_x);
   };
   auto [grad_out_a, grad_lse_a] = side(out_a, lse_a);

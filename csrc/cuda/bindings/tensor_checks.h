@@ -1,10 +1,14 @@
-// Small helpers shared by the torch bindings of the CUDA kernels in this directory (tree.cpp,
-// intention.cpp): tensor → kernel dtype, device checks, unit inner stride, launch errors.
+// Helpers shared by the torch bindings of the CUDA kernels in this directory: tensor dtype → kernel
+// ScalarType, device checks, the bytes of a bool mask, launch errors. The argument checks proper are
+// shared with the CPU ops (csrc/checks/).
 #pragma once
 
 #include <ATen/ATen.h>
 #include <cuda_runtime_api.h>
 
+#include <optional>
+
+#include "checks/common.h"
 #include "cuda/common/launch_geometry.h"
 
 namespace attn_ext {
@@ -13,26 +17,17 @@ namespace bindings {
 
 /// The kernels' element type for a tensor dtype; fp64 (accepted by the CPU ops for gradcheck) is not.
 inline ScalarType kernel_scalar_type(at::ScalarType dtype, const char* op) {
-  switch (dtype) {
-    case at::kFloat: return ScalarType::kFloat32;
-    case at::kHalf: return ScalarType::kFloat16;
-    case at::kBFloat16: return ScalarType::kBFloat16;
-    default:
-      TORCH_CHECK_TYPE(false, "attn_ext.", op, ": the CUDA kernel supports float32, float16 and bfloat16, got ",
-                       dtype, " (float64 runs on the CPU backends)");
-  }
-  return ScalarType::kFloat32;  // unreachable
+  const std::optional<ScalarType> t = scalar_type_of(dtype);
+  TORCH_CHECK_TYPE(t.has_value() && is_attention_dtype(*t), "attn_ext.", op,
+                   ": the CUDA kernel supports float32, float16 and bfloat16, got ", dtype,
+                   " (float64 runs on the CPU backends)");
+  return *t;
 }
 
 /// Every tensor of an op must be a CUDA tensor on `device` (the first input's).
 inline void check_on_device(const at::Tensor& t, const char* name, const at::Device& device, const char* op) {
   TORCH_CHECK(t.is_cuda() && t.device() == device, "attn_ext.", op, ": ", name, " must be a CUDA tensor on ", device,
               ", got device ", t.device());
-}
-
-/// The kernels take any outer strides but need unit stride in the innermost dimension.
-inline at::Tensor with_unit_inner_stride(const at::Tensor& t) {
-  return t.dim() == 0 || t.size(-1) <= 1 || t.stride(-1) == 1 ? t : t.contiguous();
 }
 
 /// A bool mask as the bytes the kernels read (nonzero = padding), contiguous.
