@@ -11,9 +11,9 @@
 #include <tuple>
 #include <vector>
 
-#include "batched_cholesky_cpu.h"
 #include "checks/intention_checks.h"
 #include "cholesky_simd.h"
+#include "ops.h"
 
 namespace attn_ext::cpu {
 namespace {

@@ -14,7 +14,7 @@
 #include "attn_ext/online_softmax.h"
 #include "blas.h"
 #include "checks/cross_attention_checks.h"
-#include "cross_attention_cpu.h"
+#include "ops.h"
 #include "tile.h"
 #include "vectorized_rows.h"
 

@@ -12,7 +12,7 @@
 #include "attention_tile.h"
 #include "attn_ext/online_softmax.h"
 #include "checks/cross_attention_checks.h"
-#include "cross_attention_cpu.h"
+#include "ops.h"
 #include "tile.h"
 
 namespace attn_ext::cpu {

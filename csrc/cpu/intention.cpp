@@ -24,8 +24,8 @@
 
 #include "blas.h"
 #include "cholesky_simd.h"
-#include "intention_cpu.h"
 #include "intention_head.h"
+#include "ops.h"
 
 namespace attn_ext::cpu {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "attn_ext/online_softmax.h"
 #include "checks/cross_attention_checks.h"
-#include "merge_states_cpu.h"
+#include "ops.h"
 
 namespace attn_ext::cpu {
 namespace {

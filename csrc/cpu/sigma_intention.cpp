@@ -19,8 +19,8 @@
 
 #include "attention_tile.h"
 #include "blas.h"
-#include "intention_cpu.h"
 #include "intention_head.h"
+#include "ops.h"
 #include "tile.h"
 
 namespace attn_ext::cpu {

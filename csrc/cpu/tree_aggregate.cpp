@@ -20,7 +20,7 @@
 
 #include "checks/common.h"
 #include "checks/tree_checks.h"
-#include "tree_aggregate_cpu.h"
+#include "ops.h"
 
 namespace attn_ext::cpu {
 namespace {

@@ -25,7 +25,7 @@
 #include "attn_ext/tree_descent.h"
 #include "checks/common.h"
 #include "checks/tree_checks.h"
-#include "tree_cross_attention_cpu.h"
+#include "ops.h"
 
 namespace attn_ext::cpu {
 namespace {

@@ -1,14 +1,13 @@
-// Torch bindings of the CUDA chunked cross-attention kernels (SPEC §1): cross_attention_fwd/_bwd and
-// merge_states_fwd/_bwd for CUDA tensors (schemas in csrc/ops.cpp). Inputs are validated by
-// the same checks as the CPU ops (csrc/checks/cross_attention_checks.h, same messages); outputs have the
-// CPU ops' shapes and dtypes (LSE fp32). Compiled only against a CUDA build of torch.
+// Typed wrappers of the CUDA chunked cross-attention kernels (SPEC §1): cross_attention_fwd/_bwd and
+// merge_states_fwd/_bwd for CUDA tensors (declared in ops.h, registered in registration.cpp). Inputs
+// are validated by the checks the CPU ops use (csrc/checks/cross_attention_checks.h, same messages);
+// outputs have the CPU ops' shapes and dtypes. Compiled only against a CUDA build of torch.
 //
 // chunk_size is validated but otherwise unused here: the kernels stream the keys in their own tiles,
 // and the result does not depend on the chunking (it is the exact softmax either way).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
 
 #include <optional>
 #include <tuple>
@@ -17,6 +16,7 @@
 #include "cuda/cross_attention_bwd.cuh"
 #include "cuda/cross_attention_fwd.cuh"
 #include "cuda/merge_states.cuh"
+#include "ops.h"
 #include "tensor_checks.h"
 
 namespace attn_ext {
@@ -37,7 +37,7 @@ AttentionInputs prepare(const at::Tensor& q, const at::Tensor& k, const at::Tens
                         const char* op) {
   AttentionInputs in;
   in.s = check_cross_attention_inputs(q, k, v, key_padding_mask, scale, chunk_size);
-  TORCH_CHECK(q.is_cuda(), "attn_ext.", op, ": the CUDA kernel got tensors on ", q.device());
+  check_is_cuda(q, "tensors", op);
   in.dtype = kernel_scalar_type(q.scalar_type(), op);
   in.q = with_unit_inner_stride(q), in.k = with_unit_inner_stride(k), in.v = with_unit_inner_stride(v);
   if (key_padding_mask.has_value()) in.mask = mask_bytes(*key_padding_mask);
@@ -57,6 +57,8 @@ void fill_inputs(Params& p, const AttentionInputs& in, double scale) {
   p.scale = static_cast<float>(scale);
   p.dtype = in.dtype;
 }
+
+}  // namespace
 
 std::tuple<at::Tensor, at::Tensor> cross_attention_fwd_cuda(const at::Tensor& q, const at::Tensor& k,
                                                             const at::Tensor& v,
@@ -117,7 +119,7 @@ std::tuple<at::Tensor, at::Tensor> merge_states_fwd_cuda(const at::Tensor& out_a
                                                          const at::Tensor& out_b, const at::Tensor& lse_b) {
   const char* op = "merge_states_fwd";
   const MergeStateRows s = check_merge_states(out_a, lse_a, out_b, lse_b);
-  TORCH_CHECK(out_a.is_cuda(), "attn_ext.", op, ": the CUDA kernel got tensors on ", out_a.device());
+  check_is_cuda(out_a, "tensors", op);
   const at::Tensor oa = out_a.contiguous(), ob = out_b.contiguous(), la = lse_a.contiguous(), lb = lse_b.contiguous();
   at::Tensor out = at::empty_like(oa);
   at::Tensor lse = at::empty_like(la);
@@ -139,7 +141,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> merge_states_bwd_cuda
   const char* op = "merge_states_bwd";
   check_merge_states(out_a, lse_a, out_b, lse_b);
   check_merge_states_grads(grad_out, grad_lse, out, lse, out_a, lse_a);
-  TORCH_CHECK(out_a.is_cuda(), "attn_ext.", op, ": the CUDA kernel got tensors on ", out_a.device());
+  check_is_cuda(out_a, "tensors", op);
   kernel_scalar_type(out_a.scalar_type(), op);
   const c10::cuda::CUDAGuard guard(out_a.device());
   const at::ScalarType acc = accumulation_dtype(out_a.scalar_type());
@@ -156,13 +158,5 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> merge_states_bwd_cuda
   return {grad_out_a, grad_lse_a, grad_out_b, grad_lse_b};
 }
 
-}  // namespace
 }  // namespace cuda
 }  // namespace attn_ext
-
-TORCH_LIBRARY_IMPL(attn_ext, CUDA, m) {
-  m.impl("cross_attention_fwd", &attn_ext::cuda::cross_attention_fwd_cuda);
-  m.impl("cross_attention_bwd", &attn_ext::cuda::cross_attention_bwd_cuda);
-  m.impl("merge_states_fwd", &attn_ext::cuda::merge_states_fwd_cuda);
-  m.impl("merge_states_bwd", &attn_ext::cuda::merge_states_bwd_cuda);
-}

@@ -1,11 +1,11 @@
-// Torch bindings of the CUDA Intention and batched Cholesky kernels (SPEC §4): intention_fwd/_bwd,
-// batched_cholesky and batched_cholesky_solve for CUDA tensors (schemas in csrc/ops.cpp), with the
-// CPU ops' argument checks and outputs (csrc/cpu/intention.cpp, batched_cholesky.cpp). Compiled
-// only against a CUDA build of torch (setup.py).
+// Typed wrappers of the CUDA Intention and batched Cholesky kernels (SPEC §4): intention_fwd/_bwd,
+// batched_cholesky and batched_cholesky_solve for CUDA tensors (declared in ops.h, registered in
+// registration.cpp). Inputs are validated by the checks the CPU ops use
+// (csrc/checks/intention_checks.h, same messages); outputs have the CPU ops' shapes and dtypes.
+// Compiled only against a CUDA build of torch.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <optional>
@@ -15,22 +15,20 @@
 #include "checks/intention_checks.h"
 #include "cuda/batched_cholesky.cuh"
 #include "cuda/intention.cuh"
+#include "ops.h"
 #include "tensor_checks.h"
 
 namespace attn_ext {
 namespace cuda {
 namespace {
 
-using bindings::check_launch;
-using bindings::check_on_device;
-using bindings::kernel_scalar_type;
-using bindings::mask_bytes;
+using namespace bindings;  // tensor_checks.h: dtype mapping, device checks, mask bytes, launch errors
 
 /// q, k, v checked as the CPU op checks them, then what only the CUDA kernels need.
 CrossAttentionShape check_cuda_inputs(const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& v,
                                       const std::optional<at::Tensor>& mask, double scale, const char* op) {
   const CrossAttentionShape s = check_intention_inputs(q, k, v, mask, scale);
-  TORCH_CHECK(q.is_cuda(), "attn_ext.", op, ": the CUDA kernel got q on ", q.device());
+  check_is_cuda(q, "q", op);
   kernel_scalar_type(q.scalar_type(), op);
   TORCH_CHECK_VALUE(s.head_dim <= kCholeskyMaxDim, "attn_ext.", op, " (CUDA): head dim D must be <= ",
                     kCholeskyMaxDim, " (the D×D factor is held in one block's shared memory), got q ", q.sizes());
@@ -49,6 +47,18 @@ void fill_inputs(IntentionInputs& p, const CrossAttentionShape& s, const at::Ten
   p.scale = static_cast<float>(scale);
   p.dtype = kernel_scalar_type(q.scalar_type(), "intention");
 }
+
+/// t [batch..., rows, cols] as the kernels' strided batch of matrices (a copy only when the batch
+/// dimensions cannot be merged into one).
+StridedMatrices as_matrices(const at::Tensor& t, int64_t batch, at::Tensor& keep) {
+  keep = t.reshape({batch, t.size(-2), t.size(-1)});
+  StridedMatrices m;
+  m.data = keep.data_ptr();
+  m.stride_batch = keep.stride(0), m.stride_row = keep.stride(1), m.stride_col = keep.stride(2);
+  return m;
+}
+
+}  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> intention_fwd_cuda(const at::Tensor& q, const at::Tensor& k,
                                                                   const std::optional<at::Tensor>& v,
@@ -121,25 +131,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> intention_bwd_cuda(
   return {dq, dk, dv, dalpha};
 }
 
-void check_on_cuda(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.is_cuda(), "attn_ext.", op, ": the CUDA kernel got ", name, " on ", t.device());
-}
-
-/// t [batch..., rows, cols] as the kernels' strided batch of matrices (a copy only when the batch
-/// dimensions cannot be merged into one).
-StridedMatrices as_matrices(const at::Tensor& t, int64_t batch, at::Tensor& keep) {
-  keep = t.reshape({batch, t.size(-2), t.size(-1)});
-  StridedMatrices m;
-  m.data = keep.data_ptr();
-  m.stride_batch = keep.stride(0), m.stride_row = keep.stride(1), m.stride_col = keep.stride(2);
-  return m;
-}
-
 std::tuple<at::Tensor, at::Tensor> batched_cholesky_cuda(const at::Tensor& a) {
   const char* op = "batched_cholesky";
   check_square_matrices(op, "A", a);
   check_cholesky_dtype(op, "A", a);
-  check_on_cuda(op, "A", a);
+  check_is_cuda(a, "A", op);
   const ScalarType dtype = *scalar_type_of(a.scalar_type());
   const int64_t n = a.size(-1);
   TORCH_CHECK_VALUE(n <= kCholeskyMaxDim, "attn_ext.batched_cholesky (CUDA): n must be <= ", kCholeskyMaxDim,
@@ -161,7 +157,7 @@ std::tuple<at::Tensor, at::Tensor> batched_cholesky_cuda(const at::Tensor& a) {
 at::Tensor batched_cholesky_solve_cuda(const at::Tensor& l, const at::Tensor& b) {
   const char* op = "batched_cholesky_solve";
   check_cholesky_solve_inputs(op, "L", l, b);
-  check_on_cuda(op, "L", l);
+  check_is_cuda(l, "L", op);
   check_on_device(b, "B", l.device(), op);
   const ScalarType dtype = *scalar_type_of(l.scalar_type());
   const int64_t n = l.size(-1), r = b.size(-1);
@@ -183,13 +179,5 @@ at::Tensor batched_cholesky_solve_cuda(const at::Tensor& l, const at::Tensor& b)
   return x;
 }
 
-}  // namespace
 }  // namespace cuda
 }  // namespace attn_ext
-
-TORCH_LIBRARY_IMPL(attn_ext, CUDA, m) {
-  m.impl("intention_fwd", &attn_ext::cuda::intention_fwd_cuda);
-  m.impl("intention_bwd", &attn_ext::cuda::intention_bwd_cuda);
-  m.impl("batched_cholesky", &attn_ext::cuda::batched_cholesky_cuda);
-  m.impl("batched_cholesky_solve", &attn_ext::cuda::batched_cholesky_solve_cuda);
-}

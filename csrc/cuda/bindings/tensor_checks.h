@@ -24,6 +24,11 @@ inline ScalarType kernel_scalar_type(at::ScalarType dtype, const char* op) {
   return *t;
 }
 
+/// The first input of an op (`what`: "tensors" or its name) is a CUDA tensor: the kernels run there.
+inline void check_is_cuda(const at::Tensor& t, const char* what, const char* op) {
+  TORCH_CHECK(t.is_cuda(), "attn_ext.", op, ": the CUDA kernel got ", what, " on ", t.device());
+}
+
 /// Every tensor of an op must be a CUDA tensor on `device` (the first input's).
 inline void check_on_device(const at::Tensor& t, const char* name, const at::Device& device, const char* op) {
   TORCH_CHECK(t.is_cuda() && t.device() == device, "attn_ext.", op, ": ", name, " must be a CUDA tensor on ", device,

@@ -1,11 +1,11 @@
-// Torch bindings of the CUDA Tree Cross Attention and tree aggregation kernels (SPEC §3):
-// tree_cross_attention_fwd/_bwd and tree_aggregate_fwd/_bwd for CUDA tensors (schemas in
-// csrc/ops.cpp). The attention ops validate with the CPU op's check_tree_inputs (same messages);
-// outputs have the CPU ops' shapes and dtypes. Compiled only against a CUDA build of torch.
+// Typed wrappers of the CUDA Tree Cross Attention and tree aggregation kernels (SPEC §3):
+// tree_cross_attention_fwd/_bwd and tree_aggregate_fwd/_bwd for CUDA tensors (declared in ops.h,
+// registered in registration.cpp). Inputs are validated by the checks the CPU ops use
+// (csrc/checks/tree_checks.h, same messages); outputs have the CPU ops' shapes and dtypes. Compiled
+// only against a CUDA build of torch.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <torch/library.h>
 
 #include <optional>
 #include <tuple>
@@ -14,16 +14,14 @@
 #include "checks/tree_checks.h"
 #include "cuda/tree_aggregate.cuh"
 #include "cuda/tree_cross_attention.cuh"
+#include "ops.h"
 #include "tensor_checks.h"
 
 namespace attn_ext {
 namespace cuda {
 namespace {
 
-using bindings::check_launch;
-using bindings::check_on_device;
-using bindings::kernel_scalar_type;
-using bindings::mask_bytes;
+using namespace bindings;  // tensor_checks.h: dtype mapping, device checks, mask bytes, launch errors
 
 /// The unpacked inputs of a tree attention call (kept alive while the kernel's params point at them).
 struct TreeInputs {
@@ -37,7 +35,7 @@ TreeInputs prepare_tree(const at::Tensor& q, const at::Tensor& node_k, const at:
                         double scale, const std::optional<at::Tensor>& uniforms, bool backward, const char* op) {
   const TreeShape t =
       check_tree_inputs(q, node_k, node_v, node_padding_mask, branching, height, group_size, scale, uniforms);
-  TORCH_CHECK(q.is_cuda(), "attn_ext.", op, ": the CUDA kernel got tensors on ", q.device());
+  check_is_cuda(q, "tensors", op);
   TreeInputs in;
   in.shape = t;
   in.q = with_unit_inner_stride(q), in.k = with_unit_inner_stride(node_k), in.v = with_unit_inner_stride(node_v);
@@ -58,6 +56,23 @@ TreeInputs prepare_tree(const at::Tensor& q, const at::Tensor& node_k, const at:
                     node_v.sizes(), ", branching ", branching, ", group_size ", group_size, ", height ", height);
   return in;
 }
+
+/// The kernels' view of an aggregation call checked by the shared rules, after the CUDA-only checks:
+/// the payload's dtype and device, and the grid.
+TreeAggregateShape aggregate_shape(const TreeAggregateSizes& t, const at::Tensor& payload, const char* name,
+                                   const char* op) {
+  TreeAggregateShape s;
+  s.B = t.batch, s.tokens = t.tokens, s.E = t.dim;
+  s.branching = t.branching, s.height = t.height, s.group_size = t.group_size;
+  s.group_offset = t.ids.group_offset, s.leaf_offset = t.ids.leaf_offset, s.nodes = t.ids.nodes;
+  s.dtype = kernel_scalar_type(payload.scalar_type(), op);
+  check_is_cuda(payload, name, op);
+  TORCH_CHECK_VALUE(plan_tree_aggregate(s.B * s.nodes, s.E).supported, "attn_ext.", op,
+                    " (CUDA): too many nodes or features for the CUDA grid, got ", name, " ", payload.sizes());
+  return s;
+}
+
+}  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_cross_attention_fwd_cuda(
     const at::Tensor& q, const at::Tensor& node_k, const at::Tensor& node_v, const at::Tensor& node_padding_mask,
@@ -125,21 +140,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_cross_attention_bwd_cuda(
   return {dq, dk.to(q.scalar_type()), dv.to(q.scalar_type())};
 }
 
-/// The kernels' view of an aggregation call checked by the shared rules, after the CUDA-only checks:
-/// the payload's dtype and device, and the grid.
-TreeAggregateShape aggregate_shape(const TreeAggregateSizes& t, const at::Tensor& payload, const char* name,
-                                   const char* op) {
-  TreeAggregateShape s;
-  s.B = t.batch, s.tokens = t.tokens, s.E = t.dim;
-  s.branching = t.branching, s.height = t.height, s.group_size = t.group_size;
-  s.group_offset = t.ids.group_offset, s.leaf_offset = t.ids.leaf_offset, s.nodes = t.ids.nodes;
-  s.dtype = kernel_scalar_type(payload.scalar_type(), op);
-  TORCH_CHECK(payload.is_cuda(), "attn_ext.", op, ": the CUDA kernel got ", name, " on ", payload.device());
-  TORCH_CHECK_VALUE(plan_tree_aggregate(s.B * s.nodes, s.E).supported, "attn_ext.", op,
-                    " (CUDA): too many nodes or features for the CUDA grid, got ", name, " ", payload.sizes());
-  return s;
-}
-
 at::Tensor tree_aggregate_fwd_cuda(const at::Tensor& leaf_values, const at::Tensor& leaf_token,
                                    const at::Tensor& node_padding_mask, int64_t branching, int64_t height,
                                    int64_t group_size) {
@@ -193,13 +193,5 @@ at::Tensor tree_aggregate_bwd_cuda(const at::Tensor& grad_nodes, const at::Tenso
   return grad_values;
 }
 
-}  // namespace
 }  // namespace cuda
 }  // namespace attn_ext
-
-TORCH_LIBRARY_IMPL(attn_ext, CUDA, m) {
-  m.impl("tree_cross_attention_fwd", &attn_ext::cuda::tree_cross_attention_fwd_cuda);
-  m.impl("tree_cross_attention_bwd", &attn_ext::cuda::tree_cross_attention_bwd_cuda);
-  m.impl("tree_aggregate_fwd", &attn_ext::cuda::tree_aggregate_fwd_cuda);
-  m.impl("tree_aggregate_bwd", &attn_ext::cuda::tree_aggregate_bwd_cuda);
-}
