@@ -22,16 +22,10 @@
 #include "checks/common.h"
 #include "checks/tree_checks.h"
 #include "ops.h"
+#include "tree_rows.h"
 
 namespace attn_ext::cpu {
 namespace {
-
-template <typename scalar_t, typename acc_t>
-inline acc_t dot(const acc_t* q, const scalar_t* k, int64_t D) {
-  acc_t s = acc_t(0);
-  for (int64_t d = 0; d < D; ++d) s += q[d] * static_cast<acc_t>(k[d]);
-  return s;
-}
 
 template <typename scalar_t>
 void tree_forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* mask,

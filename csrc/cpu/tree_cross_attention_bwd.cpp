@@ -26,21 +26,10 @@
 #include "checks/common.h"
 #include "checks/tree_checks.h"
 #include "ops.h"
+#include "tree_rows.h"
 
 namespace attn_ext::cpu {
 namespace {
-
-template <typename scalar_t, typename acc_t>
-inline acc_t dot(const acc_t* q, const scalar_t* k, int64_t D) {
-  acc_t s = acc_t(0);
-  for (int64_t d = 0; d < D; ++d) s += q[d] * static_cast<acc_t>(k[d]);
-  return s;
-}
-
-template <typename scalar_t, typename acc_t>
-inline void axpy(acc_t alpha, const scalar_t* x, acc_t* y, int64_t n) {
-  for (int64_t d = 0; d < n; ++d) y[d] += alpha * static_cast<acc_t>(x[d]);
-}
 
 /// Inputs of one backward call, as raw pointers and strides (last dims contiguous).
 template <typename scalar_t, typename acc_t>

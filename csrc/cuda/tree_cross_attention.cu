@@ -10,34 +10,35 @@ namespace attn_ext {
 namespace cuda {
 namespace {
 
-bool shape_consistent(const TreeShapeParams& s) {
-  return s.selected == s.height * (s.branching - 1) + s.group_size && s.group_offset >= 0 &&
-         s.leaf_offset > s.group_offset && s.nodes >= s.leaf_offset;
+/// The plan of a call; unsupported too when the params' tree ids disagree with its sizes.
+TreeLaunchPlan plan_of(const TreeShapeParams& s, bool backward) {
+  TreeLaunchPlan plan = plan_tree_cross_attention(s.B, s.M, s.H, s.D, s.Dv, s.branching, s.group_size, s.height,
+                                                  backward);
+  const bool consistent = s.selected == s.height * (s.branching - 1) + s.group_size && s.group_offset >= 0 &&
+                          s.leaf_offset > s.group_offset && s.nodes >= s.leaf_offset;
+  if (!consistent) plan.supported = false;
+  return plan;
 }
 
 }  // namespace
 
 cudaError_t launch_tree_cross_attention_fwd(const TreeFwdParams& p, cudaStream_t stream) {
-  const TreeShapeParams& s = p.s;
-  const TreeLaunchPlan plan =
-      plan_tree_cross_attention(s.B, s.M, s.H, s.D, s.Dv, s.branching, s.group_size, s.height, false);
-  if (!plan.supported || !shape_consistent(s)) return cudaErrorInvalidValue;
+  const TreeLaunchPlan plan = plan_of(p.s, false);
+  if (!plan.supported) return cudaErrorInvalidValue;
   if (plan.empty) return cudaSuccess;
   if (p.q == nullptr || p.node_k == nullptr || p.node_v == nullptr || p.node_padding_mask == nullptr ||
       p.out == nullptr || p.lse == nullptr || p.selected == nullptr || p.log_prob == nullptr || p.entropy == nullptr) {
     return cudaErrorInvalidValue;
   }
-  return detail::dispatch_attention_dtype(s.dtype, [&](auto scalar) {
+  return detail::dispatch_attention_dtype(p.s.dtype, [&](auto scalar) {
     return detail::launch_with_smem(detail::tree_cross_attention_fwd_kernel<decltype(scalar)>, plan.grid, plan.block,
                                     plan.shared_memory_bytes, stream, p);
   });
 }
 
 cudaError_t launch_tree_cross_attention_bwd(const TreeBwdParams& p, cudaStream_t stream) {
-  const TreeShapeParams& s = p.s;
-  const TreeLaunchPlan plan =
-      plan_tree_cross_attention(s.B, s.M, s.H, s.D, s.Dv, s.branching, s.group_size, s.height, true);
-  if (!plan.supported || !shape_consistent(s)) return cudaErrorInvalidValue;
+  const TreeLaunchPlan plan = plan_of(p.s, true);
+  if (!plan.supported) return cudaErrorInvalidValue;
   if (plan.empty) return cudaSuccess;
   if (p.grad_out == nullptr || p.grad_lse == nullptr || p.grad_log_prob == nullptr || p.grad_entropy == nullptr ||
       p.q == nullptr || p.node_k == nullptr || p.node_v == nullptr || p.node_padding_mask == nullptr ||
@@ -45,7 +46,7 @@ cudaError_t launch_tree_cross_attention_bwd(const TreeBwdParams& p, cudaStream_t
       p.grad_node_v == nullptr) {
     return cudaErrorInvalidValue;
   }
-  return detail::dispatch_attention_dtype(s.dtype, [&](auto scalar) {
+  return detail::dispatch_attention_dtype(p.s.dtype, [&](auto scalar) {
     return detail::launch_with_smem(detail::tree_cross_attention_bwd_kernel<decltype(scalar)>, plan.grid, plan.block,
                                     plan.shared_memory_bytes, stream, p);
   });
