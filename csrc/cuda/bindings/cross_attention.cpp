@@ -50,12 +50,8 @@ void fill_inputs(Params& p, const AttentionInputs& in, double scale) {
   const CrossAttentionShape& s = in.s;
   p.B = s.batch, p.H = s.heads, p.M = s.queries, p.N = s.keys, p.D = s.head_dim, p.Dv = s.value_dim;
   p.q = in.q.data_ptr(), p.k = in.k.data_ptr(), p.v = in.v.data_ptr();
-  p.q_stride_b = in.q.stride(0), p.q_stride_h = in.q.stride(1), p.q_stride_m = in.q.stride(2);
-  p.k_stride_b = in.k.stride(0), p.k_stride_h = in.k.stride(1), p.k_stride_n = in.k.stride(2);
-  p.v_stride_b = in.v.stride(0), p.v_stride_h = in.v.stride(1), p.v_stride_n = in.v.stride(2);
-  if (in.mask.defined()) p.key_padding_mask = in.mask.const_data_ptr<uint8_t>(), p.mask_stride_b = in.mask.stride(0);
-  p.scale = static_cast<float>(scale);
-  p.dtype = in.dtype;
+  if (in.mask.defined()) p.key_padding_mask = in.mask.const_data_ptr<uint8_t>();
+  fill_qkv_layout(p, in.q, in.k, in.v, in.mask, scale, in.dtype);
 }
 
 }  // namespace

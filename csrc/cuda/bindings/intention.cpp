@@ -39,13 +39,8 @@ void fill_inputs(IntentionInputs& p, const CrossAttentionShape& s, const at::Ten
                  const at::Tensor& v, const at::Tensor& mask, double scale) {
   p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.defined() ? v.data_ptr() : nullptr;
   p.key_padding_mask = mask.defined() ? mask.const_data_ptr<uint8_t>() : nullptr;
-  p.mask_stride_b = mask.defined() ? mask.stride(0) : 0;
   p.B = s.batch, p.H = s.heads, p.M = s.queries, p.N = s.keys, p.D = s.head_dim, p.Dv = s.value_dim;
-  p.q_stride_b = q.stride(0), p.q_stride_h = q.stride(1), p.q_stride_m = q.stride(2);
-  p.k_stride_b = k.stride(0), p.k_stride_h = k.stride(1), p.k_stride_n = k.stride(2);
-  if (v.defined()) p.v_stride_b = v.stride(0), p.v_stride_h = v.stride(1), p.v_stride_n = v.stride(2);
-  p.scale = static_cast<float>(scale);
-  p.dtype = kernel_scalar_type(q.scalar_type(), "intention");
+  fill_qkv_layout(p, q, k, v, mask, scale, kernel_scalar_type(q.scalar_type(), "intention"));
 }
 
 /// t [batch..., rows, cols] as the kernels' strided batch of matrices (a copy only when the batch

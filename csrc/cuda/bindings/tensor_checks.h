@@ -1,6 +1,6 @@
 // Helpers shared by the torch bindings of the CUDA kernels in this directory: tensor dtype → kernel
-// ScalarType, device checks, the bytes of a bool mask, launch errors. The argument checks proper are
-// shared with the CPU ops (csrc/checks/).
+// ScalarType, device checks, the bytes of a bool mask, the q/k/v layout of the kernels' params,
+// launch errors. The argument checks proper are shared with the CPU ops (csrc/checks/).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -10,6 +10,7 @@
 
 #include "checks/common.h"
 #include "cuda/common/launch_geometry.h"
+#include "cuda/common/qkv_layout.h"
 
 namespace attn_ext {
 namespace cuda {
@@ -37,6 +38,18 @@ inline void check_on_device(const at::Tensor& t, const char* name, const at::Dev
 
 /// A bool mask as the bytes the kernels read (nonzero = padding), contiguous.
 inline at::Tensor mask_bytes(const at::Tensor& mask) { return mask.contiguous().view(at::kByte); }
+
+/// The layout part of a kernel's params from its q, k and v (unit inner stride; v undefined without
+/// values) and its mask bytes (undefined without a mask).
+inline void fill_qkv_layout(QkvLayout& l, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& mask, double scale, ScalarType dtype) {
+  l.q_stride_b = q.stride(0), l.q_stride_h = q.stride(1), l.q_stride_m = q.stride(2);
+  l.k_stride_b = k.stride(0), l.k_stride_h = k.stride(1), l.k_stride_n = k.stride(2);
+  if (v.defined()) l.v_stride_b = v.stride(0), l.v_stride_h = v.stride(1), l.v_stride_n = v.stride(2);
+  if (mask.defined()) l.mask_stride_b = mask.stride(0);
+  l.scale = static_cast<float>(scale);
+  l.dtype = dtype;
+}
 
 inline void check_launch(cudaError_t err, const char* op) {
   TORCH_CHECK(err == cudaSuccess, "attn_ext.", op, ": CUDA launch failed: ", cudaGetErrorString(err));

@@ -44,12 +44,7 @@ TreeInputs prepare_tree(const at::Tensor& q, const at::Tensor& node_k, const at:
   s.B = t.batch, s.H = t.heads, s.M = t.queries, s.D = t.head_dim, s.Dv = t.value_dim, s.nodes = t.nodes;
   s.branching = t.branching, s.height = t.height, s.group_size = t.group_size;
   s.group_offset = t.group_offset, s.leaf_offset = t.leaf_offset, s.selected = t.selected;
-  s.q_stride_b = in.q.stride(0), s.q_stride_h = in.q.stride(1), s.q_stride_m = in.q.stride(2);
-  s.k_stride_b = in.k.stride(0), s.k_stride_h = in.k.stride(1), s.k_stride_n = in.k.stride(2);
-  s.v_stride_b = in.v.stride(0), s.v_stride_h = in.v.stride(1), s.v_stride_n = in.v.stride(2);
-  s.mask_stride_b = in.mask.stride(0);
-  s.scale = static_cast<float>(scale);
-  s.dtype = kernel_scalar_type(q.scalar_type(), op);
+  fill_qkv_layout(s, in.q, in.k, in.v, in.mask, scale, kernel_scalar_type(q.scalar_type(), op));
   const TreeLaunchPlan plan =
       plan_tree_cross_attention(s.B, s.M, s.H, s.D, s.Dv, s.branching, s.group_size, s.height, backward);
   TORCH_CHECK_VALUE(plan.supported, "attn_ext.", op, " (CUDA): ", plan.error, "; got q ", q.sizes(), ", node_v ",
