@@ -1,5 +1,5 @@
 // Launch geometry of the strided batched GEMM under the CUDA Intention kernels, as plain C++17
-// (tested on the host by csrc/tests/cuda_plan_test.cpp).
+// (tested on the host by csrc/tests/cuda_intention_emulation_test.cpp).
 #pragma once
 
 #include <cstddef>
