@@ -30,7 +30,7 @@ def _extensions():
     # for recent ones, whose headers warn under C++17); the sources are valid in both.
     cxx_flags = ["-O3", "-fopenmp", "-g0", "-Wall", "-Wno-unknown-pragmas"]
     include_dirs = [os.path.join(HERE, "csrc", "include"), os.path.join(HERE, "csrc")]
-    sources = _sources("csrc/*.cpp") + _sources("csrc/cpu/*.cpp")
+    sources = _sources("csrc/*.cpp") + _sources("csrc/checks/*.cpp") + _sources("csrc/cpu/*.cpp")
     cuda_torch = torch.version.cuda is not None and CUDA_HOME is not None and shutil.which("nvcc") is not None
     if cuda_torch:
         # The torch bindings of the CUDA kernels need c10/cuda headers, present only in CUDA builds of torch.

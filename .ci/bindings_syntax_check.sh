@@ -15,7 +15,9 @@ if ! torch_includes="$("${python}" -c "from torch.utils.cpp_extension import inc
 fi
 cuda_home="${CUDA_HOME:-/usr/local/cuda}"
 [[ -f "${cuda_home}/include/cuda_runtime_api.h" ]] || { echo "SKIP: no CUDA headers under ${cuda_home}"; exit 0; }
-flags=(-std=c++20 -fsyntax-only -Wall -Wextra -Werror -Wno-unused-parameter
+# -Wmissing-declarations: a wrapper whose signature drifts from its declaration in ops.h (the one
+# registration.cpp registers) would otherwise compile here and fail only at link time on a CUDA machine.
+flags=(-std=c++20 -fsyntax-only -Wall -Wextra -Werror -Wno-unused-parameter -Wmissing-declarations
        -I"${repo}/csrc/tests/bindings_stubs" -I"${repo}/csrc/include" -I"${repo}/csrc" -I"${repo}/csrc/cuda"
        -I"${cuda_home}/include")
 for dir in ${torch_includes}; do flags+=(-isystem "${dir}"); done

@@ -3,7 +3,6 @@
 // the cross-attention forward and by σIntention's fused forward, which feeds it transformed queries.
 #pragma once
 
-#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>

@@ -11,18 +11,14 @@
 #include <tuple>
 #include <vector>
 
-#include "batched_cholesky_cpu.h"
+#include "checks/intention_checks.h"
 #include "cholesky_simd.h"
+#include "ops.h"
 
 namespace attn_ext::cpu {
 namespace {
 
-void check_dtype(const char* op, const char* name, const at::Tensor& t) {
-  // Half inputs are refused rather than upcast: the Intention op accumulates KᵀK in fp32 anyway,
-  // and a half-precision factor would be too inexact to be worth returning.
-  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble, "attn_ext.", op,
-              ": supports float32 and float64 only, got ", name, " of dtype ", t.scalar_type(),
-              " (convert with .float(); a half-precision factor would be too inexact)");
+void check_on_cpu(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK(t.device().is_cpu(), "attn_ext.", op, ": the CPU kernel got ", name, " on ", t.device());
 }
 
@@ -43,9 +39,9 @@ int64_t grain_size(int64_t macs_per_matrix) {
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> batched_cholesky_cpu(const at::Tensor& a) {
-  TORCH_CHECK(a.dim() >= 2 && a.size(-1) == a.size(-2),
-              "attn_ext.batched_cholesky: A must be a batch of square matrices [..., n, n], got shape ", a.sizes());
-  check_dtype("batched_cholesky", "A", a);
+  check_square_matrices("batched_cholesky", "A", a);
+  check_cholesky_dtype("batched_cholesky", "A", a);
+  check_on_cpu("batched_cholesky", "A", a);
   const int64_t n = a.size(-1);
   const std::vector<int64_t> batch_sizes(a.sizes().begin(), a.sizes().end() - 2);
   at::Tensor l = at::empty(a.sizes(), a.options().memory_format(at::MemoryFormat::Contiguous));
@@ -66,17 +62,9 @@ std::tuple<at::Tensor, at::Tensor> batched_cholesky_cpu(const at::Tensor& a) {
 }
 
 at::Tensor batched_cholesky_solve_cpu(const at::Tensor& l, const at::Tensor& b) {
-  TORCH_CHECK(l.dim() >= 2 && l.size(-1) == l.size(-2),
-              "attn_ext.batched_cholesky_solve: L must be a batch of square matrices [..., n, n], got shape ",
-              l.sizes());
-  TORCH_CHECK(b.dim() == l.dim() && b.size(-2) == l.size(-1) &&
-                  std::equal(l.sizes().begin(), l.sizes().end() - 2, b.sizes().begin()),
-              "attn_ext.batched_cholesky_solve: B must be [..., n, r] with the batch dimensions and n of L ",
-              l.sizes(), " (no broadcasting), got B of shape ", b.sizes());
-  check_dtype("batched_cholesky_solve", "L", l);
-  check_dtype("batched_cholesky_solve", "B", b);
-  TORCH_CHECK(l.scalar_type() == b.scalar_type(), "attn_ext.batched_cholesky_solve: L and B must share a dtype, got ",
-              l.scalar_type(), " and ", b.scalar_type());
+  check_cholesky_solve_inputs("batched_cholesky_solve", "L", l, b);
+  check_on_cpu("batched_cholesky_solve", "L", l);
+  check_on_cpu("batched_cholesky_solve", "B", b);
   const int64_t n = l.size(-1), r = b.size(-1);
   at::Tensor x = at::empty(b.sizes(), b.options().memory_format(at::MemoryFormat::Contiguous));
   const int64_t batch = x.numel() == 0 ? 0 : x.numel() / (n * r);
@@ -96,16 +84,9 @@ at::Tensor batched_cholesky_solve_cpu(const at::Tensor& l, const at::Tensor& b) 
 }
 
 std::tuple<at::Tensor, at::Tensor> batched_spd_solve_cpu(const at::Tensor& a, const at::Tensor& b) {
-  TORCH_CHECK(a.dim() >= 2 && a.size(-1) == a.size(-2),
-              "attn_ext.batched_spd_solve: A must be a batch of square matrices [..., n, n], got shape ", a.sizes());
-  TORCH_CHECK(b.dim() == a.dim() && b.size(-2) == a.size(-1) &&
-                  std::equal(a.sizes().begin(), a.sizes().end() - 2, b.sizes().begin()),
-              "attn_ext.batched_spd_solve: B must be [..., n, r] with the batch dimensions and n of A ", a.sizes(),
-              " (no broadcasting), got B of shape ", b.sizes());
-  check_dtype("batched_spd_solve", "A", a);
-  check_dtype("batched_spd_solve", "B", b);
-  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "attn_ext.batched_spd_solve: A and B must share a dtype, got ",
-              a.scalar_type(), " and ", b.scalar_type());
+  check_cholesky_solve_inputs("batched_spd_solve", "A", a, b);
+  check_on_cpu("batched_spd_solve", "A", a);
+  check_on_cpu("batched_spd_solve", "B", b);
   const int64_t n = a.size(-1), r = b.size(-1);
   const std::vector<int64_t> batch_sizes(a.sizes().begin(), a.sizes().end() - 2);
   at::Tensor x = at::empty(b.sizes(), b.options().memory_format(at::MemoryFormat::Contiguous));

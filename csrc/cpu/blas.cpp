@@ -77,26 +77,28 @@ void call_fortran(Fn fn, Transpose ta, Transpose tb, int64_t m, int64_t n, int64
   fn(&trans_b, &trans_a, &mm, &nn, &kk, &alpha, b, &ld_b, a, &ld_a, &beta, c, &ld_c);
 }
 
-}  // namespace
-
-void gemm(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+// BLAS when this torch exports it (`fn` found), the portable loops otherwise.
+template <typename T, typename Fn>
+void gemm_with(Fn fn, Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+               const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  if (auto fn = blas_symbols().sgemm) {
+  if (fn != nullptr) {
     call_fortran(fn, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   } else {
     gemm_loops(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
 }
 
+}  // namespace
+
+void gemm(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+          int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  gemm_with(blas_symbols().sgemm, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 void gemm(Transpose ta, Transpose tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
           int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  if (m == 0 || n == 0) return;
-  if (auto fn = blas_symbols().dgemm) {
-    call_fortran(fn, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  } else {
-    gemm_loops(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  }
+  gemm_with(blas_symbols().dgemm, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 const char* gemm_implementation() {

@@ -6,7 +6,6 @@
 // no atomics, so the result is bit-identical run to run.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
 #include <tuple>
@@ -14,8 +13,8 @@
 
 #include "attn_ext/online_softmax.h"
 #include "blas.h"
-#include "cross_attention_checks.h"
-#include "cross_attention_cpu.h"
+#include "checks/cross_attention_checks.h"
+#include "ops.h"
 #include "tile.h"
 #include "vectorized_rows.h"
 
@@ -34,7 +33,7 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& grad_lse, con
                      const at::Tensor& k, const at::Tensor& v, const bool* padding, const at::Tensor& out,
                      const at::Tensor& lse, const CrossAttentionShape& s, double scale_d, int64_t chunk,
                      at::Tensor& grad_q, at::Tensor& grad_k, at::Tensor& grad_v) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = acc_type<scalar_t>;
   const acc_t scale = static_cast<acc_t>(scale_d);
   const int64_t B = s.batch, H = s.heads, M = s.queries, N = s.keys, D = s.head_dim, Dv = s.value_dim;
   const int64_t tile_m = std::min<int64_t>(kQueryTile, std::max<int64_t>(M, 1));
@@ -139,9 +138,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_attention_bwd_cpu(
   const CrossAttentionShape s = check_cross_attention_inputs(q, k, v, key_padding_mask, scale, chunk_size);
   check_cross_attention_grads(s, q, grad_out, grad_lse, out, lse);
   TORCH_CHECK(q.device().is_cpu(), "attn_ext: the CPU kernel got tensors on ", q.device());
-  auto unit_inner = [](const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); };
-  const at::Tensor qc = unit_inner(q), kc = unit_inner(k), vc = unit_inner(v), oc = unit_inner(out),
-                   doc = unit_inner(grad_out);
+  const at::Tensor qc = with_unit_inner_stride(q), kc = with_unit_inner_stride(k), vc = with_unit_inner_stride(v),
+                   oc = with_unit_inner_stride(out), doc = with_unit_inner_stride(grad_out);
   const at::Tensor lse_c = lse.contiguous(), grad_lse_c = grad_lse.contiguous();
   at::Tensor mask;
   if (key_padding_mask.has_value()) mask = key_padding_mask->contiguous();

@@ -3,7 +3,6 @@
 // tile × chunk exists.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
 #include <limits>
@@ -12,8 +11,8 @@
 
 #include "attention_tile.h"
 #include "attn_ext/online_softmax.h"
-#include "cross_attention_checks.h"
-#include "cross_attention_cpu.h"
+#include "checks/cross_attention_checks.h"
+#include "ops.h"
 #include "tile.h"
 
 namespace attn_ext::cpu {
@@ -23,7 +22,7 @@ template <typename scalar_t>
 void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* padding,
                     const CrossAttentionShape& s, double scale_d, int64_t chunk, at::Tensor& out,
                     at::Tensor& lse) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = acc_type<scalar_t>;
   const acc_t scale = static_cast<acc_t>(scale_d);
   const int64_t B = s.batch, H = s.heads, M = s.queries, N = s.keys, D = s.head_dim, Dv = s.value_dim;
   const int64_t tile_m = std::min<int64_t>(kQueryTile, std::max<int64_t>(M, 1));
@@ -81,13 +80,13 @@ std::tuple<at::Tensor, at::Tensor> cross_attention_fwd_cpu(const at::Tensor& q, 
   const CrossAttentionShape s = check_cross_attention_inputs(q, k, v, key_padding_mask, scale, chunk_size);
   TORCH_CHECK(q.device().is_cpu(), "attn_ext: the CPU kernel got tensors on ", q.device());
   // BLAS needs unit stride along the head dim; other strides are handled by the tile loaders.
-  const at::Tensor qc = q.stride(3) == 1 ? q : q.contiguous();
-  const at::Tensor kc = k.stride(3) == 1 ? k : k.contiguous();
-  const at::Tensor vc = v.stride(3) == 1 ? v : v.contiguous();
+  const at::Tensor qc = with_unit_inner_stride(q);
+  const at::Tensor kc = with_unit_inner_stride(k);
+  const at::Tensor vc = with_unit_inner_stride(v);
   at::Tensor mask;
   if (key_padding_mask.has_value()) mask = key_padding_mask->contiguous();
   at::Tensor out = at::empty({s.batch, s.heads, s.queries, s.value_dim}, q.options());
-  at::Tensor lse = at::empty({s.batch, s.heads, s.queries}, q.options().dtype(lse_dtype_for(q.scalar_type())));
+  at::Tensor lse = at::empty({s.batch, s.heads, s.queries}, q.options().dtype(accumulation_dtype(q.scalar_type())));
   if (out.numel() == 0 && lse.numel() == 0) return {out, lse};
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ext::cross_attention_fwd", [&] {
     forward_kernel<scalar_t>(qc, kc, vc, mask.defined() ? mask.const_data_ptr<bool>() : nullptr, s, scale,

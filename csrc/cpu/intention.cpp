@@ -14,7 +14,6 @@
 // transformed queries, and the same formulas hold without the V terms.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -25,8 +24,8 @@
 
 #include "blas.h"
 #include "cholesky_simd.h"
-#include "intention_cpu.h"
 #include "intention_head.h"
+#include "ops.h"
 
 namespace attn_ext::cpu {
 namespace {
@@ -119,19 +118,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> intention_fwd_cpu(const at::Tenso
                                                                  const std::optional<at::Tensor>& v,
                                                                  const std::optional<at::Tensor>& key_padding_mask,
                                                                  const at::Tensor& alpha, double scale) {
-  const CrossAttentionShape s = check_inputs(q, k, v, key_padding_mask, scale);
-  const at::ScalarType acc_dtype = lse_dtype_for(q.scalar_type());
-  TORCH_CHECK(alpha.sizes() == at::IntArrayRef({s.batch, s.heads}),
-              "attn_ext: alpha must be [B, H] = ", at::IntArrayRef({s.batch, s.heads}), ", got ", alpha.sizes());
-  const at::Tensor qc = last_dim_contiguous(q), kc = last_dim_contiguous(k);
-  const at::Tensor vc = v.has_value() ? last_dim_contiguous(*v) : at::Tensor();
+  const CrossAttentionShape s = check_intention_inputs(q, k, v, key_padding_mask, scale);
+  check_intention_alpha(alpha, s);
+  const at::ScalarType acc_dtype = accumulation_dtype(q.scalar_type());
+  const at::Tensor qc = with_unit_inner_stride(q), kc = with_unit_inner_stride(k);
+  const at::Tensor vc = v.has_value() ? with_unit_inner_stride(*v) : at::Tensor();
   const at::Tensor mask = key_padding_mask.has_value() ? key_padding_mask->contiguous() : at::Tensor();
   const at::Tensor alpha_c = alpha.to(acc_dtype).contiguous();
   at::Tensor out = at::empty({s.batch, s.heads, s.queries, s.value_dim}, q.options());
   at::Tensor factor = at::empty({s.batch, s.heads, s.head_dim, s.head_dim}, q.options().dtype(acc_dtype));
   at::Tensor weights = at::empty({s.batch, s.heads, s.head_dim, s.value_dim}, q.options().dtype(acc_dtype));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ext::intention_fwd", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
+    using acc_t = acc_type<scalar_t>;
     const IntentionArgs<scalar_t> a = make_args<scalar_t>(qc, kc, vc, mask);
     const acc_t* alpha_data = alpha_c.const_data_ptr<acc_t>();
     const auto [bad, info] = for_each_head<acc_t>(s.batch * s.heads, s.head_dim, s.value_dim,
@@ -150,16 +148,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> intention_bwd_cpu(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& v,
     const std::optional<at::Tensor>& key_padding_mask, const at::Tensor& factor, const at::Tensor& weights,
     double scale) {
-  const CrossAttentionShape s = check_inputs(q, k, v, key_padding_mask, scale);
-  const at::ScalarType acc_dtype = lse_dtype_for(q.scalar_type());
-  TORCH_CHECK(grad_out.sizes() == at::IntArrayRef({s.batch, s.heads, s.queries, s.value_dim}),
-              "attn_ext: grad_out must be [B, H, M, Dv], got ", grad_out.sizes(), " for q ", q.sizes());
-  TORCH_CHECK(factor.sizes() == at::IntArrayRef({s.batch, s.heads, s.head_dim, s.head_dim}) &&
-                  weights.sizes() == at::IntArrayRef({s.batch, s.heads, s.head_dim, s.value_dim}),
-              "attn_ext: factor must be [B, H, D, D] and weights [B, H, D, Dv]; got ", factor.sizes(), " and ",
-              weights.sizes());
-  const at::Tensor qc = last_dim_contiguous(q), kc = last_dim_contiguous(k);
-  const at::Tensor vc = v.has_value() ? last_dim_contiguous(*v) : at::Tensor();
+  const CrossAttentionShape s = check_intention_inputs(q, k, v, key_padding_mask, scale);
+  check_intention_bwd_inputs(s, q, grad_out, factor, weights);
+  const at::ScalarType acc_dtype = accumulation_dtype(q.scalar_type());
+  const at::Tensor qc = with_unit_inner_stride(q), kc = with_unit_inner_stride(k);
+  const at::Tensor vc = v.has_value() ? with_unit_inner_stride(*v) : at::Tensor();
   const at::Tensor mask = key_padding_mask.has_value() ? key_padding_mask->contiguous() : at::Tensor();
   const at::Tensor go = grad_out.to(q.scalar_type()).contiguous();
   const at::Tensor fc = factor.to(acc_dtype).contiguous(), wc = weights.to(acc_dtype).contiguous();
@@ -169,7 +162,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> intention_bwd_cpu(
   at::Tensor dv = v.has_value() ? at::zeros({s.batch, s.heads, s.keys, s.value_dim}, q.options()) : q.new_empty({0});
   at::Tensor dalpha = at::empty({s.batch, s.heads}, q.options().dtype(acc_dtype));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ext::intention_bwd", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
+    using acc_t = acc_type<scalar_t>;
     const IntentionArgs<scalar_t> a = make_args<scalar_t>(qc, kc, vc, mask);
     at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
       for (int64_t bh = begin; bh < end; ++bh) {

@@ -16,7 +16,7 @@
 
 #include "blas.h"
 #include "cholesky_simd.h"
-#include "cross_attention_checks.h"
+#include "checks/intention_checks.h"
 
 namespace attn_ext::cpu::intention {
 
@@ -150,19 +150,9 @@ IntentionArgs<scalar_t> make_args(const at::Tensor& q, const at::Tensor& k, cons
                                  has_v ? v.stride(0) : 0, has_v ? v.stride(1) : 0, has_v ? v.stride(2) : 0};
 }
 
-inline at::Tensor last_dim_contiguous(const at::Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
-
-/// Checks q/k (and v when given; else the identity's stand-in, k itself) with the cross-attention rules.
-inline CrossAttentionShape check_inputs(const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& v,
-                                 const std::optional<at::Tensor>& key_padding_mask, double scale) {
-  CrossAttentionShape s = check_cross_attention_inputs(q, k, v.has_value() ? *v : k, key_padding_mask, scale, 1);
-  if (!v.has_value()) s.value_dim = s.head_dim;
-  return s;
-}
-
 /// Runs `head(bh, scratch) -> Cholesky info` for every (batch, head) index bh in [0, count), in
 /// parallel, each thread with its own ForwardScratch(D, Dv). Returns the first failing index found
-/// (or -1) and its info, for check_positive_definite.
+/// (or -1) and its info, for check_positive_definite (checks/intention_checks.h).
 template <typename acc_t, typename HeadFn>
 std::pair<int64_t, int> for_each_head(int64_t count, int64_t D, int64_t Dv, const HeadFn& head) {
   std::atomic<int64_t> failed{-1};
@@ -176,14 +166,6 @@ std::pair<int64_t, int> for_each_head(int64_t count, int64_t D, int64_t Dv, cons
     }
   });
   return {failed.load(), failed_info.load()};
-}
-
-/// Raises the error of a failed factorisation at (batch, head) index `bad` (nothing when bad < 0).
-inline void check_positive_definite(int64_t bad, int info, const CrossAttentionShape& s) {
-  TORCH_CHECK_VALUE(bad < 0, "attn_ext: KᵀK + αI is not positive definite at [batch, head] = [", bad / s.heads, ", ",
-                    bad % s.heads, "] (Cholesky failed at column ", info - 1, " of ", s.head_dim,
-                    "); with alpha = 0 this happens when there are fewer valid keys than D or the keys are "
-                    "collinear: use alpha > 0");
 }
 
 }  // namespace attn_ext::cpu::intention

@@ -2,15 +2,14 @@
 // One pass over the rows, OpenMP over rows; the per-row weights come from the shared header.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <tuple>
 
 #include "attn_ext/online_softmax.h"
-#include "cross_attention_checks.h"
-#include "merge_states_cpu.h"
+#include "checks/cross_attention_checks.h"
+#include "ops.h"
 
 namespace attn_ext::cpu {
 namespace {
@@ -22,14 +21,14 @@ int64_t rows_per_task(int64_t dv) { return std::max<int64_t>(1, kElementsPerTask
 
 }  // namespace
 
-std::tuple<at::Tensor, at::Tensor> merge_attention_states_cpu(const at::Tensor& out_a, const at::Tensor& lse_a,
-                                                             const at::Tensor& out_b, const at::Tensor& lse_b) {
+std::tuple<at::Tensor, at::Tensor> merge_states_fwd_cpu(const at::Tensor& out_a, const at::Tensor& lse_a,
+                                                        const at::Tensor& out_b, const at::Tensor& lse_b) {
   const MergeStateRows s = check_merge_states(out_a, lse_a, out_b, lse_b);
   const at::Tensor oa = out_a.contiguous(), ob = out_b.contiguous(), la = lse_a.contiguous(), lb = lse_b.contiguous();
   at::Tensor out = at::empty_like(oa);
   at::Tensor lse = at::empty_like(la);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "attn_ext::merge_attention_states", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "attn_ext::merge_states_fwd", [&] {
+    using acc_t = acc_type<scalar_t>;
     const scalar_t *pa = oa.const_data_ptr<scalar_t>(), *pb = ob.const_data_ptr<scalar_t>();
     const acc_t *pla = la.const_data_ptr<acc_t>(), *plb = lb.const_data_ptr<acc_t>();
     scalar_t* po = out.mutable_data_ptr<scalar_t>();
@@ -48,7 +47,7 @@ std::tuple<at::Tensor, at::Tensor> merge_attention_states_cpu(const at::Tensor& 
   return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> merge_attention_states_bwd_cpu(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> merge_states_bwd_cpu(
     const at::Tensor& grad_out, const at::Tensor& grad_lse, const at::Tensor& out_a, const at::Tensor& lse_a,
     const at::Tensor& out_b, const at::Tensor& lse_b, const at::Tensor& out, const at::Tensor& lse) {
   const MergeStateRows s = check_merge_states(out_a, lse_a, out_b, lse_b);
@@ -58,8 +57,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> merge_attention_state
                    l = lse.contiguous();
   at::Tensor grad_out_a = at::empty_like(oa), grad_out_b = at::empty_like(ob);
   at::Tensor grad_lse_a = at::empty_like(la), grad_lse_b = at::empty_like(lb);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, oa.scalar_type(), "attn_ext::merge_attention_states_bwd", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, oa.scalar_type(), "attn_ext::merge_states_bwd", [&] {
+    using acc_t = acc_type<scalar_t>;
     const scalar_t *pg = g.const_data_ptr<scalar_t>(), *pa = oa.const_data_ptr<scalar_t>(),
                    *pb = ob.const_data_ptr<scalar_t>(), *po = o.const_data_ptr<scalar_t>();
     const acc_t *pgl = gl.const_data_ptr<acc_t>(), *pla = la.const_data_ptr<acc_t>(), *plb = lb.const_data_ptr<acc_t>(),

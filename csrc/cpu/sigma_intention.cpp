@@ -10,7 +10,6 @@
 // tiles are rounded to the stored dtype before the attention, so the result is the unfused path's.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -20,8 +19,8 @@
 
 #include "attention_tile.h"
 #include "blas.h"
-#include "intention_cpu.h"
 #include "intention_head.h"
+#include "ops.h"
 #include "tile.h"
 
 namespace attn_ext::cpu {
@@ -85,10 +84,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sigma_int
     const at::Tensor& alpha, double scale, int64_t chunk_size) {
   const CrossAttentionShape s = check_cross_attention_inputs(q, k, v, key_padding_mask, scale, chunk_size);
   TORCH_CHECK(q.device().is_cpu(), "attn_ext: the CPU kernel got tensors on ", q.device());
-  TORCH_CHECK(alpha.sizes() == at::IntArrayRef({s.batch, s.heads}),
-              "attn_ext: alpha must be [B, H] = ", at::IntArrayRef({s.batch, s.heads}), ", got ", alpha.sizes());
-  const at::ScalarType acc_dtype = lse_dtype_for(q.scalar_type());
-  const at::Tensor qc = last_dim_contiguous(q), kc = last_dim_contiguous(k), vc = last_dim_contiguous(v);
+  check_intention_alpha(alpha, s);
+  const at::ScalarType acc_dtype = accumulation_dtype(q.scalar_type());
+  const at::Tensor qc = with_unit_inner_stride(q), kc = with_unit_inner_stride(k), vc = with_unit_inner_stride(v);
   const at::Tensor mask = key_padding_mask.has_value() ? key_padding_mask->contiguous() : at::Tensor();
   const at::Tensor alpha_c = alpha.to(acc_dtype).contiguous();
   const int64_t D = s.head_dim;
@@ -98,7 +96,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sigma_int
   at::Tensor factor = at::empty({s.batch, s.heads, D, D}, q.options().dtype(acc_dtype));
   at::Tensor weights = at::empty({s.batch, s.heads, D, D}, q.options().dtype(acc_dtype));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ext::sigma_intention_fwd", [&] {
-    using acc_t = at::opmath_type<scalar_t>;
+    using acc_t = acc_type<scalar_t>;
     const IntentionArgs<scalar_t> a = make_args<scalar_t>(qc, kc, at::Tensor(), mask);  // no values: C = I
     const acc_t* alpha_data = alpha_c.const_data_ptr<acc_t>();
     acc_t* factor_data = factor.mutable_data_ptr<acc_t>();

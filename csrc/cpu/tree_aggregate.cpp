@@ -12,14 +12,15 @@
 // depend on the cut, i.e. on the number of threads.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <atomic>
 #include <vector>
 
-#include "tree_aggregate_cpu.h"
+#include "checks/common.h"
+#include "checks/tree_checks.h"
+#include "ops.h"
 
 namespace attn_ext::cpu {
 namespace {
@@ -37,58 +38,26 @@ struct Layout {
   int64_t width(int64_t level) const { return offset[level + 1] - offset[level]; }
 };
 
-Layout make_layout(int64_t batch, int64_t tokens, int64_t dim, int64_t branching, int64_t height,
-                   int64_t group_size) {
-  TORCH_CHECK_VALUE(branching >= 2, "attn_ext: branching must be >= 2, got ", branching);
-  TORCH_CHECK_VALUE(height >= 0 && height <= 62, "attn_ext: height must be in [0, 62], got ", height);
-  TORCH_CHECK_VALUE(group_size >= 1, "attn_ext: group_size must be >= 1, got ", group_size);
-  // Guard the id arithmetic against overflow before computing b^(k+1).
-  double nodes_d = static_cast<double>(group_size);
-  for (int64_t i = 0; i <= height; ++i) nodes_d *= static_cast<double>(branching);
-  TORCH_CHECK_VALUE(nodes_d < 4e18, "attn_ext: a tree of branching ", branching, ", height ", height,
-                    " and group size ", group_size, " is too large");
-  Layout s{batch, tokens, dim, branching, height, group_size, 0, 0, 0, std::vector<int64_t>(height + 2, 0), 0};
+/// The walk's view of a checked call: the tree's level offsets and the level whose subtrees are
+/// the parallel tasks.
+Layout make_layout(const TreeAggregateSizes& t) {
+  Layout s{t.batch, t.tokens, t.dim, t.branching, t.height, t.group_size, t.ids.leaf_offset, t.ids.leaves,
+           t.ids.nodes, std::vector<int64_t>(t.height + 2, 0), 0};
   int64_t width = 1;
-  for (int64_t level = 0; level <= height; ++level) {
+  for (int64_t level = 0; level <= s.height; ++level) {
     s.offset[level + 1] = s.offset[level] + width;
-    if (level < height) width *= branching;
+    if (level < s.height) width *= s.branching;
   }
-  s.leaf_offset = s.offset[height + 1];
-  s.leaves = group_size * width;
-  s.nodes = s.leaf_offset + s.leaves;
   const int64_t wanted = kTasksPerThread * at::get_num_threads();
-  for (int64_t roots = batch; s.cut < height && roots < wanted; roots *= branching) ++s.cut;
+  for (int64_t roots = s.batch; s.cut < s.height && roots < wanted; roots *= s.branching) ++s.cut;
   return s;
 }
 
-void check_payload(const at::Tensor& x, const char* name) {
-  TORCH_CHECK_VALUE(x.dim() == 3, "attn_ext: ", name, " must be 3-D, got ", x.sizes());
+/// The dtypes the CPU kernels take (the CUDA ones refuse fp64): checked here, the rest is shared.
+void check_payload_dtype(const at::Tensor& x, const char* name) {
   const at::ScalarType t = x.scalar_type();
   TORCH_CHECK_TYPE(t == at::kHalf || t == at::kBFloat16 || t == at::kFloat || t == at::kDouble, "attn_ext: ", name,
                    " dtype ", t, " is not supported; use float16, bfloat16, float32 or float64");
-}
-
-void check_tree_tensors(const Layout& s, const at::Tensor& payload, const at::Tensor& leaf_token,
-                        const at::Tensor& mask) {
-  TORCH_CHECK_TYPE(leaf_token.scalar_type() == at::kLong, "attn_ext: leaf_token must be int64, got ",
-                   leaf_token.scalar_type());
-  TORCH_CHECK_VALUE(leaf_token.dim() == 2 && leaf_token.size(0) == s.batch && leaf_token.size(1) == s.leaves,
-                    "attn_ext: leaf_token must be [B, group_size·branching^height] = [", s.batch, ", ", s.leaves,
-                    "] for branching ", s.branching, ", height ", s.height, ", group size ", s.group_size, "; got ",
-                    leaf_token.sizes());
-  TORCH_CHECK_TYPE(mask.scalar_type() == at::kBool, "attn_ext: node_padding_mask must be bool (True = padding), got ",
-                   mask.scalar_type());
-  TORCH_CHECK_VALUE(mask.dim() == 2 && mask.size(0) == s.batch && mask.size(1) == s.nodes,
-                    "attn_ext: node_padding_mask must be [B, num_nodes] = [", s.batch, ", ", s.nodes, "], got ",
-                    mask.sizes());
-  TORCH_CHECK(leaf_token.device() == payload.device() && mask.device() == payload.device(),
-              "attn_ext: tree tensors must be on the values' device ", payload.device(), "; got leaf_token on ",
-              leaf_token.device(), ", node_padding_mask on ", mask.device());
-}
-
-// Rows along E must have unit stride; batch and row strides are free.
-at::Tensor with_unit_stride_rows(const at::Tensor& x) {
-  return x.size(2) <= 1 || x.stride(2) == 1 ? x : x.contiguous();
 }
 
 int64_t grain_for(const Layout& s) {
@@ -108,7 +77,7 @@ inline void add_row(acc_t* sum, const T* x, int64_t n) {
 
 template <typename scalar_t>
 struct ForwardWalk {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = acc_type<scalar_t>;
   const Layout& s;
   const scalar_t* values;
   int64_t values_batch_stride, values_token_stride;
@@ -179,7 +148,7 @@ struct ForwardWalk {
 
 template <typename scalar_t>
 struct BackwardWalk {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = acc_type<scalar_t>;
   const Layout& s;
   const scalar_t* grad;
   int64_t grad_batch_stride, grad_node_stride;
@@ -257,20 +226,19 @@ struct BackwardWalk {
 
 }  // namespace
 
-at::Tensor tree_aggregate_mean_fwd_cpu(const at::Tensor& leaf_values, const at::Tensor& leaf_token,
-                                       const at::Tensor& node_padding_mask, int64_t branching, int64_t height,
-                                       int64_t group_size) {
-  check_payload(leaf_values, "leaf_values [B, N, E]");
-  const Layout s = make_layout(leaf_values.size(0), leaf_values.size(1), leaf_values.size(2), branching, height,
-                               group_size);
-  check_tree_tensors(s, leaf_values, leaf_token, node_padding_mask);
-  const at::Tensor values = with_unit_stride_rows(leaf_values);
+at::Tensor tree_aggregate_fwd_cpu(const at::Tensor& leaf_values, const at::Tensor& leaf_token,
+                                  const at::Tensor& node_padding_mask, int64_t branching, int64_t height,
+                                  int64_t group_size) {
+  const Layout s = make_layout(
+      check_tree_aggregate_fwd_inputs(leaf_values, leaf_token, node_padding_mask, branching, height, group_size));
+  check_payload_dtype(leaf_values, "leaf_values [B, N, E]");
+  const at::Tensor values = with_unit_inner_stride(leaf_values);
   const at::Tensor tokens = leaf_token.contiguous(), pad = node_padding_mask.contiguous();
   at::Tensor out = at::empty({s.batch, s.nodes, s.dim}, values.options());
   std::atomic<bool> bad_token{false};
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "attn_ext::tree_aggregate_mean_fwd",
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, values.scalar_type(), "attn_ext::tree_aggregate_fwd",
                                   [&] {
-    using acc_t = at::opmath_type<scalar_t>;
+    using acc_t = acc_type<scalar_t>;
     const ForwardWalk<scalar_t> walk{s, values.const_data_ptr<scalar_t>(), values.stride(0), values.stride(1),
                                      tokens.const_data_ptr<int64_t>(), pad.const_data_ptr<bool>(),
                                      out.mutable_data_ptr<scalar_t>(), bad_token};
@@ -308,31 +276,21 @@ at::Tensor tree_aggregate_mean_fwd_cpu(const at::Tensor& leaf_values, const at::
   return out;
 }
 
-at::Tensor tree_aggregate_mean_bwd_cpu(const at::Tensor& grad_nodes, const at::Tensor& leaf_token,
-                                       const at::Tensor& token_leaf, const at::Tensor& node_padding_mask,
-                                       int64_t branching, int64_t height, int64_t group_size, int64_t num_tokens) {
-  check_payload(grad_nodes, "grad_nodes [B, num_nodes, E]");
-  TORCH_CHECK_VALUE(num_tokens >= 0, "attn_ext: num_tokens must be >= 0, got ", num_tokens);
-  const Layout s = make_layout(grad_nodes.size(0), num_tokens, grad_nodes.size(2), branching, height, group_size);
-  check_tree_tensors(s, grad_nodes, leaf_token, node_padding_mask);
-  TORCH_CHECK_VALUE(grad_nodes.size(1) == s.nodes, "attn_ext: grad_nodes must be [B, num_nodes, E] with num_nodes = ",
-                    s.nodes, ", got ", grad_nodes.sizes());
-  TORCH_CHECK_TYPE(token_leaf.scalar_type() == at::kLong, "attn_ext: token_leaf must be int64, got ",
-                   token_leaf.scalar_type());
-  TORCH_CHECK_VALUE(token_leaf.dim() == 2 && token_leaf.size(0) == s.batch && token_leaf.size(1) == num_tokens,
-                    "attn_ext: token_leaf must be [B, num_tokens] = [", s.batch, ", ", num_tokens, "], got ",
-                    token_leaf.sizes());
-  TORCH_CHECK(token_leaf.device() == grad_nodes.device(), "attn_ext: token_leaf is on ", token_leaf.device(),
-              " but grad_nodes on ", grad_nodes.device());
-  const at::Tensor grad = with_unit_stride_rows(grad_nodes);
+at::Tensor tree_aggregate_bwd_cpu(const at::Tensor& grad_nodes, const at::Tensor& leaf_token,
+                                  const at::Tensor& token_leaf, const at::Tensor& node_padding_mask,
+                                  int64_t branching, int64_t height, int64_t group_size, int64_t num_tokens) {
+  const Layout s = make_layout(check_tree_aggregate_bwd_inputs(grad_nodes, leaf_token, token_leaf, node_padding_mask,
+                                                               branching, height, group_size, num_tokens));
+  check_payload_dtype(grad_nodes, "grad_nodes [B, num_nodes, E]");
+  const at::Tensor grad = with_unit_inner_stride(grad_nodes);
   const at::Tensor tokens = leaf_token.contiguous(), slots = token_leaf.contiguous(),
                    pad = node_padding_mask.contiguous();
   at::Tensor grad_values = at::empty({s.batch, num_tokens, s.dim}, grad.options());
   std::atomic<bool> bad_token{false};
   std::atomic<int64_t> written{0};
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "attn_ext::tree_aggregate_mean_bwd",
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "attn_ext::tree_aggregate_bwd",
                                   [&] {
-    using acc_t = at::opmath_type<scalar_t>;
+    using acc_t = acc_type<scalar_t>;
     const BackwardWalk<scalar_t> walk{s, grad.const_data_ptr<scalar_t>(), grad.stride(0), grad.stride(1),
                                       tokens.const_data_ptr<int64_t>(), slots.const_data_ptr<int64_t>(),
                                       pad.const_data_ptr<bool>(), grad_values.mutable_data_ptr<scalar_t>(),

@@ -9,7 +9,6 @@
 // need) are written besides the outputs; no selected-set keys/values are gathered.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -20,31 +19,19 @@
 
 #include "attn_ext/online_softmax.h"
 #include "attn_ext/tree_descent.h"
-#include "cross_attention_checks.h"
-#include "tree_cross_attention_cpu.h"
-#include "tree_shape.h"
+#include "checks/common.h"
+#include "checks/tree_checks.h"
+#include "ops.h"
+#include "tree_rows.h"
 
 namespace attn_ext::cpu {
 namespace {
-
-int64_t int_pow(int64_t base, int64_t exp) {
-  int64_t r = 1;
-  for (int64_t i = 0; i < exp; ++i) r *= base;
-  return r;
-}
-
-template <typename scalar_t, typename acc_t>
-inline acc_t dot(const acc_t* q, const scalar_t* k, int64_t D) {
-  acc_t s = acc_t(0);
-  for (int64_t d = 0; d < D; ++d) s += q[d] * static_cast<acc_t>(k[d]);
-  return s;
-}
 
 template <typename scalar_t>
 void tree_forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const bool* mask,
                          const at::Tensor& uniforms, const TreeShape& s, double scale_d, at::Tensor& out,
                          at::Tensor& lse, at::Tensor& selected, at::Tensor& log_prob, at::Tensor& entropy) {
-  using acc_t = at::opmath_type<scalar_t>;
+  using acc_t = acc_type<scalar_t>;
   const acc_t scale = static_cast<acc_t>(scale_d);
   const int64_t B = s.batch, H = s.heads, M = s.queries, D = s.head_dim, Dv = s.value_dim, NN = s.nodes;
   const int64_t b = s.branching, P = s.group_size, S = s.selected;
@@ -171,74 +158,17 @@ void tree_forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Ten
 
 }  // namespace
 
-TreeShape check_tree_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
-                            int64_t branching, int64_t height, int64_t group_size, double scale,
-                            const std::optional<at::Tensor>& uniforms) {
-  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
-              "attn_ext: q, node_k, node_v must be 4-D [B, H, M, D], [B, H, num_nodes, D], [B, H, num_nodes, Dv]; got q ",
-              q.sizes(), ", node_k ", k.sizes(), ", node_v ", v.sizes());
-  TORCH_CHECK(branching >= 2, "attn_ext: branching must be >= 2, got ", branching);
-  TORCH_CHECK(height >= 0 && height <= 62, "attn_ext: height must be in [0, 62], got ", height);
-  TORCH_CHECK(group_size >= 1, "attn_ext: group_size must be >= 1, got ", group_size);
-  TORCH_CHECK(std::isfinite(scale), "attn_ext: scale must be finite, got ", scale);
-  TreeShape s;
-  s.batch = q.size(0);
-  s.heads = q.size(1);
-  s.queries = q.size(2);
-  s.head_dim = q.size(3);
-  s.value_dim = v.size(3);
-  s.branching = branching;
-  s.height = height;
-  s.group_size = group_size;
-  // Guard the id arithmetic against overflow before computing b^(k+1).
-  double groups_d = 1;
-  for (int64_t i = 0; i <= height; ++i) groups_d *= static_cast<double>(branching);
-  TORCH_CHECK(groups_d * static_cast<double>(group_size) < 4e18, "attn_ext: a tree of branching ", branching,
-              ", height ", height, " and group size ", group_size, " is too large");
-  s.group_offset = (int_pow(branching, height) - 1) / (branching - 1);
-  s.leaf_offset = (int_pow(branching, height + 1) - 1) / (branching - 1);
-  s.nodes = s.leaf_offset + group_size * int_pow(branching, height);
-  s.selected = height * (branching - 1) + group_size;
-  TORCH_CHECK(k.size(0) == s.batch && k.size(1) == s.heads && k.size(2) == s.nodes && k.size(3) == s.head_dim &&
-                  v.size(0) == s.batch && v.size(1) == s.heads && v.size(2) == s.nodes,
-              "attn_ext: node_k must be [B, H, num_nodes, D] = [", s.batch, ", ", s.heads, ", ", s.nodes, ", ",
-              s.head_dim, "] and node_v [B, H, num_nodes, Dv] for q ", q.sizes(), " and a tree with branching ",
-              branching, ", height ", height, ", group size ", group_size, "; got node_k ", k.sizes(), ", node_v ",
-              v.sizes());
-  TORCH_CHECK(s.head_dim > 0, "attn_ext: head dim D must be positive, got q ", q.sizes());
-  TORCH_CHECK(q.scalar_type() == k.scalar_type() && q.scalar_type() == v.scalar_type() && q.is_floating_point(),
-              "attn_ext: q, node_k, node_v must share a floating dtype; got ", q.scalar_type(), ", ", k.scalar_type(),
-              ", ", v.scalar_type());
-  TORCH_CHECK(mask.scalar_type() == at::kBool, "attn_ext: node_padding_mask must be bool (True = padding), got ",
-              mask.scalar_type());
-  TORCH_CHECK(mask.dim() == 2 && mask.size(0) == s.batch && mask.size(1) == s.nodes,
-              "attn_ext: node_padding_mask must be [B, num_nodes] = [", s.batch, ", ", s.nodes, "], got ",
-              mask.sizes());
-  TORCH_CHECK(q.device() == k.device() && q.device() == v.device() && q.device() == mask.device(),
-              "attn_ext: q, node_k, node_v, node_padding_mask must be on one device; got ", q.device(), ", ",
-              k.device(), ", ", v.device(), ", ", mask.device());
-  if (uniforms.has_value()) {
-    const at::Tensor& u = *uniforms;
-    TORCH_CHECK(u.is_floating_point(), "attn_ext: uniforms must be a floating tensor, got ", u.scalar_type());
-    TORCH_CHECK(u.dim() == 3 && u.size(0) == s.batch && u.size(1) == s.queries && u.size(2) == height,
-                "attn_ext: uniforms must be [B, M, height] = [", s.batch, ", ", s.queries, ", ", height, "], got ",
-                u.sizes());
-    TORCH_CHECK(u.device() == q.device(), "attn_ext: uniforms are on ", u.device(), " but q on ", q.device());
-  }
-  return s;
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_cross_attention_fwd_cpu(
     const at::Tensor& q, const at::Tensor& node_k, const at::Tensor& node_v, const at::Tensor& node_padding_mask,
     int64_t branching, int64_t height, int64_t group_size, double scale, const std::optional<at::Tensor>& uniforms) {
   const TreeShape s =
       check_tree_inputs(q, node_k, node_v, node_padding_mask, branching, height, group_size, scale, uniforms);
   TORCH_CHECK(q.device().is_cpu(), "attn_ext: the CPU kernel got tensors on ", q.device());
-  const at::Tensor qc = q.stride(3) == 1 ? q : q.contiguous();
-  const at::Tensor kc = node_k.stride(3) == 1 ? node_k : node_k.contiguous();
-  const at::Tensor vc = node_v.stride(3) == 1 ? node_v : node_v.contiguous();
+  const at::Tensor qc = with_unit_inner_stride(q);
+  const at::Tensor kc = with_unit_inner_stride(node_k);
+  const at::Tensor vc = with_unit_inner_stride(node_v);
   const at::Tensor mask = node_padding_mask.contiguous();
-  const at::ScalarType acc_dtype = lse_dtype_for(q.scalar_type());
+  const at::ScalarType acc_dtype = accumulation_dtype(q.scalar_type());
   at::Tensor u;
   if (uniforms.has_value()) u = uniforms->to(acc_dtype).contiguous();
   at::Tensor out = at::empty({s.batch, s.heads, s.queries, s.value_dim}, q.options());

@@ -13,7 +13,6 @@
 // Cost O(M·H·(height·b + |S|)·(D + Dv)); memory O(B·M·height·b) besides the gradients.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -24,24 +23,13 @@
 
 #include "attn_ext/online_softmax.h"
 #include "attn_ext/tree_descent.h"
-#include "cross_attention_checks.h"
-#include "tree_cross_attention_cpu.h"
-#include "tree_shape.h"
+#include "checks/common.h"
+#include "checks/tree_checks.h"
+#include "ops.h"
+#include "tree_rows.h"
 
 namespace attn_ext::cpu {
 namespace {
-
-template <typename scalar_t, typename acc_t>
-inline acc_t dot(const acc_t* q, const scalar_t* k, int64_t D) {
-  acc_t s = acc_t(0);
-  for (int64_t d = 0; d < D; ++d) s += q[d] * static_cast<acc_t>(k[d]);
-  return s;
-}
-
-template <typename scalar_t, typename acc_t>
-inline void axpy(acc_t alpha, const scalar_t* x, acc_t* y, int64_t n) {
-  for (int64_t d = 0; d < n; ++d) y[d] += alpha * static_cast<acc_t>(x[d]);
-}
 
 /// Inputs of one backward call, as raw pointers and strides (last dims contiguous).
 template <typename scalar_t, typename acc_t>
@@ -183,25 +171,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_cross_attention_bwd_cpu(
   const TreeShape s =
       check_tree_inputs(q, node_k, node_v, node_padding_mask, branching, height, group_size, scale, std::nullopt);
   TORCH_CHECK(q.device().is_cpu(), "attn_ext: the CPU kernel got tensors on ", q.device());
-  const std::vector<int64_t> rows{s.batch, s.heads, s.queries}, units{s.batch, s.queries};
-  TORCH_CHECK(grad_out.sizes() == at::IntArrayRef({s.batch, s.heads, s.queries, s.value_dim}),
-              "attn_ext: grad_out must be [B, H, M, Dv] = ", at::IntArrayRef({s.batch, s.heads, s.queries, s.value_dim}),
-              ", got ", grad_out.sizes());
-  TORCH_CHECK(grad_lse.sizes() == at::IntArrayRef(rows) && lse.sizes() == at::IntArrayRef(rows),
-              "attn_ext: lse and grad_lse must be [B, H, M] = ", at::IntArrayRef(rows), ", got ", lse.sizes(), " and ",
-              grad_lse.sizes());
-  TORCH_CHECK(grad_log_prob.sizes() == at::IntArrayRef(units) && grad_entropy.sizes() == at::IntArrayRef(units),
-              "attn_ext: grad_log_prob and grad_entropy must be [B, M] = ", at::IntArrayRef(units), ", got ",
-              grad_log_prob.sizes(), " and ", grad_entropy.sizes());
-  TORCH_CHECK(selected.scalar_type() == at::kLong &&
-                  selected.sizes() == at::IntArrayRef({s.batch, s.queries, s.selected}),
-              "attn_ext: selected must be int64 [B, M, S] = ", at::IntArrayRef({s.batch, s.queries, s.selected}),
-              ", got ", selected.scalar_type(), " ", selected.sizes());
-  const at::ScalarType acc_dtype = lse_dtype_for(q.scalar_type());
+  check_tree_bwd_inputs(s, grad_out, grad_lse, grad_log_prob, grad_entropy, selected, lse);
+  const at::ScalarType acc_dtype = accumulation_dtype(q.scalar_type());
   auto as_acc = [&](const at::Tensor& t) { return t.to(acc_dtype).contiguous(); };
-  const at::Tensor qc = q.stride(3) == 1 ? q : q.contiguous();
-  const at::Tensor kc = node_k.stride(3) == 1 ? node_k : node_k.contiguous();
-  const at::Tensor vc = node_v.stride(3) == 1 ? node_v : node_v.contiguous();
+  const at::Tensor qc = with_unit_inner_stride(q);
+  const at::Tensor kc = with_unit_inner_stride(node_k);
+  const at::Tensor vc = with_unit_inner_stride(node_v);
   const at::Tensor go = grad_out.to(q.scalar_type()).contiguous(), mask = node_padding_mask.contiguous();
   const at::Tensor sel = selected.contiguous(), lse_c = as_acc(lse), glse = as_acc(grad_lse);
   const at::Tensor glp = as_acc(grad_log_prob), gent = as_acc(grad_entropy);
@@ -209,12 +184,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_cross_attention_bwd_cpu(
   at::Tensor dk = at::zeros({s.batch, s.heads, s.nodes, s.head_dim}, q.options().dtype(acc_dtype));
   at::Tensor dv = at::zeros({s.batch, s.heads, s.nodes, s.value_dim}, q.options().dtype(acc_dtype));
   if (s.batch * s.heads * s.queries > 0) {
-    // Validate the ids once: the kernels index node arrays with them.
-    const int64_t lo = sel.min().item<int64_t>(), hi = sel.max().item<int64_t>();
-    TORCH_CHECK(lo >= 0 && hi < s.nodes, "attn_ext: selected holds node ids in [", lo, ", ", hi,
-                "], outside the tree's [0, ", s.nodes, ")");
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ext::tree_cross_attention_bwd", [&] {
-      using acc_t = at::opmath_type<scalar_t>;
+      using acc_t = acc_type<scalar_t>;
       TreeBackwardArgs<scalar_t, acc_t> a{qc.const_data_ptr<scalar_t>(), kc.const_data_ptr<scalar_t>(),
                                           vc.const_data_ptr<scalar_t>(), go.const_data_ptr<scalar_t>(),
                                           glse.const_data_ptr<acc_t>(), glp.const_data_ptr<acc_t>(),

@@ -27,7 +27,7 @@ struct BatchedCholeskyParams {
   void* l = nullptr;               ///< [batch, n, n] contiguous; zeros above the diagonal
   int32_t* info = nullptr;         ///< [batch]: 0, or j + 1 for a bad pivot at column j (cholesky_ex)
   int64_t batch = 0, n = 0;
-  CholeskyScalar dtype = CholeskyScalar::kFloat32;
+  ScalarType dtype = ScalarType::kFloat32;  ///< or kFloat64
 };
 
 /// batched_cholesky_solve: X[m] = (L[m] L[m]ᵀ)⁻¹ B[m].
@@ -36,7 +36,7 @@ struct BatchedCholeskySolveParams {
   StridedMatrices b;   ///< [batch, n, r]; data == nullptr means B = I (then r = n): X = A⁻¹
   void* x = nullptr;   ///< [batch, n, r] contiguous; may alias b's storage when b is contiguous too
   int64_t batch = 0, n = 0, r = 0;
-  CholeskyScalar dtype = CholeskyScalar::kFloat32;
+  ScalarType dtype = ScalarType::kFloat32;  ///< or kFloat64
 };
 
 /// Enqueues the factorisation (one block per matrix, the matrix in shared memory). On a bad pivot at

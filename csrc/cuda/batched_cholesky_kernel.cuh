@@ -10,7 +10,7 @@
 // dimension = X's row stride) in global memory, reading L from shared memory as broadcasts: columns
 // are independent, so no barrier is needed after L is loaded.
 //
-// Included by batched_cholesky.cu (nvcc) and by csrc/tests/cuda_tree_intention_emulation_test.cpp
+// Included by batched_cholesky.cu (nvcc) and by csrc/tests/cuda_{cholesky,intention}_emulation_test.cpp
 // (g++ with the shims of csrc/tests/cuda_emulation/).
 #pragma once
 

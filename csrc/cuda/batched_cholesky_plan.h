@@ -1,19 +1,16 @@
 // Launch geometry of the CUDA batched Cholesky factorisation and solves (SPEC §4), as plain C++17.
 //
-// Free of CUDA headers so that the host unit tests (csrc/tests/cuda_plan_test.cpp) check exactly the
-// grid, block and shared-memory size the launcher in batched_cholesky.cu uses.
+// Free of CUDA headers so that the host tests (csrc/tests/cuda_cholesky_emulation_test.cpp) check
+// exactly the grid, block and shared-memory size the launcher in batched_cholesky.cu uses.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
-#include "launch_plan.h"
+#include "common/launch_geometry.h"
 
 namespace attn_ext {
 namespace cuda {
-
-/// Element type of the matrices: the Cholesky ops take float32 and float64 only (as on the CPU).
-enum class CholeskyScalar : int { kFloat32 = 0, kFloat64 = 1 };
 
 /// Largest n with a kernel: the whole factor must fit in one block's shared memory.
 constexpr int kCholeskyMaxDim = 128;
@@ -27,8 +24,8 @@ constexpr std::size_t kCholeskyMaxSmemBytes = 163 * 1024;
 constexpr int64_t cholesky_smem_ld(int64_t n) { return n + 1; }
 
 /// Dynamic shared memory of the factor and of the solve kernels: one n×(n+1) matrix.
-constexpr std::size_t cholesky_smem_bytes(int64_t n, CholeskyScalar dtype) {
-  return static_cast<std::size_t>(n * cholesky_smem_ld(n)) * (dtype == CholeskyScalar::kFloat64 ? 8 : 4);
+constexpr std::size_t cholesky_smem_bytes(int64_t n, ScalarType dtype) {
+  return static_cast<std::size_t>(n * cholesky_smem_ld(n)) * element_size(dtype);
 }
 
 /// What a launcher will do: `empty` = nothing to launch (batch, n or r is 0).
@@ -43,8 +40,13 @@ struct CholeskyLaunchPlan {
 
 /// Plans batched_cholesky (r < 0) or batched_cholesky_solve with r right-hand sides (r ≥ 0) for a
 /// batch of n×n matrices.
-inline CholeskyLaunchPlan plan_batched_cholesky(int64_t batch, int64_t n, int64_t r, CholeskyScalar dtype) {
+inline CholeskyLaunchPlan plan_batched_cholesky(int64_t batch, int64_t n, int64_t r, ScalarType dtype) {
   CholeskyLaunchPlan plan;
+  // float32 and float64 only, as on the CPU: a half-precision factor would be too inexact to return.
+  if (dtype != ScalarType::kFloat32 && dtype != ScalarType::kFloat64) {
+    plan.error = "the Cholesky kernels take float32 or float64";
+    return plan;
+  }
   if (batch < 0 || n < 0) {
     plan.error = "negative size";
     return plan;
@@ -60,7 +62,6 @@ inline CholeskyLaunchPlan plan_batched_cholesky(int64_t batch, int64_t n, int64_
     return plan;
   }
   plan.supported = true;
-  constexpr int64_t kMaxGridX = 2147483647, kMaxGridY = 65535;
   if (batch == 0 || n == 0 || r == 0) {
     plan.empty = true;
     plan.grid.x = 0;

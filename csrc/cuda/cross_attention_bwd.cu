@@ -6,7 +6,7 @@
 #include <type_traits>
 
 #include "cross_attention_bwd_kernel.cuh"
-#include "launch_utils.cuh"
+#include "common/launch.cuh"
 
 namespace attn_ext {
 namespace cuda {
@@ -48,12 +48,8 @@ cudaError_t launch_cross_attention_bwd(const CrossAttentionBwdParams& p, cudaStr
       (has_keys && (p.k == nullptr || p.v == nullptr || p.grad_k == nullptr || p.grad_v == nullptr))) {
     return cudaErrorInvalidValue;
   }
-  switch (p.dtype) {
-    case ScalarType::kFloat32: return launch_all<float>(p, plan, stream);
-    case ScalarType::kFloat16: return launch_all<__half>(p, plan, stream);
-    case ScalarType::kBFloat16: return launch_all<__nv_bfloat16>(p, plan, stream);
-  }
-  return cudaErrorInvalidValue;
+  return detail::dispatch_attention_dtype(
+      p.dtype, [&](auto scalar) { return launch_all<decltype(scalar)>(p, plan, stream); });
 }
 
 }  // namespace cuda

@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/qkv_layout.h"
 #include "cross_attention_bwd_plan.h"
 
 namespace attn_ext {
@@ -13,7 +14,7 @@ namespace cuda {
 
 /// Raw pointers and element strides (innermost stride 1) of one backward call. q, k, v, out,
 /// grad_out and the gradients share `dtype`; lse, grad_lse and the workspace are fp32.
-struct CrossAttentionBwdParams {
+struct CrossAttentionBwdParams : QkvLayout {
   const void* q = nullptr;         ///< [B,H,M,D]
   const void* k = nullptr;         ///< [B,H,N,D]
   const void* v = nullptr;         ///< [B,H,N,Dv]
@@ -28,15 +29,8 @@ struct CrossAttentionBwdParams {
   void* grad_v = nullptr;          ///< [B,H,N,Dv] contiguous, fully written
 
   int64_t B = 0, H = 0, M = 0, N = 0, D = 0, Dv = 0;
-  int64_t q_stride_b = 0, q_stride_h = 0, q_stride_m = 0;
-  int64_t k_stride_b = 0, k_stride_h = 0, k_stride_n = 0;
-  int64_t v_stride_b = 0, v_stride_h = 0, v_stride_n = 0;
   int64_t out_stride_b = 0, out_stride_h = 0, out_stride_m = 0;
   int64_t dout_stride_b = 0, dout_stride_h = 0, dout_stride_m = 0;
-  int64_t mask_stride_b = 0;
-
-  float scale = 1.0f;
-  ScalarType dtype = ScalarType::kFloat32;
 };
 
 /// Enqueues the Δ pre-pass, the dK/dV kernel and the dQ kernel on `stream` (see the plan header;

@@ -14,8 +14,10 @@
 
 #include <cstdint>
 
+#include "attn_ext/online_softmax.h"
+#include "common/dtypes.cuh"
+#include "common/warp.cuh"
 #include "cross_attention_bwd.cuh"
-#include "cross_attention_fwd_kernel.cuh"
 
 namespace attn_ext {
 namespace cuda {

@@ -14,7 +14,7 @@
 #include <cstdint>
 
 #include "attn_ext/macros.h"
-#include "launch_plan.h"
+#include "cross_attention_fwd_plan.h"
 
 namespace attn_ext {
 namespace cuda {
@@ -112,7 +112,6 @@ inline CrossAttentionBwdPlan plan_cross_attention_bwd(int64_t B, int64_t H, int6
     plan.error = "head dimension D and Dv must be in [1, 256] for the CUDA kernel";
     return plan;
   }
-  constexpr int64_t kMaxGridX = 2147483647;
   const int64_t m_tiles = (M + kCrossAttentionBwdBlockM - 1) / kCrossAttentionBwdBlockM;
   const int64_t n_tiles = (N + kCrossAttentionBwdBlockN - 1) / kCrossAttentionBwdBlockN;
   const int64_t tiles = m_tiles > n_tiles ? m_tiles : n_tiles;

@@ -2,7 +2,7 @@
 #include "cross_attention_bwd.cuh"
 
 #include "cross_attention_bwd_wmma_kernel.cuh"
-#include "launch_utils.cuh"
+#include "common/launch.cuh"
 
 namespace attn_ext {
 namespace cuda {

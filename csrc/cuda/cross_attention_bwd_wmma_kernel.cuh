@@ -16,8 +16,10 @@
 
 #include <cstdint>
 
+#include "attn_ext/online_softmax.h"
+#include "common/dtypes.cuh"
+#include "common/tile.cuh"
 #include "cross_attention_bwd.cuh"
-#include "cross_attention_fwd_wmma_kernel.cuh"
 #include "wmma_tiles.cuh"
 
 namespace attn_ext {

@@ -4,8 +4,8 @@
 #include "cross_attention_fwd.cuh"
 
 #include "cross_attention_fwd_kernel.cuh"
-#include "launch_plan.h"
-#include "launch_utils.cuh"
+#include "cross_attention_fwd_plan.h"
+#include "common/launch.cuh"
 
 namespace attn_ext {
 namespace cuda {

@@ -10,7 +10,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "launch_plan.h"
+#include "common/qkv_layout.h"
+#include "cross_attention_fwd_plan.h"
 
 namespace attn_ext {
 namespace cuda {
@@ -20,7 +21,7 @@ namespace cuda {
 /// Layout as SPEC §0: q [B,H,M,D], k [B,H,N,D], v [B,H,N,Dv]. Batch, head and row strides are free
 /// (in elements, may be 0 for broadcast or anything a view produces); the innermost (feature) stride
 /// must be 1. q, k, v and out share `dtype`.
-struct CrossAttentionFwdParams {
+struct CrossAttentionFwdParams : QkvLayout {
   const void* q = nullptr;  ///< [B,H,M,D] of `dtype`
   const void* k = nullptr;  ///< [B,H,N,D] of `dtype`
   const void* v = nullptr;  ///< [B,H,N,Dv] of `dtype`
@@ -31,14 +32,6 @@ struct CrossAttentionFwdParams {
   float* lse = nullptr;   ///< [B,H,M] fp32 contiguous, natural log; −inf for a row with no valid key
 
   int64_t B = 0, H = 0, M = 0, N = 0, D = 0, Dv = 0;
-
-  int64_t q_stride_b = 0, q_stride_h = 0, q_stride_m = 0;
-  int64_t k_stride_b = 0, k_stride_h = 0, k_stride_n = 0;
-  int64_t v_stride_b = 0, v_stride_h = 0, v_stride_n = 0;
-  int64_t mask_stride_b = 0;  ///< elements between mask rows (batches)
-
-  float scale = 1.0f;  ///< multiplies q·k; the caller resolves the 1/sqrt(D) default
-  ScalarType dtype = ScalarType::kFloat32;
 };
 
 /// Enqueues the forward pass on `stream`: out = softmax(scale·q kᵀ, keys masked) v, and lse.

@@ -19,55 +19,18 @@
 
 #include <cstdint>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "attn_ext/online_softmax.h"
+#include "common/dtypes.cuh"
+#include "common/tile.cuh"
+#include "common/warp.cuh"
 #include "cross_attention_fwd.cuh"
-#include "launch_plan.h"
+#include "cross_attention_fwd_plan.h"
 
 namespace attn_ext {
 namespace cuda {
 namespace detail {
-
-constexpr unsigned int kFullWarpMask = 0xffffffffu;
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename scalar_t>
-__device__ __forceinline__ scalar_t from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
-/// Maximum over the warp; fmaxf keeps −inf as the identity, which is what masked keys contribute.
-__device__ __forceinline__ float warp_max(float x) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    x = fmaxf(x, __shfl_xor_sync(kFullWarpMask, x, offset));
-  }
-  return x;
-}
-
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) {
-    x += __shfl_xor_sync(kFullWarpMask, x, offset);
-  }
-  return x;
-}
 
 /// Shared-memory layout of one block, in floats. Mirrors cross_attention_fwd_smem_bytes(), which the
 /// launcher static_asserts against, so the host plan and the device offsets cannot drift apart.
@@ -81,24 +44,6 @@ struct FwdSmemLayout {
   static constexpr int kVOffset = kKOffset + kBlockN * kKStride;
   static constexpr int kFloats = kVOffset + kBlockN * kVStride;
 };
-
-/// Copies a [kRows, kCols] tile into shared memory as fp32, multiplied by `mul`, with zeros outside
-/// the `rows_valid × cols_valid` corner so that padded rows and head-dimension tails contribute
-/// nothing to dot products. Consecutive threads read consecutive features, so loads coalesce.
-template <int kThreads, int kRows, int kCols, int kDstStride, typename scalar_t>
-__device__ __forceinline__ void load_tile(float* __restrict__ dst, const scalar_t* __restrict__ src,
-                                          int64_t row_stride, int rows_valid, int cols_valid, float mul) {
-#pragma unroll 4
-  for (int idx = threadIdx.x; idx < kRows * kCols; idx += kThreads) {
-    const int r = idx / kCols;  // kCols is a power of two: a shift
-    const int c = idx % kCols;
-    float value = 0.0f;
-    if (r < rows_valid && c < cols_valid) {
-      value = to_float(src[r * row_stride + c]) * mul;
-    }
-    dst[r * kDstStride + c] = value;
-  }
-}
 
 /// What a forward block works on: its (batch·head) row-block index, first query row, and the
 /// head's q/k/v/mask base pointers.
@@ -132,7 +77,7 @@ __device__ __forceinline__ FwdBlock<scalar_t> fwd_block(const CrossAttentionFwdP
 
 /// The forward kernel for one (dtype, D instantiation, Dv instantiation). Launched with
 /// kWarps·32 threads and FwdSmemLayout<...>::kFloats floats of dynamic shared memory over the 1-D
-/// grid described in launch_plan.h.
+/// grid described in cross_attention_fwd_plan.h.
 ///
 /// The explicit minimum of 2 blocks per SM matters: with `__launch_bounds__(threads)` alone, ptxas
 /// (CUDA 13) squeezed some instantiations to ~72–80 registers and spilled; with a minimum of 2 it

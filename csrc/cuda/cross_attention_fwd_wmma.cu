@@ -3,7 +3,7 @@
 #include "cross_attention_fwd.cuh"
 
 #include "cross_attention_fwd_wmma_kernel.cuh"
-#include "launch_utils.cuh"
+#include "common/launch.cuh"
 
 namespace attn_ext {
 namespace cuda {

@@ -18,7 +18,8 @@
 
 #include <cstdint>
 
-#include "cross_attention_fwd_kernel.cuh"
+#include "common/tile.cuh"
+#include "cross_attention_fwd_kernel.cuh"  // FwdBlock: both forward kernels split the work alike
 #include "wmma_tiles.cuh"
 
 namespace attn_ext {
@@ -47,22 +48,8 @@ struct WmmaFwdSmemLayout {
                 "wmma tiles need 256-bit aligned pointers");
 };
 
-/// Copies a [kRows, kCols] 16-bit tile as is, zero outside `rows_valid × cols_valid`, so that padded
-/// rows and head-dimension tails add nothing to the products.
-template <int kThreads, int kRows, int kCols, int kStride, typename scalar_t>
-__device__ __forceinline__ void copy_tile(scalar_t* __restrict__ dst, const scalar_t* __restrict__ src,
-                                          int64_t row_stride, int rows_valid, int cols_valid) {
-  const scalar_t zero = from_float<scalar_t>(0.0f);
-#pragma unroll 4
-  for (int idx = threadIdx.x; idx < kRows * kCols; idx += kThreads) {
-    const int r = idx / kCols;
-    const int c = idx % kCols;
-    dst[r * kStride + c] = r < rows_valid && c < cols_valid ? src[r * row_stride + c] : zero;
-  }
-}
-
 /// Launched with kCrossAttentionWmmaWarps·32 threads, WmmaFwdSmemLayout<kDim>::kBytes of dynamic
-/// shared memory, over the 1-D grid of launch_plan.h. kDim ≥ max(D, Dv).
+/// shared memory, over the 1-D grid of cross_attention_fwd_plan.h. kDim ≥ max(D, Dv).
 template <typename scalar_t, int kDim>
 __global__ void __launch_bounds__(kCrossAttentionWmmaWarps * 32, 1)
     cross_attention_fwd_wmma_kernel(const CrossAttentionFwdParams p) {

@@ -4,6 +4,7 @@
 #include "intention.cuh"
 
 #include "batched_cholesky.cuh"
+#include "common/launch.cuh"
 #include "intention_kernel.cuh"
 #include "intention_plan.h"
 #include "small_gemm_kernel.cuh"
@@ -57,7 +58,7 @@ bool plan_launchable(const IntentionPlan& plan) {
         if (!plan_batched_cholesky(st.solve.batch, st.solve.n, st.solve.r, st.solve.dtype).supported) return false;
         break;
       case IntentionStep::kNegatedDot:
-        if (st.dot.batch > 2147483647) return false;
+        if (st.dot.batch > kMaxGridX) return false;
         break;
     }
   }
@@ -75,12 +76,7 @@ cudaError_t run_plan(const IntentionPlan& plan, cudaStream_t stream) {
 
 cudaError_t run(const IntentionPlan& plan, ScalarType dtype, cudaStream_t stream) {
   if (!plan_launchable(plan)) return cudaErrorInvalidValue;
-  switch (dtype) {
-    case ScalarType::kFloat32: return run_plan<float>(plan, stream);
-    case ScalarType::kFloat16: return run_plan<__half>(plan, stream);
-    case ScalarType::kBFloat16: return run_plan<__nv_bfloat16>(plan, stream);
-  }
-  return cudaErrorInvalidValue;
+  return detail::dispatch_attention_dtype(dtype, [&](auto scalar) { return run_plan<decltype(scalar)>(plan, stream); });
 }
 
 }  // namespace

@@ -7,25 +7,20 @@
 
 #include <cuda_runtime_api.h>
 
-#include "launch_plan.h"
+#include "common/launch_geometry.h"
+#include "common/qkv_layout.h"
 
 namespace attn_ext {
 namespace cuda {
 
 /// The inputs shared by the forward and the backward. q [B,H,M,D], k [B,H,N,D], v [B,H,N,Dv] with
 /// free batch/head/row strides (innermost 1), all of `dtype`.
-struct IntentionInputs {
+struct IntentionInputs : QkvLayout {
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;                    ///< nullptr: C = I (then Dv must equal D)
   const uint8_t* key_padding_mask = nullptr;  ///< [B,N] bytes, nonzero = padding; nullptr = none
   int64_t B = 0, H = 0, M = 0, N = 0, D = 0, Dv = 0;
-  int64_t q_stride_b = 0, q_stride_h = 0, q_stride_m = 0;
-  int64_t k_stride_b = 0, k_stride_h = 0, k_stride_n = 0;
-  int64_t v_stride_b = 0, v_stride_h = 0, v_stride_n = 0;
-  int64_t mask_stride_b = 0;
-  float scale = 1.0f;
-  ScalarType dtype = ScalarType::kFloat32;
 };
 
 /// Forward arguments. Outputs and workspace are contiguous fp32 unless said otherwise.

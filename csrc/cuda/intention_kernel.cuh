@@ -6,7 +6,7 @@
 
 #include <cuda_runtime.h>
 
-#include "cross_attention_fwd_kernel.cuh"  // detail::warp_sum
+#include "common/warp.cuh"
 #include "intention_plan.h"
 
 namespace attn_ext {

@@ -1,5 +1,5 @@
 // Host-side interface and launch plan of the CUDA merge of two attention states (SPEC §1 merge,
-// the op attn_ext::merge_attention_states): out = w_a·o_a + w_b·o_b, lse = logaddexp(lse_a, lse_b),
+// the op attn_ext::merge_states_fwd): out = w_a·o_a + w_b·o_b, lse = logaddexp(lse_a, lse_b),
 // the weights from state_merge_weights() in attn_ext/online_softmax.h. The plan is plain C++.
 #pragma once
 
@@ -7,7 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "launch_plan.h"
+#include "common/launch_geometry.h"
 
 namespace attn_ext {
 namespace cuda {
@@ -38,8 +38,8 @@ struct MergeStatesPlan {
 /// One thread per output element (rows·Dv, grid-stride), plus the lse of rows with Dv = 0.
 inline MergeStatesPlan plan_merge_states(int64_t rows, int64_t Dv, ScalarType dtype) {
   MergeStatesPlan plan;
-  if (dtype != ScalarType::kFloat32 && dtype != ScalarType::kFloat16 && dtype != ScalarType::kBFloat16) {
-    plan.error = "unsupported dtype (expected float32, float16 or bfloat16)";
+  if (!is_attention_dtype(dtype)) {
+    plan.error = kAttentionDtypeError;
     return plan;
   }
   if (rows < 0 || Dv < 0 || (Dv > 0 && rows > INT64_MAX / Dv)) {
@@ -55,7 +55,7 @@ inline MergeStatesPlan plan_merge_states(int64_t rows, int64_t Dv, ScalarType dt
 }
 
 /// Enqueues the merge on `stream`. cudaErrorInvalidValue for bad sizes, dtype or null pointers.
-cudaError_t launch_merge_states(const MergeStatesParams& p, cudaStream_t stream);
+cudaError_t launch_merge_states_fwd(const MergeStatesParams& p, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace attn_ext

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "attn_ext/online_softmax.h"
-#include "cross_attention_fwd_kernel.cuh"
+#include "common/dtypes.cuh"
 #include "merge_states.cuh"
 
 namespace attn_ext {
@@ -14,7 +14,7 @@ namespace cuda {
 namespace detail {
 
 template <typename scalar_t>
-__global__ void __launch_bounds__(kMergeStatesThreads) merge_states_kernel(const MergeStatesParams p) {
+__global__ void __launch_bounds__(kMergeStatesThreads) merge_states_fwd_kernel(const MergeStatesParams p) {
   const int64_t cols = p.Dv > 0 ? p.Dv : 1;  // Dv = 0 still has lse to merge
   const int64_t total = p.rows * cols;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;

@@ -15,7 +15,7 @@
 
 #include <cuda_runtime.h>
 
-#include "cross_attention_fwd_kernel.cuh"  // detail::to_float / from_float
+#include "common/dtypes.cuh"
 #include "small_gemm.h"
 
 namespace attn_ext {

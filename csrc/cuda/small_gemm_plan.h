@@ -1,11 +1,11 @@
 // Launch geometry of the strided batched GEMM under the CUDA Intention kernels, as plain C++17
-// (tested on the host by csrc/tests/cuda_plan_test.cpp).
+// (tested on the host by csrc/tests/cuda_intention_emulation_test.cpp).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
-#include "launch_plan.h"
+#include "common/launch_geometry.h"
 
 namespace attn_ext {
 namespace cuda {
@@ -45,7 +45,6 @@ inline SmallGemmLaunchPlan plan_small_gemm(int64_t batch_items, int64_t rows, in
     plan.grid.x = 0;
     return plan;
   }
-  constexpr int64_t kMaxGridX = 2147483647, kMaxGridY = 65535;
   plan.row_tiles = (rows + kSmallGemmTile - 1) / kSmallGemmTile;
   const int64_t col_tiles = (cols + kSmallGemmTile - 1) / kSmallGemmTile;
   if (plan.row_tiles > kMaxGridX / batch_items || col_tiles > kMaxGridY) {

@@ -2,6 +2,7 @@
 // three dtype instantiations per kernel.
 #include "tree_aggregate.cuh"
 
+#include "common/launch.cuh"
 #include "tree_aggregate_kernel.cuh"
 
 namespace attn_ext {
@@ -49,7 +50,7 @@ cudaError_t bwd(const TreeAggregateBwdParams& p, cudaStream_t stream) {
   const int64_t slots = s.B * (s.nodes - s.leaf_offset);
   if (slots > 0) {
     const int64_t blocks = (slots + kTreeAggregateThreads - 1) / kTreeAggregateThreads;
-    if (blocks > 2147483647) return cudaErrorInvalidValue;
+    if (blocks > kMaxGridX) return cudaErrorInvalidValue;
     detail::tree_aggregate_slot_check_kernel<<<dim3(static_cast<unsigned int>(blocks)), dim3(kTreeAggregateThreads), 0,
                                                stream>>>(p);
     const cudaError_t err = cudaGetLastError();
@@ -74,22 +75,17 @@ cudaError_t bwd(const TreeAggregateBwdParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t launch_tree_aggregate_mean_fwd(const TreeAggregateFwdParams& p, cudaStream_t stream) {
+cudaError_t launch_tree_aggregate_fwd(const TreeAggregateFwdParams& p, cudaStream_t stream) {
   if (!shape_ok(p.s)) return cudaErrorInvalidValue;
   if (p.s.B == 0 || p.s.E == 0) return cudaSuccess;
   if ((p.leaf_values == nullptr && p.s.tokens > 0) || p.leaf_token == nullptr || p.node_padding_mask == nullptr ||
       p.out == nullptr || p.means == nullptr || p.bad == nullptr) {
     return cudaErrorInvalidValue;
   }
-  switch (p.s.dtype) {
-    case ScalarType::kFloat32: return fwd<float>(p, stream);
-    case ScalarType::kFloat16: return fwd<__half>(p, stream);
-    case ScalarType::kBFloat16: return fwd<__nv_bfloat16>(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  return detail::dispatch_attention_dtype(p.s.dtype, [&](auto scalar) { return fwd<decltype(scalar)>(p, stream); });
 }
 
-cudaError_t launch_tree_aggregate_mean_bwd(const TreeAggregateBwdParams& p, cudaStream_t stream) {
+cudaError_t launch_tree_aggregate_bwd(const TreeAggregateBwdParams& p, cudaStream_t stream) {
   if (!shape_ok(p.s)) return cudaErrorInvalidValue;
   if (p.s.B == 0) return cudaSuccess;
   if (p.grad_nodes == nullptr || p.leaf_token == nullptr || (p.token_leaf == nullptr && p.s.tokens > 0) ||
@@ -97,12 +93,7 @@ cudaError_t launch_tree_aggregate_mean_bwd(const TreeAggregateBwdParams& p, cuda
       p.bad == nullptr) {
     return cudaErrorInvalidValue;
   }
-  switch (p.s.dtype) {
-    case ScalarType::kFloat32: return bwd<float>(p, stream);
-    case ScalarType::kFloat16: return bwd<__half>(p, stream);
-    case ScalarType::kBFloat16: return bwd<__nv_bfloat16>(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  return detail::dispatch_attention_dtype(p.s.dtype, [&](auto scalar) { return bwd<decltype(scalar)>(p, stream); });
 }
 
 }  // namespace cuda

@@ -6,7 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "launch_plan.h"
+#include "common/launch_geometry.h"
 #include "tree_plan.h"
 
 namespace attn_ext {
@@ -45,11 +45,11 @@ struct TreeAggregateBwdParams {
 
 /// Enqueues the forward: the leaves and groups, then one launch per level bottom-up (a node's mean
 /// reads its children's fp32 means, summed in child order as the CPU op, so fp32 results match it).
-cudaError_t launch_tree_aggregate_mean_fwd(const TreeAggregateFwdParams& p, cudaStream_t stream);
+cudaError_t launch_tree_aggregate_fwd(const TreeAggregateFwdParams& p, cudaStream_t stream);
 
 /// Enqueues the backward: a check of the token/leaf maps, one launch per level top-down for the
 /// shares, then one per token: its leaf slot's own gradient plus its group's share (0 if padded).
-cudaError_t launch_tree_aggregate_mean_bwd(const TreeAggregateBwdParams& p, cudaStream_t stream);
+cudaError_t launch_tree_aggregate_bwd(const TreeAggregateBwdParams& p, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace attn_ext

@@ -7,7 +7,7 @@
 
 #include <cuda_runtime.h>
 
-#include "cross_attention_fwd_kernel.cuh"  // detail::to_float / from_float
+#include "common/dtypes.cuh"
 #include "tree_aggregate.cuh"
 
 namespace attn_ext {

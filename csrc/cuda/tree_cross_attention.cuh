@@ -6,7 +6,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "launch_plan.h"
+#include "common/launch_geometry.h"
+#include "common/qkv_layout.h"
 #include "tree_plan.h"
 
 namespace attn_ext {
@@ -14,17 +15,11 @@ namespace cuda {
 
 /// The tree (node ids as attn_ext/tree/build.py: heap-ordered internal nodes, the groups at level
 /// `height`, then the leaves) and the layout of q/node_k/node_v (innermost stride 1).
-struct TreeShapeParams {
+struct TreeShapeParams : QkvLayout {
   int64_t B = 0, H = 0, M = 0, D = 0, Dv = 0;
   int64_t nodes = 0, branching = 2, height = 0, group_size = 1;
   int64_t group_offset = 0, leaf_offset = 0;  ///< ids of group 0 and of leaf slot 0
   int64_t selected = 0;                        ///< S = height·(b − 1) + group_size
-  int64_t q_stride_b = 0, q_stride_h = 0, q_stride_m = 0;
-  int64_t k_stride_b = 0, k_stride_h = 0, k_stride_n = 0;
-  int64_t v_stride_b = 0, v_stride_h = 0, v_stride_n = 0;
-  int64_t mask_stride_b = 0;
-  float scale = 1.0f;
-  ScalarType dtype = ScalarType::kFloat32;
 };
 
 struct TreeFwdParams {

@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "launch_plan.h"
+#include "common/launch_geometry.h"
 
 #if defined(__CUDACC__)
 #define ATTN_EXT_PLAN_HD __host__ __device__
@@ -60,7 +60,6 @@ ATTN_EXT_PLAN_HD constexpr TreeWarpLayout tree_warp_layout(int64_t H, int64_t D,
 /// Largest dynamic shared memory a tree kernel may opt in to: 99 KiB, what sm_86/sm_89 allow, so a
 /// plan that holds on those also holds on sm_80 (163 KiB) and sm_90 (227 KiB).
 constexpr std::size_t kTreeMaxSmemBytes = 99 * 1024;
-constexpr std::size_t kTreeDefaultSmemBytes = 48 * 1024;
 /// Warps (queries) per block when the layout allows: shared memory is per warp, so wide heads get fewer.
 constexpr int kTreeMaxWarps = 4;
 
@@ -94,7 +93,7 @@ inline TreeLaunchPlan plan_tree_cross_attention(int64_t B, int64_t M, int64_t H,
   plan.warp_bytes = static_cast<std::size_t>(
       tree_warp_layout(H, D, Dv, branching, group_size, height, backward).bytes);
   plan.warps = kTreeMaxWarps;
-  while (plan.warps > 1 && plan.warps * plan.warp_bytes > kTreeDefaultSmemBytes) plan.warps /= 2;
+  while (plan.warps > 1 && plan.warps * plan.warp_bytes > kDefaultDynamicSmemBytes) plan.warps /= 2;
   plan.shared_memory_bytes = plan.warps * plan.warp_bytes;
   if (plan.shared_memory_bytes > kTreeMaxSmemBytes) {
     plan.error = "one query's per-warp state (H·(D + Dv) floats and the tree arrays) exceeds 99 KiB of shared memory";
@@ -108,7 +107,7 @@ inline TreeLaunchPlan plan_tree_cross_attention(int64_t B, int64_t M, int64_t H,
     return plan;
   }
   const int64_t blocks = (B * M + plan.warps - 1) / plan.warps;
-  if (M > 2147483647 / B || blocks > 2147483647) {
+  if (M > kMaxGridX / B || blocks > kMaxGridX) {
     plan.supported = false;
     plan.error = "too many queries for the CUDA grid";
     return plan;
@@ -136,7 +135,7 @@ inline TreeLaunchPlan plan_tree_aggregate(int64_t items, int64_t columns) {
     return plan;
   }
   const int64_t col_blocks = (columns + kTreeAggregateThreads - 1) / kTreeAggregateThreads;
-  if (items > 2147483647 || col_blocks > 65535) {
+  if (items > kMaxGridX || col_blocks > kMaxGridY) {
     plan.supported = false;
     plan.error = "too many tree nodes or features for the CUDA grid";
     return plan;

@@ -10,7 +10,9 @@
 
 #include <cuda_runtime.h>
 
-#include "cross_attention_fwd_kernel.cuh"  // detail::to_float / warp_sum
+#include "attn_ext/macros.h"
+#include "common/dtypes.cuh"
+#include "common/warp.cuh"
 #include "tree_cross_attention.cuh"
 
 namespace attn_ext {

@@ -16,11 +16,12 @@
 namespace {
 
 using namespace attn_ext::cuda;
+using attn_ext::ScalarType;
 using attn_ext_tests::reference_cholesky;
 
 template <typename T>
-CholeskyScalar scalar() {
-  return sizeof(T) == 8 ? CholeskyScalar::kFloat64 : CholeskyScalar::kFloat32;
+ScalarType scalar() {
+  return sizeof(T) == 8 ? ScalarType::kFloat64 : ScalarType::kFloat32;
 }
 
 template <typename T>
@@ -148,13 +149,13 @@ void failure_cases() {
 }
 
 void plan_cases() {
-  CHECK(!plan_batched_cholesky(4, 129, -1, CholeskyScalar::kFloat32).supported);
-  const CholeskyLaunchPlan f = plan_batched_cholesky(10, 128, -1, CholeskyScalar::kFloat64);
+  CHECK(!plan_batched_cholesky(4, 129, -1, ScalarType::kFloat32).supported);
+  const CholeskyLaunchPlan f = plan_batched_cholesky(10, 128, -1, ScalarType::kFloat64);
   CHECK(f.supported && f.grid.x == 10 && f.grid.y == 1 && f.block.x == 128 && f.shared_memory_bytes == 128 * 129 * 8);
-  const CholeskyLaunchPlan s = plan_batched_cholesky(3, 40, 300, CholeskyScalar::kFloat32);
+  const CholeskyLaunchPlan s = plan_batched_cholesky(3, 40, 300, ScalarType::kFloat32);
   CHECK(s.supported && s.grid.x == 3 && s.grid.y == 3 && s.shared_memory_bytes == 40 * 41 * 4);
-  CHECK(plan_batched_cholesky(0, 40, 3, CholeskyScalar::kFloat32).empty);
-  CHECK(plan_batched_cholesky(5, 40, 0, CholeskyScalar::kFloat32).empty);
+  CHECK(plan_batched_cholesky(0, 40, 3, ScalarType::kFloat32).empty);
+  CHECK(plan_batched_cholesky(5, 40, 0, ScalarType::kFloat32).empty);
 }
 
 }  // namespace

@@ -21,7 +21,7 @@ namespace {
 
 using attn_ext::cuda::CrossAttentionBwdParams;
 using attn_ext::cuda::CrossAttentionBwdPlan;
-using attn_ext::cuda::ScalarType;
+using attn_ext::ScalarType;
 using attn_ext::cuda::detail::from_float;
 using attn_ext::cuda::detail::to_float;
 

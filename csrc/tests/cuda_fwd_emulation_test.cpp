@@ -25,7 +25,7 @@ namespace {
 
 using attn_ext::cuda::CrossAttentionFwdParams;
 using attn_ext::cuda::CrossAttentionLaunchPlan;
-using attn_ext::cuda::ScalarType;
+using attn_ext::ScalarType;
 
 int g_failures = 0;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();

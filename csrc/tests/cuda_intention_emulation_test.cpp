@@ -19,6 +19,7 @@
 namespace {
 
 using namespace attn_ext::cuda;
+using attn_ext::ScalarType;
 namespace det = attn_ext::cuda::detail;
 
 template <typename F>

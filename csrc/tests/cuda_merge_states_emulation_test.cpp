@@ -14,7 +14,7 @@ namespace {
 
 using attn_ext::cuda::MergeStatesParams;
 using attn_ext::cuda::MergeStatesPlan;
-using attn_ext::cuda::ScalarType;
+using attn_ext::ScalarType;
 using attn_ext::cuda::detail::from_float;
 using attn_ext::cuda::detail::to_float;
 
@@ -42,7 +42,7 @@ void run_case(const char* name, int64_t rows, int64_t Dv, ScalarType dtype, doub
   const MergeStatesPlan plan = attn_ext::cuda::plan_merge_states(rows, Dv, dtype);
   check(plan.supported, "plan rejected the case");
   cuda_emu::run_grid(dim3(plan.grid.x), dim3(plan.block.x), attn_ext::cuda::detail::smem_raw, 0, 0,
-                     [&] { attn_ext::cuda::detail::merge_states_kernel<scalar_t>(p); });
+                     [&] { attn_ext::cuda::detail::merge_states_fwd_kernel<scalar_t>(p); });
   check(lse[rows] == 12288.0f && to_float(out[rows * Dv]) == 12288.0f, "write past the end");
   const int before = g_failures;
   for (int64_t r = 0; r < rows; ++r) {

@@ -250,7 +250,7 @@ void plan_cases() {
   CHECK(a.supported && a.warps == 4 && a.grid.x == 3 && a.block.x == 128 && a.shared_memory_bytes == 4 * a.warp_bytes);
   CHECK(a.warp_bytes % 16 == 0);
   const TreeLaunchPlan wide = plan_tree_cross_attention(1, 10, 16, 256, 256, 2, 8, 6, true);
-  CHECK(wide.supported && wide.warps == 1 && wide.shared_memory_bytes > kTreeDefaultSmemBytes);
+  CHECK(wide.supported && wide.warps == 1 && wide.shared_memory_bytes > kDefaultDynamicSmemBytes);
   CHECK(!plan_tree_cross_attention(1, 1, 64, 256, 256, 2, 8, 6, true).supported);  // > 99 KiB per warp
   CHECK(plan_tree_cross_attention(0, 3, 1, 8, 8, 2, 1, 1, false).empty);
   CHECK(!plan_tree_cross_attention(1, 1, 1, 8, 8, 1, 1, 1, false).supported);  // branching 1

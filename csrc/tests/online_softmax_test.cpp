@@ -1,4 +1,4 @@
-// Host tests of attn_ext/online_softmax.h and cuda/launch_plan.h: plain C++17, no torch, no GPU.
+// Host tests of attn_ext/online_softmax.h and cuda/cross_attention_fwd_plan.h: plain C++17, no torch, no GPU.
 // Exit status = number of failed checks (capped), so ctest reports any failure.
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "attn_ext/online_softmax.h"
-#include "cuda/launch_plan.h"
+#include "cuda/cross_attention_fwd_plan.h"
 
 #include "tests/check.h"
 
@@ -213,6 +213,7 @@ void test_merge_of_splits_equals_whole() {
 
 void test_launch_plan() {
   using namespace attn_ext::cuda;
+  using attn_ext::ScalarType;
   const ScalarType dtypes[] = {ScalarType::kFloat32, ScalarType::kFloat16, ScalarType::kBFloat16};
   CHECK(cross_attention_fwd_head_dim_instantiation(1) == 32);
   CHECK(cross_attention_fwd_head_dim_instantiation(32) == 32);

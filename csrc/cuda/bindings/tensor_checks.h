@@ -1,11 +1,16 @@
-// Small helpers shared by the torch bindings of the CUDA kernels in this directory (tree.cpp,
-// intention.cpp): tensor → kernel dtype, device checks, unit inner stride, launch errors.
+// Helpers shared by the torch bindings of the CUDA kernels in this directory: tensor dtype → kernel
+// ScalarType, device checks, the bytes of a bool mask, the q/k/v layout of the kernels' params,
+// launch errors. The argument checks proper are shared with the CPU ops (csrc/checks/).
 #pragma once
 
 #include <ATen/ATen.h>
 #include <cuda_runtime_api.h>
 
-#include "cuda/launch_plan.h"
+#include <optional>
+
+#include "checks/common.h"
+#include "cuda/common/launch_geometry.h"
+#include "cuda/common/qkv_layout.h"
 
 namespace attn_ext {
 namespace cuda {
@@ -13,15 +18,16 @@ namespace bindings {
 
 /// The kernels' element type for a tensor dtype; fp64 (accepted by the CPU ops for gradcheck) is not.
 inline ScalarType kernel_scalar_type(at::ScalarType dtype, const char* op) {
-  switch (dtype) {
-    case at::kFloat: return ScalarType::kFloat32;
-    case at::kHalf: return ScalarType::kFloat16;
-    case at::kBFloat16: return ScalarType::kBFloat16;
-    default:
-      TORCH_CHECK_TYPE(false, "attn_ext.", op, ": the CUDA kernel supports float32, float16 and bfloat16, got ",
-                       dtype, " (float64 runs on the CPU backends)");
-  }
-  return ScalarType::kFloat32;  // unreachable
+  const std::optional<ScalarType> t = scalar_type_of(dtype);
+  TORCH_CHECK_TYPE(t.has_value() && is_attention_dtype(*t), "attn_ext.", op,
+                   ": the CUDA kernel supports float32, float16 and bfloat16, got ", dtype,
+                   " (float64 runs on the CPU backends)");
+  return *t;
+}
+
+/// The first input of an op (`what`: "tensors" or its name) is a CUDA tensor: the kernels run there.
+inline void check_is_cuda(const at::Tensor& t, const char* what, const char* op) {
+  TORCH_CHECK(t.is_cuda(), "attn_ext.", op, ": the CUDA kernel got ", what, " on ", t.device());
 }
 
 /// Every tensor of an op must be a CUDA tensor on `device` (the first input's).
@@ -30,13 +36,20 @@ inline void check_on_device(const at::Tensor& t, const char* name, const at::Dev
               ", got device ", t.device());
 }
 
-/// The kernels take any outer strides but need unit stride in the innermost dimension.
-inline at::Tensor with_unit_inner_stride(const at::Tensor& t) {
-  return t.dim() == 0 || t.size(-1) <= 1 || t.stride(-1) == 1 ? t : t.contiguous();
-}
-
 /// A bool mask as the bytes the kernels read (nonzero = padding), contiguous.
 inline at::Tensor mask_bytes(const at::Tensor& mask) { return mask.contiguous().view(at::kByte); }
+
+/// The layout part of a kernel's params from its q, k and v (unit inner stride; v undefined without
+/// values) and its mask bytes (undefined without a mask).
+inline void fill_qkv_layout(QkvLayout& l, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& mask, double scale, ScalarType dtype) {
+  l.q_stride_b = q.stride(0), l.q_stride_h = q.stride(1), l.q_stride_m = q.stride(2);
+  l.k_stride_b = k.stride(0), l.k_stride_h = k.stride(1), l.k_stride_n = k.stride(2);
+  if (v.defined()) l.v_stride_b = v.stride(0), l.v_stride_h = v.stride(1), l.v_stride_n = v.stride(2);
+  if (mask.defined()) l.mask_stride_b = mask.stride(0);
+  l.scale = static_cast<float>(scale);
+  l.dtype = dtype;
+}
 
 inline void check_launch(cudaError_t err, const char* op) {
   TORCH_CHECK(err == cudaSuccess, "attn_ext.", op, ": CUDA launch failed: ", cudaGetErrorString(err));

@@ -16,6 +16,7 @@
 // elements other lanes own. Loads do not yield.
 #pragma once
 
+#include "common/dtypes.cuh"
 #include "cuda_emulator.h"
 
 namespace nvcuda {
@@ -44,23 +45,9 @@ struct tile_shape<accumulator, M, N, K> {
   static constexpr int rows = M, cols = N;
 };
 
-inline float to_float(float x) { return x; }
-inline float to_float(__half x) { return __half2float(x); }
-inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T>
-T from_float(float x);
-template <>
-inline float from_float<float>(float x) {
-  return x;
-}
-template <>
-inline __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
+// The kernels' own conversions (the shared header is plain host code under the emulator).
+using attn_ext::cuda::detail::from_float;
+using attn_ext::cuda::detail::to_float;
 
 template <typename Layout>
 constexpr bool is_col_major() {

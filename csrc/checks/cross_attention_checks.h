@@ -1,18 +1,17 @@
-// Argument checks shared by every device's implementation of the cross-attention ops, so that a
-// direct torch.ops.attn_ext call fails with the same messages as the Python API.
+// Argument checks of the cross-attention and state-merge ops, shared by the CPU ops and the CUDA
+// bindings, so that a direct torch.ops.attn_ext call fails with the same messages on every device
+// (and as the Python API). Intention reuses the q/k/v checks (intention_checks.h).
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <cmath>
 #include <optional>
+#include <vector>
+
+#include "checks/common.h"
 
 namespace attn_ext {
-
-/// LSE is kept in the accumulation dtype: fp32, except fp64 for fp64 inputs (gradcheck needs it).
-inline at::ScalarType lse_dtype_for(at::ScalarType input) {
-  return input == at::kDouble ? at::kDouble : at::kFloat;
-}
 
 /// Sizes of one cross-attention problem (SPEC §0 layout).
 struct CrossAttentionShape {
@@ -71,13 +70,13 @@ inline void check_cross_attention_grads(const CrossAttentionShape& s, const at::
                     at::IntArrayRef(lse_shape));
   TORCH_CHECK_TYPE(out.scalar_type() == q.scalar_type() && grad_out.scalar_type() == q.scalar_type(),
                    "attn_ext: out and grad_out must have q's dtype ", q.scalar_type());
-  const auto lse_dtype = lse_dtype_for(q.scalar_type());
+  const auto lse_dtype = accumulation_dtype(q.scalar_type());
   TORCH_CHECK_TYPE(lse.scalar_type() == lse_dtype && grad_lse.scalar_type() == lse_dtype,
                    "attn_ext: lse and grad_lse must be ", lse_dtype, " for ", q.scalar_type(),
                    " inputs; got ", lse.scalar_type(), " and ", grad_lse.scalar_type());
 }
 
-/// Rows of the flattened [rows, Dv] state tensors of a merge (attn_ext::merge_attention_states).
+/// Rows of the flattened [rows, Dv] state tensors of a merge (attn_ext::merge_states_fwd).
 struct MergeStateRows {
   int64_t rows, dv;
 };
@@ -91,7 +90,7 @@ inline MergeStateRows check_merge_states(const at::Tensor& out_a, const at::Tens
                     "; got ", lse_a.sizes(), " and ", lse_b.sizes());
   TORCH_CHECK_TYPE(out_a.scalar_type() == out_b.scalar_type(), "attn_ext: merged states must share a dtype; got ",
                    out_a.scalar_type(), " and ", out_b.scalar_type());
-  const at::ScalarType lse_dtype = lse_dtype_for(out_a.scalar_type());
+  const at::ScalarType lse_dtype = accumulation_dtype(out_a.scalar_type());
   TORCH_CHECK_TYPE(lse_a.scalar_type() == lse_dtype && lse_b.scalar_type() == lse_dtype, "attn_ext: lse must be ",
                    lse_dtype, " for ", out_a.scalar_type(), " states; got ", lse_a.scalar_type(), " and ",
                    lse_b.scalar_type());

@@ -1,6 +1,7 @@
-// The operator schemas of attn_ext, in one place. Each backend registers its kernels for them
-// (csrc/cpu/register_cpu.cpp here; CUDA bindings when built with a CUDA torch); Python adds the
-// fake (meta) kernels and autograd formulas in attn_ext/ops.py.
+// The operator schemas of attn_ext, in one place, and the extension module whose import runs every
+// registration of this library. Each device registers its kernels for these schemas in one file:
+// csrc/cpu/registration.cpp, and csrc/cuda/bindings/registration.cpp when built against a CUDA torch.
+// Python adds the fake (meta) kernels and autograd formulas.
 #include <Python.h>
 #include <torch/library.h>
 

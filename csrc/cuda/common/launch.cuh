@@ -1,4 +1,5 @@
-// Launch helpers shared by the launchers: dynamic shared-memory opt-in, tensor-core dispatch.
+// Host-side launch helpers shared by the launchers (*.cu): the dynamic shared-memory opt-in and the
+// dispatch from a runtime ScalarType (and head-dim bucket) to a kernel instantiation.
 #pragma once
 
 #include <cstddef>
@@ -9,21 +10,18 @@
 
 #include <cuda_runtime.h>
 
-#include "launch_plan.h"
+#include "launch_geometry.h"
 
 namespace attn_ext {
 namespace cuda {
 namespace detail {
-
-/// Above this a kernel must opt in to more dynamic shared memory (sm_80: up to 163 KiB, sm_90: 227 KiB).
-constexpr std::size_t kDefaultDynamicSmemLimit = 48 * 1024;
 
 /// Launches `kernel<<<grid, block, smem_bytes, stream>>>(args...)`, opting in to more than 48 KiB of
 /// dynamic shared memory when needed; returns the first CUDA error.
 template <typename... KernelArgs, typename... Args>
 cudaError_t launch_with_smem(void (*kernel)(KernelArgs...), LaunchDims grid, LaunchDims block, std::size_t smem_bytes,
                              cudaStream_t stream, const Args&... args) {
-  if (smem_bytes > kDefaultDynamicSmemLimit) {
+  if (smem_bytes > kDefaultDynamicSmemBytes) {
     // Idempotent and cheap; doing it per launch avoids per-device bookkeeping of "already opted in".
     const cudaError_t err =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_bytes));
@@ -31,6 +29,18 @@ cudaError_t launch_with_smem(void (*kernel)(KernelArgs...), LaunchDims grid, Lau
   }
   kernel<<<dim3(grid.x, grid.y, grid.z), dim3(block.x, block.y, block.z), smem_bytes, stream>>>(args...);
   return cudaGetLastError();
+}
+
+/// Calls f(scalar_t{}) with the storage type of an attention dtype (float, __half, __nv_bfloat16);
+/// cudaErrorInvalidValue for any other dtype.
+template <typename F>
+cudaError_t dispatch_attention_dtype(ScalarType dtype, F&& f) {
+  switch (dtype) {
+    case ScalarType::kFloat32: return f(float{});
+    case ScalarType::kFloat16: return f(__half{});
+    case ScalarType::kBFloat16: return f(__nv_bfloat16{});
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 /// Calls f(scalar_t{}, std::integral_constant<int, dim>{}) for the tensor-core instantiations: dtype

@@ -1,23 +1,18 @@
 // Launch geometry of the CUDA cross-attention forward kernels (SIMT for fp32, WMMA for fp16/bf16),
 // as plain C++17.
 //
-// Kept free of CUDA headers so that host-only code compiled by g++ (the header tests, and later the
-// Python-facing op that wants to report why a shape is rejected) computes exactly the grid, block and
-// shared-memory size that the .cu launcher uses: there is one source of truth for the tiling.
+// Kept free of CUDA headers so that host-only code compiled by g++ (the header tests, and the torch
+// binding that reports why a shape is rejected) computes exactly the grid, block and shared-memory
+// size that the .cu launcher uses: there is one source of truth for the tiling.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "common/launch_geometry.h"
+
 namespace attn_ext {
 namespace cuda {
-
-/// Element type of q, k, v and out. Accumulation is always fp32; lse is always fp32.
-enum class ScalarType : int {
-  kFloat32 = 0,
-  kFloat16 = 1,   ///< __half
-  kBFloat16 = 2,  ///< __nv_bfloat16
-};
 
 /// Warps per block. Four warps keep a block small enough that short query sets (CMANP's 128 latents)
 /// still spread over many SMs, while each key/value tile in shared memory is reused by 4 warps.
@@ -89,13 +84,6 @@ constexpr std::size_t cross_attention_wmma_smem_bytes(int dim) {
          4 * static_cast<std::size_t>(kCrossAttentionWmmaBlockN);
 }
 
-/// A CUDA-free stand-in for dim3.
-struct LaunchDims {
-  unsigned int x = 1;
-  unsigned int y = 1;
-  unsigned int z = 1;
-};
-
 /// What the launcher will do for one problem shape.
 struct CrossAttentionLaunchPlan {
   bool supported = false;      ///< false: `error` says why, nothing is launched
@@ -114,9 +102,7 @@ struct CrossAttentionLaunchPlan {
 
 /// The reason the attention kernels cannot take this dtype or these sizes, or nullptr.
 inline const char* attention_dtype_and_size_error(ScalarType dtype, int64_t B, int64_t H, int64_t M, int64_t N) {
-  if (dtype != ScalarType::kFloat32 && dtype != ScalarType::kFloat16 && dtype != ScalarType::kBFloat16) {
-    return "unsupported dtype (expected float32, float16 or bfloat16)";
-  }
+  if (!is_attention_dtype(dtype)) return kAttentionDtypeError;
   return B < 0 || H < 0 || M < 0 || N < 0 ? "negative size" : nullptr;
 }
 
@@ -159,7 +145,6 @@ inline CrossAttentionLaunchPlan plan_cross_attention_fwd(int64_t B, int64_t H, i
     return plan;
   }
   // Divide before multiplying so that absurd sizes are rejected instead of overflowing int64.
-  constexpr int64_t kMaxGridX = 2147483647;  // CUDA's limit on gridDim.x
   const int64_t m_tiles = (M + plan.block_m - 1) / plan.block_m;
   if (H > kMaxGridX / B || m_tiles > kMaxGridX / (B * H)) {
     plan.error = "too many blocks: B*H*ceil(M/block_m) exceeds the CUDA grid limit";

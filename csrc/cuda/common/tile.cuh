@@ -1,0 +1,48 @@
+// Block-wide copies of a [rows, cols] tile from global into shared memory, zero outside the valid
+// corner so that padded rows and head-dimension tails add nothing to the products that read the tile.
+// Consecutive threads take consecutive columns, so the global loads coalesce.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "dtypes.cuh"
+
+namespace attn_ext {
+namespace cuda {
+namespace detail {
+
+/// The tile as fp32, multiplied by `mul` (the SIMT kernels convert once on load, since every element
+/// is then read by all rows of the block). kCols is a power of two, so the index split is a shift.
+template <int kThreads, int kRows, int kCols, int kDstStride, typename scalar_t>
+__device__ __forceinline__ void load_tile(float* __restrict__ dst, const scalar_t* __restrict__ src,
+                                          int64_t row_stride, int rows_valid, int cols_valid, float mul) {
+#pragma unroll 4
+  for (int idx = threadIdx.x; idx < kRows * kCols; idx += kThreads) {
+    const int r = idx / kCols;
+    const int c = idx % kCols;
+    float value = 0.0f;
+    if (r < rows_valid && c < cols_valid) {
+      value = to_float(src[r * row_stride + c]) * mul;
+    }
+    dst[r * kDstStride + c] = value;
+  }
+}
+
+/// The tile as is, in its 16-bit storage type (the tensor-core kernels' operands).
+template <int kThreads, int kRows, int kCols, int kStride, typename scalar_t>
+__device__ __forceinline__ void copy_tile(scalar_t* __restrict__ dst, const scalar_t* __restrict__ src,
+                                          int64_t row_stride, int rows_valid, int cols_valid) {
+  const scalar_t zero = from_float<scalar_t>(0.0f);
+#pragma unroll 4
+  for (int idx = threadIdx.x; idx < kRows * kCols; idx += kThreads) {
+    const int r = idx / kCols;
+    const int c = idx % kCols;
+    dst[r * kStride + c] = r < rows_valid && c < cols_valid ? src[r * row_stride + c] : zero;
+  }
+}
+
+}  // namespace detail
+}  // namespace cuda
+}  // namespace attn_ext
