@@ -1,5 +1,5 @@
 """Bad inputs raise clear errors naming the shapes/dtypes (SPEC §0), through the public API and
-through direct calls of the C++ ops (csrc/cross_attention_checks.h). Nothing is silently broadcast."""
+through direct calls of the C++ ops (csrc/checks/cross_attention_checks.h). Nothing is silently broadcast."""
 import math
 
 import pytest

@@ -3,7 +3,7 @@ backends each public op has (the dispatch table of :mod:`attn_ext.ops.utils.disp
 
 **Intention** (SPEC §0, §4).
 
-``attn_ext::intention_fwd`` (C++, csrc/cpu/intention.cpp; schema in csrc/ops.cpp) returns
+``attn_ext::intention_fwd`` (C++, csrc/cpu/intention.cpp; schema in csrc/schemas.cpp) returns
 ``(out, factor, weights)``: the output, the Cholesky factor ``L`` of ``KᵀK + αI`` and
 ``W = (KᵀK + αI)⁻¹KᵀV``, both kept for ``attn_ext::intention_bwd``, which needs one more solve with
 ``L`` and no inverse. ``factor`` and ``weights`` are intermediates: gradients reaching them are

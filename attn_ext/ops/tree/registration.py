@@ -3,7 +3,7 @@ each public op has (the dispatch table of :mod:`attn_ext.ops.utils.dispatch`).
 
 **Tree cross attention** (SPEC §0, §3).
 
-``attn_ext::tree_cross_attention_fwd`` (C++, csrc/cpu/tree_cross_attention.cpp; schemas in csrc/ops.cpp)
+``attn_ext::tree_cross_attention_fwd`` (C++, csrc/cpu/tree_cross_attention.cpp; schemas in csrc/schemas.cpp)
 returns ``(out, lse, selected, log_prob, entropy)``; ``attn_ext::tree_cross_attention_bwd``
 (csrc/cpu/tree_cross_attention_bwd.cpp) returns ``(grad_q, grad_node_k, grad_node_v)`` from the
 forward's ``selected`` and ``lse``, without repeating the descent. ``..._fwd_triton`` / ``..._bwd_triton``
