@@ -1,56 +1,41 @@
-"""Benchmarks of attn_ext ops, run by ``attn-ext bench`` (see :mod:`attn_ext.cli`).
+"""The benchmark and paper-reproduction harness of attn_ext, run from a clone: ``python -m bench``.
 
-Each benchmark is a module exposing ``run(options: BenchOptions) -> int`` (an
-exit status) and is listed in :data:`BENCHMARKS`; modules are imported only
-when run, so ``attn-ext --help`` stays fast and one broken benchmark does not
-stop the others from being listed.
+Not part of the installed package. ``python -m bench run`` times attn_ext's ops against PyTorch
+(:data:`BENCHMARKS`, one ``bench_<op>.py`` module each); ``python -m bench train|eval|bandit|memory``
+train and score the reference Neural Processes (:mod:`bench.np`). The shared timing, memory, report
+and plot code is :mod:`bench.harness`.
+
+Each benchmark is a module exposing ``run(options: BenchOptions) -> int`` (an exit status); modules
+are imported only when run, so ``python -m bench --help`` stays fast and one broken benchmark does
+not stop the others from being listed.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from pathlib import Path
 
 #: Benchmark name -> module implementing ``run(options) -> int``.
 BENCHMARKS: dict[str, str] = {
-    "cross_attention": "attn_ext.bench.cross_attention",
-    "gp_quick": "attn_ext.bench.gp_quick",
-    "intention": "attn_ext.bench.intention",
-    "np_memory": "attn_ext.bench.np_memory",
-    "state_update": "attn_ext.bench.state_update",
-    "streaming_memory": "attn_ext.bench.streaming_memory",
-    "tree_attention": "attn_ext.bench.tree_attention",
+    "cross_attention": "bench.bench_cross_attention",
+    "state_update": "bench.bench_state_update",
+    "streaming_memory": "bench.bench_streaming_memory",
+    "tree_attention": "bench.bench_tree_attention",
+    "intention": "bench.bench_intention",
+    "batched_cholesky": "bench.bench_batched_cholesky",
+    "np_demo": "bench.np.demo",
+    "np_memory": "bench.np.np_memory",
+    "gp_quick": "bench.np.gp_report",
 }
+#: What ``python -m bench run`` runs when no names are given: the op benchmarks and the NP demo.
+#: ``np_memory`` (about an hour at the full grid) and ``gp_quick`` (hours) run only when named.
+DEFAULT_BENCHMARKS: tuple[str, ...] = (
+    "cross_attention", "state_update", "streaming_memory", "tree_attention", "intention", "batched_cholesky",
+    "np_demo",
+)
 
 
-@dataclass(frozen=True)
-class BenchOptions:
-    """Options shared by every benchmark.
-
-    Attributes
-    ----------
-    quick : bool
-        Smaller problem sizes, for a run of a few minutes.
-    out_dir : Path
-        Directory receiving ``<name>.md``, ``<name>.json`` and ``<name>.png``.
-    backend : str
-        attn_ext backend to measure (``backend=`` of the op).
-    repeats : int
-        Timed repeats per measurement; the median is reported.
-    update_readme : Path or None
-        README whose ``<!-- bench:<name>:start/end -->`` block is rewritten.
-    """
-
-    quick: bool = False
-    out_dir: Path = Path("bench/results")
-    backend: str = "cpp"
-    repeats: int = 5
-    update_readme: Path | None = None
-
-
-def run_benchmark(name: str, options: BenchOptions) -> int:
-    """Run benchmark ``name`` and return its exit status.
+def run_benchmark(name: str, options) -> int:
+    """Run benchmark ``name`` with ``options`` (a :class:`bench.harness.BenchOptions`); its exit status.
 
     Raises
     ------

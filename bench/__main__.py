@@ -1,47 +1,53 @@
-"""``attn-ext`` command line.
+"""``python -m bench``: the command line of the harness, run from the root of a clone.
 
-Subcommands live in :data:`SUBCOMMANDS` (name -> :class:`Subcommand`); adding
-one means writing its ``add_arguments`` and ``run`` and registering it there.
-Heavy imports (torch, the benchmarks) happen inside ``run`` so that ``--help``
-is instant.
+Subcommands live in :data:`SUBCOMMANDS` (name -> :class:`Subcommand`); adding one means writing its
+``add_arguments`` and ``run`` and registering it there. Heavy imports (torch, attn_ext, the
+benchmarks) happen inside ``run`` so that ``--help`` is instant.
 
 Examples
 --------
-``attn-ext bench --quick``
-    Cross-attention benchmark at N = 1e3, 1e4, 1e5 into ``bench/results/``.
-``attn-ext bench --out /tmp/r --update-readme README.md``
-    Full run (adds N = 3e5) and rewrite the README's results block.
-``attn-ext train gp --model cmanp --steps 100000 --out runs/gp-cmanp``
+``python -m bench run --quick``
+    What ``make bench`` runs: every op benchmark on its quick grid and the NP demo, a few minutes;
+    tables on stdout, ``<name>.md/.json/.png`` in ``bench/out/`` (git-ignored).
+``python -m bench run --update-results``
+    What ``make bench-update`` runs: the full grids, written to the committed ``bench/results/`` and
+    the README's summary blocks.
+``python -m bench run cross_attention --out /tmp/r``
+    One benchmark on its full grid, somewhere else.
+``python -m bench train gp --model cmanp --steps 100000 --out runs/gp-cmanp``
     Train CMANP on GP regression (resumes from ``runs/gp-cmanp/checkpoint.pt`` if present).
-``attn-ext eval gp --ckpt runs/gp-cmanp --kernel rbf``
+``python -m bench eval gp --ckpt runs/gp-cmanp --kernel rbf``
     Mean per-target log-likelihood ± std over the evaluation batches.
-``attn-ext train images --dataset emnist --data-dir ~/data/emnist --model cmanp --out runs/emnist-cmanp``
+``python -m bench train images --dataset emnist --data-dir ~/data/emnist --model cmanp --out runs/emnist-cmanp``
     Image completion (EMNIST, CelebA 32/64/128, or the offline sklearn ``digits``); ``eval images`` scores it.
-``attn-ext train copy --seq-len 256 --model retreever``
+``python -m bench train copy --seq-len 256 --model retreever``
     The TCA copy task: accuracy and the fraction of context tokens each query read.
-``attn-ext train wheel --model cmanp --out runs/wheel-cmanp`` then ``attn-ext bandit --ckpt runs/wheel-cmanp``
+``python -m bench train wheel --model cmanp --out runs/wheel-cmanp`` then ``python -m bench bandit --ckpt runs/wheel-cmanp``
     Wheel bandit: cumulative regret (% of uniform) per δ and the cost of each step.
-``attn-ext memory --quick``
+``python -m bench memory --quick``
     Peak inference memory of every model vs N_c and N_t.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+PROG = "python -m bench"
+
 
 @dataclass(frozen=True)
 class Subcommand:
-    """One ``attn-ext`` subcommand.
+    """One ``python -m bench`` subcommand.
 
     Attributes
     ----------
     help : str
-        One-line description shown by ``attn-ext --help``.
+        One-line description shown by ``python -m bench --help``.
     add_arguments : callable
         Adds the subcommand's options to its ``argparse`` sub-parser.
     run : callable
@@ -60,18 +66,22 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _bench_arguments(parser: argparse.ArgumentParser) -> None:
-    from .bench import BENCHMARKS  # light: no torch import
+def _run_arguments(parser: argparse.ArgumentParser) -> None:
+    from bench import BENCHMARKS, DEFAULT_BENCHMARKS  # light: no torch import
+    from bench.harness import OUT_DIR, RESULTS_DIR
 
-    # Validated in _bench_run: argparse rejects an empty nargs="*" list against choices on 3.11.
+    # Validated in _run: argparse rejects an empty nargs="*" list against choices on 3.11.
     parser.add_argument("benchmarks", nargs="*", metavar="NAME",
-                        help=f"benchmarks to run (default: all): {', '.join(BENCHMARKS)}")
+                        help=f"benchmarks to run (default: {', '.join(DEFAULT_BENCHMARKS)}; also: "
+                             f"{', '.join(n for n in BENCHMARKS if n not in DEFAULT_BENCHMARKS)})")
     parser.add_argument("--quick", action="store_true",
-                        help="the quick sizes (cross attention N = 1e3..1e5, state update N = 1e3..1e6, "
-                             "streaming N = 1e4..1e6, NP memory N_c = 1e3, 1e4, a 100-step NP training smoke "
-                             "run), a few minutes on 2 cores")
-    parser.add_argument("--out", type=Path, default=Path("bench/results"), metavar="DIR",
-                        help="output directory for <name>.md/.json/.png (default: bench/results, relative to cwd)")
+                        help="the quick grid (make bench): smaller sizes, every benchmark in well under a minute; "
+                             "goals defined on the full grid are marked as such")
+    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
+                        help=f"output directory for <name>.md/.json/.png (default: {OUT_DIR}, git-ignored)")
+    parser.add_argument("--update-results", action="store_true",
+                        help=f"write to the committed {RESULTS_DIR}/ and rewrite the README's summary blocks "
+                             "(make bench-update); full grid only")
     parser.add_argument("--backend", default="cpp",
                         help="attn_ext backend to measure, as backend= of the op (default: cpp)")
     parser.add_argument("--repeats", type=_positive_int, default=5,
@@ -80,20 +90,37 @@ def _bench_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rewrite the block between <!-- bench:NAME:start --> and <!-- bench:NAME:end --> in PATH")
 
 
-def _bench_run(args: argparse.Namespace) -> int:
-    from .bench import BENCHMARKS, BenchOptions, run_benchmark
+def _run(args: argparse.Namespace) -> int:
+    import time
+
+    from bench import BENCHMARKS, DEFAULT_BENCHMARKS, run_benchmark
+    from bench.harness import OUT_DIR, RESULTS_DIR, BenchOptions
+    from bench.harness.report import progress
 
     unknown = [n for n in args.benchmarks if n not in BENCHMARKS]
     if unknown:
-        print(f"attn-ext bench: error: unknown benchmark(s) {', '.join(unknown)}; "
+        print(f"{PROG} run: error: unknown benchmark(s) {', '.join(unknown)}; "
               f"choose from {', '.join(BENCHMARKS)}", file=sys.stderr)
         return 2
-    options = BenchOptions(quick=args.quick, out_dir=args.out, backend=args.backend,
-                           repeats=args.repeats, update_readme=args.update_readme)
-    status = 0
+    if args.update_results and (args.quick or args.out is not None):
+        # The committed results are the full grid's, where the goals are defined.
+        print(f"{PROG} run: error: --update-results writes the full grid to {RESULTS_DIR}/; "
+              "it takes neither --quick nor --out", file=sys.stderr)
+        return 2
+    readme = args.update_readme or (Path("README.md") if args.update_results else None)
+    options = BenchOptions(quick=args.quick, out_dir=RESULTS_DIR if args.update_results else (args.out or OUT_DIR),
+                           backend=args.backend, repeats=args.repeats, update_readme=readme,
+                           command=" ".join([PROG, *map(shlex.quote, args.argv)]))
+    names = args.benchmarks or list(DEFAULT_BENCHMARKS)
+    status, start, times = 0, time.perf_counter(), []
     # Keep going after a failing benchmark so one broken op does not hide the others' results.
-    for name in args.benchmarks or list(BENCHMARKS):
+    for i, name in enumerate(names, 1):
+        progress(f"=== [{i}/{len(names)}] {name} ({options.grid} grid)")
+        t0 = time.perf_counter()
         status = max(status, run_benchmark(name, options))
+        times.append(f"{name} {time.perf_counter() - t0:.0f} s")
+    progress(f"=== done in {time.perf_counter() - start:.0f} s ({', '.join(times)}); "
+             f"results in {options.out_dir}/" + ("" if status == 0 else f"; exit status {status}"))
     return status
 
 
@@ -109,37 +136,38 @@ def _lazy(module: str, attr: str) -> Callable:
 
 #: Subcommand name -> definition; ``main`` builds the parser from this table.
 SUBCOMMANDS: dict[str, Subcommand] = {
-    "bench": Subcommand(
-        help="benchmark attn_ext ops against PyTorch (time, GFLOP/s, peak memory)",
-        add_arguments=_bench_arguments,
-        run=_bench_run,
+    "run": Subcommand(
+        help="benchmark attn_ext ops against PyTorch (time, GFLOP/s, peak memory) and run the NP demo",
+        add_arguments=_run_arguments,
+        run=_run,
     ),
     "train": Subcommand(
         help="train a reference NP model on GP regression, image completion or wheel-bandit problems (resumable), or the TCA copy task",
-        add_arguments=_lazy("attn_ext.train", "add_arguments"),
-        run=_lazy("attn_ext.train", "run"),
+        add_arguments=_lazy("bench.np.train", "add_arguments"),
+        run=_lazy("bench.np.train", "run"),
     ),
     "eval": Subcommand(
         help="evaluate a trained NP model on the fixed-seed GP set or its image dataset's evaluation splits",
-        add_arguments=_lazy("attn_ext.evaluate", "add_arguments"),
-        run=_lazy("attn_ext.evaluate", "run"),
+        add_arguments=_lazy("bench.np.evaluate", "add_arguments"),
+        run=_lazy("bench.np.evaluate", "run"),
     ),
     "bandit": Subcommand(
         help="deploy wheel-bandit models (train wheel) for T steps with UCB: regret vs uniform, cost per step",
-        add_arguments=_lazy("attn_ext.tasks.bandit_cli", "add_arguments"),
-        run=_lazy("attn_ext.tasks.bandit_cli", "run"),
+        add_arguments=_lazy("bench.np.tasks.bandit_cli", "add_arguments"),
+        run=_lazy("bench.np.tasks.bandit_cli", "run"),
     ),
     "memory": Subcommand(
         help="peak inference memory of the NP models vs context and target size (table + log-log PNG)",
-        add_arguments=_lazy("attn_ext.bench.np_memory", "add_arguments"),
-        run=_lazy("attn_ext.bench.np_memory", "run_cli"),
+        add_arguments=_lazy("bench.np.np_memory", "add_arguments"),
+        run=_lazy("bench.np.np_memory", "run_cli"),
     ),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``attn-ext`` parser with one sub-parser per entry of :data:`SUBCOMMANDS`."""
-    parser = argparse.ArgumentParser(prog="attn-ext", description="attn_ext command line tools.")
+    """The ``python -m bench`` parser with one sub-parser per entry of :data:`SUBCOMMANDS`."""
+    parser = argparse.ArgumentParser(prog=PROG, description="attn_ext's benchmarks and paper-reproduction harness "
+                                                            "(run from the root of a clone).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, cmd in SUBCOMMANDS.items():
         cmd.add_arguments(sub.add_parser(name, help=cmd.help, description=cmd.help))
@@ -147,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``attn-ext`` console script.
+    """Entry point of ``python -m bench``.
 
     Parameters
     ----------
@@ -159,7 +187,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     int
         Exit status of the subcommand (argparse exits with 2 on bad usage).
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv
     return SUBCOMMANDS[args.command].run(args)
 
 

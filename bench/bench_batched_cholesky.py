@@ -1,4 +1,4 @@
-"""The batched Cholesky part of ``attn-ext bench intention``: ours vs ``torch.linalg`` (SPEC §4).
+"""The batched Cholesky part of ``python -m bench run intention``: ours vs ``torch.linalg`` (SPEC §4).
 
 ``torch.linalg.cholesky`` then ``torch.cholesky_solve`` against ours two ways: the fused
 ``batched_spd_solve`` (factor and solve per matrix, the factor kept in cache; the goal is judged on
@@ -15,9 +15,9 @@ from typing import Callable
 
 import torch
 
-from . import BenchOptions
-from .report import format_ms, markdown_table, progress, timing_dict, verdict
-from .timing import time_interleaved, torch_threads
+from bench.harness import BenchOptions
+from bench.harness.report import format_ms, markdown_table, progress, timing_dict, verdict
+from bench.harness.timing import time_interleaved, torch_threads
 
 DTYPE = torch.float32
 MIN_CHOL_REPEATS = 3

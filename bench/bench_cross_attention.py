@@ -1,4 +1,4 @@
-"""``attn-ext bench cross_attention``: attn_ext.cross_attention vs PyTorch SDPA on CPU.
+"""``python -m bench run cross_attention``: attn_ext.cross_attention vs PyTorch SDPA on CPU.
 
 For each key count N (B=8, H=4, M=128, D=Dv=64, fp32) it measures, in this
 process and the same way for both implementations, the median wall time of the
@@ -18,16 +18,16 @@ import gc
 import json
 from pathlib import Path
 
-from . import BenchOptions
-from . import cross_attention_workload as wl
-from .machine import load_average, machine_info, machine_markdown
-from .memory import PeakMemory, measure_peak_extra
-from .plot import Series, plot_time_and_memory
-from .report import format_ms, markdown_table, progress, update_readme
-from .timing import WARMUP_TEXT, time_interleaved
+from bench.harness import BenchOptions
+from bench import cross_attention_workload as wl
+from bench.harness.machine import load_average, machine_info, machine_markdown
+from bench.harness.memory import PeakMemory, measure_peak_extra
+from bench.harness.plot import Series, plot_time_and_memory
+from bench.harness.report import format_ms, markdown_table, progress, update_readme
+from bench.harness.timing import WARMUP_TEXT, time_interleaved
 
 NAME = "cross_attention"
-_PROBE = "attn_ext.bench.cross_attention_workload:memory_probe"
+_PROBE = "bench.cross_attention_workload:memory_probe"
 #: The math path must show at least this share of its score matrix, or the method is off.
 _CHECK_MIN_SHARE = 0.95
 #: Large enough that the scores (164 MB) dwarf allocator noise, small enough to take seconds

@@ -1,4 +1,4 @@
-"""``attn-ext bench intention``: Intention and σIntention vs SDPA, and the batched Cholesky ops.
+"""``python -m bench run intention``: Intention and σIntention vs SDPA, and the batched Cholesky ops.
 
 Part 1, attention (B=8, H=4, M=N queries and keys, D=Dv=64, fp32, CPU). For each
 N it times, in this process with the samples of the three implementations interleaved,
@@ -40,16 +40,16 @@ from typing import Callable
 
 import torch
 
-from . import BenchOptions
-from .timing import WARMUP_TEXT
-from .cholesky_workload import (CHOL_FULL_SHAPES, CHOL_RHS, CHOL_GOAL_SHAPE, CHOL_QUICK_SHAPES, CHOL_THREADS,
+from bench.harness import BenchOptions
+from bench.harness.timing import WARMUP_TEXT
+from bench.bench_batched_cholesky import (CHOL_FULL_SHAPES, CHOL_RHS, CHOL_GOAL_SHAPE, CHOL_QUICK_SHAPES, CHOL_THREADS,
                                 MIN_CHOL_SPEEDUP,
                                 cholesky_speedup, cholesky_table, measure_cholesky)
-from .cross_attention_workload import make_call
-from .machine import load_average, machine_markdown
-from .plot import Series, plot_panel
-from .report import format_ms, markdown_table, progress, publish, start_run, timing_dict, verdict
-from .timing import time_interleaved
+from bench.cross_attention_workload import make_call
+from bench.harness.machine import load_average, machine_markdown
+from bench.harness.plot import Series, plot_panel
+from bench.harness.report import format_ms, markdown_table, progress, publish, start_run, timing_dict, verdict
+from bench.harness.timing import time_interleaved
 
 NAME = "intention"
 B, H, D, DV = 8, 4, 64, 64

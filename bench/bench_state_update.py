@@ -1,4 +1,4 @@
-"""``attn-ext bench state_update``: adding keys to an attention state vs recomputing it.
+"""``python -m bench run state_update``: adding keys to an attention state vs recomputing it.
 
 For each context size N (B=1, H=4, M=128 latents, D=Dv=64, fp32, CPU) it
 measures the wall time of ``ae.update_state(state, q, k_new, v_new)`` with 16
@@ -31,11 +31,11 @@ from typing import Callable
 
 import torch
 
-from . import BenchOptions
-from .machine import load_average, machine_markdown
-from .plot import Series, plot_panel
-from .report import format_ms, markdown_table, progress, publish, start_run, timing_dict, verdict
-from .timing import WARMUP_TEXT, time_interleaved, torch_threads
+from bench.harness import BenchOptions
+from bench.harness.machine import load_average, machine_markdown
+from bench.harness.plot import Series, plot_panel
+from bench.harness.report import format_ms, markdown_table, progress, publish, start_run, timing_dict, verdict
+from bench.harness.timing import WARMUP_TEXT, time_interleaved, torch_threads
 
 NAME = "state_update"
 B, H, M, D, DV = 1, 4, 128, 64, 64

@@ -1,4 +1,4 @@
-"""``attn-ext bench streaming_memory``: peak memory of streaming keys vs materialising them.
+"""``python -m bench run streaming_memory``: peak memory of streaming keys vs materialising them.
 
 For each key count N (B=1, H=4, M=128, D=Dv=64, fp32, CPU) it measures, in a
 fresh subprocess per (implementation, N) (see :mod:`.memory`), the peak extra
@@ -25,11 +25,11 @@ from typing import Callable, Iterator
 
 import torch
 
-from . import BenchOptions
-from .machine import load_average, machine_markdown
-from .memory import measure_peak_extra
-from .plot import Series, plot_panel
-from .report import markdown_table, progress, publish, start_run
+from bench.harness import BenchOptions
+from bench.harness.machine import load_average, machine_markdown
+from bench.harness.memory import measure_peak_extra
+from bench.harness.plot import Series, plot_panel
+from bench.harness.report import markdown_table, progress, publish, start_run
 
 NAME = "streaming_memory"
 B, H, M, D, DV = 1, 4, 128, 64, 64
@@ -40,7 +40,7 @@ QUICK_NS: tuple[int, ...] = FULL_NS  # each probe takes seconds even at N = 1e6
 IMPLS: tuple[str, ...] = ("stream", "sdpa")
 #: "Flat": the largest peak of ``stream`` over N at most this many times its smallest.
 FLAT_MAX_RATIO = 1.2
-_PROBE = "attn_ext.bench.streaming_memory:memory_probe"
+_PROBE = "bench.bench_streaming_memory:memory_probe"
 
 
 def kv_bytes(n: int) -> int:
@@ -67,7 +67,7 @@ def chunk_stream(n: int, chunk: int = CHUNK, seed: int = 1) -> Iterator[tuple[to
 
 
 def memory_probe(impl: str, n: int, backend: str = "cpp") -> Callable[[], object]:
-    """Target of :func:`attn_ext.bench.memory.measure_peak_extra`.
+    """Target of :func:`bench.harness.memory.measure_peak_extra`.
 
     Builds ``q`` now (part of the baseline) and returns the call to measure,
     which creates its keys itself: chunk by chunk for ``"stream"``, all at once

@@ -1,4 +1,4 @@
-"""``attn-ext bench tree_attention``: Tree Cross Attention vs full cross attention over all tokens.
+"""``python -m bench run tree_attention``: Tree Cross Attention vs full cross attention over all tokens.
 
 For each number of tokens N (B=1, H=4, M=1024 queries, D=Dv=64, fp32, CPU) it
 draws random leaf keys and values ``[B, N, H*D]`` and 1-D token positions, and
@@ -42,11 +42,11 @@ from typing import Callable
 
 import torch
 
-from . import BenchOptions
-from .machine import load_average, machine_markdown
-from .plot import Series, plot_panel
-from .report import format_ms, markdown_table, progress, publish, start_run, timing_dict, verdict
-from .timing import WARMUP_TEXT, time_interleaved
+from bench.harness import BenchOptions
+from bench.harness.machine import load_average, machine_markdown
+from bench.harness.plot import Series, plot_panel
+from bench.harness.report import format_ms, markdown_table, progress, publish, start_run, timing_dict, verdict
+from bench.harness.timing import WARMUP_TEXT, time_interleaved
 
 NAME = "tree_attention"
 B, H, M, D, DV = 1, 4, 1024, 64, 64
@@ -69,7 +69,7 @@ TREE_MIN_REPEATS, TREE_NUMBER = 10, 5
 
 def num_nodes(n: int, b: int) -> int:
     """``tree.num_nodes`` of a b-ary tree over ``n`` tokens (a tree over a constant key: cheap, no payload)."""
-    from attn_ext.tree import build_tree
+    from attn_ext import build_tree
 
     return build_tree(torch.zeros(1, n), branching=b).num_nodes
 
@@ -122,7 +122,7 @@ def heads(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 def build_and_aggregate(points: torch.Tensor, leaf_k: torch.Tensor, leaf_v: torch.Tensor, b: int):
     """``(tree, node_k, node_v)``: ``build_tree`` then ``tree_aggregate`` (mean) of keys and of values."""
-    from attn_ext.tree import build_tree, tree_aggregate
+    from attn_ext import build_tree, tree_aggregate
 
     tree = build_tree(points, branching=b)
     return tree, heads(tree_aggregate(tree, leaf_k), D), heads(tree_aggregate(tree, leaf_v), DV)
@@ -136,7 +136,7 @@ def gather_call(leaf_k: torch.Tensor, leaf_v: torch.Tensor, tree) -> Callable[[]
 
 def tree_call(q, node_k, node_v, tree, backend: str) -> Callable[[], object]:
     """Zero-argument callable: greedy ``tree_cross_attention`` with ``backend``."""
-    from attn_ext.tree import tree_cross_attention
+    from attn_ext import tree_cross_attention
 
     return lambda: tree_cross_attention(q, node_k, node_v, tree, policy="greedy", backend=backend)
 
@@ -150,7 +150,7 @@ def full_call(q, k_leaves, v_leaves, backend: str) -> Callable[[], object]:
 
 def _measure_n(options: BenchOptions, n: int, step: str) -> dict:
     """One N: full CA, then per b build + aggregate and the tree op (one b's nodes alive at a time)."""
-    from attn_ext.tree import build_tree, tree_num_selected
+    from attn_ext import build_tree, tree_num_selected
 
     repeats = max(options.repeats, MIN_REPEATS)
     q, points, leaf_k, leaf_v = make_problem(n)

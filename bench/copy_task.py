@@ -1,6 +1,6 @@
-"""Copy task of Tree Cross Attention (TCA §4.1): thin script over :mod:`attn_ext.tasks.copy`.
+"""Copy task of Tree Cross Attention (TCA §4.1): thin script over :mod:`bench.np.tasks.copy`.
 
-The same as ``attn-ext train copy``; kept so the commands recorded in bench/results/copy_task.md
+The same as ``python -m bench train copy``; kept so the commands recorded in bench/results/copy_task.md
 still run::
 
     python bench/copy_task.py --seq-len 64 --steps 4000 --model tca --stop-at 0.999   # 1-4 min on 2 CPUs
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from attn_ext.tasks.copy_cli import add_copy_arguments, run_copy
+from bench.np.tasks.copy_cli import add_copy_arguments, run_copy
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """The cross-attention benchmark workload: shapes, inputs, implementations, calls.
 
-Shared by the ``attn-ext bench`` runner (:mod:`attn_ext.bench.cross_attention`)
+Shared by the ``python -m bench run`` runner (:mod:`bench.bench_cross_attention`)
 and the pytest-benchmark suite in ``bench/``, so both time exactly the same calls.
 
 Implementations
@@ -138,7 +138,7 @@ def make_call(
 
 
 def memory_probe(impl: str, n: int, backend: str = "cpp") -> Callable[[], object]:
-    """Target of :func:`attn_ext.bench.memory.measure_peak_extra`: one forward.
+    """Target of :func:`bench.harness.memory.measure_peak_extra`: one forward.
 
     Builds the inputs now (so they are part of the baseline, not of the peak)
     and returns the forward call to measure.

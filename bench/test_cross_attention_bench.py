@@ -1,7 +1,7 @@
 """pytest-benchmark suite: attn_ext.cross_attention vs SDPA, forward and forward+backward.
 
-Same workload as ``attn-ext bench cross_attention`` (shapes, inputs and calls
-come from :mod:`attn_ext.bench.cross_attention_workload`): B=8, H=4, M=128,
+Same workload as ``python -m bench run cross_attention`` (shapes, inputs and calls
+come from :mod:`bench.cross_attention_workload`): B=8, H=4, M=128,
 D=Dv=64, fp32 on CPU, N in {1e3, 1e4, 1e5} (+3e5 with ``--bench-large``).
 Benchmarks are grouped per (N, pass) so pytest-benchmark's table compares
 ours and SDPA side by side. Peak memory is measured by the CLI, not here.
@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("pytest_benchmark")
 
-from attn_ext.bench import cross_attention_workload as wl  # noqa: E402 - after the plugin check
+from bench import cross_attention_workload as wl  # noqa: E402 - after the plugin check
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """pytest-benchmark suite: Intention and σIntention vs SDPA, and the batched Cholesky ops vs torch.
 
-Same workload as ``attn-ext bench intention`` (shapes, inputs and calls come from
-:mod:`attn_ext.bench.intention`): B=8, H=4, M=N queries and keys, D=Dv=64, fp32 on
+Same workload as ``python -m bench run intention`` (shapes, inputs and calls come from
+:mod:`bench.bench_intention`): B=8, H=4, M=N queries and keys, D=Dv=64, fp32 on
 CPU, forward of ``ae.intention`` (primal, alpha=1), ``ae.sigma_intention`` (alpha=1)
 and SDPA at N in {256, 1024}, grouped per N; and the Cholesky factorisation + solve
 of ``[4096, 64, 64]`` SPD matrices with 64 right-hand sides,
@@ -19,9 +19,9 @@ import pytest
 
 pytest.importorskip("pytest_benchmark")
 
-from attn_ext.bench import cholesky_workload as cw  # noqa: E402 - after the plugin check
-from attn_ext.bench import intention as attention_bench  # noqa: E402
-from attn_ext.bench.cross_attention_workload import check_ours, make_call  # noqa: E402
+from bench import bench_batched_cholesky as cw  # noqa: E402 - after the plugin check
+from bench import bench_intention as attention_bench  # noqa: E402
+from bench.cross_attention_workload import check_ours, make_call  # noqa: E402
 
 NS = (256, 1024)
 CHOL_BATCH, CHOL_N = cw.CHOL_GOAL_SHAPE

@@ -1,7 +1,7 @@
 """pytest-benchmark suite: adding 16 keys to an attention state vs recomputing it.
 
-Same workload as ``attn-ext bench state_update`` (shapes, inputs and calls come
-from :mod:`attn_ext.bench.state_update`): B=1, H=4, M=128, D=Dv=64, fp32 on
+Same workload as ``python -m bench run state_update`` (shapes, inputs and calls come
+from :mod:`bench.bench_state_update`): B=1, H=4, M=128, D=Dv=64, fp32 on
 CPU, a state over N in {1e4, 1e5} keys; ``update`` is ``ae.update_state`` with
 16 new keys, ``recompute`` is ``ae.attention_state`` over all N + 16 keys
 (allocated beforehand). Grouped per N, so pytest-benchmark's table compares
@@ -16,8 +16,8 @@ import pytest
 
 pytest.importorskip("pytest_benchmark")
 
-from attn_ext.bench import state_update as su  # noqa: E402 - after the plugin check
-from attn_ext.bench.cross_attention_workload import check_ours  # noqa: E402
+from bench import state_update as su  # noqa: E402 - after the plugin check
+from bench.cross_attention_workload import check_ours  # noqa: E402
 
 NS = (10_000, 100_000)
 #: Calls per round for the update: one call takes ~0.1-0.2 ms, near the timer's and the

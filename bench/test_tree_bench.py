@@ -1,7 +1,7 @@
 """pytest-benchmark suite: Tree Cross Attention vs full cross attention over all tokens.
 
-Same workload as ``attn-ext bench tree_attention`` (shapes, inputs and calls come
-from :mod:`attn_ext.bench.tree_attention`): B=1, H=4, M=1024 queries, D=Dv=64,
+Same workload as ``python -m bench run tree_attention`` (shapes, inputs and calls come
+from :mod:`bench.bench_tree_attention`): B=1, H=4, M=1024 queries, D=Dv=64,
 fp32 on CPU, N in {1e4, 1e5} tokens, b=2. ``tree`` is greedy
 ``tree_cross_attention`` over the aggregated nodes, ``full`` is
 ``ae.cross_attention`` over all N tokens, ``build_aggregate`` is ``build_tree``
@@ -17,8 +17,8 @@ import pytest
 
 pytest.importorskip("pytest_benchmark")
 
-from attn_ext.bench import tree_attention as ta  # noqa: E402 - after the plugin check
-from attn_ext.bench.cross_attention_workload import check_ours  # noqa: E402
+import bench.bench_tree_attention as ta  # noqa: E402 - after the plugin check
+from bench.cross_attention_workload import check_ours  # noqa: E402
 
 NS = (10_000, 100_000)
 BRANCHING = 2

@@ -13,7 +13,7 @@ If the peak counter cannot be reset, the child falls back to
 the call (this sees only tensor allocations of the c10 CPU allocator). If that
 fails too, the result is ``n/a`` with the reason; nothing here raises.
 
-Child protocol: ``python -m attn_ext.bench.memory MODULE:FUNCTION JSON_KWARGS
+Child protocol: ``python -m bench.harness.memory MODULE:FUNCTION JSON_KWARGS
 [--method auto|rss|profiler]``. ``MODULE.FUNCTION(**kwargs)`` builds the inputs
 and returns a zero-argument callable; the child prints one JSON line last.
 """
@@ -89,10 +89,13 @@ def measure_peak_extra(
     """
     env = dict(os.environ)
     env["MALLOC_MMAP_THRESHOLD_"] = _MMAP_THRESHOLD
-    # The child must import this very package even when it is not installed.
-    package_root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    cmd = [sys.executable, "-m", "attn_ext.bench.memory", target, json.dumps(kwargs), "--method", method]
+    # The child must import this very harness (run from a clone, never installed) and the attn_ext the
+    # parent measures, wherever either was imported from.
+    paths = [str(Path(__file__).resolve().parents[2])]
+    if "attn_ext" in sys.modules:
+        paths.append(str(Path(sys.modules["attn_ext"].__file__).resolve().parents[1]))
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in (*paths, env.get("PYTHONPATH")) if p))
+    cmd = [sys.executable, "-m", "bench.harness.memory", target, json.dumps(kwargs), "--method", method]
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.SubprocessError) as exc:

@@ -102,8 +102,8 @@ def start_run(name: str, options, quick_ns, full_ns):
 
     Returns ``(ns, machine, warnings)``, or an exit status (2) when the op cannot run with the backend.
     """
-    from .cross_attention_workload import check_ours
-    from .machine import machine_info, machine_markdown
+    from bench.cross_attention_workload import check_ours
+    from bench.harness.machine import machine_info, machine_markdown
 
     error, warning = check_ours(options.backend)
     if error:

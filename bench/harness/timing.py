@@ -127,7 +127,7 @@ def time_interleaved(
 def torch_threads(count: int | None) -> Iterator[int]:
     """Run the block with ``count`` torch threads (None: as they are) and restore the previous count.
 
-    ``attn-ext bench`` runs every benchmark in one process: a benchmark that left the count changed
+    ``python -m bench run`` runs every benchmark in one process: a benchmark that left the count changed
     would time all the later ones, and label them, with the wrong number of threads. Yields the count
     in force inside the block.
     """

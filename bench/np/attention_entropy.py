@@ -7,8 +7,8 @@ targets cannot read what sits near their x. This module records, for every
 :class:`attn_ext.nn.MultiheadCrossAttention` a forward pass goes through, the entropy of the softmax
 over keys divided by ``log(number of keys)`` (1 = uniform, 0 = one key) and the spread of the logits.
 
-``python -m attn_ext.bench.attention_entropy RUN_DIR [--batches N]`` prints the table for the
-checkpoint in ``RUN_DIR`` (from ``attn-ext train gp``) on fresh RBF tasks.
+``python -m bench.np.attention_entropy RUN_DIR [--batches N]`` prints the table for the
+checkpoint in ``RUN_DIR`` (from ``python -m bench train gp``) on fresh RBF tasks.
 """
 from __future__ import annotations
 
@@ -98,12 +98,12 @@ def sharpness_table(model: nn.Module, batches: Sequence) -> List[list]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from attn_ext.bench.report import markdown_table
-    from attn_ext.tasks.np_tasks import gp_task
-    from attn_ext.train import load_checkpoint
+    from bench.harness.report import markdown_table
+    from bench.np.tasks.np_tasks import gp_task
+    from bench.np.train import load_checkpoint
 
-    parser = argparse.ArgumentParser(prog="python -m attn_ext.bench.attention_entropy", description=__doc__.split("\n")[0])
-    parser.add_argument("run", type=Path, help="run directory of `attn-ext train gp`")
+    parser = argparse.ArgumentParser(prog="python -m bench.np.attention_entropy", description=__doc__.split("\n")[0])
+    parser.add_argument("run", type=Path, help="run directory of `python -m bench train gp`")
     parser.add_argument("--batches", type=int, default=8, help="RBF batches of 16 tasks (default 8)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""``attn-ext eval gp|images``: mean per-target log-likelihood of a trained model on fixed-seed tasks.
+"""``python -m bench eval gp|images``: mean per-target log-likelihood of a trained model on fixed-seed tasks.
 
 The metric is SPEC §6's: per task, the mean over targets of the Gaussian log-likelihood summed over
 y dimensions; reported as mean ± std over the evaluation batches (each batch's value is the mean
@@ -18,19 +18,19 @@ import time
 from pathlib import Path
 from typing import Iterable, Optional
 
-from attn_ext.data.eval_set import FULL_NUM_BATCHES
+from bench.np.data.eval_set import FULL_NUM_BATCHES
 
 EVAL_BATCH, EVAL_SEED = 16, 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from attn_ext.train import add_task_arguments
+    from bench.np.train import add_task_arguments
 
     sub = parser.add_subparsers(dest="task", metavar="TASK", required=True)
     gp = sub.add_parser("gp", help="the fixed-seed GP evaluation set")
     images = sub.add_parser("images", help="the evaluation splits of the run's image dataset")
     for p in (gp, images):
-        p.add_argument("--ckpt", type=Path, required=True, help="run directory of `attn-ext train` or a checkpoint file")
+        p.add_argument("--ckpt", type=Path, required=True, help="run directory of `python -m bench train` or a checkpoint file")
         p.add_argument("--block-size", type=int, default=None, help="b_Q of CMANP-AND (default: the model's, 5)")
         p.add_argument("--threads", type=int, default=1)
     gp.add_argument("--num-batches", type=int, default=FULL_NUM_BATCHES,
@@ -60,7 +60,7 @@ def score(model, batches: Iterable, block_size: Optional[int] = None):
 
 
 def _result(ckpt: dict, per_batch, seconds: float, extra: dict, **fields) -> dict:
-    from attn_ext.train import stored_options
+    from bench.np.train import stored_options
 
     return {"model": ckpt["model"], "model_options": stored_options(ckpt), **fields, "num_batches": len(per_batch),
             "train_steps": ckpt["step"],
@@ -77,8 +77,8 @@ def _out_dir(run_dir: Path) -> Path:
 def evaluate(run_dir: Path, kernel: str = "rbf", *, num_batches: int = FULL_NUM_BATCHES,
              length_range: str = "code", block_size: Optional[int] = None, data_dir: Optional[Path] = None) -> dict:
     """Evaluate a GP checkpoint; returns (and writes next to it) the result dict."""
-    from attn_ext.data import evaluation_set
-    from attn_ext.train import load_checkpoint
+    from bench.np.data.eval_set import evaluation_set
+    from bench.np.train import load_checkpoint
 
     model, ckpt = load_checkpoint(run_dir)
     batches = evaluation_set(kernel, num_batches, length_range=length_range, cache_dir=data_dir)
@@ -103,9 +103,9 @@ def evaluate_images(run_dir: Path, *, dataset: Optional[str] = None, data_dir: O
                     split: Optional[str] = None, num_batches: Optional[int] = None, block_size: Optional[int] = None,
                     plot_images: int = 4) -> list:
     """Evaluate an image-completion checkpoint on each evaluation split; one result dict per split."""
-    from attn_ext.data.images import DATASETS
-    from attn_ext.tasks.np_tasks import image_task
-    from attn_ext.train import load_checkpoint
+    from bench.np.data.images import DATASETS
+    from bench.np.tasks.np_tasks import image_task
+    from bench.np.train import load_checkpoint
 
     model, ckpt = load_checkpoint(run_dir)
     if ckpt.get("task") != "images" and dataset is None:
@@ -118,7 +118,7 @@ def evaluate_images(run_dir: Path, *, dataset: Optional[str] = None, data_dir: O
         per_batch, seconds, extra = score(model, image_batches(sampler, num_batches), block_size)
         result = _result(ckpt, per_batch, seconds, extra, dataset=dataset, split=name, batch_size=EVAL_BATCH)
         if plot_images > 0:
-            from attn_ext.tasks.image_plot import plot_completions
+            from bench.np.tasks.image_plot import plot_completions
 
             path = _out_dir(run_dir) / f"completions_{name}.png"
             result["figure"] = str(plot_completions(model, sampler, path, plot_images))
@@ -140,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
                                       num_batches=args.num_batches, block_size=args.block_size,
                                       plot_images=args.plot_images)
     except (FileNotFoundError, ValueError, ImportError) as exc:
-        print(f"attn-ext eval: error: {exc}", file=sys.stderr)
+        print(f"python -m bench eval: error: {exc}", file=sys.stderr)
         return 1
     for r in results:
         what = r["kernel"] if args.task == "gp" else f"{r['dataset']} {r['split']}"

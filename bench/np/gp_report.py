@@ -1,10 +1,10 @@
-"""``attn-ext bench gp_quick``: every reference NP model trained on one budget, then evaluated (SPEC §6).
+"""``python -m bench run gp_quick``: every reference NP model trained on one budget, then evaluated (SPEC §6).
 
 Quick mode (``--quick``): 100 steps of a small configuration per model (2 layers, 32 latents) and
 20 evaluation batches — a smoke test of the whole pipeline, not an accuracy figure (``gp_smoke.md``). Full mode: the
-quick protocol of ``bench/gp_quick.sh`` (SPEC §5 sizes, 5000 steps, 200 evaluation batches). The
-paper protocol (100k steps, 3000 batches) is ``attn-ext train gp --steps 100000`` per model.
-``python -m attn_ext.bench.gp_quick RUNS_DIR [OUT_DIR [README]]`` rewrites the report (and the README
+quick protocol of ``bench/np/gp_quick.sh`` (SPEC §5 sizes, 5000 steps, 200 evaluation batches). The
+paper protocol (100k steps, 3000 batches) is ``python -m bench train gp --steps 100000`` per model.
+``python -m bench.np.gp_report RUNS_DIR [OUT_DIR [README]]`` rewrites the report (and the README
 block) from finished runs; with ``--protocol paper`` it reports runs of the paper protocol, finished or
 stopped on the way, as ``gp_full``.
 """
@@ -54,7 +54,7 @@ def _label(result: dict) -> str:
     import inspect
 
     from attn_ext.models import MODELS
-    from attn_ext.train import stored_options
+    from bench.np.train import stored_options
 
     model, options = result["model"], stored_options(result)
     params = inspect.signature(MODELS[model].__init__).parameters if model in MODELS else {}
@@ -78,7 +78,7 @@ def _checkpoint_identity(run: Path) -> Optional[dict]:
     """``{"model", "model_options"}`` of a run without an evaluation yet, from its checkpoint."""
     import torch
 
-    from attn_ext.train import CHECKPOINT
+    from bench.np.train import CHECKPOINT
 
     path = run / CHECKPOINT
     if not path.exists():
@@ -89,9 +89,9 @@ def _checkpoint_identity(run: Path) -> Optional[dict]:
 
 def _curves(runs_dir: Path, evaluated: dict) -> dict:
     """Training curves of every run with a history, labelled like the table's rows."""
-    from attn_ext.train_history import HISTORY
+    from bench.np.train_history import HISTORY
 
-    from .training_curves import collect_curves
+    from bench.np.training_curves import collect_curves
 
     identities = {name: next(iter(evals.values())) for name, evals in evaluated.items()}
     for run in sorted(p for p in runs_dir.iterdir() if (p / HISTORY).exists()):
@@ -113,7 +113,7 @@ def report(runs_dir: Path, command: str, protocol: str = "quick", published_as: 
     checkpoint; one row per run, so variants of a model sit side by side); ``protocol`` ("quick" or
     "paper") picks the text that says what was measured; ``published_as`` is the stem the curves' PNG
     is published under."""
-    from .report import markdown_table
+    from bench.harness.report import markdown_table
 
     rows, raw = [], {}
     for name, evals in _runs(runs_dir):
@@ -146,8 +146,8 @@ def report(runs_dir: Path, command: str, protocol: str = "quick", published_as: 
 
 def _publish(name: str, text: str, result: dict, curves: dict, out_dir: Path, readme: Optional[Path]) -> bool:
     """Publish the report, with the curves' PNG when there are curves."""
-    from .report import publish
-    from .training_curves import plot_training_curves
+    from bench.harness.report import publish
+    from bench.np.training_curves import plot_training_curves
 
     def plot(_result, path):
         plot_training_curves(curves, path, f"GP meta-regression ({name}): training loss on RBF tasks")
@@ -159,11 +159,11 @@ def run_protocol(out_dir: Path, runs_dir: Path, steps: int, eval_batches: int, o
                  readme: Path | None = None, name: str = NAME) -> int:
     """Train and evaluate every model into ``runs_dir``, then publish ``<name>.md/.json``."""
 
-    from attn_ext.evaluate import evaluate
-    from attn_ext.train import train
+    from bench.np.evaluate import evaluate
+    from bench.np.train import train
 
-    from .report import progress
-    from .timing import torch_threads
+    from bench.harness.report import progress
+    from bench.harness.timing import torch_threads
 
     with torch_threads(1):  # the protocol's budget is one thread; the benchmarks after it keep theirs
         for model in MODELS:
@@ -173,13 +173,13 @@ def run_protocol(out_dir: Path, runs_dir: Path, steps: int, eval_batches: int, o
             for kernel in KERNELS:
                 evaluate(runs_dir / model, kernel, num_batches=eval_batches)
     flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in overrides.items())
-    text, raw, curves = report(runs_dir, f"attn-ext train gp --model MODEL --steps {steps} {flags} && attn-ext eval "
+    text, raw, curves = report(runs_dir, f"python -m bench train gp --model MODEL --steps {steps} {flags} && python -m bench eval "
                                          f"gp --ckpt RUN --kernel KERNEL --num-batches {eval_batches}", published_as=name)
     return 0 if _publish(name, text, {"benchmark": name, "runs": raw}, curves, out_dir, readme) else 1
 
 
 def run(options) -> int:
-    """``attn-ext bench gp_quick``; quick mode publishes as ``gp_smoke`` so that it never overwrites the
+    """``python -m bench run gp_quick``; quick mode publishes as ``gp_smoke`` so that it never overwrites the
     accuracy table of the full quick protocol."""
     import tempfile
 
@@ -190,12 +190,12 @@ def run(options) -> int:
 
 
 def main(argv=None) -> int:
-    """``python -m attn_ext.bench.gp_quick RUNS_DIR [OUT_DIR [README]] [--protocol paper]``: the report
+    """``python -m bench.np.gp_report RUNS_DIR [OUT_DIR [README]] [--protocol paper]``: the report
     of finished runs (``RUNS_DIR/<model>/eval_rbf.json``), as ``gp_quick`` or, for the paper protocol,
     ``gp_full``."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m attn_ext.bench.gp_quick")
+    parser = argparse.ArgumentParser(prog="python -m bench.np.gp_report")
     parser.add_argument("runs", type=Path)
     parser.add_argument("out", type=Path, nargs="?", default=Path("bench/results"))
     parser.add_argument("readme", type=Path, nargs="?", default=None)
@@ -208,14 +208,14 @@ def main(argv=None) -> int:
     steps, batches = first.get("schedule_steps", first["train_steps"]), first["num_batches"]
     if args.protocol == "quick":
         name = NAME
-        command = (f"bench/gp_quick.sh {steps} {batches} {args.runs} (per model: attn-ext train gp --model MODEL "
+        command = (f"bench/np/gp_quick.sh {steps} {batches} {args.runs} (per model: python -m bench train gp --model MODEL "
                    f"--steps {steps} --out {args.runs}/MODEL --log-every 100 --checkpoint-every 250; then "
-                   f"attn-ext eval gp --ckpt {args.runs}/MODEL --kernel rbf|matern52 --num-batches {batches}), "
+                   f"python -m bench eval gp --ckpt {args.runs}/MODEL --kernel rbf|matern52 --num-batches {batches}), "
                    "OMP_NUM_THREADS=1; two shells each took part of the models (MODELS=...)")
     else:
         name = "gp_full"
-        command = (f"attn-ext train gp --model MODEL --steps 100000 --out {args.runs}/MODEL (rerun to resume); "
-                   f"attn-ext eval gp --ckpt {args.runs}/MODEL --kernel rbf|matern52 --num-batches {batches}")
+        command = (f"python -m bench train gp --model MODEL --steps 100000 --out {args.runs}/MODEL (rerun to resume); "
+                   f"python -m bench eval gp --ckpt {args.runs}/MODEL --kernel rbf|matern52 --num-batches {batches}")
     text, raw, curves = report(args.runs, command, args.protocol, name)
     return 0 if _publish(name, text, {"benchmark": name, "protocol": args.protocol, "runs": raw}, curves, args.out,
                          args.readme) else 1

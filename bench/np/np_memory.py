@@ -1,9 +1,9 @@
-"""``attn-ext memory`` (and ``attn-ext bench np_memory``): peak inference memory of the NP models.
+"""``python -m bench memory`` (and ``python -m bench run np_memory``): peak inference memory of the NP models.
 
 For each model (SPEC §5 default sizes, random weights, eval mode, no autograd, batch 1, fp32) and
 each context size ``N_c`` at fixed ``N_t`` (then each ``N_t`` at fixed ``N_c``), one fresh
 subprocess builds the model and the inputs and measures the peak extra RSS of one prediction
-(:mod:`attn_ext.bench.memory`; inputs and weights are the baseline, the output counts). CMANP and
+(:mod:`bench.harness.memory`; inputs and weights are the baseline, the output counts). CMANP and
 CMANP-AND condition on the context in chunks of ``--chunk-size`` points; CMANP-AND is measured
 drawing a block-autoregressive sample (``b_Q`` = 5). ``tnpd_masked`` is TNP-D as officially
 formulated — masked self attention over all ``N_c + N_t`` tokens with ``scaled_dot_product_attention``
@@ -29,12 +29,12 @@ FULL_NC: tuple = (10, 100, 1_000, 5_000, 20_000, 100_000)
 QUICK_NC: tuple = (1_000, 10_000)
 FULL_NT: tuple = (10, 100, 1_000, 10_000)
 QUICK_NT: tuple = (100, 1_000)
-#: ``attn-ext bench --quick`` measures only the models of the issue's memory goals.
+#: ``python -m bench run --quick`` measures only the models of the issue's memory goals.
 QUICK_MODELS: tuple = ("tnpd", "tnpd_masked", "lbanp", "cmanp")
 FIXED_NT, FIXED_NC = 100, 1_000
 #: CMANP's goal: peak at N_c = 1e5 at most this many times its peak at N_c = 1e3.
 FLAT_MAX_RATIO = 1.1
-_PROBE = "attn_ext.bench.np_memory:memory_probe"
+_PROBE = "bench.np.np_memory:memory_probe"
 #: Models whose N_c sweep is repeated counting tensor allocations only (torch.profiler): their peaks
 #: are ~1 MB, where RSS moves by a few hundred kB with the heap's fragmentation.
 PROFILER_MODELS = ("cmanp", "cmanp_and")
@@ -70,7 +70,7 @@ def _masked_tnpd(model, xc, yc, xt):
 
 def memory_probe(model: str, n_context: int, n_target: int, chunk_size: int = 1024,
                  cap_mb: Optional[float] = None, seed: int = 0) -> Callable[[], object]:
-    """Target of :func:`attn_ext.bench.memory.measure_peak_extra`: builds the model and inputs, caps
+    """Target of :func:`bench.harness.memory.measure_peak_extra`: builds the model and inputs, caps
     further allocations at ``cap_mb`` MB, returns the prediction to measure."""
     import torch
 
@@ -112,8 +112,8 @@ def measure(models: Sequence[str], ncs: Sequence[int], nts: Sequence[int], *, fi
             fixed_nc: int = FIXED_NC, chunk_size: int = 1024, cap_mb: float = 4000.0,
             timeout: float = 600.0, log=None) -> list:
     """One fresh-process probe per (model, sweep, N); returns the rows."""
-    from .memory import measure_peak_extra
-    from .report import progress
+    from bench.harness.memory import measure_peak_extra
+    from bench.harness.report import progress
 
     log = log or progress
     cells = ([("N_c", m, n, fixed_nt) for m in models for n in ncs]
@@ -164,8 +164,8 @@ def goals(rows: list, models: Sequence[str], ncs: Sequence[int]) -> dict:
 
 
 def tables(result: dict) -> str:
-    from .machine import machine_markdown
-    from .report import markdown_table, verdict
+    from bench.harness.machine import machine_markdown
+    from bench.harness.report import markdown_table, verdict
 
     cfg, rows, g = result["config"], result["rows"], result["goals"]
 
@@ -215,7 +215,7 @@ def tables(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    from .plot import Series, plot_time_and_memory
+    from bench.harness.plot import Series, plot_time_and_memory
 
     cfg, rows = result["config"], result["rows"]
 
@@ -237,8 +237,8 @@ def run_memory(models, ncs, nts, *, out_dir: Path, fixed_nt=FIXED_NT, fixed_nc=F
     ``reuse``: a previous ``<name>.json`` whose rows of models not in ``models`` are kept (same grid),
     to re-measure some models without repeating the others.
     """
-    from .machine import load_average, machine_info
-    from .report import publish
+    from bench.harness.machine import load_average, machine_info
+    from bench.harness.report import publish
 
     machine = machine_info()
     rows = measure(models, ncs, nts, fixed_nt=fixed_nt, fixed_nc=fixed_nc, chunk_size=chunk_size, cap_mb=cap_mb,
@@ -261,7 +261,7 @@ def run_memory(models, ncs, nts, *, out_dir: Path, fixed_nt=FIXED_NT, fixed_nc=F
 
 
 def run(options) -> int:
-    """``attn-ext bench np_memory``: the sweep at the quick or full sizes."""
+    """``python -m bench run np_memory``: the sweep at the quick or full sizes."""
     ncs, nts = (QUICK_NC, QUICK_NT) if options.quick else (FULL_NC, FULL_NT)
     return run_memory(QUICK_MODELS if options.quick else MODEL_NAMES, ncs, nts, out_dir=options.out_dir, timeout=120.0 if options.quick else 600.0,
                       readme=options.update_readme)

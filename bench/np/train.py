@@ -1,7 +1,7 @@
-"""``attn-ext train gp|images|wheel|copy``: seeded, resumable training of a reference NP model (SPEC §2, §6).
+"""``python -m bench train gp|images|wheel|copy``: seeded, resumable training of a reference NP model (SPEC §2, §6).
 
 ``gp``, ``images`` and ``wheel`` (bandit pre-training, batches of 8) share one loop (:func:`train`)
-over an :class:`attn_ext.tasks.np_tasks.NPTask`:
+over an :class:`bench.np.tasks.np_tasks.NPTask`:
 Adam (lr 5e-4, ``--weight-decay`` 0 as in the official GP code) with a cosine schedule over
 ``--steps``, batches of 16 fresh tasks. Every
 ``--checkpoint-every`` steps (and at the end) the run directory gets ``checkpoint.pt`` (model,
@@ -11,7 +11,7 @@ as an uninterrupted run; ``--keep-every`` also keeps step-numbered copies, from 
 the run replays exactly. Progress lines (loss, the gradient's global norm, steps/s) go to stderr and
 ``loss_history.csv``. ``images`` also writes ``completions.png``
 (context / mean / std of a few held-out images). ``copy`` is the TCA copy task
-(:mod:`attn_ext.tasks.copy_cli`), a few minutes, not checkpointed.
+(:mod:`bench.np.tasks.copy_cli`), a few minutes, not checkpointed.
 """
 from __future__ import annotations
 
@@ -70,19 +70,19 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_task_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    """The options that choose the task ``name`` ("gp", "images" or "wheel"); shared with ``attn-ext eval``."""
+    """The options that choose the task ``name`` ("gp", "images" or "wheel"); shared with ``python -m bench eval``."""
     if name == "wheel":
         parser.add_argument("--num-context", type=int, default=512, help="context points per problem (paper: 512)")
         parser.add_argument("--num-target", type=int, default=50, help="target points per problem (paper: 50)")
         parser.add_argument("--context-rewards", choices=["all", "pulled"], default="all",
                             help="context y: every arm's reward (paper) or one random pulled arm's, as at deployment")
     elif name == "gp":
-        from attn_ext.data.gp import KERNELS, LENGTH_RANGES
+        from attn_ext.data import KERNELS, LENGTH_RANGES
 
         parser.add_argument("--kernel", choices=KERNELS, default="rbf")
         parser.add_argument("--length-range", choices=sorted(LENGTH_RANGES), default="code")
     else:
-        from attn_ext.data.images import DATASETS
+        from bench.np.data.images import DATASETS
 
         parser.add_argument("--dataset", choices=list(DATASETS), required=(name == "images-train"),
                             help="emnist and celeba* read --data-dir; digits is scikit-learn's, offline")
@@ -90,7 +90,7 @@ def add_task_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from attn_ext.tasks.copy_cli import add_copy_arguments
+    from bench.np.tasks.copy_cli import add_copy_arguments
 
     sub = parser.add_subparsers(dest="task", metavar="TASK", required=True)
     gp = sub.add_parser("gp", help="GP meta-regression (SPEC §6)")
@@ -101,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_task_arguments(images, "images-train")
     images.add_argument("--plot-images", type=int, default=4, help="held-out images in completions.png (0: none)")
     add_copy_arguments(sub.add_parser("copy", help="TCA copy task (retrieve the mirrored token)"))
-    wheel = sub.add_parser("wheel", help="wheel-bandit pre-training (CMANP App. C.2; deploy with `attn-ext bandit`)")
+    wheel = sub.add_parser("wheel", help="wheel-bandit pre-training (CMANP App. C.2; deploy with `python -m bench bandit`)")
     _common_arguments(wheel)
     add_task_arguments(wheel, "wheel")
     wheel.set_defaults(batch_size=8)
@@ -167,7 +167,7 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
           restart: bool = False, keep_every: Optional[int] = None,
           overrides: Optional[dict] = None, options: Optional[dict] = None, stop_after: Optional[int] = None,
           log=None, **gp_settings) -> dict:
-    """Train (or resume) a model on ``task`` (an :class:`~attn_ext.tasks.np_tasks.NPTask`; default the
+    """Train (or resume) a model on ``task`` (an :class:`~bench.np.tasks.np_tasks.NPTask`; default the
     GP task of ``gp_settings``, e.g. ``kernel="matern52"``); returns the summary written to ``out/train.json``.
 
     ``overrides`` are :class:`~attn_ext.models.NPConfig` fields, ``options`` the model's own constructor
@@ -182,8 +182,8 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
     import torch
 
     from attn_ext.models import build_model
-    from attn_ext.tasks.np_tasks import gp_task
-    from attn_ext.train_history import LogPoint, append_history, start_history
+    from bench.np.tasks.np_tasks import gp_task
+    from bench.np.train_history import LogPoint, append_history, start_history
 
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     if min(steps, batch_size, checkpoint_every, log_every, 1 if keep_every is None else keep_every) <= 0:
@@ -295,10 +295,10 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     if args.task == "copy":
-        from attn_ext.tasks.copy_cli import run_copy
+        from bench.np.tasks.copy_cli import run_copy
 
         return run_copy(args)
-    from attn_ext.tasks.np_tasks import gp_task, image_task, wheel_task
+    from bench.np.tasks.np_tasks import gp_task, image_task, wheel_task
 
     torch.set_num_threads(args.threads)
     try:
@@ -312,11 +312,11 @@ def run(args: argparse.Namespace) -> int:
                         overrides=model_overrides(args),
                         options=model_options(args), stop_after=args.stop_after)
         if args.task == "images" and args.plot_images > 0:
-            from attn_ext.tasks.image_plot import plot_run
+            from bench.np.tasks.image_plot import plot_run
 
             summary["figure"] = str(plot_run(args.out, args.plot_images))
     except (ValueError, FloatingPointError, FileNotFoundError, ImportError) as exc:
-        print(f"attn-ext train: error: {exc}", file=sys.stderr)
+        print(f"python -m bench train: error: {exc}", file=sys.stderr)
         return 1
     print(json.dumps({k: summary[k] for k in ("model", "task", "final_step", "train_seconds", "figure")
                       if k in summary}))

@@ -13,7 +13,7 @@ def collect_curves(runs_dir: Path, labels: Dict[str, str], targets: Dict[str, Op
     """``{run name: {"label", "steps", "loss", "target"}}`` for every run directory of ``runs_dir``
     with a training history; ``labels``/``targets`` (the paper's RBF log-likelihood, drawn as its
     negative) by run name, where known."""
-    from attn_ext.train_history import read_history
+    from bench.np.train_history import read_history
 
     curves = {}
     for run in sorted(p for p in Path(runs_dir).iterdir() if p.is_dir()):

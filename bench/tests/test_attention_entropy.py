@@ -1,11 +1,11 @@
-"""The attention-sharpness diagnostic (attn_ext.bench.attention_entropy): exact on hand-made
+"""The attention-sharpness diagnostic (bench.np.attention_entropy): exact on hand-made
 attentions, transparent to the model it watches, and runnable on a checkpoint."""
 import math
 
 import pytest
 import torch
 
-from attn_ext.bench.attention_entropy import AttentionSharpness, main, record_attention, sharpness_table
+from bench.np.attention_entropy import AttentionSharpness, main, record_attention, sharpness_table
 from attn_ext.data import GPSampler
 from attn_ext.models import build_model
 from attn_ext.nn import MultiheadCrossAttention
@@ -72,7 +72,7 @@ def test_recording_leaves_predictions_unchanged_and_unpatches():
 
 
 def test_cli_reads_a_checkpoint(tmp_path, capsys):
-    from attn_ext.train import train
+    from bench.np.train import train
 
     train("lbanp", 2, tmp_path, overrides=SMALL, checkpoint_every=2, log_every=2, log=lambda msg: None)
     assert main([str(tmp_path), "--batches", "1"]) == 0

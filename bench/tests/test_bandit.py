@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from attn_ext.cli import main
-from attn_ext.data.wheel import LARGE_MEAN, WheelSampler, sample_wheel
+from bench.__main__ import main
+from bench.np.data.wheel import LARGE_MEAN, WheelSampler, sample_wheel
 from attn_ext.models import CMANP, TNPD
-from attn_ext.tasks.bandit import deploy, make_agent, problem, run_bandits
+from bench.np.tasks.bandit import deploy, make_agent, problem, run_bandits
 
 TINY = dict(num_layers=1, d_model=16, num_heads=2, ff_dim=16, num_latents=4, emb_depth=2)
 
@@ -73,7 +73,7 @@ def test_bandit_cli(tmp_path, capsys):
     assert set(res["results"]) == {"cmanp", "tnpd"} and (tmp_path / "res" / "bandit.png").stat().st_size > 0
     assert main(["train", "gp", "--model", "tnpd", "--steps", "1", "--out", str(tmp_path / "gp"), *small]) == 0
     assert main(["bandit", "--ckpt", str(tmp_path / "gp"), "--steps", "2", "--seeds", "1"]) == 1
-    assert "pre-train with `attn-ext train wheel`" in capsys.readouterr().err
+    assert "pre-train with `python -m bench train wheel`" in capsys.readouterr().err
 
 
 def test_pulled_context_rewards_show_one_arm():
@@ -87,7 +87,7 @@ def test_pulled_context_rewards_show_one_arm():
 
 
 def test_history_blind_policy_pulls_the_quadrant_arm():
-    from attn_ext.tasks.bandit import history_blind_regret_pct, quadrant_arms
+    from bench.np.tasks.bandit import history_blind_regret_pct, quadrant_arms
 
     data = problem(0.9, 400, 0)
     arms = quadrant_arms(data.x)

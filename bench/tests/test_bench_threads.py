@@ -1,11 +1,12 @@
-"""`attn-ext bench` runs its benchmarks in one process: none may leave torch's thread count changed."""
+"""`python -m bench run` runs its benchmarks in one process: none may leave torch's thread count changed."""
 import pytest
 import torch
 
-import attn_ext.evaluate
-import attn_ext.train
-from attn_ext.bench import gp_quick, report
-from attn_ext.bench.timing import torch_threads
+import bench.np.evaluate
+import bench.np.train
+from bench.harness import report
+from bench.np import gp_report as gp_quick
+from bench.harness.timing import torch_threads
 
 
 @pytest.fixture
@@ -29,8 +30,8 @@ def test_torch_threads_sets_and_restores(two_threads):
 
 def test_gp_protocol_trains_on_one_thread_and_restores_the_count(two_threads, monkeypatch, tmp_path):
     seen = []
-    monkeypatch.setattr(attn_ext.train, "train", lambda *a, **k: seen.append(("train", torch.get_num_threads())))
-    monkeypatch.setattr(attn_ext.evaluate, "evaluate", lambda *a, **k: seen.append(("eval", torch.get_num_threads())))
+    monkeypatch.setattr(bench.np.train, "train", lambda *a, **k: seen.append(("train", torch.get_num_threads())))
+    monkeypatch.setattr(bench.np.evaluate, "evaluate", lambda *a, **k: seen.append(("eval", torch.get_num_threads())))
     monkeypatch.setattr(gp_quick, "report", lambda *a, **k: ("", {}, {}))
     monkeypatch.setattr(report, "publish", lambda *a, **k: True)
     assert gp_quick.run_protocol(tmp_path, tmp_path, steps=1, eval_batches=1, overrides={}) == 0

@@ -3,7 +3,7 @@ import time
 
 import pytest
 
-from attn_ext.bench.timing import MAX_TIMED_ROUNDS, time_interleaved
+from bench.harness.timing import MAX_TIMED_ROUNDS, time_interleaved
 
 
 def _counting(log: list, name: str, seconds: float = 0.0):

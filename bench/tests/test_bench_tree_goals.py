@@ -1,7 +1,7 @@
 """The tree_attention benchmark's O(N log N) verdict: judged against PyTorch's gather of the same rows."""
 import math
 
-from attn_ext.bench import tree_attention as ta
+import bench.bench_tree_attention as ta
 
 
 def _rows(build_ms, gather_ms):

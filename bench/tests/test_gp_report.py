@@ -1,11 +1,11 @@
-"""The GP accuracy reports (attn_ext.bench.gp_quick): a run stopped before the end of its schedule
+"""The GP accuracy reports (bench.np.gp_report): a run stopped before the end of its schedule
 is shown as such, and the paper protocol publishes under its own name."""
 import json
 
 import torch
 
-from attn_ext.bench import gp_quick
-from attn_ext.train_history import LogPoint, append_history, start_history
+from bench.np import gp_report as gp_quick
+from bench.np.train_history import LogPoint, append_history, start_history
 
 
 def _write_eval(run_dir, model, kernel, steps, schedule, ll):
@@ -42,7 +42,7 @@ def test_quick_protocol_keeps_its_name_and_reads_old_results(tmp_path):
     assert gp_quick.main([str(runs), str(out)]) == 0
     text = (out / "gp_quick.md").read_text()
     assert "**quick protocol**" in text and "| lbanp | 5,000 |" in text
-    assert "bench/gp_quick.sh 5000 3000" in text
+    assert "bench/np/gp_quick.sh 5000 3000" in text
 
 
 def test_variants_of_a_model_get_a_row_each_named_by_their_options(tmp_path):

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 import torch
 
-from attn_ext.data import image_files
-from attn_ext.data.image_files import load_celeba, load_emnist, read_idx, write_idx
-from attn_ext.data.images import (DATASETS, ImageCompletionSampler, image_points, load_images, max_points,
+from bench.np.data import image_files
+from bench.np.data.image_files import load_celeba, load_emnist, read_idx, write_idx
+from bench.np.data.images import (DATASETS, ImageCompletionSampler, image_points, load_images, max_points,
                                   pixel_coordinates)
 
 

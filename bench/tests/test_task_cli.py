@@ -1,11 +1,11 @@
-"""End-to-end ``attn-ext train/eval`` on tiny configurations: GP, image completion (sklearn digits and
+"""End-to-end ``python -m bench train/eval`` on tiny configurations: GP, image completion (sklearn digits and
 a tiny EMNIST in IDX files), the copy task; resume and task mismatch."""
 import json
 
 import numpy as np
 import pytest
 
-from attn_ext.cli import main
+from bench.__main__ import main
 
 TINY = ["--num-layers", "1", "--d-model", "16", "--num-heads", "2", "--ff-dim", "16", "--num-latents", "4",
         "--emb-depth", "2"]
@@ -30,7 +30,7 @@ def test_train_gp_resume_matches_and_eval(tmp_path, capsys):
 
 
 def _tiny_emnist(root):
-    from attn_ext.data.image_files import write_idx
+    from bench.np.data.image_files import write_idx
 
     rng = np.random.default_rng(0)
     for split, n in (("train", 20), ("test", 47)):

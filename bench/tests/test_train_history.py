@@ -6,8 +6,8 @@ import shutil
 import pytest
 import torch
 
-from attn_ext.train import load_checkpoint, train
-from attn_ext.train_history import HISTORY, LogPoint, read_history, start_history
+from bench.np.train import load_checkpoint, train
+from bench.np.train_history import HISTORY, LogPoint, read_history, start_history
 
 TINY = dict(d_model=8, num_layers=1, num_heads=2, ff_dim=16, emb_depth=2)
 QUIET = dict(overrides=TINY, log=lambda m: None)
@@ -16,7 +16,7 @@ QUIET = dict(overrides=TINY, log=lambda m: None)
 def first_step_gradient_norm(model_name: str, seed: int = 0) -> float:
     """The gradient norm of the first training step, computed outside the training loop."""
     from attn_ext.models import build_model
-    from attn_ext.tasks.np_tasks import gp_task
+    from bench.np.tasks.np_tasks import gp_task
 
     task = gp_task()
     torch.manual_seed(seed)
@@ -72,7 +72,7 @@ def test_keep_every_must_be_positive(tmp_path):
 
 
 def test_keep_every_on_the_command_line(tmp_path):
-    from attn_ext.cli import main
+    from bench.__main__ import main
 
     tiny = ["--d-model", "8", "--num-layers", "1", "--num-heads", "2", "--ff-dim", "16", "--emb-depth", "2"]
     assert main(["train", "gp", "--model", "tnpd", "--steps", "3", "--out", str(tmp_path), "--keep-every", "2",

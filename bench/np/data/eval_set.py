@@ -7,7 +7,7 @@ from typing import List, Optional, Union
 
 import torch
 
-from attn_ext.data.gp import GPSampler, NPBatch
+from attn_ext.data import GPSampler, NPBatch
 
 #: The full protocol: 3000 batches of 16 from a fixed seed.
 FULL_NUM_BATCHES, BATCH_SIZE, EVAL_SEED = 3000, 16, 0
@@ -28,7 +28,7 @@ def evaluation_set(kernel: str = "rbf", num_batches: int = FULL_NUM_BATCHES, *, 
     Examples
     --------
     >>> import tempfile
-    >>> from attn_ext.data import evaluation_set
+    >>> from bench.np.data.eval_set import evaluation_set
     >>> with tempfile.TemporaryDirectory() as d:
     ...     first = evaluation_set("rbf", 2, cache_dir=d)
     ...     again = evaluation_set("rbf", 2, cache_dir=d)       # read back from the cache

@@ -2,7 +2,7 @@
 CelebA's aligned JPEGs with ``list_eval_partition.txt``, and scikit-learn's bundled 8×8 digits.
 
 Every reader returns ``uint8 [N, C, H, W]`` images (and, where the format has them, labels); the
-task construction of :mod:`attn_ext.data.images` scales them.
+task construction of :mod:`bench.np.data.images` scales them.
 """
 from __future__ import annotations
 

@@ -18,8 +18,8 @@ from typing import Callable, Dict, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from attn_ext.data.gp import NPBatch
-from attn_ext.data.image_files import load_celeba, load_digits, load_emnist
+from attn_ext.data import NPBatch
+from bench.np.data.image_files import load_celeba, load_digits, load_emnist
 
 #: Resolution -> M, the bound on N_c + N_t of the papers (N_c < M − 3, N_c + N_t < M).
 MAX_POINTS = {32: 200, 64: 800, 128: 1600}
@@ -61,7 +61,7 @@ class ImageCompletionSampler:
     Examples
     --------
     >>> import torch
-    >>> from attn_ext.data.images import ImageCompletionSampler
+    >>> from bench.np.data.images import ImageCompletionSampler
     >>> sampler = ImageCompletionSampler(torch.randint(0, 256, (10, 3, 32, 32), dtype=torch.uint8))
     >>> batch = sampler.sample(4, generator=torch.Generator().manual_seed(0))
     >>> batch.xc.shape[-1], batch.yc.shape[-1], 3 <= batch.xc.shape[1] < 197

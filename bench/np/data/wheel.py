@@ -19,7 +19,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from attn_ext.data.gp import NPBatch
+from attn_ext.data import NPBatch
 
 NUM_ARMS, SMALL_MEANS, SMALL_STD, LARGE_MEAN, LARGE_STD = 5, (1.2, 1.0, 1.0, 1.0, 1.0), 0.05, 50.0, 0.01
 DELTAS = (0.7, 0.9, 0.95, 0.99, 0.995)
@@ -43,7 +43,7 @@ def sample_wheel(num_points: int, delta: float, generator: Optional[torch.Genera
     Examples
     --------
     >>> import torch
-    >>> from attn_ext.data.wheel import sample_wheel
+    >>> from bench.np.data.wheel import sample_wheel
     >>> d = sample_wheel(1000, 0.9, torch.Generator().manual_seed(0))
     >>> outer = d.x.norm(dim=1) >= 0.9
     >>> bool((d.x.norm(dim=1) <= 1).all()), bool((d.rewards[outer].argmax(1) == d.opt_action[outer]).all())
@@ -73,7 +73,7 @@ class WheelSampler:
     Examples
     --------
     >>> import torch
-    >>> from attn_ext.data.wheel import WheelSampler
+    >>> from bench.np.data.wheel import WheelSampler
     >>> b = WheelSampler(num_context=16, num_target=4).sample(2, torch.Generator().manual_seed(0))
     >>> tuple(b.xc.shape), tuple(b.yt.shape)
     ((2, 16, 2), (2, 4, 5))

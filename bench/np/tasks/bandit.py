@@ -23,7 +23,7 @@ from typing import Dict, List
 import torch
 from torch import Tensor
 
-from attn_ext.data.wheel import NUM_ARMS, WheelData, masked_rewards, sample_wheel
+from bench.np.data.wheel import NUM_ARMS, WheelData, masked_rewards, sample_wheel
 
 
 class IncrementalAgent:
@@ -89,8 +89,8 @@ def deploy(model, data: WheelData, seed: int = 0, mode: str = "auto") -> Dict[st
     --------
     >>> import torch
     >>> from attn_ext.models import CMANP
-    >>> from attn_ext.data.wheel import sample_wheel
-    >>> from attn_ext.tasks.bandit import deploy
+    >>> from bench.np.data.wheel import sample_wheel
+    >>> from bench.np.tasks.bandit import deploy
     >>> model = CMANP(dim_x=2, dim_y=5, num_layers=1, d_model=16, num_latents=4)
     >>> out = deploy(model, sample_wheel(5, 0.9, torch.Generator().manual_seed(0)))
     >>> out["regret"].shape, bool((out["regret"] >= -1).all())

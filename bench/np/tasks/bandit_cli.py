@@ -1,4 +1,4 @@
-"""``attn-ext bandit``: deploy wheel-bandit models pre-trained with ``attn-ext train wheel`` (CMANP App. C.2).
+"""``python -m bench bandit``: deploy wheel-bandit models pre-trained with ``python -m bench train wheel`` (CMANP App. C.2).
 
 Writes ``bandit.json``, ``bandit_table.md`` (cumulative regret as % of uniform per δ, next to CMANP Table
 7, and the per-step cost at the first and last steps) and ``bandit.png`` (cumulative regret vs step
@@ -6,9 +6,9 @@ at one δ; per-step time vs step: constant for CMANP's update path, growing for 
 
 Example (the paper's protocol; the reduced run of bench/results/bandit.md uses fewer steps/seeds)::
 
-    attn-ext train wheel --model cmanp --steps 100000 --out runs/wheel-cmanp
-    attn-ext train wheel --model tnpd --steps 100000 --out runs/wheel-tnpd
-    attn-ext bandit --ckpt runs/wheel-cmanp runs/wheel-tnpd --steps 2000 --seeds 50 --out bench/results
+    python -m bench train wheel --model cmanp --steps 100000 --out runs/wheel-cmanp
+    python -m bench train wheel --model tnpd --steps 100000 --out runs/wheel-tnpd
+    python -m bench bandit --ckpt runs/wheel-cmanp runs/wheel-tnpd --steps 2000 --seeds 50 --out bench/results
 """
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ import json
 import sys
 from pathlib import Path
 
-from attn_ext.data.wheel import DELTAS
+from bench.np.data.wheel import DELTAS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ckpt", type=Path, nargs="+", required=True,
-                        help="run directories of `attn-ext train wheel` (one per model)")
+                        help="run directories of `python -m bench train wheel` (one per model)")
     parser.add_argument("--deltas", type=float, nargs="+", default=list(DELTAS), help="wheel radii δ")
     parser.add_argument("--steps", type=int, default=2000, help="bandit steps per episode (paper: 2000)")
     parser.add_argument("--seeds", type=int, default=50, help="episodes per δ (paper: 50)")
@@ -39,7 +39,7 @@ def _label(name: str, res: dict) -> str:
 
 def write_table(results: dict, deltas, steps: int, seeds: int, path: Path, header: str = "") -> str:
     """Markdown: regret per δ (ours ± std over seeds, the paper's), per-step cost at the start and end."""
-    from attn_ext.tasks.bandit import PAPER, history_blind_regret_pct, mean_std
+    from bench.np.tasks.bandit import PAPER, history_blind_regret_pct, mean_std
 
     cols = " | ".join(f"δ = {d}" for d in deltas)
     lines = [header, f"Cumulative regret after {steps} steps, % of the uniform policy (mean ± std over {seeds} "
@@ -74,7 +74,7 @@ def plot(results: dict, delta: float, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from attn_ext.tasks.bandit import binned
+    from bench.np.tasks.bandit import binned
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     uniform = None
@@ -99,8 +99,8 @@ def plot(results: dict, delta: float, path: Path) -> Path:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from attn_ext.tasks.bandit import run_bandits
-    from attn_ext.train import load_checkpoint
+    from bench.np.tasks.bandit import run_bandits
+    from bench.np.train import load_checkpoint
 
     torch.set_num_threads(args.threads)
     try:
@@ -108,18 +108,18 @@ def run(args: argparse.Namespace) -> int:
         for ckpt_dir in args.ckpt:
             model, ckpt = load_checkpoint(ckpt_dir)
             if ckpt.get("task") != "wheel":
-                raise ValueError(f"{ckpt_dir} is a {ckpt.get('task', 'gp')!r} run; pre-train with `attn-ext train wheel`")
+                raise ValueError(f"{ckpt_dir} is a {ckpt.get('task', 'gp')!r} run; pre-train with `python -m bench train wheel`")
             name = ckpt["model"] if ckpt["model"] not in models else f"{ckpt['model']}-{len(models)}"
             models[name] = model
         results = run_bandits(models, args.deltas, args.steps, args.seeds, args.mode,
                               log=lambda m: print(m, file=sys.stderr, flush=True))
     except (ValueError, FileNotFoundError) as exc:
-        print(f"attn-ext bandit: error: {exc}", file=sys.stderr)
+        print(f"python -m bench bandit: error: {exc}", file=sys.stderr)
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     delta = args.plot_delta if args.plot_delta in args.deltas else args.deltas[len(args.deltas) // 2]
     plot(results, delta, args.out / "bandit.png")
-    header = (f"# wheel bandit (CMANP App. C.2)\n\nCommand: `attn-ext bandit --ckpt {' '.join(map(str, args.ckpt))} "
+    header = (f"# wheel bandit (CMANP App. C.2)\n\nCommand: `python -m bench bandit --ckpt {' '.join(map(str, args.ckpt))} "
               f"--steps {args.steps} --seeds {args.seeds} --deltas {' '.join(map(str, args.deltas))}`\n")
     print(write_table(results, args.deltas, args.steps, args.seeds, args.out / "bandit_table.md", header))
     serial = {n: {k: (v.tolist() if isinstance(v, torch.Tensor) else

@@ -27,9 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attn_ext.nn.tca_loss import tca_loss
-from attn_ext.nn.tree_cross_attention import TreeCrossAttention
-from attn_ext.tree import tree_num_selected
+from attn_ext import tree_num_selected
+from attn_ext.nn import TreeCrossAttention, tca_loss
 
 BOS, EOS, VOCAB = 10, 11, 12
 KINDS = ("tca", "ca")
@@ -144,7 +143,7 @@ def train(cfg: CopyConfig, log: Optional[Callable[[str], None]] = None) -> dict:
 
     Examples
     --------
-    >>> from attn_ext.tasks.copy import CopyConfig, train
+    >>> from bench.np.tasks.copy import CopyConfig, train
     >>> r = train(CopyConfig(seq_len=8, steps=2, eval_size=8, log_every=10), log=lambda m: None)
     >>> r["read"], r["context"]
     (3, 4)

@@ -1,4 +1,4 @@
-"""``attn-ext train copy``: the TCA copy task (:mod:`attn_ext.tasks.copy`) from the command line."""
+"""``python -m bench train copy``: the TCA copy task (:mod:`bench.np.tasks.copy`) from the command line."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-#: CLI model names -> :data:`attn_ext.tasks.copy.KINDS` (``retreever`` = tree cross attention + TCA loss).
+#: CLI model names -> :data:`bench.np.tasks.copy.KINDS` (``retreever`` = tree cross attention + TCA loss).
 MODEL_KINDS = {"retreever": "tca", "tca": "tca", "ca": "ca"}
 
 
@@ -37,7 +37,7 @@ def run_copy(args: argparse.Namespace) -> int:
     """Train the chosen model(s), print the summary; exit status 1 on bad settings."""
     import torch
 
-    from attn_ext.tasks.copy import CopyConfig, summary_line, train
+    from bench.np.tasks.copy import CopyConfig, summary_line, train
 
     torch.set_num_threads(args.threads)
     kinds = ["tca", "ca"] if args.model == "both" else [MODEL_KINDS[args.model]]
@@ -47,7 +47,7 @@ def run_copy(args: argparse.Namespace) -> int:
                               alpha=args.alpha, baseline=args.baseline, log_every=args.log_every,
                               eval_size=args.eval_size, stop_at=args.stop_at) for k in kinds]
     except ValueError as exc:
-        print(f"attn-ext train copy: error: {exc}", file=sys.stderr)
+        print(f"python -m bench train copy: error: {exc}", file=sys.stderr)
         return 1
     results = [train(c) for c in configs]
     print(f"\ncopy task, seq len {args.seq_len} (context {args.seq_len // 2} tokens, "

@@ -18,7 +18,7 @@ def completions(model, sampler, num_images: int, num_context: Optional[int] = No
     The first ``num_images`` images of ``sampler`` with ``num_context`` random context pixels (default
     ``M / 4``, a quarter of the papers' largest N_c + N_t); the model predicts every pixel.
     """
-    from attn_ext.data.images import image_points
+    from bench.np.data.images import image_points
 
     images = sampler.images[:num_images]
     n, C, H, W = images.shape
@@ -71,9 +71,9 @@ def plot_completions(model, sampler, path: Path, num_images: int = 4, title: str
 
 def plot_run(run_dir: Path, num_images: int = 4) -> Path:
     """``completions.png`` in ``run_dir``: the run's model on its dataset's first evaluation split."""
-    from attn_ext.data.images import DATASETS
-    from attn_ext.tasks.np_tasks import image_task
-    from attn_ext.train import load_checkpoint
+    from bench.np.data.images import DATASETS
+    from bench.np.tasks.np_tasks import image_task
+    from bench.np.train import load_checkpoint
 
     model, ckpt = load_checkpoint(Path(run_dir))
     dataset = ckpt["dataset"]

@@ -1,8 +1,8 @@
-"""Meta-learning tasks of the NP models as one interface: what ``attn-ext train``/``eval`` need.
+"""Meta-learning tasks of the NP models as one interface: what ``python -m bench train``/``eval`` need.
 
 An :class:`NPTask` names a task, holds the settings that rebuild it (stored in a checkpoint, so a
 resumed run or an evaluation gets the same task) and draws training batches. The GP and image
-completion tasks are defined here; the training loop (:mod:`attn_ext.train`) knows neither.
+completion tasks are defined here; the training loop (:mod:`bench.np.train`) knows neither.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from attn_ext.data.gp import NPBatch
+from attn_ext.data import NPBatch
 
 TASK_NAMES = ("gp", "images", "wheel")
 
@@ -52,9 +52,9 @@ def gp_task(kernel: str = "rbf", length_range: str = "code") -> NPTask:
 
 
 def image_task(dataset: str, data_dir: Optional[Path] = None, split: Optional[str] = None) -> NPTask:
-    """Image completion on ``dataset`` (a key of :data:`attn_ext.data.images.DATASETS`); ``split``
+    """Image completion on ``dataset`` (a key of :data:`bench.np.data.images.DATASETS`); ``split``
     defaults to the dataset's training split. The images are loaded once, here."""
-    from attn_ext.data.images import DATASETS, ImageCompletionSampler, load_images
+    from bench.np.data.images import DATASETS, ImageCompletionSampler, load_images
 
     if dataset not in DATASETS:
         raise ValueError(f"unknown image dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
@@ -66,7 +66,7 @@ def image_task(dataset: str, data_dir: Optional[Path] = None, split: Optional[st
 
 def wheel_task(num_context: int = 512, num_target: int = 50, context_rewards: str = "all") -> NPTask:
     """Wheel-bandit pre-training (CMANP App. C.2): x the 2-D context, y the 5 arms' rewards."""
-    from attn_ext.data.wheel import NUM_ARMS, WheelSampler
+    from bench.np.data.wheel import NUM_ARMS, WheelSampler
 
     sampler = WheelSampler(num_context, num_target, context_rewards)
     settings = {"num_context": num_context, "num_target": num_target, "context_rewards": context_rewards}
