@@ -17,7 +17,12 @@ default thread count only (which favours it).
 The issue's goals: update time flat in N (N = 1e6 within 1.2x of N = 1e3) and
 at least 1000x faster than recomputation at N = 1e6. The report states whether
 each holds, judged on the default-thread update (what a user gets; the 1-thread
-verdicts are shown too).
+verdicts are shown too); a failing or borderline goal is re-measured first
+(:func:`bench.harness.goals.confirm`). The quick grid has the same sizes: even
+N = 1e6 takes seconds.
+
+The pytest-benchmark functions at the end time the update and the recomputation:
+``python -m pytest bench/bench_state_update.py --benchmark-only``.
 
 Writes ``state_update.{md,json,png}`` to the output directory and prints the
 Markdown tables to stdout; progress goes to stderr.
@@ -26,15 +31,18 @@ Markdown tables to stdout; progress goes to stderr.
 from __future__ import annotations
 
 import gc
+import sys
 import time
 from typing import Callable
 
 import torch
 
 from bench.harness import BenchOptions
+from bench.harness.calls import check_ours, start_run
+from bench.harness.goals import confirm, confirmed_text, grid_note, sizes
 from bench.harness.machine import load_average, machine_markdown
 from bench.harness.plot import Series, plot_panel
-from bench.harness.report import format_ms, markdown_table, progress, publish, start_run, timing_dict, verdict
+from bench.harness.report import format_ms, markdown_table, progress, provenance, publish, timing_dict
 from bench.harness.timing import WARMUP_TEXT, time_interleaved, torch_threads
 
 NAME = "state_update"
@@ -48,12 +56,24 @@ QUICK_NS: tuple[int, ...] = FULL_NS
 FLAT_MAX_RATIO = 1.2
 #: Goal 2: recompute / update at the largest N at least this.
 MIN_SPEEDUP = 1000.0
+#: The sizes both goals are stated at.
+GOAL_NS: tuple[int, int] = (1_000, 1_000_000)
 #: An update takes well under a millisecond, where one scheduler hiccup on a shared
 #: 2-core machine is a 10x outlier; many repeats make the median robust and cost little.
 UPDATE_MIN_REPEATS = 30
+#: The quick grid's: on a loaded machine a 2-thread update can take tens of ms (OpenMP waiting for a core).
+QUICK_UPDATE_REPEATS = 10
 #: Back-to-back updates per sample (their mean), as a streaming caller makes them.
 UPDATE_NUMBER = 5
 RECOMPUTE_MIN_REPEATS = 3
+
+
+def _update_repeats(options: BenchOptions) -> int:
+    return max(options.repeats, QUICK_UPDATE_REPEATS if options.quick else UPDATE_MIN_REPEATS)
+
+
+def _recompute_repeats(options: BenchOptions) -> int:
+    return RECOMPUTE_MIN_REPEATS if options.quick else max(options.repeats, RECOMPUTE_MIN_REPEATS)
 
 
 def make_problem(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -105,13 +125,13 @@ def recompute_call(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor,
     return lambda: ae.attention_state(q, k_all, v_all, backend=backend)
 
 
-def _measure(options: BenchOptions, ns: tuple[int, ...]) -> list[dict]:
+def _measure(options: BenchOptions, ns: tuple[int, ...]) -> tuple[list[dict], dict[str, Callable[[], object]]]:
     """Recompute timings and exactness per N, then all N's updates timed together."""
     import attn_ext as ae
 
     rows: list[dict] = []
     updates: dict[str, Callable[[], object]] = {}
-    recompute_repeats = max(options.repeats, RECOMPUTE_MIN_REPEATS)
+    recompute_repeats = _recompute_repeats(options)
     for i, n in enumerate(ns):
         progress(f"[{i + 1}/{len(ns) + 1}] N={n:,}: state over N keys, then recompute over N+{NEW_KEYS} "
                  f"x{recompute_repeats} ...", end="")
@@ -138,7 +158,7 @@ def _measure(options: BenchOptions, ns: tuple[int, ...]) -> list[dict]:
         updates[str(n)] = update_call(state, q, k_new, v_new, options.backend)
         del k_all, v_all, timed
         gc.collect()
-    update_repeats = max(options.repeats, UPDATE_MIN_REPEATS)
+    update_repeats = _update_repeats(options)
     for threads in thread_counts():
         progress(f"[{len(ns) + 1}/{len(ns) + 1}] update_state with {NEW_KEYS} new keys, {threads} thread(s), "
                  f"all N interleaved, {update_repeats} x {UPDATE_NUMBER} calls ...", end="")
@@ -150,7 +170,7 @@ def _measure(options: BenchOptions, ns: tuple[int, ...]) -> list[dict]:
             row["update"][str(threads)] = timing_dict(measured[str(row["N"])])
         progress(" " + ", ".join(f"N={r['N']:,}: {format_ms(r['update'][str(threads)]['median_ms'])} ms"
                                  for r in rows))
-    return rows
+    return rows, updates
 
 
 def thread_counts() -> list[int]:
@@ -158,21 +178,38 @@ def thread_counts() -> list[int]:
     return sorted({torch.get_num_threads(), 1}, reverse=True)
 
 
-def _goals(rows: list[dict]) -> dict:
-    """Evaluate the issue's two goals on the smallest and largest N, per thread count."""
+def _goals(rows: list[dict], updates: dict, repeats: int) -> dict:
+    """Evaluate the issue's two goals on the smallest and largest N, per thread count; on the judged
+    (default) count a failing or borderline goal is re-measured (both N's updates timed again)."""
     first, last = rows[0], rows[-1]
     r1 = last["recompute"]["median_ms"]
+    threads_list = list(first["update"])
     goals = {}
-    for threads in first["update"]:
+    for threads in threads_list:
         u0, u1 = first["update"][threads]["median_ms"], last["update"][threads]["median_ms"]
         flat = u1 / u0 if u0 and u1 else None
         speedup = r1 / u1 if r1 and u1 else None
+        again: dict = {}
+
+        def remeasured(threads=threads, again=again) -> tuple[float | None, float | None]:
+            if not again:  # one re-measurement serves both goals
+                with torch_threads(int(threads)):
+                    m = time_interleaved({k: updates[str(r["N"])] for k, r in (("0", first), ("1", last))},
+                                         repeats=2 * repeats, number=UPDATE_NUMBER)
+                again.update({k: None if isinstance(v, Exception) else v.median_ms for k, v in m.items()})
+            return again["0"], again["1"]
+
+        judged = threads == judged_on(threads_list)
+        flat_goal = confirm(flat, FLAT_MAX_RATIO, False, (lambda: (lambda a, b: b / a if a and b else None)(
+            *remeasured())) if judged else None, f"update N={last['N']:,} / N={first['N']:,}", progress)
+        speed_goal = confirm(speedup, MIN_SPEEDUP, True, (lambda: (lambda a, b: r1 / b if r1 and b else None)(
+            *remeasured())) if judged else None, f"recompute / update at N={last['N']:,}", progress,
+            quiet=not again)
         goals[threads] = {
             "N_small": first["N"], "N_large": last["N"],
-            "flat_ratio": flat, "flat_max_ratio": FLAT_MAX_RATIO,
-            "flat_met": None if flat is None else flat <= FLAT_MAX_RATIO,
-            "speedup": speedup, "min_speedup": MIN_SPEEDUP,
-            "speedup_met": None if speedup is None else speedup >= MIN_SPEEDUP,
+            "flat_ratio": flat, "flat_max_ratio": FLAT_MAX_RATIO, "flat": flat_goal, "flat_met": flat_goal["met"],
+            "speedup": speedup, "min_speedup": MIN_SPEEDUP, "speedup_goal": speed_goal,
+            "speedup_met": speed_goal["met"],
         }
     return goals
 
@@ -186,9 +223,46 @@ def _both(values: list[str | None]) -> str:
     return " / ".join("n/a" if v is None else v for v in values)
 
 
+def _goal_lines(result: dict) -> list[str]:
+    """The goals, judged on the default thread count (re-measured values shown), then the 1-thread figures."""
+    goals, threads = result["goals"], list(result["rows"][0]["update"])
+    lines = []
+    for t in sorted(threads, key=lambda t: t != judged_on(threads)):
+        g = goals[t]
+        if t == judged_on(threads):
+            note = grid_note(result["config"]["quick"], sizes(GOAL_NS), sizes((g["N_small"], g["N_large"])))
+            lines.append(
+                f"Goals{note}, judged on the {t}-thread update: flat, N={g['N_large']:,} within "
+                f"{g['flat_max_ratio']}x of N={g['N_small']:,}: {confirmed_text(g['flat'], lambda x: f'{x:.2f}x')}; "
+                f">= {g['min_speedup']:,.0f}x faster than recomputing at N={g['N_large']:,} (recompute with {t} "
+                f"thread(s)): {confirmed_text(g['speedup_goal'], lambda x: f'{x:,.0f}x')}.")
+        else:
+            flat = "n/a" if g["flat_ratio"] is None else f"{g['flat_ratio']:.2f}x"
+            speed = "n/a" if g["speedup"] is None else f"{g['speedup']:,.0f}x"
+            lines.append(f"With {t} thread(s) the same figures are {flat} and {speed}.")
+    return lines
+
+
+def _summary(result: dict) -> str:
+    """The README's short table: recompute vs update per N, and the goals."""
+    rows, cfg = result["rows"], result["config"]
+    t = judged_on(list(rows[0]["update"]))
+    body = [[f"{r['N']:,}", format_ms(r["recompute"]["median_ms"]), format_ms(r["update"][t]["median_ms"]),
+             None if not (r["recompute"]["median_ms"] and r["update"][t]["median_ms"])
+             else f"{r['recompute']['median_ms'] / r['update'][t]['median_ms']:,.0f}x"] for r in rows]
+    return "\n".join([
+        f"`ae.update_state` with {cfg['new_keys']} new keys vs recomputing `ae.attention_state` over all N keys, "
+        f"B={cfg['B']}, H={cfg['H']}, M={cfg['M']}, D={cfg['D']}, fp32, {t} threads.",
+        "",
+        markdown_table(["N (keys in state)", "recompute ms", "update ms", "speed-up"], body),
+        "",
+        _goal_lines(result)[0],
+    ])
+
+
 def _tables(result: dict) -> str:
     """Markdown block: setup, the table, the goals, the machine."""
-    cfg, rows, goals = result["config"], result["rows"], result["goals"]
+    cfg, rows = result["config"], result["rows"]
     threads = list(rows[0]["update"])
     default = threads[0]
     base = {t: rows[0]["update"][t]["median_ms"] for t in threads}
@@ -203,25 +277,6 @@ def _tables(result: dict) -> str:
             f"{r['max_abs_diff_out']:.1e}",
         ])
     per = " / ".join(f"{t} thr" for t in threads)
-    goal_lines = []
-    for t in sorted(threads, key=lambda t: t != judged_on(threads)):
-        g = goals[t]
-        flat = "n/a" if g["flat_ratio"] is None else f"{g['flat_ratio']:.2f}x"
-        speed = "n/a" if g["speedup"] is None else f"{g['speedup']:,.0f}x"
-        if t == judged_on(threads):
-            goal_lines += [
-                "",
-                f"Goals, judged on the {t}-thread update: flat, N={g['N_large']:,} within "
-                f"{g['flat_max_ratio']}x of N={g['N_small']:,}: {flat}, **{verdict(g['flat_met'])}**; "
-                f">= {g['min_speedup']:,.0f}x faster than recomputing at N={g['N_large']:,}: {speed} "
-                f"(recompute with {default} thread(s)), **{verdict(g['speedup_met'])}**.",
-            ]
-        else:
-            goal_lines += [
-                "",
-                f"With {t} thread(s) the same figures are {flat} and {speed} ({verdict(g['flat_met'])} / "
-                f"{verdict(g['speedup_met'])}).",
-            ]
     lines = [
         f"State update, B={cfg['B']}, H={cfg['H']}, M={cfg['M']} latents, D=Dv={cfg['D']}, {cfg['dtype']}, CPU, "
         f"backend {cfg['backend']}. **update**: `ae.update_state(state, q, k_new, v_new)` with "
@@ -238,7 +293,8 @@ def _tables(result: dict) -> str:
              "max abs diff update vs recompute"],
             table_rows,
         ),
-        *goal_lines,
+        "",
+        *_goal_lines(result),
         "",
         "The update reads only the state and the 16 new keys, so its work does not depend on N. Its two "
         "kernels (attention over the new keys, then the merge) keep work this small on one thread, because "
@@ -279,17 +335,18 @@ def run(options: BenchOptions) -> int:
     if isinstance(started, int):
         return started
     ns, machine, warnings = started
-    rows = _measure(options, ns)
+    rows, updates = _measure(options, ns)
+    goals = _goals(rows, updates, _update_repeats(options))
     machine["load_average_end"] = load_average()
     result = {
-        "benchmark": NAME,
+        "benchmark": NAME, "grid": options.grid, "command": options.command,
         "config": {"B": B, "H": H, "M": M, "D": D, "Dv": DV, "dtype": "fp32", "device": "cpu", "Ns": list(ns),
                    "new_keys": NEW_KEYS, "backend": options.backend, "quick": options.quick,
-                   "update_repeats": max(options.repeats, UPDATE_MIN_REPEATS), "update_number": UPDATE_NUMBER,
-                   "recompute_repeats": max(options.repeats, RECOMPUTE_MIN_REPEATS), "warmup": 1},
+                   "update_repeats": _update_repeats(options), "update_number": UPDATE_NUMBER,
+                   "recompute_repeats": _recompute_repeats(options), "warmup": 1},
         "machine": machine,
         "rows": rows,
-        "goals": _goals(rows),
+        "goals": goals,
         "goals_judged_on_threads": judged_on(list(rows[0]["update"])),
         "warnings": warnings,
     }
@@ -298,6 +355,41 @@ def run(options: BenchOptions) -> int:
     failed = [f"N={n:,} {what} failed: {t['error']}" for what, n, t in timings if t.get("error")]
     result["warnings"] += failed
     # Warnings go into the block itself, so a README never shows a table without them.
-    block = _tables(result) + "".join(f"\n\nWarning: {w}" for w in result["warnings"])
-    ok = publish(NAME, block, result, options.out_dir, _plot, options.update_readme)
+    tail = "".join(f"\n\nWarning: {w}" for w in result["warnings"]) + "\n\n" + provenance(options, NAME)
+    ok = publish(NAME, _tables(result) + tail, result, options.out_dir, _plot, options.update_readme,
+                 summary=_summary(result) + tail)
     return 1 if failed or not ok else 0
+
+
+# ------------------------------------------------------------------------------ pytest-benchmark
+# Defined only under pytest (bench/conftest.py collects bench_*.py), so `python -m bench` needs no pytest.
+if "pytest" in sys.modules:
+    import pytest
+
+    #: Calls per round for the update: one call takes ~0.1-0.3 ms, near the timer's and the
+    #: round loop's own overhead, so a round times several (pytest-benchmark divides).
+    UPDATE_ITERATIONS = 20
+
+    # Module scope + params: each N's keys are built once and released before the next N.
+    @pytest.fixture(scope="module", params=(10_000, 100_000), ids=lambda n: f"N={n}")
+    def problem(request: pytest.FixtureRequest, backend: str):
+        if check_ours(backend)[0]:
+            pytest.skip(check_ours(backend)[0])
+        n = request.param
+        q, k_all, v_all = make_problem(n)
+        state, k_new, v_new = initial_state(q, k_all, v_all, backend)
+        return n, q, k_all, v_all, state, k_new, v_new
+
+    @pytest.mark.parametrize("op", ("update", "recompute"))
+    def test_state_update(benchmark, request: pytest.FixtureRequest, problem, op: str, backend: str):
+        n, q, k_all, v_all, state, k_new, v_new = problem
+        if op == "update":
+            call, iterations = update_call(state, q, k_new, v_new, backend), UPDATE_ITERATIONS
+        else:
+            call, iterations = recompute_call(q, k_all, v_all, backend), 1
+        benchmark.group = f"state_update N={n}"
+        benchmark.extra_info.update(N=n, op=op, new_keys=NEW_KEYS, backend=backend,
+                                    shape=f"B={B} H={H} M={M} D=Dv={D} fp32")
+        # At least 5 rounds: the update is cheap, and its median must survive scheduler hiccups.
+        rounds = max(request.config.getoption("--bench-rounds"), 5 if op == "update" else 3)
+        benchmark.pedantic(call, rounds=rounds, warmup_rounds=1, iterations=iterations)

@@ -47,6 +47,29 @@ def machine_info() -> dict:
     }
 
 
+def available_bytes() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo``, None where unreadable (to skip sizes that would not fit)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def memory_skip_reason(what: str, need: int, max_bytes: int, transient_factor: float = 1.0) -> str | None:
+    """Why a size needing ``need`` bytes (``need * transient_factor`` at its peak) is skipped, or None."""
+    if need > max_bytes:
+        return f"{what} skipped: its tensors need {need / 2**30:.1f} GB (> {max_bytes / 2**30:.0f} GB)"
+    avail = available_bytes()
+    if avail is not None and need * transient_factor > avail:
+        return (f"{what} skipped: needs ~{need * transient_factor / 2**30:.1f} GB with transients, "
+                f"{avail / 2**30:.1f} GB available")
+    return None
+
+
 def load_average() -> float | None:
     """1-minute load average; above the CPU count, other work competed for the cores."""
     try:

@@ -97,31 +97,21 @@ def progress(msg: str, end: str = "\n") -> None:
     print(msg, file=sys.stderr, end=end, flush=True)
 
 
-def start_run(name: str, options, quick_ns, full_ns):
-    """Common start of a benchmark's ``run``: smoke-test the op, announce the sizes.
-
-    Returns ``(ns, machine, warnings)``, or an exit status (2) when the op cannot run with the backend.
-    """
-    from bench.cross_attention_workload import check_ours
-    from bench.harness.machine import machine_info, machine_markdown
-
-    error, warning = check_ours(options.backend)
-    if error:
-        progress(f"error: {error}")
-        return 2
-    if warning:
-        progress(f"warning: {warning}")
-    ns = quick_ns if options.quick else full_ns
-    machine = machine_info()
-    progress(f"{name} benchmark: N in {list(ns)}, backend={options.backend}; {machine_markdown(machine)}")
-    return ns, machine, [warning] if warning else []
-
-
 def format_ms(x: float | None) -> str | None:
     """Milliseconds for a table cell: 3 significant digits below 10 ms, 1 decimal above."""
     if x is None:
         return None
     return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
+
+
+def provenance(options, name: str, note: str = "") -> str:
+    """The sentence every report ends with: the command and the grid that produced it, and when."""
+    import datetime
+
+    grid = ("the **quick grid** (goals defined on the full grid say so)" if options.quick
+            else "the full grid")
+    return (f"Produced by `{options.command}` on {grid}, {datetime.date.today().isoformat()}"
+            + (f"; {note}" if note else "") + ".")
 
 
 def publish(
@@ -131,6 +121,7 @@ def publish(
     out_dir: str | Path,
     plot: Callable[[dict, Path], None] | None = None,
     readme: str | Path | None = None,
+    summary: str | None = None,
 ) -> bool:
     """Print ``block``, write ``<name>.md/.json/.png`` and optionally rewrite a README block.
 
@@ -139,7 +130,7 @@ def publish(
     name : str
         Benchmark name: file stem and README marker name.
     block : str
-        Markdown for stdout, ``<name>.md`` and the README.
+        Markdown for stdout and ``<name>.md``.
     result : dict
         JSON-serialisable raw results, written to ``<name>.json``.
     out_dir : str or Path
@@ -149,6 +140,8 @@ def publish(
         matplotlib is missing, since the numbers matter more than the figure.
     readme : str or Path, optional
         README whose ``<!-- bench:<name>:start/end -->`` block is replaced.
+    summary : str, optional
+        What the README block gets instead of ``block`` (a short table and a link to ``<name>.md``).
 
     Returns
     -------
@@ -171,7 +164,7 @@ def publish(
     if readme is None:
         return True
     try:
-        update_readme(readme, name, block)
+        update_readme(readme, name, block if summary is None else summary)
     except (OSError, ValueError) as exc:
         progress(f"error: could not update {readme}: {exc}")
         return False
@@ -184,8 +177,3 @@ def timing_dict(t) -> dict:
     if isinstance(t, Exception):
         return {"median_ms": None, "samples_ms": [], "error": f"{type(t).__name__}: {t}"}
     return {"median_ms": t.median_ms, "samples_ms": list(t.samples_ms)}
-
-
-def verdict(met: bool | None) -> str:
-    """How a goal reads in a report."""
-    return {True: "met", False: "NOT met", None: "not measured"}[met]

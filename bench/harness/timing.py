@@ -27,6 +27,11 @@ class Timing:
     samples_ms: tuple[float, ...]
 
 
+def median_ms(t: "Timing | Exception") -> float | None:
+    """The median of a :func:`time_interleaved` result, None for a function that raised."""
+    return None if isinstance(t, Exception) else t.median_ms
+
+
 #: Warm-up: at least this many seconds of untimed rounds (and at least ``warmup`` rounds).
 MIN_WARMUP_S = 0.5
 #: At most this many warm-up rounds, however short the calls.
