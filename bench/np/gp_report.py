@@ -197,7 +197,7 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m bench.np.gp_report")
     parser.add_argument("runs", type=Path)
-    parser.add_argument("out", type=Path, nargs="?", default=Path("bench/results"))
+    parser.add_argument("out", type=Path, nargs="?", default=Path("bench/out"))
     parser.add_argument("readme", type=Path, nargs="?", default=None)
     parser.add_argument("--protocol", choices=sorted(PROTOCOLS), default="quick")
     args = parser.parse_args(argv)

@@ -50,7 +50,8 @@ def _vm_data_bytes() -> int:
 
 
 def _masked_tnpd(model, xc, yc, xt):
-    """TNP-D's official formulation on ``model``'s weights: a ``[N, N]`` mask and SDPA per layer."""
+    """TNP-D's official formulation on ``model``'s weights: a ``[N, N]`` mask and SDPA per layer (the
+    attention module's public parameters, laid out as ``torch.nn.MultiheadAttention``'s)."""
     import torch
     import torch.nn.functional as F
 
@@ -60,10 +61,14 @@ def _masked_tnpd(model, xc, yc, xt):
     allowed[:, :nc] = True  # everyone attends to the context only
     for layer in model.encoder.layers:
         mha = layer.attention.attention
+        weights = (mha.in_proj_weight.chunk(3) if mha.in_proj_weight is not None
+                   else (mha.q_proj_weight, mha.k_proj_weight, mha.v_proj_weight))
+        biases = (None,) * 3 if mha.in_proj_bias is None else mha.in_proj_bias.chunk(3)
         h = layer.norm(tokens)
-        (w_q, w_k, w_v), (b_q, b_k, b_v) = mha._projection_weights()
-        q, k, v = (mha._split_heads(F.linear(h, w, b)) for w, b in ((w_q, b_q), (w_k, b_k), (w_v, b_v)))
-        tokens = tokens + mha._merge_heads(F.scaled_dot_product_attention(q, k, v, attn_mask=allowed))
+        q, k, v = (F.linear(h, w, b).unflatten(-1, (mha.num_heads, mha.head_dim)).transpose(1, 2)
+                   for w, b in zip(weights, biases))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+        tokens = tokens + mha.out_proj(out.transpose(1, 2).flatten(2))
         tokens = tokens + layer.ff(layer.norm_ff(tokens))
     return model.head(model.encoder.norm(tokens)[:, nc:])
 
@@ -165,7 +170,8 @@ def goals(rows: list, models: Sequence[str], ncs: Sequence[int]) -> dict:
 
 def tables(result: dict) -> str:
     from bench.harness.machine import machine_markdown
-    from bench.harness.report import markdown_table, verdict
+    from bench.harness.goals import verdict
+    from bench.harness.report import markdown_table
 
     cfg, rows, g = result["config"], result["rows"], result["goals"]
 
@@ -231,12 +237,15 @@ def plot(result: dict, path: Path) -> None:
 
 
 def run_memory(models, ncs, nts, *, out_dir: Path, fixed_nt=FIXED_NT, fixed_nc=FIXED_NC, chunk_size=1024,
-               cap_mb=4000.0, timeout=600.0, readme=None, name=NAME, reuse: Optional[Path] = None) -> int:
+               cap_mb=4000.0, timeout=600.0, readme=None, name=NAME, reuse: Optional[Path] = None,
+               command: str = "python -m bench memory") -> int:
     """Measure, then write ``<name>.md/.json/.png`` to ``out_dir`` (and the README block).
 
     ``reuse``: a previous ``<name>.json`` whose rows of models not in ``models`` are kept (same grid),
-    to re-measure some models without repeating the others.
+    to re-measure some models without repeating the others. ``command`` is named in the report.
     """
+    import datetime
+
     from bench.harness.machine import load_average, machine_info
     from bench.harness.report import publish
 
@@ -253,7 +262,9 @@ def run_memory(models, ncs, nts, *, out_dir: Path, fixed_nt=FIXED_NT, fixed_nc=F
     result = {"benchmark": name, "machine": machine, "rows": rows, "goals": goals(rows, models, ncs),
               "config": {"models": list(models), "ncs": list(ncs), "nts": list(nts), "fixed_nt": fixed_nt,
                          "fixed_nc": fixed_nc, "chunk_size": chunk_size, "cap_mb": cap_mb, "timeout": timeout}}
-    ok = publish(name, tables(result), result, out_dir, plot, readme)
+    result["command"] = command
+    text = tables(result) + f"\n\nProduced by `{command}`, {datetime.date.today().isoformat()}."
+    ok = publish(name, text, result, out_dir, plot, readme)
     failed = [r for r in rows if r["status"] == "failed"]
     for r in failed:
         print(f"warning: {r['model']} N_c={r['N_c']} N_t={r['N_t']}: {r['note']}", file=sys.stderr)
@@ -263,8 +274,9 @@ def run_memory(models, ncs, nts, *, out_dir: Path, fixed_nt=FIXED_NT, fixed_nc=F
 def run(options) -> int:
     """``python -m bench run np_memory``: the sweep at the quick or full sizes."""
     ncs, nts = (QUICK_NC, QUICK_NT) if options.quick else (FULL_NC, FULL_NT)
-    return run_memory(QUICK_MODELS if options.quick else MODEL_NAMES, ncs, nts, out_dir=options.out_dir, timeout=120.0 if options.quick else 600.0,
-                      readme=options.update_readme)
+    return run_memory(QUICK_MODELS if options.quick else MODEL_NAMES, ncs, nts, out_dir=options.out_dir,
+                      timeout=120.0 if options.quick else 600.0, readme=options.update_readme,
+                      command=f"{options.command} ({options.grid} grid)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -278,7 +290,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cap-mb", type=float, default=4000.0, help="memory cap per cell (MB)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per cell")
     parser.add_argument("--quick", action="store_true", help=f"N_c {QUICK_NC}, N_t {QUICK_NT}")
-    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--out", type=Path, default=Path("bench/out"),
+                        help="output directory (default bench/out, git-ignored; bench/results holds the committed run)")
     parser.add_argument("--name", default=NAME, help="file stem of the results")
     parser.add_argument("--update-readme", type=Path, default=None)
     parser.add_argument("--reuse", type=Path, default=None, metavar="JSON",
@@ -290,4 +303,5 @@ def run_cli(args: argparse.Namespace) -> int:
     nts = args.nt or (QUICK_NT if args.quick else FULL_NT)
     return run_memory(args.models, ncs, nts, out_dir=args.out, fixed_nt=args.fixed_nt, fixed_nc=args.fixed_nc,
                       chunk_size=args.chunk_size, cap_mb=args.cap_mb, timeout=args.timeout,
-                      readme=args.update_readme, name=args.name, reuse=args.reuse)
+                      readme=args.update_readme, name=args.name, reuse=args.reuse,
+                      command=" ".join(["python -m bench", *getattr(args, "argv", ["memory"])]))

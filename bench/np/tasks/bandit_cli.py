@@ -29,7 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=["auto", "incremental", "recompute"], default="auto",
                         help="auto: CMANP updates its state, other models recompute from the history")
     parser.add_argument("--plot-delta", type=float, default=None, help="δ of the regret curve (default: the middle one)")
-    parser.add_argument("--out", type=Path, default=Path("bench/results"), help="directory of bandit.{json,md,png}")
+    parser.add_argument("--out", type=Path, default=Path("bench/out"),
+                        help="directory of bandit.{json,md,png} (default bench/out; bench/results for the committed run)")
     parser.add_argument("--threads", type=int, default=1)
 
 

@@ -10,13 +10,13 @@ from pathlib import Path
 MODEL_KINDS = {"retreever": "tca", "tca": "tca", "ca": "ca"}
 
 
-def add_copy_arguments(parser: argparse.ArgumentParser, allow_both: bool = False) -> None:
-    """The copy task's options (``allow_both``: ``--model both`` trains TCA then CA)."""
-    choices = sorted(MODEL_KINDS) + (["both"] if allow_both else [])
+def add_copy_arguments(parser: argparse.ArgumentParser) -> None:
+    """The copy task's options (``--model both`` trains TCA then CA)."""
     parser.add_argument("--seq-len", type=int, default=64, help="N = 2^k; the context is the first N/2 tokens")
     parser.add_argument("--steps", type=int, default=2200, help="maximum training steps per model")
-    parser.add_argument("--model", choices=choices, default="both" if allow_both else "retreever",
-                        help="retreever/tca: tree cross attention with the TCA objective; ca: full cross attention")
+    parser.add_argument("--model", choices=sorted(MODEL_KINDS) + ["both"], default="retreever",
+                        help="retreever/tca: tree cross attention with the TCA objective; ca: full cross attention; "
+                             "both: tca, then ca")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--heads", type=int, default=4)
