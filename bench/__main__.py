@@ -84,8 +84,9 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
                              "(make bench-update); full grid only")
     parser.add_argument("--backend", default="cpp",
                         help="attn_ext backend to measure, as backend= of the op (default: cpp)")
-    parser.add_argument("--repeats", type=_positive_int, default=5,
-                        help="timed repeats per measurement after the warm-up (at least 0.5 s); the median is reported (default: 5)")
+    parser.add_argument("--repeats", type=_positive_int, default=None,
+                        help="timed repeats per measurement after the warm-up (at least 0.5 s); the median is reported "
+                             "(default: 5, with --quick 3)")
     parser.add_argument("--update-readme", type=Path, metavar="PATH",
                         help="rewrite the block between <!-- bench:NAME:start --> and <!-- bench:NAME:end --> in PATH")
 
@@ -94,7 +95,7 @@ def _run(args: argparse.Namespace) -> int:
     import time
 
     from bench import BENCHMARKS, DEFAULT_BENCHMARKS, run_benchmark
-    from bench.harness import OUT_DIR, RESULTS_DIR, BenchOptions
+    from bench.harness import OUT_DIR, RESULTS_DIR, BenchOptions, goals
     from bench.harness.report import progress
 
     unknown = [n for n in args.benchmarks if n not in BENCHMARKS]
@@ -109,8 +110,10 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     readme = args.update_readme or (Path("README.md") if args.update_results else None)
     options = BenchOptions(quick=args.quick, out_dir=RESULTS_DIR if args.update_results else (args.out or OUT_DIR),
-                           backend=args.backend, repeats=args.repeats, update_readme=readme,
+                           backend=args.backend, repeats=args.repeats or (3 if args.quick else 5), update_readme=readme,
                            command=" ".join([PROG, *map(shlex.quote, args.argv)]))
+    # A quick run re-measures a doubtful goal after a shorter wait for the machine to settle.
+    goals.QUIET_WAIT_S = 3.0 if args.quick else goals.QUIET_WAIT_S
     names = args.benchmarks or list(DEFAULT_BENCHMARKS)
     status, start, times = 0, time.perf_counter(), []
     # Keep going after a failing benchmark so one broken op does not hide the others' results.
