@@ -30,7 +30,8 @@ import attn_ext as ae
 from bench.harness import BenchOptions
 from bench.harness.goals import confirm, confirmed_text
 from bench.harness.machine import load_average, machine_info, machine_markdown
-from bench.harness.report import format_ms, markdown_table, progress, provenance, publish, timing_dict
+from bench.harness.report import (format_ms, markdown_table, progress, provenance, publish, readme_summary,
+                                  timing_dict)
 from bench.harness.timing import WARMUP_TEXT, time_interleaved, torch_threads
 
 NAME = "batched_cholesky"
@@ -215,18 +216,23 @@ def _tables(result: dict) -> str:
     ])
 
 
-def _summary(result: dict) -> str:
-    body = [[f"{r['batch']:,} x {r['n']} x {r['n']}", r["threads"],
-             *(None if x is None else f"{x:.1f}x" for x in (cholesky_speedup(r), cholesky_speedup(r, ours="ours")))]
-            for r in result["rows"]]
-    return "\n".join([
-        f"`ae.batched_spd_solve` (fused) and `ae.batched_cholesky` + `ae.batched_cholesky_solve` vs "
-        f"`torch.linalg.cholesky` + `torch.cholesky_solve`, fp32 SPD, {CHOL_RHS} right-hand sides; speed-up = torch / ours.",
-        "",
-        markdown_table(["A (batch x n x n)", "threads", "speed-up (fused)", "speed-up (two ops)"], body),
-        "",
-        _goal_line(result),
-    ])
+def _summary(result: dict) -> tuple[str, str]:
+    """The README's short table (one row per shape, speed-ups per thread count) and its sentence with the goal."""
+    rows, shapes = result["rows"], [tuple(s) for s in result["config"]["shapes"]]
+    threads = list(dict.fromkeys(r["threads"] for r in rows))
+    by = {(r["batch"], r["n"], r["threads"]): r for r in rows}
+
+    def cell(r: dict | None, ours: str) -> str | None:
+        x = None if r is None else cholesky_speedup(r, ours=ours)
+        return None if x is None else f"{x:.1f}x"
+
+    body = [[f"{b:,} x {n} x {n}", *(cell(by.get((b, n, t)), o) for o in ("ours_fused", "ours") for t in threads)]
+            for b, n in shapes]
+    heads = [f"{what}, {t} thr" for what in ("fused", "two ops") for t in threads]
+    return (markdown_table(["A (batch x n x n)", *heads], body),
+            "Speed-up of `ae.batched_spd_solve` (fused) and of `ae.batched_cholesky` + `ae.batched_cholesky_solve` "
+            f"(two ops) over `torch.linalg.cholesky` + `torch.cholesky_solve`, fp32 SPD, {CHOL_RHS} right-hand sides. "
+            + _goal_line(result))
 
 
 def run(options: BenchOptions) -> int:
@@ -250,7 +256,7 @@ def run(options: BenchOptions) -> int:
     result["warnings"] += failed
     tail = "".join(f"\n\nWarning: {w}" for w in result["warnings"]) + "\n\n" + provenance(options, NAME)
     ok = publish(NAME, _tables(result) + tail, result, options.out_dir, None, options.update_readme,
-                 summary=_summary(result) + tail)
+                 summary=readme_summary(*_summary(result), options, NAME, result["warnings"]))
     return 1 if failed or not ok else 0
 
 

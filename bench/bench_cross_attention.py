@@ -30,7 +30,7 @@ from bench.harness.calls import PASSES, Attention, check_ours, make_call, start_
 from bench.harness.machine import load_average, machine_markdown
 from bench.harness.memory import PeakMemory, measure_peak_extra
 from bench.harness.plot import Series, plot_time_and_memory
-from bench.harness.report import format_ms, markdown_table, progress, provenance, publish
+from bench.harness.report import format_ms, markdown_table, progress, provenance, publish, readme_summary
 from bench.harness.timing import WARMUP_TEXT, time_interleaved
 
 NAME = "cross_attention"
@@ -214,21 +214,18 @@ def _tables(result: dict) -> str:
     ])
 
 
-def _summary(result: dict) -> str:
-    """The README's short table: time ratios and peak memory per N."""
+def _summary(result: dict) -> tuple[str, str]:
+    """The README's short table (time ratios and peak memory per N) and its sentence."""
     cfg = result["config"]
     by_key = {(t["N"], t["impl"], t["pass"]): t for t in result["timings"]}
     mem = {(m["N"], m["impl"]): m["peak_extra_mb"] for m in result["memory"]}
     rows = [[f"{n:,}", *(_fmt(_ratio(by_key[(n, "ours", p)], by_key[(n, "sdpa", p)]), ".2f") for p in PASSES),
              f"{input_bytes(n) / 1e6:,.0f}", _fmt(mem[(n, "ours")], ".1f"), _fmt(mem[(n, "sdpa")], ".1f")]
             for n in cfg["Ns"]]
-    return "\n".join([
-        f"`ae.cross_attention` vs SDPA ({result['sdpa_kernel']}), B={cfg['B']}, H={cfg['H']}, M={cfg['M']}, "
-        f"D={cfg['D']}, fp32, {result['machine']['torch_threads']} threads; time ratio below 1 = ours faster.",
-        "",
-        markdown_table(["N (keys)", "fwd ours / SDPA", "fwd+bwd ours / SDPA", "K+V MB", "ours fwd peak extra MB",
-                        "SDPA fwd peak extra MB"], rows),
-    ])
+    return (markdown_table(["N (keys)", "fwd time ours / SDPA", "fwd+bwd time ours / SDPA", "K+V MB",
+                            "ours fwd peak extra MB", "SDPA fwd peak extra MB"], rows),
+            f"`ae.cross_attention` vs SDPA ({result['sdpa_kernel']}), B={cfg['B']}, H={cfg['H']}, M={cfg['M']}, "
+            f"D={cfg['D']}, fp32, {result['machine']['torch_threads']} threads; a time ratio below 1 = ours faster.")
 
 
 def _plot(result: dict, path) -> None:
@@ -282,7 +279,7 @@ def run(options: BenchOptions) -> int:
     # Warnings go into the block itself, so a README never shows a table without them.
     tail = "".join(f"\n\nWarning: {w}" for w in result["warnings"]) + "\n\n" + provenance(options, NAME)
     ok = publish(NAME, _tables(result) + tail, result, options.out_dir, _plot, options.update_readme,
-                 summary=_summary(result) + tail)
+                 summary=readme_summary(*_summary(result), options, NAME, result["warnings"]))
     return 1 if failed or not ok else 0
 
 

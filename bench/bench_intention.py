@@ -29,7 +29,8 @@ from bench.harness.calls import PASSES, Attention, check_ours, make_call, start_
 from bench.harness.goals import combined, confirm, confirmed_text, grid_note, sizes
 from bench.harness.machine import load_average, machine_markdown
 from bench.harness.plot import Series, plot_panel
-from bench.harness.report import format_ms, markdown_table, progress, provenance, publish, timing_dict
+from bench.harness.report import (format_ms, markdown_table, progress, provenance, publish, readme_summary,
+                                  timing_dict)
 from bench.harness.timing import WARMUP_TEXT, time_interleaved
 
 NAME = "intention"
@@ -200,18 +201,14 @@ def _tables(result: dict) -> str:
     ])
 
 
-def _summary(result: dict) -> str:
-    body = [[f"{r['N']:,}", r["pass"], *(None if (x := _ratio(r, i)) is None else f"{x:.2f}x" for i in IMPLS[:2])]
-            for r in result["rows"]]
-    cfg = result["config"]
-    return "\n".join([
-        f"`ae.intention` (primal) and `ae.sigma_intention` vs SDPA, B={cfg['B']}, H={cfg['H']}, M=N, D={cfg['D']}, "
-        "fp32; time ratio below 1 = ours faster.",
-        "",
-        markdown_table(["N (= M)", "pass", "Intention / SDPA", "σIntention / SDPA"], body, align="llrr"),
-        "",
-        _goal_line(result),
-    ])
+def _summary(result: dict) -> tuple[str, str]:
+    """The README's short table (one row per N, both passes) and its sentence with the goal."""
+    cfg, by = result["config"], {(r["N"], r["pass"]): r for r in result["rows"]}
+    body = [[f"{n:,}", *(None if (r := by.get((n, p))) is None or (x := _ratio(r, i)) is None else f"{x:.2f}x"
+                         for i in IMPLS[:2] for p in PASSES)] for n in cfg["Ns"]]
+    return (markdown_table(["N (= M)", "Intention / SDPA fwd", "fwd+bwd", "σIntention / SDPA fwd", "fwd+bwd"], body),
+            f"`ae.intention` (primal) and `ae.sigma_intention` vs SDPA, time ratios, B={cfg['B']}, H={cfg['H']}, M=N, "
+            f"D={cfg['D']}, fp32; below 1 = ours faster. " + _goal_line(result))
 
 
 def _plot(result: dict, path) -> None:
@@ -259,7 +256,7 @@ def run(options: BenchOptions) -> int:
     result["warnings"] += failed
     tail = "".join(f"\n\nWarning: {w}" for w in result["warnings"]) + "\n\n" + provenance(options, NAME)
     ok = publish(NAME, _tables(result) + tail, result, options.out_dir, _plot, options.update_readme,
-                 summary=_summary(result) + tail)
+                 summary=readme_summary(*_summary(result), options, NAME, result["warnings"]))
     return 1 if failed or not ok else 0
 
 

@@ -31,7 +31,7 @@ from bench.harness.goals import confirm, confirmed_text, grid_note, sizes
 from bench.harness.machine import load_average, machine_markdown
 from bench.harness.memory import measure_peak_extra
 from bench.harness.plot import Series, plot_panel
-from bench.harness.report import markdown_table, progress, provenance, publish
+from bench.harness.report import markdown_table, progress, provenance, publish, readme_summary
 
 NAME = "streaming_memory"
 B, H, M, D, DV = 1, 4, 128, 64, 64
@@ -182,8 +182,8 @@ def _goal_line(result: dict) -> str:
             f"{'n/a' if growth is None else f'{growth:,.0f}x'} from N={cfg['Ns'][0]:,} to N={cfg['Ns'][-1]:,}.")
 
 
-def _summary(result: dict) -> str:
-    """The README's short table and the goal."""
+def _summary(result: dict) -> tuple[str, str]:
+    """The README's short table and its sentence with the goal."""
     cfg = result["config"]
     peak = {(r["N"], r["impl"]): r["peak_extra_mb"] for r in result["rows"]}
 
@@ -192,14 +192,9 @@ def _summary(result: dict) -> str:
 
     rows = [[f"{n:,}", f"{kv_bytes(n) / 1e6:,.0f}", cell(peak[(n, "stream")]), cell(peak[(n, "sdpa")])]
             for n in cfg["Ns"]]
-    return "\n".join([
-        f"Peak extra memory of `ae.stream_attention(q, chunks)` over a generator of {cfg['chunk']}-key chunks vs "
-        f"drawing k, v and calling SDPA, B={cfg['B']}, H={cfg['H']}, M={cfg['M']}, D={cfg['D']}, fp32.",
-        "",
-        markdown_table(["N (keys)", "K+V MB", "stream peak extra MB", "SDPA peak extra MB (incl. k, v)"], rows),
-        "",
-        _goal_line(result),
-    ])
+    return (markdown_table(["N (keys)", "K+V MB", "stream peak extra MB", "SDPA peak extra MB (incl. k, v)"], rows),
+            f"`ae.stream_attention(q, chunks)` over a generator of {cfg['chunk']}-key chunks vs drawing k, v and "
+            f"calling SDPA, B={cfg['B']}, H={cfg['H']}, M={cfg['M']}, D={cfg['D']}, fp32. " + _goal_line(result))
 
 
 def _plot(result: dict, path) -> None:
@@ -246,5 +241,5 @@ def run(options: BenchOptions) -> int:
     result["warnings"] += failed
     tail = "".join(f"\n\nWarning: {w}" for w in result["warnings"]) + "\n\n" + provenance(options, NAME)
     ok = publish(NAME, _tables(result) + tail, result, options.out_dir, _plot, options.update_readme,
-                 summary=_summary(result) + tail)
+                 summary=readme_summary(*_summary(result), options, NAME, result["warnings"]))
     return 1 if failed or not ok else 0

@@ -35,7 +35,8 @@ from bench.harness.calls import check_ours, start_run
 from bench.harness.goals import combined, confirm, confirmed_text, grid_note, max_step, sizes, verdict
 from bench.harness.machine import load_average, machine_markdown, memory_skip_reason
 from bench.harness.plot import Series, plot_panel
-from bench.harness.report import format_ms, markdown_table, progress, provenance, publish, timing_dict
+from bench.harness.report import (format_ms, markdown_table, progress, provenance, publish, readme_summary,
+                                  timing_dict)
 from bench.harness.timing import WARMUP_TEXT, median_ms, time_interleaved
 
 NAME = "tree_attention"
@@ -257,23 +258,17 @@ def _goal_text(result: dict) -> str:
             "where the rows stop fitting in cache shows in the gather too).")
 
 
-def _summary(result: dict) -> str:
-    """The README's short table (b = GOAL_B) and the goals."""
-    cfg, b = result["config"], str(GOAL_B)
-    body = []
+def _summary(result: dict) -> tuple[str, str]:
+    """The README's short table (b = GOAL_B) and its sentence with the goals."""
+    cfg, b, body = result["config"], str(GOAL_B), []
     for r in result["rows"]:
         e, f = r["per_b"][b], r["full"]["median_ms"]
         t = e["tree"]["median_ms"]
         body.append([f"{r['N']:,}", format_ms(t), format_ms(f), None if not (t and f) else f"{f / t:,.1f}x",
                      format_ms(e["build_aggregate"]["median_ms"]), f"{e['fraction_read'] * 100:.2g}%"])
-    return "\n".join([
-        f"Greedy `ae.tree_cross_attention` (b={b}) vs `ae.cross_attention` over all N tokens, B={cfg['B']}, "
-        f"H={cfg['H']}, M={cfg['M']} queries, D={cfg['D']}, fp32 (the other branchings in the full report).",
-        "",
-        markdown_table(["N", "tree ms", "full CA ms", "speed-up", "build + aggregate ms", "tokens read"], body),
-        "",
-        _goal_text(result),
-    ])
+    return (markdown_table(["N", "tree ms", "full CA ms", "speed-up", "build + aggregate ms", "tokens read"], body),
+            f"Greedy `ae.tree_cross_attention` (b={b}; the other branchings in the full report) vs `ae.cross_attention` "
+            f"over all N tokens, B={cfg['B']}, H={cfg['H']}, M={cfg['M']} queries, D={cfg['D']}, fp32. " + _goal_text(result))
 
 
 def _tables(result: dict) -> str:
@@ -368,7 +363,7 @@ def run(options: BenchOptions) -> int:
     tail = "".join(f"\n\nNote: {s}" for s in notes) + "".join(f"\n\nWarning: {w}" for w in result["warnings"]) \
         + "\n\n" + provenance(options, NAME)
     ok = publish(NAME, _tables(result) + tail, result, options.out_dir, _plot, options.update_readme,
-                 summary=_summary(result) + tail)
+                 summary=readme_summary(*_summary(result), options, NAME, notes + result["warnings"]))
     return 1 if failed or not ok else 0
 
 

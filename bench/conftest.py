@@ -49,7 +49,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _is_benchmark_module(Path(item.path)):
             item.add_marker(pytest.mark.bench)
-            if not config.pluginmanager.hasplugin("pytest_benchmark"):
+            if not config.pluginmanager.hasplugin("benchmark"):  # pytest-benchmark's plugin name
                 item.add_marker(pytest.mark.skip(reason="pytest-benchmark is not installed (the dev extra)"))
 
 

@@ -114,6 +114,13 @@ def provenance(options, name: str, note: str = "") -> str:
             + (f"; {note}" if note else "") + ".")
 
 
+def readme_summary(table: str, text: str, options, name: str, warnings=()) -> str:
+    """A README block: the short table, then one paragraph (what it measured, the goals, the provenance),
+    then any warnings (a README never shows a table without them)."""
+    return (f"{table}\n\n{text} {provenance(options, name)}"
+            + "".join(f"\n\nWarning: {w}" for w in warnings))
+
+
 def publish(
     name: str,
     block: str,
@@ -141,7 +148,8 @@ def publish(
     readme : str or Path, optional
         README whose ``<!-- bench:<name>:start/end -->`` block is replaced.
     summary : str, optional
-        What the README block gets instead of ``block`` (a short table and a link to ``<name>.md``).
+        What the README block gets instead of ``block``: a short table, to which a link to ``<name>.md``
+        is added when ``out_dir`` is relative (to the repository root, where the README is).
 
     Returns
     -------
@@ -163,6 +171,9 @@ def publish(
     progress(f"wrote {out_dir / name}{written}")
     if readme is None:
         return True
+    if summary is not None and not out_dir.is_absolute():  # a link that resolves from the README at the root
+        report = (out_dir / f"{name}.md").as_posix()
+        summary += f" Full report: [{report}]({report})."
     try:
         update_readme(readme, name, block if summary is None else summary)
     except (OSError, ValueError) as exc:

@@ -170,7 +170,6 @@ def goals(rows: list, models: Sequence[str], ncs: Sequence[int]) -> dict:
 
 def tables(result: dict) -> str:
     from bench.harness.machine import machine_markdown
-    from bench.harness.goals import verdict
     from bench.harness.report import markdown_table
 
     cfg, rows, g = result["config"], result["rows"], result["goals"]
@@ -180,11 +179,6 @@ def tables(result: dict) -> str:
         return markdown_table([f"model \\ {label}"] + [f"{n:,}" for n in ns], body)
 
     slope = ", ".join(f"{m} {s}" for m, s in g["slopes"].items())
-    cm, ct = g["cmanp_ratio"], g.get("cmanp_tensor_ratio", {"ratio": None, "flat": None})
-
-    def fmt(r):
-        return "n/a" if r["ratio"] is None else f"{r['ratio']:.2f}"
-
     profiled = [m for m in cfg["models"] if m in PROFILER_MODELS]
     tensor_table = [] if not profiled else [
         f"**vs N_c, tensor allocations only** (torch.profiler, N_t = {cfg['fixed_nt']:,}; MB). CMANP(-AND) peak "
@@ -210,14 +204,47 @@ def tables(result: dict) -> str:
         table("N_t", cfg["nts"], "N_t"),
         "",
         *tensor_table,
-        (f"Goal, CMANP flat in N_c: peak at N_c = {cm['to']:,} / at N_c = {cm['from']:,} (<= {FLAT_MAX_RATIO}): "
-         f"RSS {fmt(cm)} (**{verdict(cm['flat'])}**), tensor allocations {fmt(ct)} (**{verdict(ct['flat'])}**). "
-         if cm["from"] is not None else "Goal, CMANP flat in N_c: **not measured** (the sweep needs N_c >= 1,000). ") +
+        _goal_line(result) + " "
         f"Log-log slope between the two largest measured N_c (1 = linear, 2 = quadratic, 0 = flat): {slope}.",
         "",
         machine_markdown(result["machine"]),
     ]
     return "\n".join(lines)
+
+
+def _goal_line(result: dict) -> str:
+    from bench.harness.goals import verdict
+
+    g = result["goals"]
+    cm, ct = g["cmanp_ratio"], g.get("cmanp_tensor_ratio", {"ratio": None, "flat": None})
+
+    def fmt(r):
+        return "n/a" if r["ratio"] is None else f"{r['ratio']:.2f}"
+
+    if cm["from"] is None:
+        return "Goal, CMANP flat in N_c: **not measured** (the sweep needs N_c >= 1,000)."
+    return (f"Goal, CMANP flat in N_c: peak at N_c = {cm['to']:,} / at N_c = {cm['from']:,} (<= {FLAT_MAX_RATIO}): "
+            f"RSS {fmt(cm)} (**{verdict(cm['flat'])}**), tensor allocations {fmt(ct)} (**{verdict(ct['flat'])}**).")
+
+
+def summary(result: dict) -> str:
+    """The README's short form: the N_c sweep of the goals' models and the goal (all models, the N_t sweep
+    and more in ``<name>.md``)."""
+    from bench.harness.report import markdown_table
+
+    cfg, rows = result["config"], result["rows"]
+    models = [m for m in cfg["models"] if m in QUICK_MODELS] or cfg["models"]
+    body = [[m] + [(_peak(rows, "N_c", m, n) or {}).get("status") for n in cfg["ncs"]] for m in models]
+    return "\n".join([
+        f"Peak extra memory (MB) of one prediction vs N_c (N_t = {cfg['fixed_nt']:,}), batch 1, fp32, SPEC §5 sizes, "
+        "random weights, a fresh process per cell. `tnpd_masked` = TNP-D's official masked formulation (SDPA with an "
+        f"[N, N] mask), `tnpd` = the same weights on `ae.cross_attention`. `> cap`: over {cfg['cap_mb']:,.0f} MB; "
+        f"`timeout`: over {cfg['timeout']:.0f} s. The other models in the full report.",
+        "",
+        markdown_table(["model \\ N_c"] + [f"{n:,}" for n in cfg["ncs"]], body),
+        "",
+        _goal_line(result),
+    ])
 
 
 def plot(result: dict, path: Path) -> None:
@@ -264,7 +291,8 @@ def run_memory(models, ncs, nts, *, out_dir: Path, fixed_nt=FIXED_NT, fixed_nc=F
                          "fixed_nc": fixed_nc, "chunk_size": chunk_size, "cap_mb": cap_mb, "timeout": timeout}}
     result["command"] = command
     text = tables(result) + f"\n\nProduced by `{command}`, {datetime.date.today().isoformat()}."
-    ok = publish(name, text, result, out_dir, plot, readme)
+    ok = publish(name, text, result, out_dir, plot, readme,
+                 summary=summary(result) + f"\n\nProduced by `{command}`, {datetime.date.today().isoformat()}.")
     failed = [r for r in rows if r["status"] == "failed"]
     for r in failed:
         print(f"warning: {r['model']} N_c={r['N_c']} N_t={r['N_t']}: {r['note']}", file=sys.stderr)

@@ -49,4 +49,4 @@ def test_publish_writes_the_full_block_and_gives_the_readme_the_summary(tmp_path
     assert publish("x", "FULL TABLE", {"k": 1}, tmp_path / "out", readme=readme, summary="SHORT")
     assert (tmp_path / "out" / "x.md").read_text() == "# x benchmark\n\nFULL TABLE\n"
     assert (tmp_path / "out" / "x.json").exists()
-    assert readme.read_text() == "a\n<!-- bench:x:start -->\nSHORT\n<!-- bench:x:end -->\nb\n"
+    assert readme.read_text() == "a\n<!-- bench:x:start -->\nSHORT\n<!-- bench:x:end -->\nb\n"  # absolute out_dir
