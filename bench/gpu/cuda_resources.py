@@ -8,9 +8,9 @@ ptxas's report.
 
 Usage::
 
-    python bench/cuda_resources.py                 # compile csrc/cuda/*.cu for sm_80 and sm_90 (nvcc)
-    python bench/cuda_resources.py --log build.log # parse an existing build log instead
-    python bench/cuda_resources.py --archs 90      # one architecture
+    python bench/gpu/cuda_resources.py                 # compile csrc/cuda/*.cu for sm_80 and sm_90 (nvcc)
+    python bench/gpu/cuda_resources.py --log build.log # parse an existing build log instead
+    python bench/gpu/cuda_resources.py --archs 90      # one architecture
 
 ``.ci/cuda_compile_check.sh`` passes its CMake build log, so CI prints the same table without
 compiling twice. Exits 1 if a kernel spills (the goal for the attention kernels is zero spills).
@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "bench" / "results" / "cuda_resources.md"
 
 _ENTRY = re.compile(r"Compiling entry function '(\S+)' for '(sm_\d+a?)'")

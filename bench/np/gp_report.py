@@ -33,8 +33,8 @@ FULL = {"steps": 5000, "eval_batches": 200, "overrides": {}}
 PROTOCOLS = {
     "quick": ("**quick protocol**: every model trained on RBF tasks for the same number of steps (batch 16, "
               "Adam 5e-4, cosine schedule over those steps) on one CPU thread",
-              "The paper figures are after 100k steps and 3000 batches: **the full 100k-step protocol was not "
-              "run**, so the gap below is the training budget, not the models."),
+              "The paper figures are after 100k steps and 3000 batches: **these runs stop far earlier**, so the gap "
+              "below is the training budget, not the models (the 100k-step paper protocol: `gp_full.md`)."),
     "paper": ("**paper protocol** (SPEC §6): Adam 5e-4 with a cosine schedule over 100k steps, batch 16, on one "
               "CPU thread",
               "A run that did not reach the end of its schedule in the time there was is shown at the step it "
