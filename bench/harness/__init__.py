@@ -1,6 +1,7 @@
 """The one harness every benchmark shares: timing (:mod:`.timing`), peak memory in a fresh process
-(:mod:`.memory`), Markdown/JSON reports and README blocks (:mod:`.report`), figures (:mod:`.plot`),
-the machine description (:mod:`.machine`) and the calls common to the op benchmarks (:mod:`.calls`)."""
+(:mod:`.memory`), goal verdicts with re-measurement (:mod:`.goals`), Markdown/JSON reports and README
+blocks (:mod:`.report`), figures (:mod:`.plot`), the machine description (:mod:`.machine`) and the calls
+common to the op benchmarks (:mod:`.calls`)."""
 
 from __future__ import annotations
 
