@@ -61,6 +61,16 @@ class AttentionSharpness:
         return sum(self.logit_std) / len(self.logit_std)
 
 
+def heads(module: MultiheadCrossAttention, x: Tensor, which: int) -> Tensor:
+    """The query (``which`` 0) or key (1) projection of ``x`` as ``[B, H, L, E/H]``, from the module's public
+    parameters (laid out as ``torch.nn.MultiheadAttention``'s)."""
+    weight = (module.in_proj_weight.chunk(3)[which] if module.in_proj_weight is not None
+              else (module.q_proj_weight, module.k_proj_weight)[which])
+    bias = None if module.in_proj_bias is None else module.in_proj_bias.chunk(3)[which]
+    x = x if module.batch_first else x.transpose(0, 1)
+    return nn.functional.linear(x, weight, bias).unflatten(-1, (module.num_heads, module.head_dim)).transpose(1, 2)
+
+
 @contextmanager
 def record_attention(model: nn.Module) -> Iterator[Dict[str, AttentionSharpness]]:
     """Within the block, every ``MultiheadCrossAttention.state`` call of ``model`` (every forward
@@ -76,7 +86,7 @@ def record_attention(model: nn.Module) -> Iterator[Dict[str, AttentionSharpness]
         def state(query, key, value, key_padding_mask=None, _module=module, _name=name, _original=original):
             with torch.no_grad():
                 records.setdefault(_name, AttentionSharpness()).add(
-                    _module._heads_q(query), _module._heads_kv(key, value)[0], key_padding_mask)
+                    heads(_module, query, 0), heads(_module, key, 1), key_padding_mask)
             return _original(query, key, value, key_padding_mask)
 
         module.state = state
