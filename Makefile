@@ -1,6 +1,9 @@
 # The two entry points of the README. Both set the project up in .venv on first use:
-#   make bench   set-up, then `attn-ext bench --quick` (the main job)
-#   make test    set-up, then the test suite
+#   make bench         set-up, then `python -m bench run --quick` (the main job: a few minutes, writes only
+#                      to the git-ignored bench/out/)
+#   make test          set-up, then the test suite
+#   make bench-update  set-up, then `python -m bench run --update-results`: the full grids (about half an
+#                      hour), rewriting the committed bench/results/ and the README's summary blocks
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -10,7 +13,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.attn_ext-installed
 SOURCES := setup.py pyproject.toml $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null)
 
-.PHONY: setup test bench cuda-check clean
+.PHONY: setup test bench bench-update cuda-check clean
 
 setup: $(STAMP)
 
@@ -25,8 +28,12 @@ $(STAMP): $(SOURCES)
 test: setup
 	$(PY) -m pytest python_tests -q -rs
 
+# The harness (bench/) runs from the clone, never installed: `python -m bench` from this directory.
 bench: setup
-	$(VENV)/bin/attn-ext bench --quick
+	$(PY) -m bench run --quick
+
+bench-update: setup
+	$(PY) -m bench run --update-results
 
 cuda-check:
 	bash .ci/cuda_compile_check.sh

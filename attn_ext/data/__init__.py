@@ -1,4 +1,7 @@
-"""Data for Neural Process benchmarks: the GP meta-regression sampler and its evaluation set (SPEC §6).
+"""Data for Neural Processes: the GP meta-regression sampler of SPEC §6.
+
+The evaluation set, the image and wheel-bandit readers of the paper benchmarks live in the
+repository's ``bench/np/data/`` (run from a clone), not in the installed package.
 
 >>> import torch
 >>> from attn_ext.data import GPSampler
@@ -6,7 +9,6 @@
 >>> batch.xc.shape[0], batch.xc.shape[-1], batch.yt.shape[-1]
 (4, 1, 1)
 """
-from attn_ext.data.eval_set import evaluation_set
-from attn_ext.data.gp import KERNELS, LENGTH_RANGES, GPSampler, NPBatch
+from attn_ext.data.gp import KERNELS, LENGTH_RANGES, GPSampler, NPBatch, kernel_matrix
 
-__all__ = ["GPSampler", "KERNELS", "LENGTH_RANGES", "NPBatch", "evaluation_set"]
+__all__ = ["GPSampler", "KERNELS", "LENGTH_RANGES", "NPBatch", "kernel_matrix"]
