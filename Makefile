@@ -1,14 +1,15 @@
 # The two entry points of the README. Both set the project up in .venv on first use:
 #   make bench         set-up, then `python -m bench run --quick` (the main job: a few minutes, writes only
 #                      to the git-ignored bench/out/)
-#   make test          set-up, then the test suite
+#   make test          set-up, then the test suite (the library's python_tests and the harness's bench/tests)
 #   make bench-update  set-up, then `python -m bench run --update-results`: the full grids (about half an
 #                      hour), rewriting the committed bench/results/ and the README's summary blocks
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# The CPU wheel of torch: a bare `torch` requirement would pull a multi-GB CUDA build.
+# The CPU wheel of torch: a bare `torch` requirement would pull a multi-GB CUDA build. Unquoted below, so
+# that it may carry pip options, e.g. TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu".
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.attn_ext-installed
 SOURCES := setup.py pyproject.toml $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null)
@@ -19,14 +20,14 @@ setup: $(STAMP)
 
 $(STAMP): $(SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet "$(TORCH_SPEC)"
-	$(PIP) install --quiet setuptools wheel ninja pybind11 "triton>=3.0"
+	$(PIP) install --quiet $(TORCH_SPEC)
+	$(PIP) install --quiet "setuptools>=77" wheel ninja "triton>=3.0"
 	# --no-build-isolation: compile against the torch installed above, not a fresh download.
 	$(PIP) install --quiet --no-build-isolation -e ".[dev,triton]"
 	touch $@
 
 test: setup
-	$(PY) -m pytest python_tests -q -rs
+	$(PY) -m pytest python_tests bench/tests -q -rs
 
 # The harness (bench/) runs from the clone, never installed: `python -m bench` from this directory.
 bench: setup
@@ -39,4 +40,4 @@ cuda-check:
 	bash .ci/cuda_compile_check.sh
 
 clean:
-	rm -rf build $(VENV) *.egg-info attn_ext/*.so
+	rm -rf build dist $(VENV) *.egg-info attn_ext/*.so bench/out

@@ -68,8 +68,8 @@ awk '
     if (bad != "") print "spilling kernels:" bad
     if (total == 0) print "  (no ptxas output found)"
   }' "${build}/build.log" | sort
-# The full per-instantiation table (registers, spills, stack, static smem), as bench/cuda_resources.py writes it.
-python3 "${repo}/bench/cuda_resources.py" --log "${build}/build.log" --out "${build}/cuda_resources.md" >/dev/null || true
+# The full per-instantiation table (registers, spills, stack, static smem), as bench/gpu/cuda_resources.py writes it.
+python3 "${repo}/bench/gpu/cuda_resources.py" --log "${build}/build.log" --out "${build}/cuda_resources.md" >/dev/null || true
 sed -n '/^| kernel/,$p' "${build}/cuda_resources.md" 2>/dev/null || true
 grep -iE "warning" "${build}/build.log" && { echo "unexpected warnings in the build log"; exit 1; } || true
 

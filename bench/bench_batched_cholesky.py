@@ -1,4 +1,4 @@
-"""``python -m bench run batched_cholesky``: the batched Cholesky ops vs ``torch.linalg`` (SPEC §4).
+"""``python -m bench run batched_cholesky``: the batched Cholesky ops vs ``torch.linalg`` (docs/spec.md §4).
 
 Intention solves ``(KᵀK + αI) W = KᵀV`` for every batch and head: many small SPD systems. Workload: fp32
 SPD ``A = XᵀX/(2n) + I`` (X ``[batch, 2n, n]`` Gaussian) and :data:`CHOL_RHS` right-hand sides

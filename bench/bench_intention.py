@@ -1,4 +1,4 @@
-"""``python -m bench run intention``: Intention and σIntention vs SDPA (SPEC §4).
+"""``python -m bench run intention``: Intention and σIntention vs SDPA (docs/spec.md §4).
 
 Workload: B=8, H=4, M=N queries and keys, D=Dv=64, fp32, CPU. For each N it times, in this process with
 the samples of the three implementations interleaved, **Intention** ``ae.intention(q, k, v, alpha=1,

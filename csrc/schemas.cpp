@@ -27,7 +27,7 @@ TORCH_LIBRARY(attn_ext, m) {
   m.def("merge_states_bwd(Tensor grad_out, Tensor grad_lse, Tensor out_a, Tensor lse_a, Tensor out_b, "
         "Tensor lse_b, Tensor out, Tensor lse) -> (Tensor grad_out_a, Tensor grad_lse_a, Tensor grad_out_b, "
         "Tensor grad_lse_b)");
-  // Tree Cross Attention (SPEC §3): fused descent + online-softmax attention over the selected nodes.
+  // Tree Cross Attention (docs/spec.md §3): fused descent + online-softmax attention over the selected nodes.
   // Greedy when uniforms is None, else inverse-CDF sampling with uniforms [B, M, height] in [0, 1).
   m.def("tree_cross_attention_fwd(Tensor q, Tensor node_k, Tensor node_v, Tensor node_padding_mask, "
         "int branching, int height, int group_size, float scale, Tensor? uniforms) "
@@ -36,7 +36,7 @@ TORCH_LIBRARY(attn_ext, m) {
         "Tensor q, Tensor node_k, Tensor node_v, Tensor node_padding_mask, Tensor selected, Tensor lse, "
         "int branching, int height, int group_size, float scale) "
         "-> (Tensor grad_q, Tensor grad_node_k, Tensor grad_node_v)");
-  // Intention (SPEC §4), primal form; the factor and weights are saved for the backward. Without v
+  // Intention (docs/spec.md §4), primal form; the factor and weights are saved for the backward. Without v
   // (C = I) it returns σIntention's transformed queries scale·Q (KᵀK + αI)⁻¹.
   m.def("intention_fwd(Tensor q, Tensor k, Tensor? v, Tensor? key_padding_mask, Tensor alpha, float scale) "
         "-> (Tensor out, Tensor factor, Tensor weights)");
@@ -46,13 +46,13 @@ TORCH_LIBRARY(attn_ext, m) {
   // once; returns what intention_fwd(v=None) and cross_attention_fwd(scale=1) would, for their backwards.
   m.def("sigma_intention_fwd(Tensor q, Tensor k, Tensor v, Tensor? key_padding_mask, Tensor alpha, float scale, "
         "int chunk_size) -> (Tensor out, Tensor lse, Tensor q_tilde, Tensor factor, Tensor weights)");
-  // Masked-mean aggregation of a tree's nodes from its tokens' values (SPEC §3 "Aggregate") and its
+  // Masked-mean aggregation of a tree's nodes from its tokens' values (docs/spec.md §3 "Aggregate") and its
   // backward; node ids as in attn_ext/tree/build.py, leaf_token -1 at padding leaf slots.
   m.def("tree_aggregate_fwd(Tensor leaf_values, Tensor leaf_token, Tensor node_padding_mask, int branching, "
         "int height, int group_size) -> Tensor");
   m.def("tree_aggregate_bwd(Tensor grad_nodes, Tensor leaf_token, Tensor token_leaf, Tensor node_padding_mask, "
         "int branching, int height, int group_size, int num_tokens) -> Tensor");
-  // Batched small-SPD Cholesky (SPEC §4, under the Intention op): L with A = L Lᵀ from A's lower
+  // Batched small-SPD Cholesky (docs/spec.md §4, under the Intention op): L with A = L Lᵀ from A's lower
   // triangle and info as torch.linalg.cholesky_ex; then X = (L Lᵀ)⁻¹ B. No autograd (the Intention
   // backward differentiates through its factor by hand).
   m.def("batched_cholesky(Tensor A) -> (Tensor L, Tensor info)");

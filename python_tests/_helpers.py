@@ -288,7 +288,7 @@ def backward_case(
 
 
 def spec_backward_formula(q, k, v, mask, scale, grad_out, grad_lse):
-    """The SPEC §1 (FlashAttention) backward written as full-matrix PyTorch in the inputs' dtype:
+    """The docs/spec.md §1 (FlashAttention) backward written as full-matrix PyTorch in the inputs' dtype:
     ``dS = P (dO vᵀ − Δ + dlse)`` with ``Δ = rowsum(dO ∘ O)``.
 
     Its ``dO·v_j − Δ`` cancels in floating point even where softmax's autograd cancels exactly

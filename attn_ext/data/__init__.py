@@ -1,4 +1,4 @@
-"""Data for Neural Processes: the GP meta-regression sampler of SPEC §6.
+"""Data for Neural Processes: the GP meta-regression sampler of docs/spec.md §6.
 
 The evaluation set, the image and wheel-bandit readers of the paper benchmarks live in the
 repository's ``bench/np/data/`` (run from a clone), not in the installed package.

@@ -1,4 +1,4 @@
-"""GP meta-regression tasks as sampled by the official TNP/LBANP/CMANP code (SPEC §6).
+"""GP meta-regression tasks as sampled by the official TNP/LBANP/CMANP code (docs/spec.md §6).
 
 Per batch: ``N_c ~ U{3..46}`` and ``N_t ~ U{3..49 − N_c}`` shared by every function of the batch;
 per point ``x ~ U[−2, 2)``; per function a length ``~ U[0.1, 0.6)`` (the code's default; the CMANP
@@ -50,7 +50,7 @@ def kernel_matrix(kernel: str, x: Tensor, length: Tensor, scale: Tensor, period:
 
 
 class GPSampler:
-    """Draws batches of 1-D GP regression tasks (SPEC §6, the official sampler).
+    """Draws batches of 1-D GP regression tasks (docs/spec.md §6, the official sampler).
 
     Parameters
     ----------

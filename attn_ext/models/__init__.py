@@ -1,4 +1,4 @@
-"""Reference Neural Process models on attn_ext's attention (SPEC §2, §5).
+"""Reference Neural Process models on attn_ext's attention (docs/spec.md §2, §5).
 
 ``MODELS`` maps the CLI names to the classes; :func:`build_model` makes one from a name and an
 :class:`NPConfig`.

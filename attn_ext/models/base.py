@@ -3,7 +3,7 @@
 Every model is a :class:`NeuralProcess`: ``forward(batch)`` returns the training loss (mean
 negative log-likelihood per target unless the model says otherwise), ``predict(xc, yc, xt)`` the
 predictive :class:`torch.distributions.Normal`, ``log_likelihood(batch)`` the evaluation metric of
-SPEC §6 (mean over targets of the Gaussian log-likelihood summed over y dimensions).
+docs/spec.md §6 (mean over targets of the Gaussian log-likelihood summed over y dimensions).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from torch.distributions import Normal
 
 @dataclass
 class NPConfig:
-    """Sizes shared by the reference models; the defaults are SPEC §2/§5's (official TNP/LBANP/CMANP).
+    """Sizes shared by the reference models; the defaults are docs/spec.md §2/§5's (official TNP/LBANP/CMANP).
 
     Attributes
     ----------
@@ -62,7 +62,7 @@ def mlp(dim_in: int, dim_hidden: int, dim_out: int, depth: int) -> nn.Sequential
 
 
 class GaussianHead(nn.Module):
-    """``LN → Linear(d, ff) → ReLU → Linear(ff, 2·dim_y)``; mean and ``std = exp(·)`` (SPEC §2)."""
+    """``LN → Linear(d, ff) → ReLU → Linear(ff, 2·dim_y)``; mean and ``std = exp(·)`` (docs/spec.md §2)."""
 
     def __init__(self, d_model: int, ff_dim: int, dim_y: int) -> None:
         super().__init__()
@@ -139,6 +139,6 @@ class NeuralProcess(nn.Module):
 
     @torch.no_grad()
     def log_likelihood(self, batch) -> Tensor:
-        """``[B]``: per task, the mean over targets of ``log p(y_t)`` summed over y dims (SPEC §6)."""
+        """``[B]``: per task, the mean over targets of ``log p(y_t)`` summed over y dims (docs/spec.md §6)."""
         check_points(self, xc=batch.xc, yc=batch.yc, xt=batch.xt, yt=batch.yt)
         return self.predict(batch.xc, batch.yc, batch.xt).log_prob(batch.yt).sum(-1).mean(-1)

@@ -1,4 +1,4 @@
-"""CMANP (Feng et al., §3.2; SPEC §2): stacked CMABs over the embedded context, conditioned, updated
+"""CMANP (Feng et al., §3.2; docs/spec.md §2): stacked CMABs over the embedded context, conditioned, updated
 and queried through constant-size attention states."""
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class CMANP(NeuralProcess):
     Parameters
     ----------
     config : NPConfig, optional
-        Sizes (SPEC §2 defaults: 6 CMABs of 128 latents); keyword overrides on top.
+        Sizes (docs/spec.md §2 defaults: 6 CMABs of 128 latents); keyword overrides on top.
     block : {"prenorm", "perceiver", "official"}
         The attention blocks, as :class:`~attn_ext.models.LBANP`'s: ``"perceiver"`` is the official
         code's structure (:class:`~attn_ext.nn.PerceiverBlock`, an ``x``-only target embedder);
@@ -66,7 +66,7 @@ class CMANP(NeuralProcess):
         self.head = self.make_head()
 
     def options(self) -> dict:
-        """``block`` (what ``attn-ext train --block`` sets)."""
+        """``block`` (what ``python -m bench train gp --block`` sets in the repository's harness)."""
         return {"block": self.block}
 
     def make_head(self) -> nn.Module:

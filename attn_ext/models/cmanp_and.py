@@ -1,4 +1,4 @@
-"""CMANP-AND (Feng et al., §3.3, App. C.2; SPEC §2): CMANP with a low-rank full covariance over the
+"""CMANP-AND (Feng et al., §3.3, App. C.2; docs/spec.md §2): CMANP with a low-rank full covariance over the
 targets, deployed block-autoregressively with the constant-memory update."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""IntentionNP: TNP-D with Intention (ridge-regression attention, SPEC §4) in place of softmax attention."""
+"""IntentionNP: TNP-D with Intention (ridge-regression attention, docs/spec.md §4) in place of softmax attention."""
 from __future__ import annotations
 
 from attn_ext.models.tnpd import TNPD

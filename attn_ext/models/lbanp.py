@@ -53,7 +53,7 @@ class LBANP(NeuralProcess):
         self.head = GaussianHead(c.d_model, c.ff_dim, c.dim_y)
 
     def options(self) -> dict:
-        """``block`` (what ``attn-ext train --block`` sets)."""
+        """``block`` (what ``python -m bench train gp --block`` sets in the repository's harness)."""
         return {"block": self.block}
 
     def predict(self, xc: Tensor, yc: Tensor, xt: Tensor) -> Normal:

@@ -1,4 +1,4 @@
-"""LinearTNP: TNP-D with linear attention ``φ = elu + 1`` (the chapter's linear-attention NP, SPEC §5)."""
+"""LinearTNP: TNP-D with linear attention ``φ = elu + 1`` (the chapter's linear-attention NP, docs/spec.md §5)."""
 from __future__ import annotations
 
 from attn_ext.models.tnpd import TNPD

@@ -1,4 +1,4 @@
-"""ReTreever (Feng et al., Tree Cross Attention §3.4; SPEC §3): a context encoder, then targets read
+"""ReTreever (Feng et al., Tree Cross Attention §3.4; docs/spec.md §3): a context encoder, then targets read
 ``O(log N_c)`` tree nodes of the encoded context through Tree Cross Attention."""
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class ReTreever(NeuralProcess):
         Tree branching factor ``b``.
     aggregator : {"transformer", "mean"}
         Node aggregator (:mod:`attn_ext.nn.tree_aggregator`): the paper's self-attention block over the
-        children (SPEC §3), or their plain mean.
+        children (docs/spec.md §3), or their plain mean.
     backprop_through_tree : bool
         False (the paper's GP setting, ``bptt=False``) detaches the children in the node aggregation:
         the aggregator learns from the internal nodes, the encoder only from the leaves.
@@ -63,7 +63,7 @@ class ReTreever(NeuralProcess):
         self.head = GaussianHead(c.d_model, c.ff_dim, c.dim_y)
 
     def options(self) -> dict:
-        """``aggregator`` and ``backprop_through_tree`` (what ``attn-ext train`` can set)."""
+        """``aggregator`` and ``backprop_through_tree`` (what ``python -m bench train`` can set in the repository's harness)."""
         return dict(self._options)
 
     def build(self, xc: Tensor, yc: Tensor) -> TreeState:

@@ -1,5 +1,5 @@
 """TNP-D (Nguyen & Grover 2022): a Transformer over ``[xc, yc]`` and ``[xt, 0]`` whose targets attend
-only to the context, with a diagonal Gaussian head (SPEC §5)."""
+only to the context, with a diagonal Gaussian head (docs/spec.md §5)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -22,7 +22,7 @@ class TNPD(NeuralProcess):
     Parameters
     ----------
     config : NPConfig, optional
-        Sizes (SPEC §5 defaults); keyword overrides are applied on top, e.g. ``TNPD(num_layers=2)``.
+        Sizes (docs/spec.md §5 defaults); keyword overrides are applied on top, e.g. ``TNPD(num_layers=2)``.
 
     Examples
     --------

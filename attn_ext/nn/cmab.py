@@ -1,4 +1,4 @@
-"""``CMAB``: the Constant Memory Attention Block of CMANP (Feng et al., §3.2; SPEC §2).
+"""``CMAB``: the Constant Memory Attention Block of CMANP (Feng et al., §3.2; docs/spec.md §2).
 
 ``CMAB(L_I, D) = SA(CA(L_I, SA(CA(L_B, D))))``. Only the first cross attention, ``CA(L_B, D)``, sees
 the context, and its queries are the block's own learned latents ``L_B``, fixed whatever the

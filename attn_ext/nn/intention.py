@@ -1,4 +1,4 @@
-"""Intention modules (Garnelo & Czarnecki, SPEC §4): ``Intention``, ``InformerLayer``, ``Informer``."""
+"""Intention modules (Garnelo & Czarnecki, docs/spec.md §4): ``Intention``, ``InformerLayer``, ``Informer``."""
 from __future__ import annotations
 
 import math

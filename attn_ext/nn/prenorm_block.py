@@ -1,5 +1,5 @@
 """``PreNormBlock``: the pre-norm residual attention + feed-forward block of CMAB, LBANP and the
-latent decoders of the reference models (SPEC §2)."""
+latent decoders of the reference models (docs/spec.md §2)."""
 from __future__ import annotations
 
 from typing import Optional, Tuple

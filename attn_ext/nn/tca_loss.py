@@ -1,4 +1,4 @@
-"""The ReTreever training objective ``L = L_TCA + λ_CA·L_CA + λ_RL·L_RL`` (TCA §3.5; SPEC §3)."""
+"""The ReTreever training objective ``L = L_TCA + λ_CA·L_CA + λ_RL·L_RL`` (TCA §3.5; docs/spec.md §3)."""
 from __future__ import annotations
 
 from typing import NamedTuple

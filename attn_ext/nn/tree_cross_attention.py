@@ -1,4 +1,4 @@
-"""``TreeCrossAttention``: the Tree Cross Attention module of ReTreever (Feng et al.; SPEC §3).
+"""``TreeCrossAttention``: the Tree Cross Attention module of ReTreever (Feng et al.; docs/spec.md §3).
 
 A context is organised once into a tree (:meth:`TreeCrossAttention.build`): the tokens are sorted
 along their coordinates, the context embeddings are aggregated bottom-up into node embeddings, and

@@ -1,11 +1,11 @@
 """``python -m bench run np_demo``: a short end-to-end Neural Process run, the last part of ``make bench``.
 
 Trains a small TNP-D (:data:`OVERRIDES`: d_model 32, 2 layers; every attention on ``ae.cross_attention``)
-on GP regression for :data:`STEPS` steps on one thread (the GP protocol's budget, SPEC §6), then scores
+on GP regression for :data:`STEPS` steps on one thread (the GP protocol's budget, docs/spec.md §6), then scores
 it on the first :data:`EVAL_BATCHES` batches of the fixed-seed RBF evaluation set, next to the same
 model untrained. About 10 s on an idle core. It shows the whole pipeline working (sampler, model, fused
 attention forward and backward, training loop, checkpoint, evaluation), not an accuracy figure: the
-paper's TNP-D (SPEC §5 sizes, 100k steps) scores 1.39, reproduced by ``bench/results/gp_full.md``.
+paper's TNP-D (docs/spec.md §5 sizes, 100k steps) scores 1.39, reproduced by ``bench/results/gp_full.md``.
 Writes ``np_demo.{md,json,png}`` (the PNG: the training loss).
 """
 from __future__ import annotations
@@ -71,7 +71,7 @@ def run(options) -> int:
         table,
         "",
         f"For scale: a model that ignores where its targets sit scores about {PLATEAU} (the prior-level plateau); "
-        "the paper's TNP-D (SPEC §5 sizes, 100k steps) 1.39, which ours reproduces (`bench/results/gp_full.md`). "
+        "the paper's TNP-D (docs/spec.md §5 sizes, 100k steps) 1.39, which ours reproduces (`bench/results/gp_full.md`). "
         f"The same run by hand: `python -m bench train gp --model {MODEL} --steps {STEPS} --lr {LR:g} {_flags()} "
         f"--out runs/demo` then `python -m bench eval gp --ckpt runs/demo --num-batches {EVAL_BATCHES}`.",
         "",

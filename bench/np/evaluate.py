@@ -1,6 +1,6 @@
 """``python -m bench eval gp|images``: mean per-target log-likelihood of a trained model on fixed-seed tasks.
 
-The metric is SPEC §6's: per task, the mean over targets of the Gaussian log-likelihood summed over
+The metric is docs/spec.md §6's: per task, the mean over targets of the Gaussian log-likelihood summed over
 y dimensions; reported as mean ± std over the evaluation batches (each batch's value is the mean
 over its tasks). CMANP-AND is scored block-autoregressively (``--block-size``, CMANP App. C.2).
 

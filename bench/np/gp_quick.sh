@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Quick GP protocol: every reference model trained for the same number of steps on ONE thread, one
 # after the other, then evaluated on the first EVAL_BATCHES batches of the fixed-seed evaluation
-# set (RBF and Matern-5/2). The full protocol is 100k steps and 3000 batches (SPEC §6).
+# set (RBF and Matern-5/2). The full protocol is 100k steps and 3000 batches (docs/spec.md §6).
 # Usage: [MODELS="tnpd lbanp ..."] bench/np/gp_quick.sh [STEPS] [EVAL_BATCHES] [RUNS_DIR]
 # MODELS (default: all seven) lets two shells each take part of the list on a 2-core machine.
 # Then `python -m bench.np.gp_report RUNS_DIR` writes the table (gp_quick.md).

@@ -1,8 +1,8 @@
-"""``python -m bench run gp_quick``: every reference NP model trained on one budget, then evaluated (SPEC §6).
+"""``python -m bench run gp_quick``: every reference NP model trained on one budget, then evaluated (docs/spec.md §6).
 
 Quick mode (``--quick``): 100 steps of a small configuration per model (2 layers, 32 latents) and
 20 evaluation batches — a smoke test of the whole pipeline, not an accuracy figure (``gp_smoke.md``). Full mode: the
-quick protocol of ``bench/np/gp_quick.sh`` (SPEC §5 sizes, 5000 steps, 200 evaluation batches). The
+quick protocol of ``bench/np/gp_quick.sh`` (docs/spec.md §5 sizes, 5000 steps, 200 evaluation batches). The
 paper protocol (100k steps, 3000 batches) is ``python -m bench train gp --steps 100000`` per model.
 ``python -m bench.np.gp_report RUNS_DIR [OUT_DIR [README]]`` rewrites the report (and the README
 block) from finished runs; with ``--protocol paper`` it reports runs of the paper protocol, finished or
@@ -18,7 +18,7 @@ from typing import Optional
 NAME = "gp_quick"
 MODELS = ("tnpd", "lbanp", "cmanp", "cmanp_and", "retreever", "intention_np", "linear_tnp")
 KERNELS = ("rbf", "matern52")
-#: SPEC §6: (RBF, Matern 5/2) after 100k steps, from the papers.
+#: docs/spec.md §6: (RBF, Matern 5/2) after 100k steps, from the papers.
 PAPER = {"tnpd": (1.39, 0.95, "CMANP Table 3"), "lbanp": (1.27, 0.85, "CMANP Table 3"),
          "cmanp": (1.24, 0.80, "CMANP Table 3"), "cmanp_and": (1.48, 0.96, "CMANP Table 3"),
          "retreever": (1.25, 0.81, "TCA Table 13")}
@@ -35,7 +35,7 @@ PROTOCOLS = {
               "Adam 5e-4, cosine schedule over those steps) on one CPU thread",
               "The paper figures are after 100k steps and 3000 batches: **these runs stop far earlier**, so the gap "
               "below is the training budget, not the models (the 100k-step paper protocol: `gp_full.md`)."),
-    "paper": ("**paper protocol** (SPEC §6): Adam 5e-4 with a cosine schedule over 100k steps, batch 16, on one "
+    "paper": ("**paper protocol** (docs/spec.md §6): Adam 5e-4 with a cosine schedule over 100k steps, batch 16, on one "
               "CPU thread",
               "A run that did not reach the end of its schedule in the time there was is shown at the step it "
               "reached (`steps` = reached / scheduled): its learning rate had not decayed yet, so it is a "

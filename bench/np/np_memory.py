@@ -1,6 +1,6 @@
 """``python -m bench memory`` (and ``python -m bench run np_memory``): peak inference memory of the NP models.
 
-For each model (SPEC §5 default sizes, random weights, eval mode, no autograd, batch 1, fp32) and
+For each model (docs/spec.md §5 default sizes, random weights, eval mode, no autograd, batch 1, fp32) and
 each context size ``N_c`` at fixed ``N_t`` (then each ``N_t`` at fixed ``N_c``), one fresh
 subprocess builds the model and the inputs and measures the peak extra RSS of one prediction
 (:mod:`bench.harness.memory`; inputs and weights are the baseline, the output counts). CMANP and
@@ -188,7 +188,7 @@ def tables(result: dict) -> str:
                        [[m] + [(_peak(rows, TENSORS, m, n) or {}).get("status") for n in cfg["ncs"]] for m in profiled]),
         ""]
     lines = [
-        f"Peak extra memory (MB) of one prediction, batch 1, fp32, CPU, SPEC §5 sizes (d_model 64, 6 layers, "
+        f"Peak extra memory (MB) of one prediction, batch 1, fp32, CPU, docs/spec.md §5 sizes (d_model 64, 6 layers, "
         f"4 heads, CMANP/LBANP 128 latents), random weights, no autograd; a fresh process per cell. CMANP(-AND) "
         f"condition in chunks of {cfg['chunk_size']} points; CMANP-AND draws a block-autoregressive sample (b_Q = 5). "
         f"`tnpd_masked` = TNP-D's official masked formulation (SDPA with an [N, N] mask) on the same weights; "
@@ -236,7 +236,7 @@ def summary(result: dict) -> str:
     models = [m for m in cfg["models"] if m in QUICK_MODELS] or cfg["models"]
     body = [[m] + [(_peak(rows, "N_c", m, n) or {}).get("status") for n in cfg["ncs"]] for m in models]
     return "\n".join([
-        f"Peak extra memory (MB) of one prediction vs N_c (N_t = {cfg['fixed_nt']:,}), batch 1, fp32, SPEC §5 sizes, "
+        f"Peak extra memory (MB) of one prediction vs N_c (N_t = {cfg['fixed_nt']:,}), batch 1, fp32, docs/spec.md §5 sizes, "
         "random weights, a fresh process per cell. `tnpd_masked` = TNP-D's official masked formulation (SDPA with an "
         f"[N, N] mask), `tnpd` = the same weights on `ae.cross_attention`. `> cap`: over {cfg['cap_mb']:,.0f} MB; "
         f"`timeout`: over {cfg['timeout']:.0f} s. The other models in the full report.",

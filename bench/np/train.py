@@ -1,4 +1,4 @@
-"""``python -m bench train gp|images|wheel|copy``: seeded, resumable training of a reference NP model (SPEC §2, §6).
+"""``python -m bench train gp|images|wheel|copy``: seeded, resumable training of a reference NP model (docs/spec.md §2, §6).
 
 ``gp``, ``images`` and ``wheel`` (bandit pre-training, batches of 8) share one loop (:func:`train`)
 over an :class:`bench.np.tasks.np_tasks.NPTask`:
@@ -32,7 +32,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """``--d-model`` … ``--chunk-size``: overrides of :class:`attn_ext.models.NPConfig`."""
     for field in CONFIG_FLAGS:
         parser.add_argument("--" + field.replace("_", "-"), type=int, default=None, dest=field,
-                            help=f"model {field} (default: SPEC §5)")
+                            help=f"model {field} (default: docs/spec.md §5)")
 
 
 def _common_arguments(parser: argparse.ArgumentParser) -> None:
@@ -93,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from bench.np.tasks.copy_cli import add_copy_arguments
 
     sub = parser.add_subparsers(dest="task", metavar="TASK", required=True)
-    gp = sub.add_parser("gp", help="GP meta-regression (SPEC §6)")
+    gp = sub.add_parser("gp", help="GP meta-regression (docs/spec.md §6)")
     _common_arguments(gp)
     add_task_arguments(gp, "gp")
     images = sub.add_parser("images", help="image completion (EMNIST, CelebA 32/64/128, sklearn digits)")

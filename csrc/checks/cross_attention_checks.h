@@ -13,7 +13,7 @@
 
 namespace attn_ext {
 
-/// Sizes of one cross-attention problem (SPEC §0 layout).
+/// Sizes of one cross-attention problem (docs/spec.md §0 layout).
 struct CrossAttentionShape {
   int64_t batch, heads, queries, keys, head_dim, value_dim;
 };

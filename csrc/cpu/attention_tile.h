@@ -1,4 +1,4 @@
-// One tile of query rows attending over a range of key chunks (SPEC §1): scores by GEMM, the
+// One tile of query rows attending over a range of key chunks (docs/spec.md §1): scores by GEMM, the
 // online-softmax row update of the shared header, the value GEMM into an fp32 accumulator. Used by
 // the cross-attention forward and by σIntention's fused forward, which feeds it transformed queries.
 #pragma once
@@ -87,7 +87,7 @@ void store_tile(const AttentionTileScratch<acc_t>& w, int64_t mt, int64_t Dv, sc
   }
 }
 
-/// Merges `splits` normalised partial states per row (SPEC §1 merge) into out [rows, Dv] and lse
+/// Merges `splits` normalised partial states per row (docs/spec.md §1 merge) into out [rows, Dv] and lse
 /// [rows]: partial_out [splits, rows, Dv], partial_lse [splits, rows], split-major.
 template <typename scalar_t, typename acc_t>
 void merge_partial_states(const acc_t* partial_out, const acc_t* partial_lse, int64_t splits, int64_t rows,

@@ -1,5 +1,5 @@
 // Batched Cholesky factorisation and solves of small SPD matrices on the CPU (the Intention op's
-// (KᵀK + αI)⁻¹ and its backward, SPEC §4): input checks, batch flattening and threading here; the
+// (KᵀK + αI)⁻¹ and its backward, docs/spec.md §4): input checks, batch flattening and threading here; the
 // per-matrix arithmetic is in cholesky_simd.cpp.
 //
 // One work item is one matrix: at::parallel_for hands each thread a contiguous range of the batch,

@@ -1,4 +1,4 @@
-// CPU backward of chunked cross attention (SPEC §1 backward, as in FlashAttention): probabilities
+// CPU backward of chunked cross attention (docs/spec.md §1 backward, as in FlashAttention): probabilities
 // are recomputed per (query tile, key chunk) from the saved log-sum-exp, so no [M, N] matrix exists.
 //
 // Work is split over (batch·head, part of the keys). Each unit owns the key/value gradients of its

@@ -1,4 +1,4 @@
-// CPU forward of chunked cross attention (SPEC §1): for every (batch, head, tile of query rows) the
+// CPU forward of chunked cross attention (docs/spec.md §1): for every (batch, head, tile of query rows) the
 // keys are streamed in chunks by attend_tile (attention_tile.h), so that no buffer larger than
 // tile × chunk exists.
 #include <ATen/ATen.h>
@@ -39,7 +39,7 @@ void forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
   scalar_t* out_data = out.mutable_data_ptr<scalar_t>();
   acc_t* lse_data = lse.mutable_data_ptr<acc_t>();
 
-  // With key splits each part writes a normalised partial state; they are merged below (SPEC §1 merge).
+  // With key splits each part writes a normalised partial state; they are merged below (docs/spec.md §1 merge).
   std::vector<acc_t> partial_out(splits > 1 ? splits * B * H * M * Dv : 0);
   std::vector<acc_t> partial_lse(splits > 1 ? splits * B * H * M : 0);
 

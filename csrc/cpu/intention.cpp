@@ -1,4 +1,4 @@
-// CPU forward and backward of Intention (SPEC §4), primal form: out = scale·Q (KᵀK + αI)⁻¹ KᵀV.
+// CPU forward and backward of Intention (docs/spec.md §4), primal form: out = scale·Q (KᵀK + αI)⁻¹ KᵀV.
 //
 // One work item is one (batch, head) (at::parallel_for); inside it everything is BLAS on small
 // thread-local buffers in the accumulation dtype:

@@ -1,4 +1,4 @@
-// The per-(batch, head) pieces of Intention's CPU kernels (SPEC §4), shared by intention.cpp and
+// The per-(batch, head) pieces of Intention's CPU kernels (docs/spec.md §4), shared by intention.cpp and
 // sigma_intention.cpp: raw views of the inputs, the Gram statistics accumulated over valid keys,
 // and the factor and weights W = (KᵀK + αI)⁻¹C they give.
 #pragma once

@@ -1,4 +1,4 @@
-// CPU merge of two attention states over disjoint key sets (SPEC §1 merge) and its backward.
+// CPU merge of two attention states over disjoint key sets (docs/spec.md §1 merge) and its backward.
 // One pass over the rows, OpenMP over rows; the per-row weights come from the shared header.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>

@@ -37,7 +37,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> merge_states_bwd_cpu(
 
 // ---- tree (tree_cross_attention.cpp, tree_cross_attention_bwd.cpp, tree_aggregate.cpp)
 
-/// Fused Tree Cross Attention forward (SPEC §3): per query, descend the tree (greedy, or sampled with
+/// Fused Tree Cross Attention forward (docs/spec.md §3): per query, descend the tree (greedy, or sampled with
 /// `uniforms` [B, M, height]) and attend over the selected set with an online softmax.
 /// Returns (out [B,H,M,Dv] in q's dtype, lse [B,H,M], selected [B,M,S] int64, log_prob [B,M],
 /// entropy [B,M]).
@@ -53,7 +53,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tree_cross_attention_bwd_cpu(
     const at::Tensor& node_padding_mask, const at::Tensor& selected, const at::Tensor& lse, int64_t branching,
     int64_t height, int64_t group_size, double scale);
 
-/// Node values [B, num_nodes, E] of a Tree Cross Attention tree (SPEC §3 "Aggregate", masked mean) from
+/// Node values [B, num_nodes, E] of a Tree Cross Attention tree (docs/spec.md §3 "Aggregate", masked mean) from
 /// the tokens' values leaf_values [B, N, E]: leaf slot s holds token leaf_token[:, s] (0 for padding
 /// leaves), every other node the mean of its valid children (0 for padding nodes). Node ids as in
 /// attn_ext/tree/build.py; output in the input dtype, sums and means in the accumulation dtype.
@@ -69,7 +69,7 @@ at::Tensor tree_aggregate_bwd_cpu(const at::Tensor& grad_nodes, const at::Tensor
 
 // ---- Intention (intention.cpp, sigma_intention.cpp, batched_cholesky.cpp)
 
-/// Intention, primal form (SPEC §4): out = scale·Q (KᵀK + αI)⁻¹ KᵀV with alpha [B, H].
+/// Intention, primal form (docs/spec.md §4): out = scale·Q (KᵀK + αI)⁻¹ KᵀV with alpha [B, H].
 /// Returns (out [B,H,M,Dv] in q's dtype, factor L [B,H,D,D] with LLᵀ = KᵀK + αI (lower triangle
 /// meaningful), weights W = (KᵀK + αI)⁻¹KᵀV [B,H,D,Dv]).
 /// Without v, C = I: out = scale·Q (KᵀK + αI)⁻¹, the transformed queries of σIntention.

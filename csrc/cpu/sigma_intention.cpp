@@ -1,4 +1,4 @@
-// CPU forward of σIntention (SPEC §4), fused: softmax(scale·Q (KᵀK + αI)⁻¹ Kᵀ) V with the
+// CPU forward of σIntention (docs/spec.md §4), fused: softmax(scale·Q (KᵀK + αI)⁻¹ Kᵀ) V with the
 // transformed queries Q̃ = scale·Q W, W = (KᵀK + αI)⁻¹, made tile by tile where they are consumed:
 //  1. per (batch, head): the factor L and W (intention_head.h: Gram over the valid keys, Cholesky,
 //     solve against the identity);

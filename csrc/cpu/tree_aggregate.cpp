@@ -1,4 +1,4 @@
-// CPU masked-mean aggregation of a Tree Cross Attention tree (SPEC §3 "Aggregate") and its backward.
+// CPU masked-mean aggregation of a Tree Cross Attention tree (docs/spec.md §3 "Aggregate") and its backward.
 //
 // The reference (attn_ext/tree/aggregate.py) gathers the leaves, masks them, reduces each level and
 // concatenates: some eight passes of [B, L, E] through memory. Here both directions walk the tree

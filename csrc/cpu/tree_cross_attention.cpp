@@ -1,4 +1,4 @@
-// CPU forward of Tree Cross Attention (SPEC §3 "Retrieve" + "Attend"), fused per query.
+// CPU forward of Tree Cross Attention (docs/spec.md §3 "Retrieve" + "Attend"), fused per query.
 //
 // One work item is one query (b, m) of the B·M queries (at::parallel_for); the heads are looped
 // inside, because the policy averages them. From the root, each level scores the b children of the

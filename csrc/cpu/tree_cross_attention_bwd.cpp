@@ -1,4 +1,4 @@
-// CPU backward of Tree Cross Attention (SPEC §3): gradients of (out, lse, log_prob, entropy) with
+// CPU backward of Tree Cross Attention (docs/spec.md §3): gradients of (out, lse, log_prob, entropy) with
 // respect to q, node_k and node_v, given the selected sets the forward returned.
 //
 // The descent's choices are constants; what is differentiated is the attention over each query's

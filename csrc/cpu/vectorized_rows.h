@@ -16,7 +16,7 @@ float row_max(const float* x, int64_t n);
 /// Arguments are expected ≤ 0 + rounding (scores minus a running maximum or a log-sum-exp).
 float exp_shifted_inplace_sum(float* x, int64_t n, float shift);
 
-/// ds[i] ← p[i] · (dp[i] − delta_minus_dlse), the SPEC §1 score gradient over one row (dp may alias ds).
+/// ds[i] ← p[i] · (dp[i] − delta_minus_dlse), the docs/spec.md §1 score gradient over one row (dp may alias ds).
 void score_gradient_row(const float* p, const float* dp, float* ds, int64_t n, float delta_minus_dlse);
 
 double row_max(const double* x, int64_t n);

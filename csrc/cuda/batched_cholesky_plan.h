@@ -1,4 +1,4 @@
-// Launch geometry of the CUDA batched Cholesky factorisation and solves (SPEC §4), as plain C++17.
+// Launch geometry of the CUDA batched Cholesky factorisation and solves (docs/spec.md §4), as plain C++17.
 //
 // Free of CUDA headers so that the host tests (csrc/tests/cuda_cholesky_emulation_test.cpp) check
 // exactly the grid, block and shared-memory size the launcher in batched_cholesky.cu uses.

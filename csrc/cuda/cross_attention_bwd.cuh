@@ -1,4 +1,4 @@
-// Host-side interface of the CUDA chunked cross-attention backward (SPEC §1 backward). Only CUDA
+// Host-side interface of the CUDA chunked cross-attention backward (docs/spec.md §1 backward). Only CUDA
 // runtime types, like cross_attention_fwd.cuh; the geometry is in cross_attention_bwd_plan.h.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Launch geometry and shared-memory layout of the CUDA cross-attention backward (SPEC §1 backward),
+// Launch geometry and shared-memory layout of the CUDA cross-attention backward (docs/spec.md §1 backward),
 // as plain C++17 (host code and the CPU unit tests compute exactly what the launcher uses).
 //
 // Three kernels, all deterministic (no atomics):

@@ -1,4 +1,4 @@
-// Host-side interface of the CUDA chunked cross-attention forward kernel (SPEC §1).
+// Host-side interface of the CUDA chunked cross-attention forward kernel (docs/spec.md §1).
 //
 // Only CUDA runtime types appear here (no ATen/c10): the CPU-only torch wheel on the build machines
 // ships no ATen/cuda headers, so the torch-facing op unpacks tensors into this struct itself. The
@@ -18,7 +18,7 @@ namespace cuda {
 
 /// Arguments of the forward kernel: raw device pointers plus element strides.
 ///
-/// Layout as SPEC §0: q [B,H,M,D], k [B,H,N,D], v [B,H,N,Dv]. Batch, head and row strides are free
+/// Layout as docs/spec.md §0: q [B,H,M,D], k [B,H,N,D], v [B,H,N,Dv]. Batch, head and row strides are free
 /// (in elements, may be 0 for broadcast or anything a view produces); the innermost (feature) stride
 /// must be 1. q, k, v and out share `dtype`.
 struct CrossAttentionFwdParams : QkvLayout {

@@ -1,4 +1,4 @@
-// Host-side interface of the CUDA Intention forward and backward (SPEC §4, primal form), mirroring
+// Host-side interface of the CUDA Intention forward and backward (docs/spec.md §4, primal form), mirroring
 // csrc/cpu/intention.cpp: out = scale·Q (KᵀK + αI)⁻¹ KᵀV, or with v = nullptr (C = I) σIntention's
 // transformed queries scale·Q (KᵀK + αI)⁻¹. Only CUDA runtime types, no ATen/c10.
 #pragma once

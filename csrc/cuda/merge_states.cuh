@@ -1,4 +1,4 @@
-// Host-side interface and launch plan of the CUDA merge of two attention states (SPEC §1 merge,
+// Host-side interface and launch plan of the CUDA merge of two attention states (docs/spec.md §1 merge,
 // the op attn_ext::merge_states_fwd): out = w_a·o_a + w_b·o_b, lse = logaddexp(lse_a, lse_b),
 // the weights from state_merge_weights() in attn_ext/online_softmax.h. The plan is plain C++.
 #pragma once

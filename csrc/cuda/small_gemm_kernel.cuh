@@ -1,4 +1,4 @@
-// A strided batched GEMM for the small per-(batch, head) products of Intention (SPEC §4):
+// A strided batched GEMM for the small per-(batch, head) products of Intention (docs/spec.md §4):
 //     C[b,h] = alpha·A[b,h]·B[b,h] + alpha2·A2[b,h]·B2[b,h]      (second term optional)
 // with any element strides (so transposes are views: Kᵀ is K with its strides swapped), fp32
 // accumulation, an optional key-padding mask on the reduction index of the first term (the Gram

@@ -1,4 +1,4 @@
-// Host-side interface of the CUDA masked-mean tree aggregation (SPEC §3 "Aggregate") and its
+// Host-side interface of the CUDA masked-mean tree aggregation (docs/spec.md §3 "Aggregate") and its
 // backward, the same computation as csrc/cpu/tree_aggregate.cpp. Only CUDA runtime types.
 #pragma once
 

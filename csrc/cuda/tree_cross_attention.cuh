@@ -1,4 +1,4 @@
-// Host-side interface of the CUDA Tree Cross Attention forward and backward (SPEC §3), the same
+// Host-side interface of the CUDA Tree Cross Attention forward and backward (docs/spec.md §3), the same
 // computation as csrc/cpu/tree_cross_attention{,_bwd}.cpp. Only CUDA runtime types, no ATen/c10.
 #pragma once
 

@@ -1,4 +1,4 @@
-// Device code of the CUDA Tree Cross Attention forward (SPEC §3 "Retrieve" + "Attend"), the CUDA
+// Device code of the CUDA Tree Cross Attention forward (docs/spec.md §3 "Retrieve" + "Attend"), the CUDA
 // twin of csrc/cpu/tree_cross_attention.cpp: same descent step (attn_ext/tree_descent.h), same
 // online softmax (attn_ext/online_softmax.h), same order of folding keys, same `selected` layout.
 //

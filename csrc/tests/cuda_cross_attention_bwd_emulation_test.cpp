@@ -1,5 +1,5 @@
 // Runs the CUDA cross-attention backward kernels' source on the host (cuda_emulation/) against a
-// double-precision reference of SPEC §1's backward computed from the same rounded inputs and the
+// double-precision reference of docs/spec.md §1's backward computed from the same rounded inputs and the
 // same saved (out, lse), and checks plan_cross_attention_bwd().
 //
 // Inputs are strided views with NaN in every element the kernels must not read (row padding, the
@@ -146,7 +146,7 @@ void run_case(const Case& c, uint32_t seed) {
   if (to_float(dq.back()) != 12288.0f || to_float(dk.back()) != 12288.0f || to_float(dv.back()) != 12288.0f)
     fail(c, "write past the end of a gradient", 0, 0, 0);
 
-  // Reference gradients from the saved out/lse (SPEC §1): P = exp(s − lse), Δ = dO·o.
+  // Reference gradients from the saved out/lse (docs/spec.md §1): P = exp(s − lse), Δ = dO·o.
   std::vector<double> rq(B * H * M * D, 0.0), rk(B * H * N * D, 0.0), rv(B * H * N * Dv, 0.0);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)

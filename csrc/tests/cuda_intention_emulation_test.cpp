@@ -1,6 +1,6 @@
 // Runs the CUDA Intention forward and backward chains (csrc/cuda/intention_plan.h, i.e. the same
 // steps intention.cu launches) on the host through the emulator, against a double-precision
-// reference of SPEC §4: masks (a fully padded batch too, where α alone makes A definite), D = 40 /
+// reference of docs/spec.md §4: masks (a fully padded batch too, where α alone makes A definite), D = 40 /
 // Dv = 59 (tile tails), N = 1, v = None (C = I), strided and broadcast inputs, fp32 and fp16.
 #include <cmath>
 #include <cstdio>

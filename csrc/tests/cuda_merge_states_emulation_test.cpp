@@ -1,5 +1,5 @@
 // Runs the CUDA state-merge kernel's source on the host (cuda_emulation/) against a double reference
-// of SPEC §1's merge, including the identity state (0, −inf) on either or both sides, and checks
+// of docs/spec.md §1's merge, including the identity state (0, −inf) on either or both sides, and checks
 // plan_merge_states() (grid-stride cap, Dv = 0, rejected inputs).
 #include <cmath>
 #include <cstdio>

@@ -1,4 +1,4 @@
-"""Property tests of the attention-state algebra (SPEC §1): chunkings, update orders, merge trees,
+"""Property tests of the attention-state algebra (docs/spec.md §1): chunkings, update orders, merge trees,
 removal and gradients all agree with one-shot attention over the union of the keys.
 
 The properties are about algebra, not rounding, so they run in fp64 (cpp and reference support it)

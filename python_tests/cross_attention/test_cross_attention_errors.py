@@ -1,4 +1,4 @@
-"""Bad inputs raise clear errors naming the shapes/dtypes (SPEC §0), through the public API and
+"""Bad inputs raise clear errors naming the shapes/dtypes (docs/spec.md §0), through the public API and
 through direct calls of the C++ ops (csrc/checks/cross_attention_checks.h). Nothing is silently broadcast."""
 import math
 

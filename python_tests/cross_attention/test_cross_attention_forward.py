@@ -105,7 +105,7 @@ def test_forward_chunk_sizes(dtype, chunk_size, backend):
 @pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16), ids=_id)
 def test_forward_cpp_key_splits(dtype, B, H, M, N, masked):
     """Few (batch, head, query tile) units: the cpp kernel splits the keys and merges the partial
-    states (SPEC §1 merge), including splits whose keys are all padded."""
+    states (docs/spec.md §1 merge), including splits whose keys are all padded."""
     q, k, v = make_qkv(B, H, M, N, 64, 32, dtype=dtype, seed=N)
     mask = None
     if masked:
@@ -139,7 +139,7 @@ def test_forward_large_scores_do_not_overflow(backend, dtype):
 @pytest.mark.parametrize("M,N", [(0, 10), (4, 0), (0, 0)], ids=str)
 @pytest.mark.parametrize("backend", ("cpp", "reference", "triton"))
 def test_forward_empty_sizes(backend, M, N):
-    """M = 0 gives empty outputs; N = 0 means no valid key: out 0, lse -inf (SPEC §0)."""
+    """M = 0 gives empty outputs; N = 0 means no valid key: out 0, lse -inf (docs/spec.md §0)."""
     q, k, v = make_qkv(2, 1, M, N, 16, 8, dtype=torch.float32)
     require_backend(backend, q)
     out, lse = run_backend(backend, q, k, v, None)

@@ -1,9 +1,9 @@
-"""Property tests (hypothesis) of the chunked attention state of SPEC §1 on the cpp and reference
+"""Property tests (hypothesis) of the chunked attention state of docs/spec.md §1 on the cpp and reference
 backends: chunking invariance, merge of states over key sets == attention over their union
 ("update then query == recompute"), merge algebra (associative, commutative, identity), and
 invariance under permutation of the keys.
 
-The merge is implemented here, in fp64, from the SPEC §1 formula, independently of the library.
+The merge is implemented here, in fp64, from the docs/spec.md §1 formula, independently of the library.
 """
 import math
 
@@ -20,7 +20,7 @@ EPS = {torch.float32: torch.finfo(torch.float32).eps, torch.float64: torch.finfo
 
 
 def merge(a, b):
-    """SPEC §1 merge of states (out, lse) over disjoint key sets, in fp64, guarding (-inf) - (-inf)."""
+    """docs/spec.md §1 merge of states (out, lse) over disjoint key sets, in fp64, guarding (-inf) - (-inf)."""
     (out_a, lse_a), (out_b, lse_b) = a, b
     out_a, lse_a, out_b, lse_b = out_a.double(), lse_a.double(), out_b.double(), lse_b.double()
     lse = torch.logaddexp(lse_a, lse_b)

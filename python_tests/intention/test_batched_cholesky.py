@@ -1,4 +1,4 @@
-"""attn_ext.batched_cholesky / batched_cholesky_solve against torch.linalg (SPEC §4).
+"""attn_ext.batched_cholesky / batched_cholesky_solve against torch.linalg (docs/spec.md §4).
 
 fp64 results must match torch's to a few ulps of the data; fp32 results must be within twice the
 error of torch's own fp32 computation against the fp64 result (plus a floor of a few ulps), the rule

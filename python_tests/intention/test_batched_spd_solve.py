@@ -1,4 +1,4 @@
-"""attn_ext.batched_spd_solve (factor and solve fused, differentiable) against torch.linalg (SPEC §4).
+"""attn_ext.batched_spd_solve (factor and solve fused, differentiable) against torch.linalg (docs/spec.md §4).
 
 Accuracy follows the rule of test_batched_cholesky.py: within twice the error of torch's own
 same-precision ``cholesky_solve(B, cholesky(A))`` against fp64, plus a floor of a few ulps.

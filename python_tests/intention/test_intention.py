@@ -1,4 +1,4 @@
-"""Intention and σIntention (SPEC §4) against independent fp64 computations."""
+"""Intention and σIntention (docs/spec.md §4) against independent fp64 computations."""
 import pytest
 import torch
 

@@ -1,10 +1,10 @@
-"""attn_ext.data.GPSampler against SPEC §6: counts, ranges, kernels, and the covariance of y."""
+"""attn_ext.data.GPSampler against docs/spec.md §6: counts, ranges, kernels, and the covariance of y."""
 import math
 
 import pytest
 import torch
 
-from attn_ext.data import GPSampler, NPBatch, evaluation_set
+from attn_ext.data import GPSampler, NPBatch
 from attn_ext.data.gp import kernel_matrix
 
 
@@ -67,11 +67,3 @@ def test_y_covariance_is_the_kernel_plus_noise(kernel):
     assert torch.allclose(emp, torch.eye(8, dtype=torch.float64), atol=0.12), emp
     # Marginal variance: scale² + noise².
     assert (y.pow(2).mean().item()) == pytest.approx(scale ** 2 + 0.02 ** 2, rel=0.1)
-
-
-def test_evaluation_set_is_cached_and_a_prefix(tmp_path):
-    small = evaluation_set("matern52", 2, cache_dir=tmp_path)
-    larger = evaluation_set("matern52", 3, cache_dir=tmp_path)
-    assert len(list(tmp_path.iterdir())) == 2
-    assert all(torch.equal(u, v) for u, v in zip(small[1], larger[1]))
-    assert small[0].xc.shape[0] == 16

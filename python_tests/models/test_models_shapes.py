@@ -8,7 +8,7 @@ import attn_ext.models as models_pkg
 from attn_ext.data import GPSampler
 from attn_ext.models import MODELS, build_model
 import attn_ext.data as data_pkg
-from attn_ext.data import eval_set, gp
+from attn_ext.data import gp
 from attn_ext.models import base, cmanp, cmanp_and, intention_np, lbanp, linear_attention, linear_tnp, retreever, tnpd
 
 SMALL = dict(d_model=16, num_layers=2, num_heads=2, ff_dim=32, emb_depth=2, num_latents=8)
@@ -137,7 +137,7 @@ def test_no_model_uses_torch_multihead_attention():
 
 
 @pytest.mark.parametrize("module", [models_pkg, base, cmanp, cmanp_and, intention_np, lbanp, linear_attention,
-                                    linear_tnp, retreever, tnpd, data_pkg, gp, eval_set])
+                                    linear_tnp, retreever, tnpd, data_pkg, gp])
 def test_docstring_examples(module):
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0

@@ -1,4 +1,4 @@
-"""attn_ext.nn.CMAB: forward against plain torch, and update/remove equal a fresh forward (SPEC §2)."""
+"""attn_ext.nn.CMAB: forward against plain torch, and update/remove equal a fresh forward (docs/spec.md §2)."""
 import doctest
 
 import pytest

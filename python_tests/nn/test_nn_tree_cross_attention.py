@@ -1,4 +1,4 @@
-"""attn_ext.nn.TreeCrossAttention and attn_ext.nn.tca_loss (SPEC §3)."""
+"""attn_ext.nn.TreeCrossAttention and attn_ext.nn.tca_loss (docs/spec.md §3)."""
 
 import pytest
 import torch

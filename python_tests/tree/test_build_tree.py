@@ -1,4 +1,4 @@
-"""Tree construction and aggregation of Tree Cross Attention (attn_ext.ops.tree, SPEC §3 "Build"/"Aggregate")."""
+"""Tree construction and aggregation of Tree Cross Attention (attn_ext.ops.tree, docs/spec.md §3 "Build"/"Aggregate")."""
 import doctest
 import importlib
 import math

@@ -1,4 +1,4 @@
-"""Retrieval + attention of Tree Cross Attention (attn_ext.tree.tree_cross_attention, SPEC §3)."""
+"""Retrieval + attention of Tree Cross Attention (attn_ext.tree.tree_cross_attention, docs/spec.md §3)."""
 import math
 
 import pytest

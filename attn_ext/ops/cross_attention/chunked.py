@@ -1,4 +1,4 @@
-"""``attn_ext.cross_attention``: exact softmax cross attention over keys in chunks (SPEC §1)."""
+"""``attn_ext.cross_attention``: exact softmax cross attention over keys in chunks (docs/spec.md §1)."""
 from __future__ import annotations
 
 import math
@@ -46,7 +46,7 @@ def cross_attention(
         Keys per chunk (default 512); trades memory for speed, never changes the result beyond rounding.
     return_lse : bool
         Also return the log-sum-exp of each row's scores (natural log, fp32 — fp64 for fp64 inputs,
-        shape ``[B, H, M]``), which is differentiable and lets states be merged (SPEC §1).
+        shape ``[B, H, M]``), which is differentiable and lets states be merged (docs/spec.md §1).
     backend : {"cpp", "cuda", "triton", "reference", "auto"}, optional
         Kernel to use; default: the ``ATTN_EXT_BACKEND`` environment variable, else automatic
         (CPU: ``cpp``; CUDA: ``triton``, then ``cuda``, the hand-written CUDA kernels of CUDA builds,

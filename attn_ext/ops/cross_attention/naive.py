@@ -1,6 +1,6 @@
 """Pure-PyTorch chunked cross attention: the readable statement of what every kernel computes.
 
-It follows SPEC §1 step by step — the online-softmax forward over key chunks and the
+It follows docs/spec.md §1 step by step — the online-softmax forward over key chunks and the
 FlashAttention backward from the saved log-sum-exp — in fp32 (fp64 for fp64 inputs), so it is
 also the backend of last resort on any device and the fp64 ground truth that tests compare with.
 """
@@ -63,7 +63,7 @@ def cross_attention_backward(
     scale: float,
     chunk_size: int,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """Gradients of q, k, v from those of ``out`` and ``lse`` (SPEC §1 backward), chunk by chunk."""
+    """Gradients of q, k, v from those of ``out`` and ``lse`` (docs/spec.md §1 backward), chunk by chunk."""
     acc = accumulation_dtype(q.dtype)
     qf, dout = q.to(acc), grad_out.to(acc)
     lse = lse.to(acc)
@@ -95,7 +95,7 @@ def _merge_weights(lse_a: Tensor, lse_b: Tensor, lse: Tensor) -> Tuple[Tensor, T
 
 
 def merge_states_forward(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
-    """State of the union of two disjoint key sets (SPEC §1 merge); −inf rows stay NaN-free."""
+    """State of the union of two disjoint key sets (docs/spec.md §1 merge); −inf rows stay NaN-free."""
     acc = lse_a.dtype
     lse = torch.logaddexp(lse_a, lse_b)  # logaddexp(−inf, −inf) = −inf
     weight_a, weight_b = _merge_weights(lse_a, lse_b, lse)

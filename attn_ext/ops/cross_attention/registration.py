@@ -10,7 +10,7 @@ chunk_size) -> (out, lse)`` and a backward op with the gradients of ``out`` and 
 * ``..._fwd_reference`` / ``..._bwd_reference``: :mod:`attn_ext.ops.cross_attention.naive`;
 * ``..._fwd_triton`` / ``..._bwd_triton``: the Triton kernels of this folder.
 
-All forward ops of an op share one autograd formula (SPEC §1): the backward op of the same backend
+All forward ops of an op share one autograd formula (docs/spec.md §1): the backward op of the same backend
 is called with the saved inputs and the final ``(out, lse)``, so no [M, N] matrix is kept between
 the passes.
 """
@@ -111,7 +111,7 @@ if extension_error() is None:
     _register("attn_ext::cross_attention_fwd", "attn_ext::cross_attention_bwd")
 
 
-# Merge of two attention states (SPEC §1 merge): (out_a, lse_a, out_b, lse_b) -> (out, lse)
+# Merge of two attention states (docs/spec.md §1 merge): (out_a, lse_a, out_b, lse_b) -> (out, lse)
 _MergeBwdResult = Tuple[Tensor, Tensor, Tensor, Tensor]
 
 

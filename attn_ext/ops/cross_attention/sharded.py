@@ -1,4 +1,4 @@
-"""Context sharding over ``torch.distributed``: cross attention over keys spread across ranks (SPEC §1).
+"""Context sharding over ``torch.distributed``: cross attention over keys spread across ranks (docs/spec.md §1).
 
 Every rank holds the same queries and a shard of the keys. Each rank computes the attention state
 ``(out, lse)`` of the queries over its shard, the states are all-gathered with ``torch.distributed``

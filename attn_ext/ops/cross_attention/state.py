@@ -1,11 +1,11 @@
-"""Attention states: cross attention that absorbs, merges and forgets keys (SPEC §1, CMANP §3.1).
+"""Attention states: cross attention that absorbs, merges and forgets keys (docs/spec.md §1, CMANP §3.1).
 
 A state ``(out, lse)`` is the exact attention of fixed queries over a set of keys. Because softmax
 attention over a union of disjoint key sets is a log-sum-exp-weighted average of the parts, a state
 can be updated with new keys in O(new keys), merged with another state (associative, commutative,
 identity ``empty_state``), streamed from an iterator in constant memory, and have keys removed
 again. Every function is differentiable; gradients equal those of one ``cross_attention`` over the
-union (SPEC §1 backward).
+union (docs/spec.md §1 backward).
 """
 from __future__ import annotations
 

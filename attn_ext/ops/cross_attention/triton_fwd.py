@@ -1,4 +1,4 @@
-"""Triton forward kernel for chunked cross attention (SPEC section 1).
+"""Triton forward kernel for chunked cross attention (docs/spec.md §1).
 
 One program per (query block, batch*head) streams over the keys in blocks of
 ``BLOCK_N`` with an online softmax, so no ``[M, N]`` matrix ever exists.

@@ -1,4 +1,4 @@
-"""Triton kernels merging two attention states over disjoint key sets (SPEC section 1).
+"""Triton kernels merging two attention states over disjoint key sets (docs/spec.md §1).
 
 A state is ``(out, lse)`` with ``out`` of shape ``[..., Dv]`` and ``lse`` of
 shape ``out.shape[:-1]``. The leading dims are flattened to rows and each

@@ -1,4 +1,4 @@
-"""Batched Cholesky factorisation and solves of small SPD matrices (SPEC §4), under the Intention op.
+"""Batched Cholesky factorisation and solves of small SPD matrices (docs/spec.md §4), under the Intention op.
 
 The Intention op ``Q (KᵀK + αI)⁻¹ KᵀV`` factors one D×D matrix per batch and head and solves with it
 in the forward pass and once more in the backward pass; ``batched_cholesky`` and

@@ -1,4 +1,4 @@
-"""Readable PyTorch reference of Intention and σIntention (SPEC §4).
+"""Readable PyTorch reference of Intention and σIntention (docs/spec.md §4).
 
 Everything is batched over ``[B, H]``; the kernels (csrc/cpu/intention*.cpp, the Triton kernels of this folder) are
 tested against these functions, and these against an independent least-squares solve in the tests.

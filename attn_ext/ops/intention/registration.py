@@ -1,7 +1,7 @@
 """Custom ops of the Intention family: the Python backends' schemas, fake kernels, autograd, and the
 backends each public op has (the dispatch table of :mod:`attn_ext.ops.utils.dispatch`).
 
-**Intention** (SPEC §0, §4).
+**Intention** (docs/spec.md §0, §4).
 
 ``attn_ext::intention_fwd`` (C++, csrc/cpu/intention.cpp; schema in csrc/schemas.cpp) returns
 ``(out, factor, weights)``: the output, the Cholesky factor ``L`` of ``KᵀK + αI`` and
@@ -114,7 +114,7 @@ if extension_error() is None:
                                     setup_context=_setup_sigma_context)
 
 
-# Batched Cholesky (SPEC §4): fakes, and an autograd formula for the factor and the solve that raises
+# Batched Cholesky (docs/spec.md §4): fakes, and an autograd formula for the factor and the solve that raises
 # (without any formula torch would only warn and let gradients silently stop at these ops).
 
 def _fake_cholesky(A: Tensor) -> Tuple[Tensor, Tensor]:

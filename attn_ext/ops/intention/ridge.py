@@ -1,4 +1,4 @@
-"""``intention`` and ``sigma_intention``: attention as ridge regression from keys to values (SPEC §4)."""
+"""``intention`` and ``sigma_intention``: attention as ridge regression from keys to values (docs/spec.md §4)."""
 from __future__ import annotations
 
 import math
@@ -136,7 +136,7 @@ def sigma_intention(
 
 
 def _upcast(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor):
-    """fp16/bf16 inputs are solved in fp32 (SPEC §0); ``alpha`` follows the compute dtype."""
+    """fp16/bf16 inputs are solved in fp32 (docs/spec.md §0); ``alpha`` follows the compute dtype."""
     dtype = compute_dtype(q.dtype)
     return q.to(dtype), k.to(dtype), v.to(dtype), alpha.to(dtype)
 

@@ -1,4 +1,4 @@
-"""Streaming statistics of Intention (SPEC §4): ``G = KᵀK`` and ``C = KᵀV`` add over key chunks.
+"""Streaming statistics of Intention (docs/spec.md §4): ``G = KᵀK`` and ``C = KᵀV`` add over key chunks.
 
 Conditioning on a context, adding points, merging shards and removing points are all exact sums
 and differences of these statistics, in memory independent of N.

@@ -1,4 +1,4 @@
-"""Triton forward and backward of Intention, primal form (SPEC §4): ``out = scale·Q (KᵀK + αI)⁻¹ KᵀV``.
+"""Triton forward and backward of Intention, primal form (docs/spec.md §4): ``out = scale·Q (KᵀK + αI)⁻¹ KᵀV``.
 
 The math is that of csrc/cpu/intention.cpp; the readable reference is
 :func:`attn_ext.ops.intention.naive.intention_primal`. With ``A = G + αI = L Lᵀ`` and ``W = A⁻¹ C``:

@@ -1,4 +1,4 @@
-"""Triton batched Cholesky factorisation and triangular solves for Intention (SPEC §4).
+"""Triton batched Cholesky factorisation and triangular solves for Intention (docs/spec.md §4).
 
 One program per matrix ``(b, h)``: ``A = G + αI`` (``D ≤ 128``) lives in one ``[BLOCK_D, BLOCK_D]``
 fp32 register tile for the whole factorisation, so the matrix is read from memory once and ``L`` written

@@ -1,4 +1,4 @@
-"""Bottom-up aggregation of leaf values into node values (SPEC §3 "Aggregate").
+"""Bottom-up aggregation of leaf values into node values (docs/spec.md §3 "Aggregate").
 
 Two implementations of the masked mean: the compiled op ``attn_ext::tree_aggregate_fwd`` (one
 depth-first pass; its fake kernel and autograd are in :mod:`.registration`) and the vectorised PyTorch
@@ -30,7 +30,7 @@ def tree_aggregate(
     leaf_values : Tensor
         ``[B, N, E]`` in the **caller's token order** (the tree applies its permutation).
     reduce : "mean" or callable
-        ``"mean"``: masked mean of the valid children (SPEC §3 default). A callable gets
+        ``"mean"``: masked mean of the valid children (docs/spec.md §3 default). A callable gets
         ``(children [B, n, c, E], padding_mask [B, n, c])`` (True = padding child, the
         ``key_padding_mask`` convention, so an ``nn.MultiheadAttention`` can use it directly;
         ``c = P`` for the group nodes, ``b`` above) and returns ``[B, n, E]``. Rows whose children are

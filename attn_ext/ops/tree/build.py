@@ -1,4 +1,4 @@
-"""Tree construction of Tree Cross Attention (SPEC §3 "Build"): sort, pad, group, balanced b-ary tree.
+"""Tree construction of Tree Cross Attention (docs/spec.md §3 "Build"): sort, pad, group, balanced b-ary tree.
 
 Node id layout
 --------------
@@ -23,7 +23,7 @@ ids 7–14 (group 3 owns ids 7, 8; group 6 owns 13, 14).
 
 Leaf slot ``s`` holds token ``tree.leaf_token[:, s]`` of the caller's order (``-1`` for the
 ``P·b^k − N`` padding slots); ``tree.token_leaf`` is the inverse map. A node is padding
-(``tree.node_padding_mask``, True = padding, as ``key_padding_mask`` in SPEC §0) iff all its children
+(``tree.node_padding_mask``, True = padding, as ``key_padding_mask`` in docs/spec.md §0) iff all its children
 are; a leaf is padding iff it is a padding slot or a masked token. The structure (``k``, ``P``, ids)
 depends on ``N`` only — the padded token count of the batch — so it is shared by the batch entries;
 masked tokens are sorted to the end and only change the masks.
@@ -42,7 +42,7 @@ _INDEX_BITS = 30
 
 
 def tree_height_and_group_size(n: int, branching: int) -> Tuple[int, int]:
-    """``(k, P)`` of SPEC §3: ``k = floor(log(n − 1) / log b)``, ``P = ceil(n / b^k)``; ``(0, 1)`` for n = 1.
+    """``(k, P)`` of docs/spec.md §3: ``k = floor(log(n − 1) / log b)``, ``P = ceil(n / b^k)``; ``(0, 1)`` for n = 1.
 
     Computed in integers: the float formula misrounds at exact powers (``log(243)/log(3) < 5``).
     """
@@ -56,7 +56,7 @@ def tree_height_and_group_size(n: int, branching: int) -> Tuple[int, int]:
 
 
 def tree_num_selected(n: int, branching: int = 2) -> int:
-    """Size of the selected set ``|S| = k(b − 1) + P`` of a tree over ``n`` tokens (SPEC §3).
+    """Size of the selected set ``|S| = k(b − 1) + P`` of a tree over ``n`` tokens (docs/spec.md §3).
 
     Examples
     --------
@@ -151,7 +151,7 @@ def build_tree(
     key_padding_mask: Optional[Tensor] = None,
     axis: Optional[int] = None,
 ) -> Tree:
-    """Organise the N tokens of each batch entry into a balanced b-ary tree (SPEC §3 "Build").
+    """Organise the N tokens of each batch entry into a balanced b-ary tree (docs/spec.md §3 "Build").
 
     Tokens are sorted along one coordinate (the paper's split of 1-D data by x, of images along one
     pixel axis), padded to ``P·b^k`` leaves, grouped in runs of ``P`` consecutive leaves, and a

@@ -1,4 +1,4 @@
-"""Readable PyTorch reference of the tree family (SPEC §3): aggregation level by level, and the
+"""Readable PyTorch reference of the tree family (docs/spec.md §3): aggregation level by level, and the
 descent + attention of Tree Cross Attention.
 
 Vectorised over batch, heads and queries; the only loops are over the levels of the tree. The
@@ -68,7 +68,7 @@ class TreeAttentionResult(NamedTuple):
     ----------
     out : Tensor
         ``[B, H, M, Dv]``: attention of each query over its selected nodes, in the input dtype
-        (computed in fp32 for fp16/bf16 inputs, SPEC §0).
+        (computed in fp32 for fp16/bf16 inputs, docs/spec.md §0).
     selected : Tensor
         Long ``[B, M, S]`` node ids (``S = tree.num_selected``; for ``"full"`` all ``tree.num_leaves``
         leaf ids, as a broadcast view since every query reads the same leaves):
@@ -91,7 +91,7 @@ def tree_cross_attention_reference(q: Tensor, node_k: Tensor, node_v: Tensor, tr
                                    uniforms: Optional[Tensor]) -> TreeAttentionResult:
     """The descent and attention of :func:`attn_ext.tree_cross_attention`, level by level."""
     out_dtype = q.dtype
-    if q.dtype in (torch.float16, torch.bfloat16):  # SPEC §0: accumulate in fp32, return the input dtype
+    if q.dtype in (torch.float16, torch.bfloat16):  # docs/spec.md §0: accumulate in fp32, return the input dtype
         q, node_k, node_v = q.float(), node_k.float(), node_v.float()
     B, H, M, _ = q.shape
     pad = tree.node_padding_mask

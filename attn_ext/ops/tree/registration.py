@@ -1,7 +1,7 @@
 """Custom ops of the tree family: the Python backends' schemas, fake kernels, autograd, and the backends
 each public op has (the dispatch table of :mod:`attn_ext.ops.utils.dispatch`).
 
-**Tree cross attention** (SPEC §0, §3).
+**Tree cross attention** (docs/spec.md §0, §3).
 
 ``attn_ext::tree_cross_attention_fwd`` (C++, csrc/cpu/tree_cross_attention.cpp; schemas in csrc/schemas.cpp)
 returns ``(out, lse, selected, log_prob, entropy)``; ``attn_ext::tree_cross_attention_bwd``
@@ -11,7 +11,7 @@ are the same contract on the Triton kernels (:mod:`.triton_fwd`, :mod:`.triton_b
 Each pair gets fake kernels (shapes only; ``S = height·(b − 1) + group_size``) for meta tensors and
 torch.compile, and the forward its autograd formula.
 
-**Aggregation** (SPEC §3 "Aggregate"): ``attn_ext::tree_aggregate_fwd`` (the compiled masked mean,
+**Aggregation** (docs/spec.md §3 "Aggregate"): ``attn_ext::tree_aggregate_fwd`` (the compiled masked mean,
 one depth-first pass) gets a fake kernel and an autograd formula calling ``attn_ext::tree_aggregate_bwd``.
 The aggregation is linear, so the backward is its transpose and the backward's own backward is the
 forward again (double backward works).
@@ -96,7 +96,7 @@ if extension_error() is None:
     _register("attn_ext::tree_cross_attention_fwd", "attn_ext::tree_cross_attention_bwd")
 
 
-# Aggregation (SPEC §3 "Aggregate")
+# Aggregation (docs/spec.md §3 "Aggregate")
 
 def _fake_aggregate_forward(leaf_values, leaf_token, node_padding_mask, branching, height, group_size):
     return leaf_values.new_empty((leaf_values.shape[0], node_padding_mask.shape[1], leaf_values.shape[2]))

@@ -1,4 +1,4 @@
-"""Retrieval + attention of Tree Cross Attention (SPEC §3 "Retrieve", "Attend"): the public op.
+"""Retrieval + attention of Tree Cross Attention (docs/spec.md §3 "Retrieve", "Attend"): the public op.
 
 The fused kernels (``attn_ext::tree_cross_attention_fwd`` / ``_bwd`` for CPU and CUDA, and their
 Triton twins) descend and attend in one pass per query; the readable reference is :mod:`.naive`.
@@ -35,7 +35,7 @@ def tree_cross_attention(
 
     At a node ``v`` the policy is ``π(c) = mean_h softmax_c(scale · q_h · k_{h,c})`` over the valid
     children ``c`` of ``v`` — the per-head attention weights of the query over the children, averaged
-    over the heads (SPEC §3; the paper shares the policy's weights with the cross attention). One
+    over the heads (docs/spec.md §3; the paper shares the policy's weights with the cross attention). One
     child is chosen (argmax for ``"greedy"``, ties to the first child; a draw for ``"sample"``); the
     ``b − 1`` others join the selected set S, and the descent continues; at the group level the
     ``P`` leaf tokens of the chosen group join S. Finally the query attends (softmax, per head) over

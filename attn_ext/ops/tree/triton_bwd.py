@@ -9,7 +9,7 @@ discrete choices are constants). Two launches:
    ``dπ_c / H`` with ``dπ_c = g_lp·[c = a]/π_a − g_ent·(log π_c + 1)`` where ``π_c > 0`` and 0 where
    ``π_c = 0`` (as the reference's ``0·log 0`` guard differentiates). ``dπ/H`` is every head's ``dw``.
 2. ``_tree_bwd_kernel``, one program per (batch entry · head, query block): per level the head's
-   child softmax ``w`` gives ``dlogit = w·(dw − Σ w·dw)``; over ``S`` the attention backward of SPEC §1
+   child softmax ``w`` gives ``dlogit = w·(dw − Σ w·dw)``; over ``S`` the attention backward of docs/spec.md §1
    (``P = exp(s − lse)``, ``Δ = Σ_j P_j dP_j``, ``dS = P (dP − Δ + g_lse)``). ``dq`` is owned by the
    program; ``dk``/``dv`` rows are shared by every query that selected the node, so they are summed
    with ``tl.atomic_add`` into fp32 buffers (order-dependent rounding: not bitwise deterministic on GPU).

@@ -1,4 +1,4 @@
-"""Triton forward of Tree Cross Attention (SPEC §3 "Retrieve" + "Attend"), fused per query block.
+"""Triton forward of Tree Cross Attention (docs/spec.md §3 "Retrieve" + "Attend"), fused per query block.
 
 Same semantics as the C++ kernel (csrc/cpu/tree_cross_attention.cpp, csrc/include/attn_ext/tree_descent.h):
 per level the policy is the head mean of the per-head softmax over the valid children, the choice is

@@ -13,7 +13,7 @@ SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 def check_cross_attention_args(
     q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], scale: Optional[float], chunk_size: Optional[int]
 ) -> None:
-    """Raises TypeError/ValueError/RuntimeError for inputs that do not follow SPEC §0."""
+    """Raises TypeError/ValueError/RuntimeError for inputs that do not follow docs/spec.md §0."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"attn_ext: {name} must be a torch.Tensor, got {type(t).__name__}")

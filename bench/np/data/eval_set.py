@@ -1,4 +1,4 @@
-"""The fixed-seed GP evaluation set, generated once on the CPU and cached to disk (SPEC §6)."""
+"""The fixed-seed GP evaluation set, generated once on the CPU and cached to disk (docs/spec.md §6)."""
 from __future__ import annotations
 
 import os

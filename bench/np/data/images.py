@@ -1,4 +1,4 @@
-"""Image completion tasks (CMANP §4.1, SPEC §6): pixels as points, a random context/target split.
+"""Image completion tasks (CMANP §4.1, docs/spec.md §6): pixels as points, a random context/target split.
 
 An image ``[C, H, W]`` with values in [0, 1] becomes ``H·W`` points: ``x`` = the pixel's (row,
 column) scaled to [−1, 1], ``y`` = its value − 0.5 per channel. Per batch, as the official TNP/LBANP/

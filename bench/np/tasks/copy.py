@@ -9,7 +9,7 @@ The model is deliberately tiny and has no encoder across tokens (the task needs 
 token is ``embed(token) + MLP(features(position))``, a query ``MLP'(features(position))``; one
 :class:`attn_ext.nn.TreeCrossAttention` (tree sorted by position) and a classifier over the 12
 symbols. ``tca`` (CLI name ``retreever``) trains with ``L = L_TCA + L_CA + L_RL`` (λ = 1, α = 0.01 as
-in the paper, reward = 0/1 accuracy of the sampled TCA prediction minus its batch mean, SPEC §3) and
+in the paper, reward = 0/1 accuracy of the sampled TCA prediction minus its batch mean, docs/spec.md §3) and
 is evaluated greedily on ``tree_num_selected(N/2, b)`` tokens; ``ca`` is the same model trained and
 evaluated with full cross attention over the context.
 

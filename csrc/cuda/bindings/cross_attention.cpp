@@ -1,4 +1,4 @@
-// Typed wrappers of the CUDA chunked cross-attention kernels (SPEC §1): cross_attention_fwd/_bwd and
+// Typed wrappers of the CUDA chunked cross-attention kernels (docs/spec.md §1): cross_attention_fwd/_bwd and
 // merge_states_fwd/_bwd for CUDA tensors (declared in ops.h, registered in registration.cpp). Inputs
 // are validated by the checks the CPU ops use (csrc/checks/cross_attention_checks.h, same messages);
 // outputs have the CPU ops' shapes and dtypes. Compiled only against a CUDA build of torch.

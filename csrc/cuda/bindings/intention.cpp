@@ -1,4 +1,4 @@
-// Typed wrappers of the CUDA Intention and batched Cholesky kernels (SPEC §4): intention_fwd/_bwd,
+// Typed wrappers of the CUDA Intention and batched Cholesky kernels (docs/spec.md §4): intention_fwd/_bwd,
 // batched_cholesky and batched_cholesky_solve for CUDA tensors (declared in ops.h, registered in
 // registration.cpp). Inputs are validated by the checks the CPU ops use
 // (csrc/checks/intention_checks.h, same messages); outputs have the CPU ops' shapes and dtypes.

@@ -1,4 +1,4 @@
-// Typed wrappers of the CUDA Tree Cross Attention and tree aggregation kernels (SPEC §3):
+// Typed wrappers of the CUDA Tree Cross Attention and tree aggregation kernels (docs/spec.md §3):
 // tree_cross_attention_fwd/_bwd and tree_aggregate_fwd/_bwd for CUDA tensors (declared in ops.h,
 // registered in registration.cpp). Inputs are validated by the checks the CPU ops use
 // (csrc/checks/tree_checks.h, same messages); outputs have the CPU ops' shapes and dtypes. Compiled

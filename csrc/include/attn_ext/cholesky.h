@@ -1,4 +1,4 @@
-// Cholesky factorisation and triangular solves of one small SPD matrix (SPEC §4: the Intention op's
+// Cholesky factorisation and triangular solves of one small SPD matrix (docs/spec.md §4: the Intention op's
 // A = KᵀK + αI = L Lᵀ, W = A⁻¹ C, and its backward's A⁻¹(Qᵀ dY)), written once for the host and for a
 // future CUDA kernel (one thread or one warp-serial loop per matrix): plain loops over raw pointers,
 // no std:: containers, no exceptions, no allocation.

@@ -1,4 +1,4 @@
-// Per-row online-softmax and attention-state math (SPEC §1), shared by the CPU and CUDA kernels.
+// Per-row online-softmax and attention-state math (docs/spec.md §1), shared by the CPU and CUDA kernels.
 //
 // A query row's attention over the keys seen so far is kept either
 //  * unnormalised, while a kernel streams key blocks: a running maximum `max`, the sum
@@ -96,7 +96,7 @@ ATTN_EXT_HOST_DEVICE acc_t softmax_probability(acc_t score, acc_t lse) {
   return is_negative_infinity(lse) ? acc_t(0) : math_exp(score - lse);
 }
 
-/// The score gradient of one (query, key) pair (SPEC §1 backward):
+/// The score gradient of one (query, key) pair (docs/spec.md §1 backward):
 /// `dS = P·(dO·v − Δ + dlse)` with `Δ = dO·o` of the query row.
 template <typename acc_t>
 ATTN_EXT_HOST_DEVICE acc_t score_gradient(acc_t probability, acc_t grad_probability, acc_t delta,

@@ -1,4 +1,4 @@
-// Per-step math of the Tree Cross Attention descent (SPEC §3 "Retrieve"), shared by the CPU kernel
+// Per-step math of the Tree Cross Attention descent (docs/spec.md §3 "Retrieve"), shared by the CPU kernel
 // (csrc/cpu/tree_cross_attention.cpp) and a future CUDA kernel.
 //
 // At a node with `b` children a query has, for every head h, the scores `s[h][c] = scale·q_h·k_{h,c}`.
