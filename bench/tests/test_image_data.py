@@ -115,7 +115,7 @@ def test_bad_images_raise_with_shape():
 
 
 def test_digits_offline():
-    pytest.importorskip("sklearn", reason="the digits image set is the optional extra attn_ext[images] (scikit-learn)")
+    pytest.importorskip("sklearn", reason="the digits image set needs scikit-learn, which the harness does not require (pip install scikit-learn)")
     train, test = load_images("digits", "train"), load_images("digits", "test")
     assert train.shape[1:] == (1, 8, 8) and train.shape[0] + test.shape[0] == 1797
     batch = ImageCompletionSampler(train).sample(3, generator=torch.Generator().manual_seed(0))

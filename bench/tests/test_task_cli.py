@@ -53,7 +53,7 @@ def test_train_and_eval_images_emnist_files(tmp_path, capsys):
 
 
 def test_train_images_digits_and_missing_dataset(tmp_path, capsys):
-    pytest.importorskip("sklearn", reason="the digits image set is the optional extra attn_ext[images] (scikit-learn)")
+    pytest.importorskip("sklearn", reason="the digits image set needs scikit-learn, which the harness does not require (pip install scikit-learn)")
     run = tmp_path / "digits"
     assert main(["train", "images", "--dataset", "digits", "--model", "retreever", "--steps", "2",
                  "--out", str(run), "--plot-images", "1", *TINY]) == 0
@@ -74,7 +74,7 @@ def test_train_copy(tmp_path, capsys):
 
 
 def test_resume_refuses_another_task(tmp_path, capsys):
-    pytest.importorskip("sklearn", reason="the digits image set is the optional extra attn_ext[images] (scikit-learn)")
+    pytest.importorskip("sklearn", reason="the digits image set needs scikit-learn, which the harness does not require (pip install scikit-learn)")
     run = tmp_path / "run"
     assert main(["train", "gp", "--model", "lbanp", "--steps", "2", "--out", str(run), *TINY]) == 0
     assert main(["train", "images", "--dataset", "digits", "--model", "lbanp", "--steps", "2", "--out", str(run),

@@ -194,7 +194,7 @@ def load_digits(split: str = "train") -> Tuple[Tensor, Tensor]:
     try:
         from sklearn.datasets import load_digits as sk_load_digits
     except ImportError as exc:
-        raise ImportError("the 'digits' image set needs scikit-learn: pip install 'attn_ext[images]'") from exc
+        raise ImportError("the 'digits' image set needs scikit-learn: pip install scikit-learn") from exc
     bunch = sk_load_digits()
     images = torch.from_numpy(np.round(bunch.images * (255 / 16)).astype(np.uint8)).unsqueeze(1)
     labels = torch.from_numpy(bunch.target.astype(np.int64))
