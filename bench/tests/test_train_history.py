@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bench.np.train import load_checkpoint, train
-from bench.np.train_history import HISTORY, LogPoint, read_history, start_history
+from bench.np.train_history import HISTORY, read_history, start_history
 
 TINY = dict(d_model=8, num_layers=1, num_heads=2, ff_dim=16, emb_depth=2)
 QUIET = dict(overrides=TINY, log=lambda m: None)

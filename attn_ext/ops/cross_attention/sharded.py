@@ -11,8 +11,6 @@ Demo (two CPU processes, gloo)::
 """
 from __future__ import annotations
 
-import math
-import os
 from typing import List, Optional, Tuple
 
 import torch

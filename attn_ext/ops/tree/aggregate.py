@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Optional, Union
 
-import torch
 from torch import Tensor
 
 from attn_ext.ops.tree.build import Tree

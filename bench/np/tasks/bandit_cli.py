@@ -53,7 +53,7 @@ def write_table(results: dict, deltas, steps: int, seeds: int, path: Path, heade
         if base in PAPER:
             lines.append(f"| {base}, paper | " + " | ".join(f"{PAPER[base].get(d, float('nan')):.2f}" for d in deltas) + " |")
     blind = [("%.2f ± %.2f" % mean_std(history_blind_regret_pct(d, steps, seeds))) for d in deltas]
-    lines += [f"| history-blind (always the quadrant arm; no model) | " + " | ".join(blind) + " |", "",
+    lines += ["| history-blind (always the quadrant arm; no model) | " + " | ".join(blind) + " |", "",
               "The history-blind row is the best policy under the prior δ ~ U(0, 1) alone: a model that does "
               "not beat it has not learned to read δ from its history."]
     lines += ["", "Per-step cost (ms, mean over δ and seeds): decide = predict + UCB arm, update = absorb the "
