@@ -30,8 +30,7 @@ import attn_ext as ae
 from bench.harness import BenchOptions
 from bench.harness.goals import confirm, confirmed_text
 from bench.harness.machine import load_average, machine_info, machine_markdown
-from bench.harness.report import (format_ms, markdown_table, progress, provenance, publish, readme_summary,
-                                  timing_dict)
+from bench.harness.report import format_ms, markdown_table, progress, publish_run, timing_dict
 from bench.harness.timing import WARMUP_TEXT, time_interleaved, torch_threads
 
 NAME = "batched_cholesky"
@@ -253,11 +252,7 @@ def run(options: BenchOptions) -> int:
     failed = [f"[{r['batch']}, {r['n']}, {r['n']}] failed: {r['error']}" for r in rows if r["status"] == "failed"]
     failed += [f"[{r['batch']}, {r['n']}, {r['n']}]: {r['check']['info_nonzero']} factorisations reported failure "
                "on SPD input" for r in rows if r.get("check") and r["check"]["info_nonzero"]]
-    result["warnings"] += failed
-    tail = "".join(f"\n\nWarning: {w}" for w in result["warnings"]) + "\n\n" + provenance(options, NAME)
-    ok = publish(NAME, _tables(result) + tail, result, options.out_dir, None, options.update_readme,
-                 summary=readme_summary(*_summary(result), options, NAME, result["warnings"]))
-    return 1 if failed or not ok else 0
+    return publish_run(NAME, result, _tables, _summary, options, None, failed)
 
 
 # ------------------------------------------------------------------------------ pytest-benchmark

@@ -30,7 +30,7 @@ from bench.harness.calls import PASSES, Attention, check_ours, make_call, start_
 from bench.harness.machine import load_average, machine_markdown
 from bench.harness.memory import PeakMemory, measure_peak_extra
 from bench.harness.plot import Series, plot_time_and_memory
-from bench.harness.report import format_ms, markdown_table, progress, provenance, publish, readme_summary
+from bench.harness.report import format_ms, markdown_table, progress, publish_run
 from bench.harness.timing import WARMUP_TEXT, time_interleaved
 
 NAME = "cross_attention"
@@ -273,14 +273,9 @@ def run(options: BenchOptions) -> int:
     }
     if check["ok"] is False:
         result["warnings"].append(f"memory method check failed: {check['summary']}")
-    failed = [t for t in timings if t.get("error")]
-    result["warnings"] += [f"N={t['N']} {impl_label(t['impl'], options.backend)} {t['pass']} failed: {t['error']}"
-                           for t in failed]
-    # Warnings go into the block itself, so a README never shows a table without them.
-    tail = "".join(f"\n\nWarning: {w}" for w in result["warnings"]) + "\n\n" + provenance(options, NAME)
-    ok = publish(NAME, _tables(result) + tail, result, options.out_dir, _plot, options.update_readme,
-                 summary=readme_summary(*_summary(result), options, NAME, result["warnings"]))
-    return 1 if failed or not ok else 0
+    failed = [f"N={t['N']} {impl_label(t['impl'], options.backend)} {t['pass']} failed: {t['error']}"
+              for t in timings if t.get("error")]
+    return publish_run(NAME, result, _tables, _summary, options, _plot, failed)
 
 
 # ------------------------------------------------------------------------------ pytest-benchmark

@@ -29,8 +29,7 @@ from bench.harness.calls import PASSES, Attention, check_ours, make_call, start_
 from bench.harness.goals import combined, confirm, confirmed_text, grid_note, sizes
 from bench.harness.machine import load_average, machine_markdown
 from bench.harness.plot import Series, plot_panel
-from bench.harness.report import (format_ms, markdown_table, progress, provenance, publish, readme_summary,
-                                  timing_dict)
+from bench.harness.report import format_ms, markdown_table, progress, publish_run, timing_dict
 from bench.harness.timing import WARMUP_TEXT, time_interleaved
 
 NAME = "intention"
@@ -253,11 +252,7 @@ def run(options: BenchOptions) -> int:
     }
     failed = [f"N={r['N']:,} {r['pass']} {LABELS[i]} failed: {t['error']}"
               for r in rows for i, t in r["impls"].items() if t.get("error")]
-    result["warnings"] += failed
-    tail = "".join(f"\n\nWarning: {w}" for w in result["warnings"]) + "\n\n" + provenance(options, NAME)
-    ok = publish(NAME, _tables(result) + tail, result, options.out_dir, _plot, options.update_readme,
-                 summary=readme_summary(*_summary(result), options, NAME, result["warnings"]))
-    return 1 if failed or not ok else 0
+    return publish_run(NAME, result, _tables, _summary, options, _plot, failed)
 
 
 # ------------------------------------------------------------------------------ pytest-benchmark

@@ -42,8 +42,7 @@ from bench.harness.calls import check_ours, start_run
 from bench.harness.goals import confirm, confirmed_text, grid_note, sizes
 from bench.harness.machine import load_average, machine_markdown
 from bench.harness.plot import Series, plot_panel
-from bench.harness.report import (format_ms, markdown_table, progress, provenance, publish, readme_summary,
-                                  timing_dict)
+from bench.harness.report import format_ms, markdown_table, progress, publish_run, timing_dict
 from bench.harness.timing import WARMUP_TEXT, time_interleaved, torch_threads
 
 NAME = "state_update"
@@ -349,12 +348,7 @@ def run(options: BenchOptions) -> int:
     timings = [("recompute", r["N"], r["recompute"]) for r in rows]
     timings += [(f"update ({t} thread(s))", r["N"], u) for r in rows for t, u in r["update"].items()]
     failed = [f"N={n:,} {what} failed: {t['error']}" for what, n, t in timings if t.get("error")]
-    result["warnings"] += failed
-    # Warnings go into the block itself, so a README never shows a table without them.
-    tail = "".join(f"\n\nWarning: {w}" for w in result["warnings"]) + "\n\n" + provenance(options, NAME)
-    ok = publish(NAME, _tables(result) + tail, result, options.out_dir, _plot, options.update_readme,
-                 summary=readme_summary(*_summary(result), options, NAME, result["warnings"]))
-    return 1 if failed or not ok else 0
+    return publish_run(NAME, result, _tables, _summary, options, _plot, failed)
 
 
 # ------------------------------------------------------------------------------ pytest-benchmark

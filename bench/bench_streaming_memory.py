@@ -31,7 +31,7 @@ from bench.harness.goals import confirm, confirmed_text, grid_note, sizes
 from bench.harness.machine import load_average, machine_markdown
 from bench.harness.memory import measure_peak_extra
 from bench.harness.plot import Series, plot_panel
-from bench.harness.report import markdown_table, progress, provenance, publish, readme_summary
+from bench.harness.report import markdown_table, progress, publish_run
 
 NAME = "streaming_memory"
 B, H, M, D, DV = 1, 4, 128, 64, 64
@@ -238,8 +238,4 @@ def run(options: BenchOptions) -> int:
         "warnings": warnings,
     }
     failed = [f"N={r['N']:,} {r['impl']}: {r['note']}" for r in rows if r["peak_extra_mb"] is None]
-    result["warnings"] += failed
-    tail = "".join(f"\n\nWarning: {w}" for w in result["warnings"]) + "\n\n" + provenance(options, NAME)
-    ok = publish(NAME, _tables(result) + tail, result, options.out_dir, _plot, options.update_readme,
-                 summary=readme_summary(*_summary(result), options, NAME, result["warnings"]))
-    return 1 if failed or not ok else 0
+    return publish_run(NAME, result, _tables, _summary, options, _plot, failed)

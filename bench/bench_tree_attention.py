@@ -35,8 +35,7 @@ from bench.harness.calls import check_ours, start_run
 from bench.harness.goals import combined, confirm, confirmed_text, grid_note, max_step, sizes, verdict
 from bench.harness.machine import load_average, machine_markdown, memory_skip_reason
 from bench.harness.plot import Series, plot_panel
-from bench.harness.report import (format_ms, markdown_table, progress, provenance, publish, readme_summary,
-                                  timing_dict)
+from bench.harness.report import format_ms, markdown_table, progress, publish_run, timing_dict
 from bench.harness.timing import WARMUP_TEXT, median_ms, time_interleaved
 
 NAME = "tree_attention"
@@ -359,12 +358,7 @@ def run(options: BenchOptions) -> int:
                 for what in ("tree", "build_aggregate")]
     failed = [f"N={n:,}{'' if b is None else f' b={b}'} {what} failed: {t['error']}"
               for what, n, b, t in timings if t.get("error")]
-    result["warnings"] += failed
-    tail = "".join(f"\n\nNote: {s}" for s in notes) + "".join(f"\n\nWarning: {w}" for w in result["warnings"]) \
-        + "\n\n" + provenance(options, NAME)
-    ok = publish(NAME, _tables(result) + tail, result, options.out_dir, _plot, options.update_readme,
-                 summary=readme_summary(*_summary(result), options, NAME, notes + result["warnings"]))
-    return 1 if failed or not ok else 0
+    return publish_run(NAME, result, _tables, _summary, options, _plot, failed, notes)
 
 
 # ------------------------------------------------------------------------------ pytest-benchmark

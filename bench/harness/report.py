@@ -121,6 +121,21 @@ def readme_summary(table: str, text: str, options, name: str, warnings=()) -> st
             + "".join(f"\n\nWarning: {w}" for w in warnings))
 
 
+def publish_run(name: str, result: dict, tables: Callable[[dict], str], summary: Callable[[dict], tuple], options,
+                plot: Callable[[dict, Path], None] | None = None, failed=(), notes=()) -> int:
+    """Publish one benchmark run the way every op benchmark does: ``tables(result)`` followed by the notes,
+    the warnings (the failed measurements added to them) and the provenance; the README block gets
+    ``summary(result)`` (a ``(table, text)`` pair) with the same notes and warnings. Returns the exit status:
+    1 when a measurement failed or the README could not be updated."""
+    result["warnings"] += list(failed)
+    remarks = [*notes, *result["warnings"]]
+    tail = ("".join(f"\n\nNote: {s}" for s in notes) + "".join(f"\n\nWarning: {w}" for w in result["warnings"])
+            + "\n\n" + provenance(options, name))
+    ok = publish(name, tables(result) + tail, result, options.out_dir, plot, options.update_readme,
+                 summary=readme_summary(*summary(result), options, name, remarks))
+    return 1 if failed or not ok else 0
+
+
 def publish(
     name: str,
     block: str,
