@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from attn_ext.ops.utils.triton import block_dim, check_device, check_dtypes, interpreting
+from attn_ext.ops.utils.triton_jit import load_tile
 
 __all__ = ["merge_states_backward", "merge_states_forward"]
 
@@ -29,7 +30,8 @@ def _merge_fwd_kernel(
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_DV)
     r_ok = rows < R
-    ok = r_ok[:, None] & (cols < DV)[None, :]
+    d_ok = cols < DV
+    ok = r_ok[:, None] & d_ok[None, :]
 
     la = tl.load(LA + rows * sla, mask=r_ok, other=float("-inf"))
     lb = tl.load(LB + rows * slb, mask=r_ok, other=float("-inf"))
@@ -50,8 +52,8 @@ def _merge_fwd_kernel(
     w_a = tl.where(a_hi, w_hi, w_lo)
     w_b = tl.where(a_hi, w_lo, w_hi)
 
-    oa = tl.load(OA + rows[:, None] * soa_r + cols[None, :] * soa_d, mask=ok, other=0.0).to(tl.float32)
-    ob = tl.load(OB + rows[:, None] * sob_r + cols[None, :] * sob_d, mask=ok, other=0.0).to(tl.float32)
+    oa = load_tile(OA, rows, cols, soa_r, soa_d, r_ok, d_ok, True)
+    ob = load_tile(OB, rows, cols, sob_r, sob_d, r_ok, d_ok, True)
     out = w_a[:, None] * oa + w_b[:, None] * ob
     tl.store(OUT + rows[:, None] * so_r + cols[None, :] * so_d, out.to(OUT.dtype.element_ty), mask=ok)
     tl.store(LSE + rows * sl, lse, mask=r_ok)
@@ -68,7 +70,8 @@ def _merge_bwd_kernel(
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_DV)
     r_ok = rows < R
-    ok = r_ok[:, None] & (cols < DV)[None, :]
+    d_ok = cols < DV
+    ok = r_ok[:, None] & d_ok[None, :]
 
     la = tl.load(LA + rows * sla, mask=r_ok, other=float("-inf"))
     lb = tl.load(LB + rows * slb, mask=r_ok, other=float("-inf"))
@@ -81,10 +84,10 @@ def _merge_bwd_kernel(
     w_a = tl.where(empty, 0.0, tl.exp(la - shift))
     w_b = tl.where(empty, 0.0, tl.exp(lb - shift))
 
-    g = tl.load(G + rows[:, None] * sg_r + cols[None, :] * sg_d, mask=ok, other=0.0).to(tl.float32)
-    o = tl.load(O + rows[:, None] * so_r + cols[None, :] * so_d, mask=ok, other=0.0).to(tl.float32)
-    oa = tl.load(OA + rows[:, None] * soa_r + cols[None, :] * soa_d, mask=ok, other=0.0).to(tl.float32)
-    ob = tl.load(OB + rows[:, None] * sob_r + cols[None, :] * sob_d, mask=ok, other=0.0).to(tl.float32)
+    g = load_tile(G, rows, cols, sg_r, sg_d, r_ok, d_ok, True)
+    o = load_tile(O, rows, cols, so_r, so_d, r_ok, d_ok, True)
+    oa = load_tile(OA, rows, cols, soa_r, soa_d, r_ok, d_ok, True)
+    ob = load_tile(OB, rows, cols, sob_r, sob_d, r_ok, d_ok, True)
     dot_a = tl.sum(g * (oa - o), 1)
     dot_b = tl.sum(g * (ob - o), 1)
 

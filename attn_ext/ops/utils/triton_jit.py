@@ -21,7 +21,7 @@ def valid_rows(MASK, mask_row, stride_n, offs, n, HAS_MASK: tl.constexpr):
 @triton.jit
 def load_tile(base, rows, cols, stride_r, stride_c, rows_ok, cols_ok, UPCAST: tl.constexpr):
     """The ``[rows, cols]`` tile at ``base``, 0 (and not loaded) outside ``rows_ok`` × ``cols_ok``;
-    fp32 when ``UPCAST`` (the interpreter's ``tl.dot`` needs it for bf16)."""
+    fp32 when ``UPCAST`` (fp32 arithmetic on half inputs; the interpreter's bf16 ``tl.dot`` needs it too)."""
     x = tl.load(base + rows[:, None] * stride_r + cols[None, :] * stride_c,
                 mask=rows_ok[:, None] & cols_ok[None, :], other=0.0)
     if UPCAST:
