@@ -12,27 +12,29 @@ chunk_size) -> (out, lse)`` and a backward op with the gradients of ``out`` and 
 
 All forward ops of an op share one autograd formula (docs/spec.md §1): the backward op of the same backend
 is called with the saved inputs and the final ``(out, lse)``, so no [M, N] matrix is kept between
-the passes.
+the passes. Higher derivatives, forward mode and ``torch.func`` differentiate :mod:`.composite` instead
+(:mod:`attn_ext.ops.utils.autograd`).
 """
 from __future__ import annotations
 
 from typing import Callable, Optional, Tuple
 
-import torch
 from torch import Tensor
 
+from attn_ext.ops.cross_attention import composite
 from attn_ext.ops.cross_attention import naive as reference
+from attn_ext.ops.utils.autograd import Derivatives
 from attn_ext.ops.utils.dispatch import Implementation, declare
 from attn_ext.ops.utils.dtypes import accumulation_dtype
 from attn_ext.ops.utils.extension import extension_error
-from attn_ext.ops.utils.registration import register_op_pair
+from attn_ext.ops.utils.registration import define_op, register_op_pair
 from attn_ext.ops.utils.validation import check_cross_attention_args
 
 _FwdResult = Tuple[Tensor, Tensor]
 _BwdResult = Tuple[Tensor, Tensor, Tensor]
 
 
-@torch.library.custom_op("attn_ext::cross_attention_fwd_reference", mutates_args=())
+@define_op("attn_ext::cross_attention_fwd_reference")
 def _cross_attention_fwd_reference(
     q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], scale: float, chunk_size: int
 ) -> _FwdResult:
@@ -41,7 +43,7 @@ def _cross_attention_fwd_reference(
     return reference.cross_attention_forward(q, k, v, key_padding_mask, scale, chunk_size)
 
 
-@torch.library.custom_op("attn_ext::cross_attention_bwd_reference", mutates_args=())
+@define_op("attn_ext::cross_attention_bwd_reference")
 def _cross_attention_bwd_reference(
     grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
     out: Tensor, lse: Tensor, scale: float, chunk_size: int,
@@ -50,7 +52,7 @@ def _cross_attention_bwd_reference(
     return reference.cross_attention_backward(grad_out, grad_lse, q, k, v, key_padding_mask, out, lse, scale, chunk_size)
 
 
-@torch.library.custom_op("attn_ext::cross_attention_fwd_triton", mutates_args=())
+@define_op("attn_ext::cross_attention_fwd_triton")
 def _cross_attention_fwd_triton(
     q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], scale: float, chunk_size: int
 ) -> _FwdResult:
@@ -59,7 +61,7 @@ def _cross_attention_fwd_triton(
     return cross_attention_forward(q, k, v, key_padding_mask, scale, chunk_size)
 
 
-@torch.library.custom_op("attn_ext::cross_attention_bwd_triton", mutates_args=())
+@define_op("attn_ext::cross_attention_bwd_triton")
 def _cross_attention_bwd_triton(
     grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
     out: Tensor, lse: Tensor, scale: float, chunk_size: int,
@@ -81,28 +83,21 @@ def _fake_backward(grad_out, grad_lse, q, k, v, key_padding_mask, out, lse, scal
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, key_padding_mask, scale, chunk_size = inputs
-    out, lse = output
-    ctx.save_for_backward(q, k, v, key_padding_mask, out, lse)
-    ctx.scale, ctx.chunk_size = scale, chunk_size
-
-
-def _autograd_backward(backward_op: Callable[..., _BwdResult]):
-    def backward(ctx, grad_out: Optional[Tensor], grad_lse: Optional[Tensor]):
-        q, k, v, key_padding_mask, out, lse = ctx.saved_tensors
-        grad_out = torch.zeros_like(out) if grad_out is None else grad_out
-        grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse
-        grad_q, grad_k, grad_v = backward_op(
-            grad_out, grad_lse, q, k, v, key_padding_mask, out, lse, ctx.scale, ctx.chunk_size
-        )
+def _derivatives(backward_op: Callable[..., _BwdResult]) -> Derivatives:
+    def backward(inputs, outputs, grads):
+        q, k, v, key_padding_mask, scale, chunk_size = inputs
+        out, lse = outputs
+        grad_q, grad_k, grad_v = backward_op(grads[0], grads[1], q, k, v, key_padding_mask, out, lse, scale,
+                                             chunk_size)
         return grad_q, grad_k, grad_v, None, None, None
 
-    return backward
+    return Derivatives(backward, composite.cross_attention, differentiable_inputs=(0, 1, 2),
+                       differentiable_outputs=(0, 1))
 
 
 def _register(forward_name: str, backward_name: str) -> None:
-    register_op_pair(forward_name, backward_name, _fake_forward, _fake_backward, _autograd_backward, _setup_context)
+    register_op_pair(forward_name, backward_name, _fake_forward, _fake_backward, _derivatives,
+                     "attn_ext.cross_attention")
 
 
 _register("attn_ext::cross_attention_fwd_reference", "attn_ext::cross_attention_bwd_reference")
@@ -115,12 +110,12 @@ if extension_error() is None:
 _MergeBwdResult = Tuple[Tensor, Tensor, Tensor, Tensor]
 
 
-@torch.library.custom_op("attn_ext::merge_states_fwd_reference", mutates_args=())
+@define_op("attn_ext::merge_states_fwd_reference")
 def _merge_states_fwd_reference(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> _FwdResult:
     return reference.merge_states_forward(out_a, lse_a, out_b, lse_b)
 
 
-@torch.library.custom_op("attn_ext::merge_states_bwd_reference", mutates_args=())
+@define_op("attn_ext::merge_states_bwd_reference")
 def _merge_states_bwd_reference(
     grad_out: Tensor, grad_lse: Tensor, out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, out: Tensor,
     lse: Tensor,
@@ -128,14 +123,14 @@ def _merge_states_bwd_reference(
     return reference.merge_states_backward(grad_out, grad_lse, out_a, lse_a, out_b, lse_b, out, lse)
 
 
-@torch.library.custom_op("attn_ext::merge_states_fwd_triton", mutates_args=())
+@define_op("attn_ext::merge_states_fwd_triton")
 def _merge_states_fwd_triton(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> _FwdResult:
     from attn_ext.ops.cross_attention.triton_merge import merge_states_forward
 
     return merge_states_forward(out_a, lse_a, out_b, lse_b)
 
 
-@torch.library.custom_op("attn_ext::merge_states_bwd_triton", mutates_args=())
+@define_op("attn_ext::merge_states_bwd_triton")
 def _merge_states_bwd_triton(
     grad_out: Tensor, grad_lse: Tensor, out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor, out: Tensor,
     lse: Tensor,
@@ -154,23 +149,17 @@ def _fake_merge_backward(grad_out, grad_lse, out_a, lse_a, out_b, lse_b, out, ls
             lse_b.new_empty(lse_b.shape))
 
 
-def _setup_merge_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs, *output)
+def _merge_derivatives(backward_op: Callable[..., _MergeBwdResult]) -> Derivatives:
+    def backward(inputs, outputs, grads):
+        return backward_op(grads[0], grads[1], *inputs, *outputs)
 
-
-def _merge_autograd_backward(backward_op: Callable[..., _MergeBwdResult]):
-    def backward(ctx, grad_out: Optional[Tensor], grad_lse: Optional[Tensor]):
-        out_a, lse_a, out_b, lse_b, out, lse = ctx.saved_tensors
-        grad_out = torch.zeros_like(out) if grad_out is None else grad_out
-        grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse
-        return backward_op(grad_out, grad_lse, out_a, lse_a, out_b, lse_b, out, lse)
-
-    return backward
+    return Derivatives(backward, composite.merge_states, differentiable_inputs=(0, 1, 2, 3),
+                       differentiable_outputs=(0, 1))
 
 
 def _register_merge(forward_name: str, backward_name: str) -> None:
-    register_op_pair(forward_name, backward_name, _fake_merge, _fake_merge_backward, _merge_autograd_backward,
-                     _setup_merge_context)
+    register_op_pair(forward_name, backward_name, _fake_merge, _fake_merge_backward, _merge_derivatives,
+                     "attn_ext.merge_states")
 
 
 _register_merge("attn_ext::merge_states_fwd_reference", "attn_ext::merge_states_bwd_reference")

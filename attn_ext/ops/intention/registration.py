@@ -6,8 +6,9 @@ backends each public op has (the dispatch table of :mod:`attn_ext.ops.utils.disp
 ``attn_ext::intention_fwd`` (C++, csrc/cpu/intention.cpp; schema in csrc/schemas.cpp) returns
 ``(out, factor, weights)``: the output, the Cholesky factor ``L`` of ``KᵀK + αI`` and
 ``W = (KᵀK + αI)⁻¹KᵀV``, both kept for ``attn_ext::intention_bwd``, which needs one more solve with
-``L`` and no inverse. ``factor`` and ``weights`` are intermediates: gradients reaching them are
-ignored (the public functions never return them). ``..._fwd_triton`` / ``..._bwd_triton`` are the
+``L`` and no inverse. ``factor`` and ``weights`` are intermediates the public functions never return: the fused backward
+ignores gradients reaching them, so such gradients (and higher derivatives) go through
+:mod:`.composite`. ``..._fwd_triton`` / ``..._bwd_triton`` are the
 same contract on the Triton kernels (:mod:`.triton_ridge`, :mod:`.triton_solve`), defined here.
 """
 from __future__ import annotations
@@ -17,14 +18,16 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from attn_ext.ops.intention import composite
 from attn_ext.ops.intention.cholesky import _check_matrix_and_rhs, _check_square
+from attn_ext.ops.utils.autograd import Derivatives, register_derivatives, register_not_differentiable
 from attn_ext.ops.utils.dispatch import Implementation, declare
 from attn_ext.ops.utils.dtypes import accumulation_dtype
 from attn_ext.ops.utils.extension import extension_error
-from attn_ext.ops.utils.registration import register_op_pair
+from attn_ext.ops.utils.registration import define_op, register_op_pair
 
 
-@torch.library.custom_op("attn_ext::intention_fwd_triton", mutates_args=())
+@define_op("attn_ext::intention_fwd_triton")
 def _intention_fwd_triton(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], alpha: Tensor,
                           scale: float) -> Tuple[Tensor, Tensor, Tensor]:
     from attn_ext.ops.intention.triton_ridge import intention_fwd_triton
@@ -32,7 +35,7 @@ def _intention_fwd_triton(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Opt
     return intention_fwd_triton(q, k, v, key_padding_mask, alpha, scale)
 
 
-@torch.library.custom_op("attn_ext::intention_bwd_triton", mutates_args=())
+@define_op("attn_ext::intention_bwd_triton")
 def _intention_bwd_triton(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
                           factor: Tensor, weights: Tensor, scale: float) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     from attn_ext.ops.intention.triton_ridge import intention_bwd_triton
@@ -53,30 +56,26 @@ def _fake_backward(grad_out, q, k, v, key_padding_mask, factor, weights, scale):
     return q.new_empty(q.shape), k.new_empty(k.shape), grad_v, q.new_empty((B, H), dtype=accumulation_dtype(q.dtype))
 
 
-def _setup_context(ctx, inputs, output):
-    q, k, v, key_padding_mask, alpha, scale = inputs
-    out, factor, weights = output
-    ctx.save_for_backward(q, k, v, key_padding_mask, factor, weights)
-    ctx.scale, ctx.alpha_dtype = scale, alpha.dtype
+def _no_gradient_reached_intermediates(grads) -> bool:
+    return all(g is None for g in grads[1:])
 
 
-def _autograd_backward(backward_op):
-    def backward(ctx, grad_out: Optional[Tensor], grad_factor, grad_weights):
-        q, k, v, key_padding_mask, factor, weights = ctx.saved_tensors
-        if grad_out is None:
-            grad_out = q.new_zeros((*q.shape[:3], weights.shape[-1]))
-        grad_q, grad_k, grad_v, grad_alpha = backward_op(grad_out, q, k, v, key_padding_mask, factor, weights,
-                                                         ctx.scale)
-        return grad_q, grad_k, None if v is None else grad_v, None, grad_alpha.to(ctx.alpha_dtype), None
+def _derivatives(backward_op) -> Derivatives:
+    def backward(inputs, outputs, grads):
+        q, k, v, key_padding_mask, alpha, scale = inputs
+        _, factor, weights = outputs
+        grad_q, grad_k, grad_v, grad_alpha = backward_op(grads[0], q, k, v, key_padding_mask, factor, weights, scale)
+        return grad_q, grad_k, None if v is None else grad_v, None, grad_alpha.to(alpha.dtype), None
 
-    return backward
+    return Derivatives(backward, composite.intention, differentiable_inputs=(0, 1, 2, 4),
+                       differentiable_outputs=(0, 1, 2), exact_first_order=_no_gradient_reached_intermediates)
 
 
 register_op_pair("attn_ext::intention_fwd_triton", "attn_ext::intention_bwd_triton", _fake_forward, _fake_backward,
-                 _autograd_backward, _setup_context)
+                 _derivatives, "attn_ext.intention")
 if extension_error() is None:
     register_op_pair("attn_ext::intention_fwd", "attn_ext::intention_bwd", _fake_forward, _fake_backward,
-                     _autograd_backward, _setup_context)
+                     _derivatives, "attn_ext.intention")
 
 
 # σIntention's fused CPU forward (csrc/cpu/sigma_intention.cpp) returns what intention_fwd(v=None) and
@@ -88,30 +87,28 @@ def _fake_sigma_forward(q, k, v, key_padding_mask, alpha, scale, chunk_size):
             q.new_empty((B, H, D, D), dtype=acc), q.new_empty((B, H, D, D), dtype=acc))
 
 
-def _setup_sigma_context(ctx, inputs, output):
+def _sigma_backward(inputs, outputs, grads):
     q, k, v, key_padding_mask, alpha, scale, chunk_size = inputs
-    out, lse, q_tilde, factor, weights = output
-    ctx.save_for_backward(q, k, v, key_padding_mask, out, lse, q_tilde, factor, weights)
-    ctx.scale, ctx.chunk_size, ctx.alpha_dtype = scale, chunk_size, alpha.dtype
-
-
-def _sigma_backward(ctx, grad_out, grad_lse, grad_q_tilde, grad_factor, grad_weights):
-    q, k, v, key_padding_mask, out, lse, q_tilde, factor, weights = ctx.saved_tensors
-    grad_out = torch.zeros_like(out) if grad_out is None else grad_out
-    grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse
+    out, lse, q_tilde, factor, weights = outputs
+    grad_out, grad_lse, grad_q_tilde = grads[:3]
     grad_qt, grad_k, grad_v = torch.ops.attn_ext.cross_attention_bwd(grad_out, grad_lse, q_tilde, k, v, key_padding_mask,
-                                                                      out, lse, 1.0, ctx.chunk_size)
-    if grad_q_tilde is not None:  # q_tilde is an intermediate the public function never returns, but exact anyway
-        grad_qt = grad_qt + grad_q_tilde
+                                                                      out, lse, 1.0, chunk_size)
+    grad_qt = grad_qt + grad_q_tilde  # q_tilde is an intermediate the public function never returns, but exact
     grad_q, grad_k_gram, _, grad_alpha = torch.ops.attn_ext.intention_bwd(grad_qt, q, k, None, key_padding_mask, factor,
-                                                                         weights, ctx.scale)
-    return grad_q, grad_k + grad_k_gram, grad_v, None, grad_alpha.to(ctx.alpha_dtype), None, None
+                                                                         weights, scale)
+    return grad_q, grad_k + grad_k_gram, grad_v, None, grad_alpha.to(alpha.dtype), None, None
+
+
+def _sigma_exact(grads) -> bool:
+    return grads[3] is None and grads[4] is None
 
 
 if extension_error() is None:
     torch.library.register_fake("attn_ext::sigma_intention_fwd")(_fake_sigma_forward)
-    torch.library.register_autograd("attn_ext::sigma_intention_fwd", _sigma_backward,
-                                    setup_context=_setup_sigma_context)
+    register_derivatives("attn_ext::sigma_intention_fwd",
+                         Derivatives(_sigma_backward, composite.sigma_intention, differentiable_inputs=(0, 1, 2, 4),
+                                     differentiable_outputs=(0, 1, 2, 3, 4), exact_first_order=_sigma_exact),
+                         "attn_ext.sigma_intention")
 
 
 # Batched Cholesky (docs/spec.md §4): fakes, and an autograd formula for the factor and the solve that raises
@@ -127,20 +124,13 @@ def _fake_cholesky_solve(L: Tensor, B: Tensor) -> Tensor:
     return B.new_empty(B.shape)
 
 
-def _not_differentiable(op: str):
-    def backward(ctx, *grads):
-        raise RuntimeError(f"attn_ext.{op} is not differentiable (by design: the Intention op's backward will "
-                           "reuse the factor by hand); use torch.linalg.cholesky / torch.cholesky_solve where "
-                           "gradients are needed")
-
-    return backward
-
-
 if extension_error() is None:
     torch.library.register_fake("attn_ext::batched_cholesky")(_fake_cholesky)
     torch.library.register_fake("attn_ext::batched_cholesky_solve")(_fake_cholesky_solve)
     for _op in ("batched_cholesky", "batched_cholesky_solve"):
-        torch.library.register_autograd(f"attn_ext::{_op}", _not_differentiable(_op))
+        register_not_differentiable(
+            f"attn_ext::{_op}", "by design (the Intention op's backward reuses the factor by hand); use "
+            "torch.linalg.cholesky / torch.cholesky_solve where gradients are needed, or attn_ext.batched_spd_solve")
 
 
 def _fake_spd_solve(A: Tensor, B: Tensor) -> Tuple[Tensor, Tensor]:
@@ -148,18 +138,10 @@ def _fake_spd_solve(A: Tensor, B: Tensor) -> Tuple[Tensor, Tensor]:
     return B.new_empty(B.shape), A.new_empty(A.shape[:-2], dtype=torch.int32)
 
 
-def _setup_spd_solve_context(ctx, inputs, output) -> None:
+def _spd_solve_backward(inputs, outputs, grads):
     A, _ = inputs
-    X, info = output
-    ctx.mark_non_differentiable(info)
-    ctx.save_for_backward(A, X)
-
-
-def _spd_solve_backward(ctx, grad_x: Tensor, _grad_info) -> Tuple[Tensor, Tensor]:
-    A, X = ctx.saved_tensors
-    if grad_x is None:
-        return None, None
-    grad_b = torch.ops.attn_ext.batched_spd_solve(A, grad_x.contiguous())[0]
+    X, _ = outputs
+    grad_b = torch.ops.attn_ext.batched_spd_solve(A, grads[0].contiguous())[0]
     g = -(grad_b @ X.mT)
     grad_a = (g + g.mT).tril() - torch.diag_embed(g.diagonal(dim1=-2, dim2=-1))
     return grad_a, grad_b
@@ -176,7 +158,9 @@ if extension_error() is None:
     if torch._C._dispatch_has_kernel_for_dispatch_key("attn_ext::batched_cholesky", "CUDA"):
         torch.library.impl("attn_ext::batched_spd_solve", "CUDA")(_cuda_composition)
     torch.library.register_fake("attn_ext::batched_spd_solve")(_fake_spd_solve)
-    torch.library.register_autograd("attn_ext::batched_spd_solve", _spd_solve_backward, setup_context=_setup_spd_solve_context)
+    register_derivatives("attn_ext::batched_spd_solve",
+                         Derivatives(_spd_solve_backward, composite.spd_solve, differentiable_inputs=(0, 1),
+                                     differentiable_outputs=(0,)), "attn_ext.batched_spd_solve")
 
 
 def _within_triton_tiles(q, context):

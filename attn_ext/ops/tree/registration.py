@@ -13,8 +13,7 @@ torch.compile, and the forward its autograd formula.
 
 **Aggregation** (docs/spec.md §3 "Aggregate"): ``attn_ext::tree_aggregate_fwd`` (the compiled masked mean,
 one depth-first pass) gets a fake kernel and an autograd formula calling ``attn_ext::tree_aggregate_bwd``.
-The aggregation is linear, so the backward is its transpose and the backward's own backward is the
-forward again (double backward works).
+The aggregation is linear: the backward is its transpose and the tangent is aggregated like the values.
 """
 from __future__ import annotations
 
@@ -23,10 +22,12 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import Tensor
 
+from attn_ext.ops.tree import composite
+from attn_ext.ops.utils.autograd import Derivatives, register_derivatives
 from attn_ext.ops.utils.dispatch import Implementation, declare
 from attn_ext.ops.utils.dtypes import SUPPORTED_DTYPES, accumulation_dtype
 from attn_ext.ops.utils.extension import extension_error
-from attn_ext.ops.utils.registration import register_op_pair
+from attn_ext.ops.utils.registration import define_op, register_op_pair
 
 
 def _fake_backward(grad_out, grad_lse, grad_log_prob, grad_entropy, q, node_k, node_v, node_padding_mask, selected,
@@ -34,7 +35,7 @@ def _fake_backward(grad_out, grad_lse, grad_log_prob, grad_entropy, q, node_k, n
     return q.new_empty(q.shape), node_k.new_empty(node_k.shape), node_v.new_empty(node_v.shape)
 
 
-@torch.library.custom_op("attn_ext::tree_cross_attention_fwd_triton", mutates_args=())
+@define_op("attn_ext::tree_cross_attention_fwd_triton")
 def _tree_cross_attention_fwd_triton(
     q: Tensor, node_k: Tensor, node_v: Tensor, node_padding_mask: Tensor, branching: int, height: int,
     group_size: int, scale: float, uniforms: Optional[Tensor],
@@ -45,7 +46,7 @@ def _tree_cross_attention_fwd_triton(
                                            uniforms)
 
 
-@torch.library.custom_op("attn_ext::tree_cross_attention_bwd_triton", mutates_args=())
+@define_op("attn_ext::tree_cross_attention_bwd_triton")
 def _tree_cross_attention_bwd_triton(
     grad_out: Tensor, grad_lse: Tensor, grad_log_prob: Tensor, grad_entropy: Tensor, q: Tensor, node_k: Tensor,
     node_v: Tensor, node_padding_mask: Tensor, selected: Tensor, lse: Tensor, branching: int, height: int,
@@ -65,30 +66,21 @@ def _fake_forward(q, node_k, node_v, node_padding_mask, branching, height, group
             q.new_empty((B, M, S), dtype=torch.long), q.new_empty((B, M), dtype=acc), q.new_empty((B, M), dtype=acc))
 
 
-def _setup_context(ctx, inputs, output):
-    q, node_k, node_v, node_padding_mask, branching, height, group_size, scale, _ = inputs
-    out, lse, selected, log_prob, entropy = output
-    ctx.save_for_backward(q, node_k, node_v, node_padding_mask, selected, out, lse, log_prob)
-    ctx.tree = (branching, height, group_size, scale)
-
-
-def _autograd_backward(backward_op: Callable[..., Tuple[Tensor, Tensor, Tensor]]):
-    def backward(ctx, grad_out: Optional[Tensor], grad_lse: Optional[Tensor], grad_selected,
-                 grad_log_prob: Optional[Tensor], grad_entropy: Optional[Tensor]):
-        q, node_k, node_v, node_padding_mask, selected, out, lse, log_prob = ctx.saved_tensors
-        grad_out = torch.zeros_like(out) if grad_out is None else grad_out
-        grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse
-        grad_log_prob = torch.zeros_like(log_prob) if grad_log_prob is None else grad_log_prob
-        grad_entropy = torch.zeros_like(log_prob) if grad_entropy is None else grad_entropy
-        grad_q, grad_k, grad_v = backward_op(grad_out, grad_lse, grad_log_prob, grad_entropy, q, node_k, node_v,
-                                             node_padding_mask, selected, lse, *ctx.tree)
+def _derivatives(backward_op: Callable[..., Tuple[Tensor, Tensor, Tensor]]) -> Derivatives:
+    def backward(inputs, outputs, grads):
+        q, node_k, node_v, node_padding_mask, branching, height, group_size, scale, _ = inputs
+        _, lse, selected, _, _ = outputs
+        grad_q, grad_k, grad_v = backward_op(*grads, q, node_k, node_v, node_padding_mask, selected, lse, branching,
+                                             height, group_size, scale)
         return grad_q, grad_k, grad_v, None, None, None, None, None, None
 
-    return backward
+    return Derivatives(backward, composite.tree_cross_attention, differentiable_inputs=(0, 1, 2),
+                       differentiable_outputs=(0, 1, 3, 4))
 
 
 def _register(forward_name: str, backward_name: str) -> None:
-    register_op_pair(forward_name, backward_name, _fake_forward, _fake_backward, _autograd_backward, _setup_context)
+    register_op_pair(forward_name, backward_name, _fake_forward, _fake_backward, _derivatives,
+                     "attn_ext.tree_cross_attention")
 
 
 _register("attn_ext::tree_cross_attention_fwd_triton", "attn_ext::tree_cross_attention_bwd_triton")
@@ -117,42 +109,46 @@ def token_leaf_of(leaf_token: Tensor, num_tokens: int) -> Tensor:
     return inverse[:, :num_tokens]
 
 
-def _aggregate_setup_context(ctx, inputs, output):
-    leaf_values, leaf_token, node_padding_mask, branching, height, group_size = inputs
-    ctx.save_for_backward(leaf_token, node_padding_mask)
-    ctx.tree = (branching, height, group_size)
-    ctx.num_tokens = leaf_values.shape[1]
+def _aggregate_derivatives(backward_op) -> Derivatives:
+    def backward(inputs, outputs, grads):
+        # The op's inputs do not include the tree's token_leaf (the forward has no use for it), so the
+        # backward rebuilds it: O(B·L) integers, small next to the [B, L, E] payload.
+        leaf_values, leaf_token, node_padding_mask, branching, height, group_size = inputs
+        num_tokens = leaf_values.shape[1]
+        grad = backward_op(grads[0], leaf_token, token_leaf_of(leaf_token, num_tokens), node_padding_mask, branching,
+                           height, group_size, num_tokens)
+        return grad, None, None, None, None, None
+
+    def jvp(inputs, outputs, tangents):  # linear in the values: the tangent is aggregated like them
+        _, leaf_token, node_padding_mask, branching, height, group_size = inputs
+        return (torch.ops.attn_ext.tree_aggregate_fwd(tangents[0], leaf_token, node_padding_mask, branching, height,
+                                                      group_size),)
+
+    return Derivatives(backward, composite.tree_aggregate, differentiable_inputs=(0,), differentiable_outputs=(0,),
+                       jvp=jvp)
 
 
-def _aggregate_backward(ctx, grad_nodes: Tensor):
-    # The op's inputs do not include the tree's token_leaf (the forward has no use for it), so the
-    # backward rebuilds it: O(B·L) integers, small next to the [B, L, E] payload.
-    leaf_token, node_padding_mask = ctx.saved_tensors
-    grad = torch.ops.attn_ext.tree_aggregate_bwd(grad_nodes, leaf_token, token_leaf_of(leaf_token, ctx.num_tokens),
-                                                      node_padding_mask, *ctx.tree, ctx.num_tokens)
-    return grad, None, None, None, None, None
+def _aggregate_transpose_derivatives() -> Derivatives:
+    """The backward op is the transpose of a linear map: its own backward is the forward op."""
+    def backward(inputs, outputs, grads):
+        _, leaf_token, _, node_padding_mask, branching, height, group_size, _ = inputs
+        grad = torch.ops.attn_ext.tree_aggregate_fwd(grads[0], leaf_token, node_padding_mask, branching, height,
+                                                     group_size)
+        return grad, None, None, None, None, None, None, None
 
+    def jvp(inputs, outputs, tangents):
+        return (torch.ops.attn_ext.tree_aggregate_bwd(tangents[0], *inputs[1:]),)
 
-def _aggregate_bwd_setup_context(ctx, inputs, output):
-    _, leaf_token, _, node_padding_mask, branching, height, group_size, _ = inputs
-    ctx.save_for_backward(leaf_token, node_padding_mask)
-    ctx.tree = (branching, height, group_size)
-
-
-def _aggregate_bwd_backward(ctx, grad_grad_values: Tensor):
-    leaf_token, node_padding_mask = ctx.saved_tensors
-    grad_grad_nodes = torch.ops.attn_ext.tree_aggregate_fwd(grad_grad_values, leaf_token, node_padding_mask,
-                                                                 *ctx.tree)
-    return grad_grad_nodes, None, None, None, None, None, None, None
+    return Derivatives(backward, composite.tree_aggregate_transpose, differentiable_inputs=(0,),
+                       differentiable_outputs=(0,), jvp=jvp)
 
 
 if extension_error() is None:
     torch.library.register_fake("attn_ext::tree_aggregate_fwd")(_fake_aggregate_forward)
     torch.library.register_fake("attn_ext::tree_aggregate_bwd")(_fake_aggregate_backward)
-    torch.library.register_autograd("attn_ext::tree_aggregate_fwd", _aggregate_backward,
-                                    setup_context=_aggregate_setup_context)
-    torch.library.register_autograd("attn_ext::tree_aggregate_bwd", _aggregate_bwd_backward,
-                                    setup_context=_aggregate_bwd_setup_context)
+    register_derivatives("attn_ext::tree_aggregate_fwd", _aggregate_derivatives(torch.ops.attn_ext.tree_aggregate_bwd),
+                         "attn_ext.tree_aggregate")
+    register_derivatives("attn_ext::tree_aggregate_bwd", _aggregate_transpose_derivatives(), "attn_ext.tree_aggregate")
 
 
 def _mean_of_floats(x, context):

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
+
+from attn_ext.ops.utils.autograd import functorch_entry
 from torch import Tensor
 
 from attn_ext.ops.utils import extension
@@ -71,11 +73,12 @@ def declare(op: str, **implementations: Implementation) -> None:
 
 
 def kernel(op: str, backend: str):
-    """The ``torch.ops.attn_ext`` forward op that ``backend`` runs ``op`` with."""
+    """The ``torch.ops.attn_ext`` forward op that ``backend`` runs ``op`` with (under ``torch.func``
+    transforms, the entry point that lets them differentiate it: see :func:`functorch_entry`)."""
     name = OPS[op][backend].kernel
     if name is None:
         raise RuntimeError(f"attn_ext: {op} on backend {backend!r} is PyTorch code, not a kernel")
-    return getattr(torch.ops.attn_ext, name)
+    return functorch_entry(getattr(torch.ops.attn_ext, name))
 
 
 def backward_kernel(op: str, backend: str):

@@ -1,15 +1,38 @@
-"""One helper for every (forward, backward) custom-op pair: fake kernels plus the forward's autograd."""
+"""Defining the Python backends' ops and registering every (forward, backward) op pair.
+
+The Python backends are defined with ``torch.library.define`` / ``impl`` rather than
+``torch.library.custom_op`` because the library must own each op's ``Autograd`` kernel: custom_op fixes
+it to one without forward mode, double backward or ``torch.func`` support (see
+:mod:`attn_ext.ops.utils.autograd`).
+"""
 from __future__ import annotations
 
 from typing import Callable
 
 import torch
 
+from attn_ext.ops.utils.autograd import (LIBRARY, Derivatives, register_derivatives,
+                                         register_not_differentiable)
+
+
+def define_op(qualname: str) -> Callable[[Callable], Callable]:
+    """Decorator: defines op ``qualname`` with the schema of the function's annotations, implemented by it."""
+    def decorate(fn: Callable) -> Callable:
+        name = qualname.split("::")[1]
+        LIBRARY.define(name + torch.library.infer_schema(fn, mutates_args=()))
+        LIBRARY.impl(name, fn, "CompositeExplicitAutograd")
+        return fn
+
+    return decorate
+
 
 def register_op_pair(forward_name: str, backward_name: str, fake_forward: Callable, fake_backward: Callable,
-                     make_backward: Callable[[Callable], Callable], setup_context: Callable) -> None:
-    """Registers fakes for both ops and, as the forward's autograd, ``make_backward(backward op)``."""
+                     derivatives: Callable[[Callable], Derivatives], public: str) -> None:
+    """Fakes for both ops; the forward's autograd ``derivatives(backward op)``; a backward op that refuses
+    to be differentiated (its derivatives are the forward's composite's)."""
     torch.library.register_fake(forward_name)(fake_forward)
     torch.library.register_fake(backward_name)(fake_backward)
     backward_op = getattr(torch.ops.attn_ext, backward_name.split("::")[1])
-    torch.library.register_autograd(forward_name, make_backward(backward_op), setup_context=setup_context)
+    register_derivatives(forward_name, derivatives(backward_op), public)
+    register_not_differentiable(backward_name, f"it is the first-order backward kernel of {public}; derivatives of "
+                                f"any order come from differentiating {public} itself")
