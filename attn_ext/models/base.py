@@ -71,7 +71,9 @@ class GaussianHead(nn.Module):
 
     def forward(self, h: Tensor) -> Normal:
         mean, raw_std = self.net(h).chunk(2, dim=-1)
-        return Normal(mean, torch.exp(raw_std))
+        # No argument validation: a NaN input must give NaN predictions for the entries it reaches
+        # (docs/tree.md, "NaN and infinity"), not a ValueError that discards the whole batch.
+        return Normal(mean, torch.exp(raw_std), validate_args=False)
 
 
 def check_points(model: "NeuralProcess", **tensors: Optional[Tensor]) -> None:

@@ -7,6 +7,11 @@
 // (attn_ext/online_softmax.h) and moves to the chosen child; at the group level the P leaves of the
 // chosen group are folded in. Only the node ids (`selected`, the path the backward and REINFORCE
 // need) are written besides the outputs; no selected-set keys/values are gathered.
+//
+// Non-finite inputs (docs/tree.md, "NaN and infinity"), detected without extra passes: a NaN step of
+// the descent leaves log π NaN, and the whole query's outputs are then NaN; a NaN or +inf attention
+// score leaves a head's running sum NaN, and all valid scores −inf leave it 0 although a valid node
+// was read: either way that head's out and lse are NaN. NaN values reach `out` through the sums.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -72,15 +77,21 @@ void tree_forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Ten
       const scalar_t* v_base = v_data + bi * vs0;
 
       // Folds `count` keys (ids[0..count), their scores scores[h * block + j], padding child_pad[j])
-      // into every head's online-softmax row as one block.
+      // into every head's online-softmax row as one block. Only a block without valid keys is
+      // skipped: one whose valid scores are −inf or NaN still adds its exp(s − shift), 0 or NaN, and
+      // its values (0·NaN = NaN), so that non-finite inputs reach the row as in torch.softmax.
+      bool seen_valid = false;
       auto fold = [&](int64_t count) {
+        bool any_valid = false;
+        for (int64_t j = 0; j < count; ++j) any_valid = any_valid || !child_pad[j];
+        if (!any_valid) return;
+        seen_valid = true;
         for (int64_t h = 0; h < H; ++h) {
           acc_t* sc = scores.data() + h * block;
           acc_t block_max = negative_infinity<acc_t>();
           for (int64_t j = 0; j < count; ++j) {
             if (!child_pad[j] && sc[j] > block_max) block_max = sc[j];
           }
-          if (is_negative_infinity(block_max)) continue;
           OnlineSoftmaxRow<acc_t>& row = rows[h];
           const acc_t factor = online_softmax_advance(row, block_max);
           acc_t* a = acc.data() + h * Dv;
@@ -144,9 +155,17 @@ void tree_forward_kernel(const at::Tensor& q, const at::Tensor& k, const at::Ten
       fold(P);
       for (int64_t j = 0; j < P; ++j) sel[written++] = ids[j];
 
+      const bool descent_nan = std::isnan(lp);  // some step's policy was NaN (tree_descent_step)
       for (int64_t h = 0; h < H; ++h) {
-        const OnlineSoftmaxResult<acc_t> done = online_softmax_finish(rows[h]);
         const int64_t row = (bi * H + h) * M + m;
+        // A row that read a valid node has sum >= 1 (its largest score contributes exp(0)) unless a
+        // score was NaN or +inf (sum NaN) or all were −inf (sum 0).
+        if (descent_nan || (seen_valid && !(rows[h].sum > acc_t(0)))) {
+          std::fill(out_data + row * Dv, out_data + (row + 1) * Dv, static_cast<scalar_t>(tree_nan<acc_t>()));
+          lse_data[row] = tree_nan<acc_t>();
+          continue;
+        }
+        const OnlineSoftmaxResult<acc_t> done = online_softmax_finish(rows[h]);
         for (int64_t d = 0; d < Dv; ++d) out_data[row * Dv + d] = static_cast<scalar_t>(acc[h * Dv + d] * done.inv_sum);
         lse_data[row] = done.lse;
       }

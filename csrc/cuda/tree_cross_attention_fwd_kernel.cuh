@@ -8,6 +8,10 @@
 // online-softmax row, lanes owning value columns. At the bottom the P leaves of the chosen group
 // are folded the same way. Scalar, per-query state (rows, choice) lives in shared memory written by
 // lane 0 between warp barriers, so the warp agrees on it without shuffles.
+//
+// Non-finite inputs follow the CPU kernel: a NaN descent step (log π NaN) makes the whole query's
+// outputs NaN; a head whose running sum ends NaN (a NaN or +inf score) or 0 after reading a valid
+// node (all scores −inf) gets NaN out and lse; NaN values reach `out` through the accumulator.
 #pragma once
 
 #include <cstdint>
@@ -48,11 +52,15 @@ __device__ __forceinline__ TreeWarpSmem tree_warp_smem(unsigned char* base, cons
 
 /// Folds the `count` keys of the fold buffers (ids, scores [h·blk + j], fold_pad) into every head's
 /// row and accumulator, in key order as the CPU kernel. Barriers are unconditional (see
-/// tree_warp_common.cuh); the row is written back by lane 0 after every lane has read it.
+/// tree_warp_common.cuh); the row is written back by lane 0 after every lane has read it. Only a
+/// block without valid keys is skipped, so −inf and NaN scores and NaN values reach the row (see the
+/// CPU kernel). Returns whether the block held a valid key (the same on every lane).
 template <typename scalar_t>
-__device__ __forceinline__ void tree_fold(const TreeWarpSmem& w, const void* node_v, const TreeShapeParams& s,
+__device__ __forceinline__ bool tree_fold(const TreeWarpSmem& w, const void* node_v, const TreeShapeParams& s,
                                           const TreeQuery& t, int64_t blk, int64_t count, int lane) {
   const scalar_t* v = static_cast<const scalar_t*>(node_v) + t.b * s.v_stride_b;
+  bool any_valid = false;
+  for (int64_t j = 0; j < count; ++j) any_valid = any_valid || !w.fold_pad[j];
   for (int64_t h = 0; h < s.H; ++h) {
     const float* sc = w.scores + h * blk;
     float block_max = negative_infinity<float>();
@@ -60,7 +68,7 @@ __device__ __forceinline__ void tree_fold(const TreeWarpSmem& w, const void* nod
       if (!w.fold_pad[j] && sc[j] > block_max) block_max = sc[j];
     }
     OnlineSoftmaxRow<float> row = w.rows[h];
-    if (!is_negative_infinity(block_max)) {
+    if (any_valid) {
       const float factor = online_softmax_advance(row, block_max);
       float* a = w.acc + h * s.Dv;
       if (factor != 1.0f) {
@@ -79,6 +87,7 @@ __device__ __forceinline__ void tree_fold(const TreeWarpSmem& w, const void* nod
     if (lane == 0) w.rows[h] = row;
   }
   __syncwarp();
+  return any_valid;
 }
 
 /// Launched with plan_tree_cross_attention(..., backward = false): `warps` queries per block.
@@ -104,6 +113,7 @@ __global__ void __launch_bounds__(32 * kTreeMaxWarps, 2) tree_cross_attention_fw
 
   int64_t node = 0, written = 0;
   float log_prob = 0.0f, entropy = 0.0f;  // lane 0's
+  bool seen_valid = false;                // every lane's
   for (int64_t level = 0; level < s.height; ++level) {
     tree_child_scores<scalar_t>(w.child_scores, w.child_pad, w.q, p.node_k, mask_row, s, t, node, lane);
     const int64_t first = node * b + 1;
@@ -126,7 +136,7 @@ __global__ void __launch_bounds__(32 * kTreeMaxWarps, 2) tree_cross_attention_fw
       }
     }
     __syncwarp();
-    tree_fold<scalar_t>(w, p.node_v, s, t, blk, b - 1, lane);
+    seen_valid = tree_fold<scalar_t>(w, p.node_v, s, t, blk, b - 1, lane) || seen_valid;
     written += b - 1;
     node = first + *w.choice;
   }
@@ -147,13 +157,20 @@ __global__ void __launch_bounds__(32 * kTreeMaxWarps, 2) tree_cross_attention_fw
     }
   }
   __syncwarp();
-  tree_fold<scalar_t>(w, p.node_v, s, t, blk, P, lane);
+  seen_valid = tree_fold<scalar_t>(w, p.node_v, s, t, blk, P, lane) || seen_valid;
+  const float lane0_log_prob = __shfl_sync(kFullWarpMask, log_prob, 0);
+  const bool descent_nan = lane0_log_prob != lane0_log_prob;  // a NaN step (tree_descent_step)
 
   if (!t.active) return;  // after the last barrier
   for (int64_t h = 0; h < s.H; ++h) {
-    const OnlineSoftmaxResult<float> done = online_softmax_finish(w.rows[h]);
     const int64_t row = (t.b * s.H + h) * s.M + t.m;
     scalar_t* out = static_cast<scalar_t*>(p.out) + row * s.Dv;
+    if (descent_nan || (seen_valid && !(w.rows[h].sum > 0.0f))) {
+      for (int64_t d = lane; d < s.Dv; d += 32) out[d] = from_float<scalar_t>(tree_nan<float>());
+      if (lane == 0) p.lse[row] = tree_nan<float>();
+      continue;
+    }
+    const OnlineSoftmaxResult<float> done = online_softmax_finish(w.rows[h]);
     for (int64_t d = lane; d < s.Dv; d += 32) out[d] = from_float<scalar_t>(w.acc[h * s.Dv + d] * done.inv_sum);
     if (lane == 0) p.lse[row] = done.lse;
   }

@@ -1,7 +1,7 @@
 // Runs the CUDA Tree Cross Attention forward and backward kernels' source on the host
 // (cuda_emulation/) against a brute-force double-precision descent + attention: greedy and sampled
 // descents, padded leaves and nodes (holding NaN, which must never reach an output), b = 2 and 3,
-// height 0, a non-multiple-of-4 query count (inactive warps), strided q. The backward is checked
+// height 0, a non-multiple-of-4 query count (inactive warps), strided q, and the NaN rule. The backward is checked
 // against central finite differences of the same double reference with the path held fixed.
 #include <cmath>
 #include <cstdio>
@@ -245,6 +245,74 @@ void run_case(const Case& c, uint32_t seed) {
   g_bad = 0;
 }
 
+/// The NaN rule (docs/tree.md): on a clean run and a poisoned copy of the same inputs, exactly the
+/// expected outputs turn NaN and every other one is bitwise unchanged. Batch 0: a NaN key of a root
+/// child (every query's first step); batch 1: a NaN q row of query 2 in head 0; batch 2: a NaN value
+/// element (head 1, column 1) of the first leaf query 0 reads, and +inf keys at padding leaves.
+void nan_case() {
+  const int64_t B = 3, H = 2, M = 4, D = 4, Dv = 3, b = 2, height = 2, P = 2;
+  const int64_t group_offset = 3, leaf_offset = 7, nodes = leaf_offset + P * 4, S = height + P;
+  std::mt19937 gen(9);
+  std::normal_distribution<float> normal;
+  std::vector<float> q(B * H * M * D), k(B * H * nodes * D), v(B * H * nodes * Dv);
+  for (float& x : q) x = normal(gen);
+  for (float& x : k) x = normal(gen);
+  for (float& x : v) x = normal(gen);
+  std::vector<uint8_t> mask(B * nodes, 0);
+  mask[2 * nodes + nodes - 1] = mask[2 * nodes + nodes - 3] = 1;  // batch 2: the 2nd leaves of groups 5 and 6 padded
+  TreeShapeParams s;
+  s.B = B, s.H = H, s.M = M, s.D = D, s.Dv = Dv, s.nodes = nodes, s.branching = b, s.height = height;
+  s.group_size = P, s.group_offset = group_offset, s.leaf_offset = leaf_offset, s.selected = S;
+  s.q_stride_b = H * M * D, s.q_stride_h = M * D, s.q_stride_m = D;
+  s.k_stride_b = H * nodes * D, s.k_stride_h = nodes * D, s.k_stride_n = D;
+  s.v_stride_b = H * nodes * Dv, s.v_stride_h = nodes * Dv, s.v_stride_n = Dv;
+  s.mask_stride_b = nodes, s.scale = 0.5f;
+  struct Run { std::vector<float> out, lse, lp, ent; std::vector<int64_t> sel; };
+  auto run = [&](const std::vector<float>& qq, const std::vector<float>& kk, const std::vector<float>& vv) {
+    Run r{std::vector<float>(B * H * M * Dv), std::vector<float>(B * H * M), std::vector<float>(B * M),
+          std::vector<float>(B * M), std::vector<int64_t>(B * M * S)};
+    TreeFwdParams p;
+    p.s = s, p.q = qq.data(), p.node_k = kk.data(), p.node_v = vv.data(), p.node_padding_mask = mask.data();
+    p.out = r.out.data(), p.lse = r.lse.data(), p.selected = r.sel.data(), p.log_prob = r.lp.data();
+    p.entropy = r.ent.data();
+    const TreeLaunchPlan plan = plan_tree_cross_attention(B, M, H, D, Dv, b, P, height, false);
+    CHECK(cuda_emu::run_grid(dim3(plan.grid.x), dim3(plan.block.x), det::smem_raw, sizeof(det::smem_raw),
+                             plan.shared_memory_bytes, [&] { det::tree_cross_attention_fwd_kernel<float>(p); }));
+    return r;
+  };
+  const Run clean = run(q, k, v);
+  std::vector<float> qn = q, kn = k, vn = v;
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  kn[(0 * H + 1) * nodes * D + 2 * D + 3] = nan;                     // batch 0, head 1, node 2 (root child)
+  qn[((1 * H + 0) * M + 2) * D + 1] = nan;                           // batch 1, head 0, query 2
+  const int64_t leaf = clean.sel[(2 * M + 0) * S + S - P];           // batch 2, query 0's first leaf
+  vn[((2 * H + 1) * nodes + leaf) * Dv + 1] = nan;
+  for (int64_t d = 0; d < D; ++d) kn[(2 * H + 0) * nodes * D + (nodes - 1) * D + d] = inf;  // padding leaf
+  const Run got = run(qn, kn, vn);
+  for (int64_t bi = 0; bi < B; ++bi)
+    for (int64_t m = 0; m < M; ++m) {
+      const bool query_nan = bi == 0 || (bi == 1 && m == 2);
+      bool reads_leaf = false;
+      for (int64_t j = 0; j < S; ++j) reads_leaf = reads_leaf || (bi == 2 && clean.sel[(bi * M + m) * S + j] == leaf);
+      CHECK(std::isnan(got.lp[bi * M + m]) == query_nan && std::isnan(got.ent[bi * M + m]) == query_nan);
+      if (!query_nan) CHECK(got.lp[bi * M + m] == clean.lp[bi * M + m] && got.ent[bi * M + m] == clean.ent[bi * M + m]);
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t row = (bi * H + h) * M + m;
+        CHECK(std::isnan(got.lse[row]) == query_nan);
+        if (!query_nan) CHECK(got.lse[row] == clean.lse[row]);
+        for (int64_t d = 0; d < Dv; ++d) {
+          const bool want = query_nan || (reads_leaf && h == 1 && d == 1);
+          const float x = got.out[row * Dv + d];
+          CHECK(std::isnan(x) == want);
+          if (!want) CHECK(x == clean.out[row * Dv + d]);
+        }
+      }
+    }
+  // Batch 0 took the first valid child at its NaN step, so its paths are still well-formed.
+  for (int64_t m = 0; m < M; ++m) CHECK(got.sel[m * S] == 2);
+  std::printf("  %-44s ok=%s\n", "NaN rule (key, q row, value, padding)", attn_ext_tests::g_failures ? "NO" : "yes");
+}
+
 void plan_cases() {
   const TreeLaunchPlan a = plan_tree_cross_attention(2, 5, 4, 64, 64, 2, 8, 6, false);
   CHECK(a.supported && a.warps == 4 && a.grid.x == 3 && a.block.x == 128 && a.shared_memory_bytes == 4 * a.warp_bytes);
@@ -266,6 +334,7 @@ int main() {
   run_case({"height 0 (one group) P=5", 2, 2, 3, 16, 16, 2, 0, 5, false, false}, 3);
   run_case({"backward greedy b=2 h=2 P=2 D=5 Dv=3", 2, 2, 5, 5, 3, 2, 2, 2, false, true}, 4);
   run_case({"backward sampled b=3 h=2 P=3 D=6 Dv=4", 2, 2, 3, 6, 4, 3, 2, 3, true, true}, 5);
+  nan_case();
   if (attn_ext_tests::g_failures != 0) {
     std::fprintf(stderr, "attn_ext_cuda_tree_emulation_tests: %d failure(s)\n", attn_ext_tests::g_failures);
     return 1;

@@ -193,21 +193,25 @@ def test_docstring_examples_run():
 @pytest.mark.parametrize("masked", [False, True])
 def test_leaf_order_is_the_stable_sort_by_padding_then_key(dtype, masked):
     # build_tree packs (padding, key, index) into one int64 sort for 32-bit keys: it must order
-    # exactly as torch's stable sort, including ties, -0 == +0 and NaNs last.
+    # exactly as torch's stable sort, including ties, -0 == +0 and, among masked tokens (the only
+    # ones allowed a non-finite key), infinities and NaNs last.
     g = torch.Generator().manual_seed(3)
     B, N = 3, 400
     special = torch.tensor([float("nan"), -float("nan"), 0.0, -0.0, math.inf, -math.inf, 1e-45, -3e38, 1.0])
     key = torch.randn(B, N, generator=g).round(decimals=1)
     pick = torch.rand(B, N, generator=g) < 0.3
     key[pick] = special[torch.randint(len(special), (int(pick.sum()),), generator=g)]
+    mask = torch.rand(B, N, generator=g) < 0.3 if masked else None
+    if masked:
+        mask[:, 0] = False
+    valid = ~mask if masked else torch.ones(B, N, dtype=torch.bool)
     if dtype == torch.bool:
         key = key > 0
     elif not dtype.is_floating_point:
         key = (key.nan_to_num(0, 100, -100) * 10).clamp(0 if dtype == torch.uint8 else -100, 100)
-    key = key.to(dtype)
-    mask = torch.rand(B, N, generator=g) < 0.3 if masked else None
-    if masked:
-        mask[:, 0] = False
+    key = key.to(dtype)  # after the cast: -3e38 overflows float16 to -inf
+    if dtype.is_floating_point:
+        key = torch.where(valid & ~key.isfinite(), torch.tensor(0.5, dtype=dtype), key)
     pad = mask if masked else torch.zeros(B, N, dtype=torch.bool)
     order = torch.sort(key, dim=1, stable=True).indices
     order = order.gather(1, torch.sort(pad.gather(1, order).to(torch.uint8), dim=1, stable=True).indices)

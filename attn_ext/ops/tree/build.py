@@ -178,8 +178,10 @@ def build_tree(
     Raises
     ------
     ValueError
-        ``branching < 2``, wrong ranks or shapes, ``N = 0``, a bad ``axis``, or a batch entry
-        without valid tokens. ``TypeError`` for a non-tensor input or a non-bool mask.
+        ``branching < 2``, wrong ranks or shapes, ``N = 0``, a bad ``axis``, a batch entry
+        without valid tokens, or a NaN/±inf coordinate of a valid token (the tree's shape would depend
+        on how NaN sorts; masked tokens may hold anything). ``TypeError`` for a non-tensor input or a
+        non-bool mask.
 
     Examples
     --------
@@ -261,6 +263,24 @@ def _key_code(key: Tensor) -> Tensor:
     return torch.where(bits < 0, ~bits, bits + 2**31)
 
 
+def _check_finite(points: Tensor, key_padding_mask: Optional[Tensor]) -> None:
+    """Every coordinate of every valid token must be finite: NaN would choose the sort axis (it wins
+    the spreads' argmax) and its place in the order, so one NaN would reshape the whole tree."""
+    if not points.is_floating_point() or points.device.type == "meta":
+        return
+    bad = ~torch.isfinite(points.detach())
+    if bad.dim() == 3:
+        bad = bad.any(dim=2)
+    if key_padding_mask is not None:
+        bad = bad & ~key_padding_mask
+    entries = bad.any(dim=1)
+    if bool(entries.any()):
+        raise ValueError(
+            f"attn_ext.build_tree: batch entries {entries.nonzero().flatten().tolist()} have a NaN or infinite "
+            "coordinate at a valid token; coordinates must be finite (mask such tokens with key_padding_mask)"
+        )
+
+
 def _sort_key(points: Tensor, key_padding_mask: Optional[Tensor], axis: Optional[int]) -> Tuple[Tensor, Tensor]:
     """Validated ``([B, N] sort key, [B] axis)``."""
     if not isinstance(points, Tensor):
@@ -294,6 +314,7 @@ def _sort_key(points: Tensor, key_padding_mask: Optional[Tensor], axis: Optional
                     f"attn_ext: batch entries {empty} have no valid token (key_padding_mask all True); "
                     "a tree needs at least one"
                 )
+    _check_finite(points, key_padding_mask)
     if points.dim() == 2:
         if axis is not None:
             raise ValueError(f"attn_ext: axis must be None for a [B, N] sort key, got axis={axis!r}")

@@ -23,9 +23,12 @@ def masked_mean(children: Tensor, padding_mask: Tensor) -> Tensor:
     """Mean of ``children [..., c, E]`` over the non-padding ones (``padding_mask [..., c]``, True = padding).
 
     All-padding rows give 0 rather than NaN (the count is clamped), so no NaN reaches the gradients.
+    Padding children are selected away, not multiplied by 0, so a NaN there does not propagate; a
+    NaN in a valid child does.
     """
-    weight = (~padding_mask).to(children.dtype).unsqueeze(-1)
-    return (children * weight).sum(dim=-2) / weight.sum(dim=-2).clamp(min=1)
+    pad = padding_mask.unsqueeze(-1)
+    count = (~pad).to(children.dtype).sum(dim=-2).clamp(min=1)
+    return torch.where(pad, torch.zeros((), dtype=children.dtype, device=children.device), children).sum(dim=-2) / count
 
 
 
@@ -101,8 +104,8 @@ def tree_cross_attention_reference(q: Tensor, node_k: Tensor, node_v: Tensor, tr
         selected = torch.arange(G, tree.num_nodes, device=q.device).expand(B, M, tree.num_leaves)
         leaf_pad = pad[:, None, None, G:]
         scores = torch.matmul(q, node_k[:, :, G:].transpose(-1, -2)) * scale
-        weights = torch.softmax(scores.masked_fill(leaf_pad, -math.inf), dim=-1)
-        out = torch.matmul(weights, node_v[:, :, G:]).to(out_dtype)
+        weights = _masked_softmax(scores, leaf_pad)
+        out = torch.matmul(weights, node_v[:, :, G:].masked_fill(leaf_pad.transpose(-1, -2), 0)).to(out_dtype)
         zero = q.new_zeros(B, M)
         return TreeAttentionResult(out, selected, zero, zero)
 
@@ -110,6 +113,7 @@ def tree_cross_attention_reference(q: Tensor, node_k: Tensor, node_v: Tensor, tr
     arange_b = torch.arange(b, device=q.device)
     current = torch.zeros(B, M, dtype=torch.long, device=q.device)  # every descent starts at the root
     rejected, log_prob, entropy = [], q.new_zeros(B, M), q.new_zeros(B, M)
+    descent_nan = torch.zeros(B, M, dtype=torch.bool, device=q.device)
     for level in range(tree.height):
         children = current.unsqueeze(-1) * b + 1 + arange_b  # heap layout, see attn_ext.ops.tree.build
         pi = _policy(q, node_k, pad, children, scale)  # [B, M, b]; padding children have exactly 0
@@ -117,6 +121,11 @@ def tree_cross_attention_reference(q: Tensor, node_k: Tensor, node_v: Tensor, tr
             action = pi.detach().argmax(dim=-1)
         else:
             action = _inverse_cdf(pi.detach(), uniforms[:, :, level].to(pi.dtype))
+        # A NaN policy cannot choose: follow the first valid child, as the kernels do (docs/tree.md).
+        step_nan = pi.detach().isnan().any(dim=-1)
+        first_valid = (~pad.gather(1, children.view(B, M * b)).view(B, M, b)).int().argmax(dim=-1)
+        action = torch.where(step_nan, first_valid, action)
+        descent_nan = descent_nan | step_nan
         step_log_prob, step_entropy = _step_statistics(pi, action)
         log_prob, entropy = log_prob + step_log_prob, entropy + step_entropy
         # Positions 0..b-2 skip the chosen one: a gather keeps the shapes data-independent (meta, compile).
@@ -127,7 +136,11 @@ def tree_cross_attention_reference(q: Tensor, node_k: Tensor, node_v: Tensor, tr
     group = current - tree.level_offset(tree.height)
     leaves = tree.leaf_offset + group.unsqueeze(-1) * tree.group_size + torch.arange(tree.group_size, device=q.device)
     selected = torch.cat([*rejected, leaves], dim=-1)
-    out = _attend(q, node_k, node_v, pad, selected, scale)[0].to(out_dtype)
+    out = _attend(q, node_k, node_v, pad, selected, scale)[0]
+    # After a NaN step the path is arbitrary: every output of the query is NaN.
+    nan = torch.full((), math.nan, dtype=out.dtype, device=out.device)
+    out = torch.where(descent_nan[:, None, :, None], nan, out).to(out_dtype)
+    log_prob, entropy = torch.where(descent_nan, nan, log_prob), torch.where(descent_nan, nan, entropy)
     return TreeAttentionResult(out, selected, log_prob, entropy)
 
 
@@ -149,12 +162,24 @@ def _attend(q: Tensor, node_k: Tensor, node_v: Tensor, pad: Tensor, selected: Te
 def _attend_gathered(q: Tensor, keys: Tensor, values: Tensor, sel_pad: Tensor, scale: float):
     """:func:`_attend` on gathered ``keys [B,H,M,S,D]``, ``values [B,H,M,S,Dv]`` and ``sel_pad [B,1,M,S]``."""
     scores = torch.einsum("bhmd,bhmsd->bhms", q, keys) * scale
-    # S always holds a valid node (the chosen group has a valid leaf); guard anyway against NaN.
-    empty = sel_pad.all(dim=-1, keepdim=True)
-    masked = scores.masked_fill(sel_pad & ~empty, -math.inf)
-    weights = torch.softmax(masked, dim=-1).masked_fill(sel_pad, 0)
-    lse = torch.where(empty.squeeze(-1), -math.inf, torch.logsumexp(masked, dim=-1))
+    weights = _masked_softmax(scores, sel_pad)
+    empty = sel_pad.all(dim=-1)
+    lse = torch.where(empty, -math.inf, torch.logsumexp(scores.masked_fill(sel_pad, -math.inf), dim=-1))
+    # NaN weights (a NaN or +inf score, or valid scores all −inf) make lse NaN too, as the kernels.
+    lse = torch.where(weights.isnan().any(dim=-1), math.nan, lse)
+    values = values.masked_fill(sel_pad.unsqueeze(-1), 0)  # 0·NaN would leak a padding node's value
     return torch.einsum("bhms,bhmsd->bhmd", weights, values), lse
+
+
+def _masked_softmax(scores: Tensor, padding: Tensor) -> Tensor:
+    """Softmax over the last dim without the ``padding`` entries (weight 0); an all-padding row is 0.
+
+    The padding scores are replaced (not masked by a product), so NaN there never reaches the row;
+    an all-padding row softmaxes zeros, so that neither its output nor its gradient is NaN.
+    """
+    empty = padding.all(dim=-1, keepdim=True)
+    fill = torch.where(empty, 0.0, -math.inf).to(scores.dtype)
+    return torch.softmax(torch.where(padding, fill, scores), dim=-1).masked_fill(padding, 0)
 
 
 def _policy(q: Tensor, node_k: Tensor, pad: Tensor, children: Tensor, scale: float) -> Tensor:
@@ -162,9 +187,9 @@ def _policy(q: Tensor, node_k: Tensor, pad: Tensor, children: Tensor, scale: flo
     B, M, b = children.shape
     child_pad = pad.gather(1, children.view(B, M * b)).view(B, M, b)
     logits = torch.einsum("bhmd,bhmcd->bhmc", q, _gather_nodes(node_k, children)) * scale
-    # A valid node has a valid child, so each row below has a finite entry (no all -inf softmax).
-    weights = torch.softmax(logits.masked_fill(child_pad[:, None], -math.inf), dim=-1)
-    return weights.mean(dim=1)
+    # π = 0 at a node without valid children (a malformed mask), as the kernels; NaN if a valid
+    # child's score is non-finite in a way that makes torch.softmax NaN.
+    return _masked_softmax(logits, child_pad[:, None]).mean(dim=1)
 
 
 def _step_statistics(pi: Tensor, action: Tensor):
@@ -220,7 +245,7 @@ def path_forward(q: Tensor, node_k: Tensor, node_v: Tensor, node_padding_mask: T
         child_keys = keys[:, :, :, : height * b].unflatten(3, (height, b))  # [B, H, M, k, b, D]
         logits = torch.einsum("bhmd,bhmlcd->bhmlc", q, child_keys) * scale
         child_pad = id_pad[..., : height * b].unflatten(3, (height, b))
-        pi = torch.softmax(logits.masked_fill(child_pad, -math.inf), dim=-1).mean(dim=1)  # [B, M, k, b]
+        pi = _masked_softmax(logits, child_pad).mean(dim=1)  # [B, M, k, b]
         action = torch.stack(path[1:], dim=-1) - children[..., 0]  # [B, M, k]
         step_log_prob, step_entropy = _step_statistics(pi, action)
         log_prob, entropy = step_log_prob.sum(dim=-1), step_entropy.sum(dim=-1)

@@ -21,6 +21,12 @@ both without re-reading the children's keys once per head. Working tiles:
 Every query of a block reads *its own* nodes (a gather by node id), so there is no shared key tile and
 no ``tl.dot``: a column (one child / leaf per query) is loaded as ``[BLOCK_M, BLOCK_H, BLOCK_D]`` and
 reduced over ``D``. The columns are unrolled (``b`` and ``BLOCK_P`` are constexpr and small).
+
+Non-finite inputs (docs/tree.md, "NaN and infinity"), as the C++ kernel: a level whose policy would be
+NaN in torch.softmax (a valid child's score NaN or +inf, or a head whose valid children all score
+−inf) follows the first valid child and makes the query's out, lse, log_prob and entropy NaN; a head
+whose running sum ends NaN, or 0 after a valid node was read, gets NaN out and lse. They are tested
+explicitly rather than left to ``tl.max``, whose NaN handling Triton leaves unspecified.
 """
 from __future__ import annotations
 
@@ -73,7 +79,8 @@ def _fold(scores, take, first, v_base, svh, svn, svd, offs_h, offs_dv, h_ok, dv_
     """Folds the columns ``take [BLOCK_M, WIDTH]`` (nodes ``first + col``) into the per-head online softmax."""
     offs_w = tl.arange(0, WIDTH)
     scores = tl.where(take[:, None, :], scores, float("-inf"))
-    new_max = tl.maximum(row_max, tl.max(scores, axis=2))
+    # The max skips NaN explicitly (tl.max leaves it unspecified); a NaN score still reaches row_sum via p.
+    new_max = tl.maximum(row_max, tl.max(tl.where(scores == scores, scores, float("-inf")), axis=2))
     # A head that has seen no valid node keeps max −inf: shift by 0 so that no (−inf) − (−inf) appears.
     shift = tl.where(new_max == float("-inf"), 0.0, new_max)
     alpha = tl.exp(row_max - shift)
@@ -136,16 +143,26 @@ def _tree_fwd_kernel(
     log_prob = tl.zeros([BLOCK_M], tl.float32)
     entropy = tl.zeros([BLOCK_M], tl.float32)
     node = tl.zeros([BLOCK_M], tl.int64)  # every descent starts at the root
+    descent_nan = tl.zeros([BLOCK_M], tl.int1)  # some level's policy was NaN
+    seen_valid = tl.zeros([BLOCK_M], tl.int1)  # some valid node was folded in
 
     for level in range(height):
         first = node * BRANCH + 1
         scores, valid = _gather_scores(q, k_base, mask_row, smn, first, BRANCH, scale, skh, skn, skd,
                                        offs_h, offs_d, h_ok, d_ok, m_ok, BLOCK_M, BLOCK_H, BLOCK_B)
-        head_max = tl.max(scores, axis=2)
+        head_max = tl.max(tl.where(scores == scores, scores, float("-inf")), axis=2)
         head_has = head_max > float("-inf")
         e = tl.where(valid[:, None, :], tl.exp(scores - tl.where(head_has, head_max, 0.0)[:, :, None]), 0.0)
         w = e / tl.where(head_has, tl.sum(e, axis=2), 1.0)[:, :, None]
         pi = tl.sum(tl.where(h_ok[None, :, None], w, 0.0), axis=1) / H  # [BLOCK_M, BLOCK_B]
+        # NaN or +inf (not < inf) at a valid child, or a head with valid children all at −inf.
+        bad = valid[:, None, :] & h_ok[None, :, None] & ~(scores < float("inf"))
+        any_child = tl.sum(valid.to(tl.int32), axis=1) > 0
+        all_ninf = any_child[:, None] & h_ok[None, :] & (tl.sum(tl.where(valid[:, None, :] & (scores > float("-inf")),
+                                                                         1, 0), axis=2) == 0)
+        step_nan = (tl.sum(tl.sum(bad.to(tl.int32), axis=2), axis=1) + tl.sum(all_ninf.to(tl.int32), axis=1)) > 0
+        descent_nan = descent_nan | step_nan
+        pi = tl.where(step_nan[:, None], 0.0, pi)  # no NaN into the choice (the interpreter's argmax rejects it)
 
         if SAMPLE:
             u = tl.load(U + off_b * s_ub + offs_m * s_um + level * s_ut, mask=m_ok, other=0.0)
@@ -157,6 +174,8 @@ def _tree_fwd_kernel(
             choice = tl.minimum(tl.sum(below.to(tl.int32), axis=1), BRANCH - 1)
         else:
             choice = tl.argmax(tl.where(child_ok[None, :], pi, -1.0), axis=1, tie_break_left=True).to(tl.int32)
+        first_valid = tl.argmax(valid.to(tl.int32), axis=1, tie_break_left=True).to(tl.int32)
+        choice = tl.where(step_nan, first_valid, choice)
 
         chosen = offs_b[None, :] == choice[:, None]
         pi_choice = tl.sum(tl.where(chosen, pi, 0.0), axis=1)
@@ -170,6 +189,7 @@ def _tree_fwd_kernel(
                  mask=rejected & m_ok[:, None])
         row_max, row_sum, acc = _fold(scores, rejected & valid, first, v_base, svh, svn, svd, offs_h, offs_dv,
                                       h_ok, dv_ok, row_max, row_sum, acc, BLOCK_B)
+        seen_valid = seen_valid | (tl.sum((rejected & valid).to(tl.int32), axis=1) > 0)
         node = first + choice
 
     leaf0 = leaf_offset + (node - group_offset) * group_size
@@ -183,11 +203,18 @@ def _tree_fwd_kernel(
                  mask=in_group[None, :] & m_ok[:, None])
         row_max, row_sum, acc = _fold(scores, valid, first, v_base, svh, svn, svd, offs_h, offs_dv, h_ok, dv_ok,
                                       row_max, row_sum, acc, BLOCK_P)
+        seen_valid = seen_valid | (tl.sum(valid.to(tl.int32), axis=1) > 0)
 
     has_node = row_sum > 0.0
     safe_sum = tl.where(has_node, row_sum, 1.0)
     out = acc / safe_sum[:, :, None]
     lse = tl.where(has_node, row_max + tl.log(safe_sum), float("-inf"))
+    # A row that read a valid node has sum >= 1 unless a score was NaN or +inf (sum NaN) or all were −inf.
+    row_nan = descent_nan[:, None] | (seen_valid[:, None] & ~has_node)
+    out = tl.where(row_nan[:, :, None], float("nan"), out)
+    lse = tl.where(row_nan, float("nan"), lse)
+    log_prob = tl.where(descent_nan, float("nan"), log_prob)
+    entropy = tl.where(descent_nan, float("nan"), entropy)
     tl.store(OUT + off_b * sob + offs_m[:, None, None] * som + offs_h[None, :, None] * soh
              + offs_dv[None, None, :] * sod, out.to(OUT.dtype.element_ty),
              mask=m_ok[:, None, None] & h_ok[None, :, None] & dv_ok[None, None, :])

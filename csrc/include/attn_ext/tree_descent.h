@@ -12,6 +12,12 @@
 //    a chosen c has cdf_c > cdf_{c−1}. The reference draws the same way from the same uniforms.
 // and reports log π(choice) and the step's entropy −Σ_c π_c log π_c (0·log 0 = 0).
 //
+// Non-finite scores (docs/tree.md, "NaN and infinity"): the policy is computed as torch.softmax would,
+// so a NaN or +inf score of a valid child, or a head whose valid children all score −inf, makes π NaN.
+// Such a step cannot choose: it follows the first valid child (so that `selected` stays a path of valid
+// nodes, identically on every backend) and reports log π = entropy = NaN, which the kernels turn into
+// NaN outputs for the whole query.
+//
 // Backward (the choices are constants; REINFORCE differentiates log π and the entropy): with upstream
 // gradients g_lp of Σ_t log π(a_t) and g_H of Σ_t H(π_t),
 //     dπ_c = g_lp·[c = a]/π_a − g_H·(log π_c + 1)   for π_c > 0,   0 where π_c = 0,
@@ -28,15 +34,21 @@ namespace attn_ext {
 template <typename acc_t>
 struct TreeStep {
   int choice;      ///< index in [0, b) of the chosen child
-  acc_t log_prob;  ///< log π(choice); −inf only if no child is valid (a malformed mask)
-  acc_t entropy;   ///< −Σ_c π_c log π_c over the children with π_c > 0
+  acc_t log_prob;  ///< log π(choice); −inf only if no child is valid (a malformed mask), NaN if π is NaN
+  acc_t entropy;   ///< −Σ_c π_c log π_c over the children with π_c > 0; NaN if π is NaN
 };
+
+template <typename acc_t>
+ATTN_EXT_HOST_DEVICE acc_t tree_nan() {
+  return static_cast<acc_t>(NAN);
+}
 
 /// Head-averaged policy over the `b` children of one node for one query.
 ///
 /// `scores` holds `heads × b` scaled scores, head-major (`scores[h * b + c]`); entries of padding
 /// children are ignored (they may hold anything). `child_padding[c]` is true for a padding child.
-/// Writes `pi[c]` (0 for padding children). If no child is valid every π is 0.
+/// Writes `pi[c]` (0 for padding children). If no child is valid every π is 0; a non-finite score
+/// of a valid child makes π NaN as in torch.softmax (see the file comment).
 template <typename acc_t>
 ATTN_EXT_HOST_DEVICE void tree_policy(const acc_t* scores, int64_t heads, int b, const bool* child_padding,
                                       acc_t* pi) {
@@ -44,10 +56,14 @@ ATTN_EXT_HOST_DEVICE void tree_policy(const acc_t* scores, int64_t heads, int b,
   for (int64_t h = 0; h < heads; ++h) {
     const acc_t* s = scores + h * b;
     acc_t mx = negative_infinity<acc_t>();
+    bool any_valid = false;
     for (int c = 0; c < b; ++c) {
+      any_valid = any_valid || !child_padding[c];
       if (!child_padding[c] && s[c] > mx) mx = s[c];
     }
-    if (is_negative_infinity(mx)) continue;  // no valid child (or all scores −inf): contributes nothing
+    // No valid child: contributes nothing. Otherwise a NaN score gives exp(NaN − mx) = NaN, +inf gives
+    // exp(inf − inf), and valid scores all −inf (or NaN) give exp(−inf − (−inf)): π NaN, as torch.softmax.
+    if (!any_valid) continue;
     acc_t sum = acc_t(0);
     for (int c = 0; c < b; ++c) {
       if (!child_padding[c]) sum += math_exp(s[c] - mx);
@@ -84,12 +100,12 @@ ATTN_EXT_HOST_DEVICE int tree_choose(const acc_t* pi, int b, bool sample, acc_t 
   return count < b ? count : b - 1;
 }
 
-/// Entropy −Σ_c π_c log π_c of a policy, terms with π_c = 0 contributing exactly 0.
+/// Entropy −Σ_c π_c log π_c of a policy, terms with π_c = 0 contributing exactly 0; NaN if π is.
 template <typename acc_t>
 ATTN_EXT_HOST_DEVICE acc_t tree_policy_entropy(const acc_t* pi, int b) {
   acc_t sum = acc_t(0);
   for (int c = 0; c < b; ++c) {
-    if (pi[c] > acc_t(0)) sum += pi[c] * math_log(pi[c]);
+    if (!(pi[c] <= acc_t(0))) sum += pi[c] * math_log(pi[c]);  // a NaN π_c is summed, not skipped
   }
   return -sum;
 }
@@ -103,6 +119,15 @@ ATTN_EXT_HOST_DEVICE TreeStep<acc_t> tree_descent_step(const acc_t* scores, int6
   step.choice = tree_choose(pi, b, sample, u);
   step.log_prob = pi[step.choice] > acc_t(0) ? math_log(pi[step.choice]) : negative_infinity<acc_t>();
   step.entropy = tree_policy_entropy(pi, b);
+  // The entropy is NaN exactly when π is (π ∈ [0, 1] otherwise): then the choice above compared NaN
+  // and means nothing. Testing the entropy rather than scanning π again keeps the CUDA kernel's
+  // registers where they were (a separate scan cost the fp32 forward ~30 registers on sm_90).
+  if (step.entropy != step.entropy) {
+    int first_valid = 0;
+    while (first_valid < b - 1 && child_padding[first_valid]) ++first_valid;
+    step.choice = first_valid;
+    step.log_prob = tree_nan<acc_t>();
+  }
   return step;
 }
 
