@@ -76,14 +76,24 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& grad_lse, con
         std::fill(dv.begin(), dv.begin() + nc * Dv, acc_t(0));
         const int64_t valid = count_valid_keys(padding_row, n0, nc);
         int64_t ldk, ldv, ldq, lddo;
-        const acc_t* kt = rows_as_acc<acc_t>(matrix_at<scalar_t>(k, b, h, n0), k.stride(2), nc, D, k_tile.data(), &ldk);
-        const acc_t* vt = rows_as_acc<acc_t>(matrix_at<scalar_t>(v, b, h, n0), v.stride(2), nc, Dv, v_tile.data(), &ldv);
+        // Padded keys are never read: zero rows, so that dP = dO·vᵀ and dQ += dS·K stay exactly 0 for
+        // them in every finite row, whatever (NaN) they hold.
+        const acc_t* kt = valid < nc ? rows_as_acc_unpadded<acc_t>(matrix_at<scalar_t>(k, b, h, n0), k.stride(2), nc, D,
+                                                                   padding_row + n0, k_tile.data(), &ldk)
+                                     : rows_as_acc<acc_t>(matrix_at<scalar_t>(k, b, h, n0), k.stride(2), nc, D,
+                                                          k_tile.data(), &ldk);
+        const acc_t* vt = valid < nc ? rows_as_acc_unpadded<acc_t>(matrix_at<scalar_t>(v, b, h, n0), v.stride(2), nc,
+                                                                   Dv, padding_row + n0, v_tile.data(), &ldv)
+                                     : rows_as_acc<acc_t>(matrix_at<scalar_t>(v, b, h, n0), v.stride(2), nc, Dv,
+                                                          v_tile.data(), &ldv);
         for (int64_t m0 = 0; m0 < M && valid > 0; m0 += tile_m) {
           const int64_t mt = std::min(tile_m, M - m0);
           const acc_t* qt = rows_as_acc<acc_t>(matrix_at<scalar_t>(q, b, h, m0), q.stride(2), mt, D, q_tile.data(), &ldq);
           const acc_t* dot = rows_as_acc<acc_t>(matrix_at<scalar_t>(grad_out, b, h, m0), grad_out.stride(2), mt, Dv,
                                                 do_tile.data(), &lddo);
-          // P = exp(scale·q·kᵀ − lse), 0 for padded keys and for rows without any valid key.
+          // P = exp(scale·q·kᵀ − lse), 0 for padded keys and for rows without any valid key. A NaN row
+          // (lse NaN) gets NaN everywhere, padded keys included: its own gradients are NaN anyway,
+          // and the padded keys' dK/dV are written as zeros below.
           gemm(Transpose::kNo, Transpose::kYes, mt, nc, D, scale, qt, ldq, kt, ldk, acc_t(0), p.data(), nc);
           for (int64_t r = 0; r < mt; ++r) {
             acc_t* row_p = p.data() + r * nc;
@@ -110,8 +120,11 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& grad_lse, con
         for (int64_t j = 0; j < nc; ++j) {
           scalar_t* gk = grad_k_data + (bh * N + n0 + j) * D;
           scalar_t* gv = grad_v_data + (bh * N + n0 + j) * Dv;
-          for (int64_t d = 0; d < D; ++d) gk[d] = static_cast<scalar_t>(dk[j * D + d]);
-          for (int64_t d = 0; d < Dv; ++d) gv[d] = static_cast<scalar_t>(dv[j * Dv + d]);
+          // A padded key takes no part in the attention, so its gradients are 0 even beside a NaN query
+          // row, whose dS·Q would otherwise put 0 · NaN = NaN there.
+          const bool padded = padding_row != nullptr && padding_row[n0 + j];
+          for (int64_t d = 0; d < D; ++d) gk[d] = static_cast<scalar_t>(padded ? acc_t(0) : dk[j * D + d]);
+          for (int64_t d = 0; d < Dv; ++d) gv[d] = static_cast<scalar_t>(padded ? acc_t(0) : dv[j * Dv + d]);
         }
       }
     }

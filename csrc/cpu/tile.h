@@ -28,6 +28,23 @@ const acc_t* rows_as_acc(const scalar_t* base, int64_t row_stride, int64_t rows,
   return scratch;
 }
 
+/// Like rows_as_acc, but always copies, and rows flagged in `padding` (true = padded key; may be
+/// null) become zeros: a padded key is never read. The GEMMs multiply its probability (0) by its
+/// value row, and 0 · NaN = NaN, so garbage in padding would otherwise leak into every query row.
+/// Only chunks that contain padding pay for the copy (O(rows·cols), next to GEMMs of O(tile·rows·cols)).
+template <typename acc_t, typename scalar_t>
+const acc_t* rows_as_acc_unpadded(const scalar_t* base, int64_t row_stride, int64_t rows, int64_t cols,
+                                  const bool* padding, acc_t* scratch, int64_t* ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const bool skip = padding != nullptr && padding[r];
+    for (int64_t c = 0; c < cols; ++c) {
+      scratch[r * cols + c] = skip ? acc_t(0) : static_cast<acc_t>(base[r * row_stride + c]);
+    }
+  }
+  *ld = cols;
+  return scratch;
+}
+
 /// Below this many multiply-adds (~40 µs on one core) a call costs less than waking the other
 /// OpenMP threads can (milliseconds when the machine is oversubscribed; measured: a 16-key state
 /// update took 4-20 ms threaded on a loaded machine, 0.2 ms on one thread): run it on one thread.
