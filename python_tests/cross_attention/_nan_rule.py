@@ -50,6 +50,7 @@ def poisoned(case: str, dtype=torch.float32, seed: int = 0) -> Tuple[Tensor, Ten
         v[1, 1, 9, 1] = NAN
     elif case == "padded_nan":  # padded keys, both heads: never read
         k[1, :, 5] = NAN
+        v[1, :, 5] = 3e38  # finite, but dO·v overflows: 0 · inf would be NaN
         v[1, :, 13] = NAN
         k[1, :, 13, 0] = INF
     elif case == "q_inf":  # scores ±inf across the keys: +inf − +inf in row 3
