@@ -43,7 +43,11 @@ struct AttentionTileScratch {
 
 /// Streams key chunks [c_first, c_last) (of `chunk` keys) for the `mt` query rows `qt` (acc_t,
 /// leading dimension ldq). Leaves the unnormalised accumulator in `w.acc` [mt, Dv] and the row
-/// states in `w.rows`; finish each row with online_softmax_finish.
+/// states in `w.rows`; store_tile finishes the rows.
+///
+/// NaN needs no work here (see attn_ext/online_softmax.h): a NaN score makes that row's sum and
+/// accumulator NaN, which store_tile reports. Padded keys are never read: their scores are replaced
+/// by −inf and non-finite value rows by zeros, so NaN there does not reach any row.
 template <typename scalar_t, typename acc_t>
 void attend_tile(const acc_t* qt, int64_t ldq, int64_t mt, acc_t scale, const KeyValueRows<scalar_t>& kv,
                  int64_t chunk, int64_t c_first, int64_t c_last, AttentionTileScratch<acc_t>& w) {
@@ -56,7 +60,12 @@ void attend_tile(const acc_t* qt, int64_t ldq, int64_t mt, acc_t scale, const Ke
     if (valid == 0) continue;  // a fully padded chunk changes nothing
     int64_t ldk, ldv;
     const acc_t* kt = rows_as_acc<acc_t>(kv.k + n0 * kv.k_row_stride, kv.k_row_stride, nc, D, w.k_tile.data(), &ldk);
-    const acc_t* vt = rows_as_acc<acc_t>(kv.v + n0 * kv.v_row_stride, kv.v_row_stride, nc, Dv, w.v_tile.data(), &ldv);
+    const scalar_t* v_rows = kv.v + n0 * kv.v_row_stride;
+    // Padded value rows meet probability 0 in the P·V GEMM: harmless unless they hold inf/NaN.
+    const bool zero_padded = valid < nc && !padded_rows_finite<acc_t>(v_rows, kv.v_row_stride, nc, Dv, kv.padding + n0);
+    const acc_t* vt = zero_padded ? rows_as_acc_unpadded<acc_t>(v_rows, kv.v_row_stride, nc, Dv, kv.padding + n0,
+                                                                w.v_tile.data(), &ldv)
+                                  : rows_as_acc<acc_t>(v_rows, kv.v_row_stride, nc, Dv, w.v_tile.data(), &ldv);
     acc_t* scores = w.scores.data();
     gemm(Transpose::kNo, Transpose::kYes, mt, nc, D, scale, qt, ldq, kt, ldk, acc_t(0), scores, nc);
     if (valid < nc) {

@@ -76,14 +76,24 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& grad_lse, con
         std::fill(dv.begin(), dv.begin() + nc * Dv, acc_t(0));
         const int64_t valid = count_valid_keys(padding_row, n0, nc);
         int64_t ldk, ldv, ldq, lddo;
-        const acc_t* kt = rows_as_acc<acc_t>(matrix_at<scalar_t>(k, b, h, n0), k.stride(2), nc, D, k_tile.data(), &ldk);
+        // Padded keys are never read. Their dS is set to exactly 0 below (whatever dP = dO·vᵀ their
+        // values give, inf included), so V goes in as it is; dQ += dS·K then needs finite K rows:
+        // inf/NaN ones are zeroed (0 · inf = NaN).
+        const scalar_t* k_rows = matrix_at<scalar_t>(k, b, h, n0);
+        const bool zero_padded_k =
+            valid < nc && valid > 0 && !padded_rows_finite<acc_t>(k_rows, k.stride(2), nc, D, padding_row + n0);
+        const acc_t* kt = zero_padded_k ? rows_as_acc_unpadded<acc_t>(k_rows, k.stride(2), nc, D, padding_row + n0,
+                                                                      k_tile.data(), &ldk)
+                                        : rows_as_acc<acc_t>(k_rows, k.stride(2), nc, D, k_tile.data(), &ldk);
         const acc_t* vt = rows_as_acc<acc_t>(matrix_at<scalar_t>(v, b, h, n0), v.stride(2), nc, Dv, v_tile.data(), &ldv);
         for (int64_t m0 = 0; m0 < M && valid > 0; m0 += tile_m) {
           const int64_t mt = std::min(tile_m, M - m0);
           const acc_t* qt = rows_as_acc<acc_t>(matrix_at<scalar_t>(q, b, h, m0), q.stride(2), mt, D, q_tile.data(), &ldq);
           const acc_t* dot = rows_as_acc<acc_t>(matrix_at<scalar_t>(grad_out, b, h, m0), grad_out.stride(2), mt, Dv,
                                                 do_tile.data(), &lddo);
-          // P = exp(scale·q·kᵀ − lse), 0 for padded keys and for rows without any valid key.
+          // P = exp(scale·q·kᵀ − lse), 0 for padded keys and for rows without any valid key. A NaN row
+          // (lse NaN) gets NaN everywhere, padded keys included: its own gradients are NaN anyway
+          // (padded keys' dS is zeroed below), and the padded keys' dK/dV are written as zeros.
           gemm(Transpose::kNo, Transpose::kYes, mt, nc, D, scale, qt, ldq, kt, ldk, acc_t(0), p.data(), nc);
           for (int64_t r = 0; r < mt; ++r) {
             acc_t* row_p = p.data() + r * nc;
@@ -104,14 +114,23 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& grad_lse, con
             score_gradient_row(p.data() + r * nc, dp.data() + r * nc, dp.data() + r * nc, nc,
                                delta_minus_dlse[bh * M + m0 + r]);
           }
+          if (valid < nc) {  // P = 0 there, but 0 · (dP − Δ) is NaN when dP or Δ is not finite
+            for (int64_t j = 0; j < nc; ++j) {
+              if (!padding_row[n0 + j]) continue;
+              for (int64_t r = 0; r < mt; ++r) dp[r * nc + j] = acc_t(0);
+            }
+          }
           gemm(Transpose::kYes, Transpose::kNo, nc, D, mt, scale, dp.data(), nc, qt, ldq, acc_t(1), dk.data(), D);
           gemm(Transpose::kNo, Transpose::kNo, mt, D, nc, scale, dp.data(), nc, kt, ldk, acc_t(1), grad_q_part + m0 * D, D);
         }
         for (int64_t j = 0; j < nc; ++j) {
           scalar_t* gk = grad_k_data + (bh * N + n0 + j) * D;
           scalar_t* gv = grad_v_data + (bh * N + n0 + j) * Dv;
-          for (int64_t d = 0; d < D; ++d) gk[d] = static_cast<scalar_t>(dk[j * D + d]);
-          for (int64_t d = 0; d < Dv; ++d) gv[d] = static_cast<scalar_t>(dv[j * Dv + d]);
+          // A padded key takes no part in the attention, so its gradients are 0 even beside a NaN query
+          // row, whose dS·Q would otherwise put 0 · NaN = NaN there.
+          const bool padded = padding_row != nullptr && padding_row[n0 + j];
+          for (int64_t d = 0; d < D; ++d) gk[d] = static_cast<scalar_t>(padded ? acc_t(0) : dk[j * D + d]);
+          for (int64_t d = 0; d < Dv; ++d) gv[d] = static_cast<scalar_t>(padded ? acc_t(0) : dv[j * Dv + d]);
         }
       }
     }

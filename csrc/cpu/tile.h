@@ -4,6 +4,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -23,6 +24,36 @@ const acc_t* rows_as_acc(const scalar_t* base, int64_t row_stride, int64_t rows,
   }
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t c = 0; c < cols; ++c) scratch[r * cols + c] = static_cast<acc_t>(base[r * row_stride + c]);
+  }
+  *ld = cols;
+  return scratch;
+}
+
+/// Whether every row flagged in `padding` (true = padded key) is finite. A padded key's weight is
+/// exactly 0 and 0 · x = 0 for finite x, so finite padding may go through the GEMMs as it is; only
+/// inf/NaN there (0 · NaN = NaN in every query row) needs rows_as_acc_unpadded. Reads the padded
+/// rows only, and stops at the first non-finite value.
+template <typename acc_t, typename scalar_t>
+bool padded_rows_finite(const scalar_t* base, int64_t row_stride, int64_t rows, int64_t cols, const bool* padding) {
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!padding[r]) continue;
+    for (int64_t c = 0; c < cols; ++c) {
+      if (!std::isfinite(static_cast<acc_t>(base[r * row_stride + c]))) return false;
+    }
+  }
+  return true;
+}
+
+/// Like rows_as_acc, but always copies, and rows flagged in `padding` (true = padded key; may be
+/// null) become zeros: a padded key is never read, whatever it holds.
+template <typename acc_t, typename scalar_t>
+const acc_t* rows_as_acc_unpadded(const scalar_t* base, int64_t row_stride, int64_t rows, int64_t cols,
+                                  const bool* padding, acc_t* scratch, int64_t* ld) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const bool skip = padding != nullptr && padding[r];
+    for (int64_t c = 0; c < cols; ++c) {
+      scratch[r * cols + c] = skip ? acc_t(0) : static_cast<acc_t>(base[r * row_stride + c]);
+    }
   }
   *ld = cols;
   return scratch;

@@ -5,7 +5,8 @@
 // Both gradient kernels go through the same 16×16 tile step: with the query tile (Q, dO, lse, Δ,
 // dlse) and the key tile (K, V, per-key bias 0/−inf) in shared memory, bwd_tile_scores() writes
 // P = exp(scale·q·k + bias − lse) and dS = P∘(dO·v − Δ + dlse) (the header's softmax_probability
-// and score_gradient, so empty rows give P = 0 and zero gradients). The dK/dV kernel then adds
+// and score_gradient, so empty rows give P = 0 and zero gradients, NaN rows NaN; padded keys are
+// loaded as zeros and their gradients stored as zeros). The dK/dV kernel then adds
 // Pᵀ dO and scale·dSᵀ Q to its key tile's accumulators; the dQ kernel adds scale·dS K to its query
 // tile's. Each output element is owned by one block and summed in a fixed order: deterministic.
 //
@@ -24,13 +25,16 @@ namespace cuda {
 namespace detail {
 
 /// Loads `rows` rows of `cols` elements as fp32 into a tile with row stride cols + 1, zero past
-/// `rows_valid` (and the pad column is never read).
+/// `rows_valid` and in rows flagged by `padding` (null, or a flag per row: padded keys are never
+/// read, so dP = dO·v and dQ += dS·K stay 0 for them whatever they hold; the pad column is never read).
 template <typename scalar_t>
 __device__ __forceinline__ void load_rows(float* __restrict__ dst, const scalar_t* __restrict__ src,
-                                          int64_t row_stride, int rows, int rows_valid, int cols) {
+                                          int64_t row_stride, int rows, int rows_valid, int cols,
+                                          const uint8_t* __restrict__ padding = nullptr) {
   for (int idx = threadIdx.x; idx < rows * cols; idx += kCrossAttentionBwdThreads) {
     const int r = idx / cols, c = idx % cols;
-    dst[r * (cols + 1) + c] = r < rows_valid ? to_float(src[r * row_stride + c]) : 0.0f;
+    const bool read = r < rows_valid && (padding == nullptr || padding[r] == 0);
+    dst[r * (cols + 1) + c] = read ? to_float(src[r * row_stride + c]) : 0.0f;
   }
 }
 
@@ -128,19 +132,25 @@ __device__ __forceinline__ void load_key_tile(float* smem, const CrossAttentionB
   const int64_t b = bh / p.H, h = bh % p.H;
   const int rows = static_cast<int>(p.N - n0 < kCrossAttentionBwdBlockN ? p.N - n0 : kCrossAttentionBwdBlockN);
   const int D = static_cast<int>(p.D), Dv = static_cast<int>(p.Dv);
+  const uint8_t* mask = p.key_padding_mask == nullptr ? nullptr : p.key_padding_mask + b * p.mask_stride_b;
+  const uint8_t* tile_padding = mask == nullptr ? nullptr : mask + n0;
   load_rows(smem + s.k, static_cast<const scalar_t*>(p.k) + b * p.k_stride_b + h * p.k_stride_h + n0 * p.k_stride_n,
-            p.k_stride_n, kCrossAttentionBwdBlockN, rows, D);
+            p.k_stride_n, kCrossAttentionBwdBlockN, rows, D, tile_padding);
   load_rows(smem + s.v, static_cast<const scalar_t*>(p.v) + b * p.v_stride_b + h * p.v_stride_h + n0 * p.v_stride_n,
-            p.v_stride_n, kCrossAttentionBwdBlockN, rows, Dv);
-  load_key_bias(smem, s, p.key_padding_mask == nullptr ? nullptr : p.key_padding_mask + b * p.mask_stride_b, n0,
-                rows);
+            p.v_stride_n, kCrossAttentionBwdBlockN, rows, Dv, tile_padding);
+  load_key_bias(smem, s, mask, n0, rows);
 }
 
-/// Writes the first `rows` rows of a [16][cols] fp32 accumulator to a contiguous output.
+/// Writes the first `rows` rows of a [16][cols] fp32 accumulator to a contiguous output; rows whose
+/// `bias` (null, or the key tile's biases) is −inf are padded keys and get 0, even when a NaN query
+/// row put 0 · NaN into their accumulators.
 template <typename scalar_t>
 __device__ __forceinline__ void store_rows(scalar_t* __restrict__ dst, const float* __restrict__ acc, int rows,
-                                           int cols) {
-  for (int e = threadIdx.x; e < rows * cols; e += kCrossAttentionBwdThreads) dst[e] = from_float<scalar_t>(acc[e]);
+                                           int cols, const float* __restrict__ bias = nullptr) {
+  for (int e = threadIdx.x; e < rows * cols; e += kCrossAttentionBwdThreads) {
+    const bool padded = bias != nullptr && is_negative_infinity(bias[e / cols]);
+    dst[e] = from_float<scalar_t>(padded ? 0.0f : acc[e]);
+  }
 }
 
 /// One step of either gradient kernel: once every thread is done with the previous step's tiles,
@@ -181,8 +191,8 @@ __global__ void __launch_bounds__(kCrossAttentionBwdThreads) cross_attention_bwd
   }
   // Each thread stores the accumulator elements it alone updated: no barrier needed.
   const int rows = static_cast<int>(p.N - n0 < BN ? p.N - n0 : BN);
-  store_rows(static_cast<scalar_t*>(p.grad_k) + (bh * p.N + n0) * p.D, smem + s.acc_a, rows, D);
-  store_rows(static_cast<scalar_t*>(p.grad_v) + (bh * p.N + n0) * p.Dv, smem + s.acc_b, rows, Dv);
+  store_rows(static_cast<scalar_t*>(p.grad_k) + (bh * p.N + n0) * p.D, smem + s.acc_a, rows, D, smem + s.bias);
+  store_rows(static_cast<scalar_t*>(p.grad_v) + (bh * p.N + n0) * p.Dv, smem + s.acc_b, rows, Dv, smem + s.bias);
 }
 
 /// dQ of one query tile; grid.x = B·H·ceil(M/16), query tile fastest.

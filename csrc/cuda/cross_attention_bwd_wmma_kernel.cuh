@@ -7,7 +7,8 @@
 //  1. X = own₁·other₁ᵀ and dX = own₂·other₂ᵀ with wmma into fp32 shared memory: S and dP = dO·Vᵀ
 //     (transposed in the dK/dV kernel, where own = (K, V) and other = (Q, dO));
 //  2. per element, P = exp(scale·s + bias − lse) and dS = P∘(dP − Δ + dlse) (the header's
-//     softmax_probability/score_gradient: empty rows and padded keys give 0), rounded to 16 bits;
+//     softmax_probability/score_gradient: empty rows and padded keys give 0, NaN rows NaN), rounded
+//     to 16 bits; padded keys are loaded as zero rows and their gradients stored as 0;
 //  3. acc += coef·other rows with wmma on fp32 accumulators kept in shared memory:
 //     dK/dV kernel: dV += Pᵀ dO and dK += dSᵀ Q; dQ kernel: dQ += dS K (scale applied at the end).
 // Every output element belongs to one block and one warp: deterministic, no atomics.
@@ -60,9 +61,13 @@ __device__ __forceinline__ void load_side(scalar_t* tiles, int ld, const CrossAt
   const int64_t first_stride = keys ? p.k_stride_n : p.q_stride_m;
   const int64_t second_stride = keys ? p.v_stride_n : p.dout_stride_m;
   static_assert(kRows * kDim >= kThreads, "every thread copies");
+  // Padded keys are zero rows, so that dP = dO·vᵀ and dQ += dS·K stay exactly 0 for them.
+  const uint8_t* padding =
+      keys && p.key_padding_mask != nullptr ? p.key_padding_mask + b * p.mask_stride_b + r0 : nullptr;
   // ld is the layout's half stride, kDim + 8 (checked by the launcher's static_assert).
-  copy_tile<kThreads, kRows, kDim, kDim + 8>(tiles, first, first_stride, valid, static_cast<int>(p.D));
-  copy_tile<kThreads, kRows, kDim, kDim + 8>(tiles + kRows * ld, second, second_stride, valid, static_cast<int>(p.Dv));
+  copy_tile<kThreads, kRows, kDim, kDim + 8>(tiles, first, first_stride, valid, static_cast<int>(p.D), padding);
+  copy_tile<kThreads, kRows, kDim, kDim + 8>(tiles + kRows * ld, second, second_stride, valid, static_cast<int>(p.Dv),
+                                             padding);
 }
 
 /// The plan's constants as scalar compile-time members: device code may not call the (host)
@@ -153,15 +158,19 @@ __global__ void __launch_bounds__(32 * BwdWmmaConfig<kDim, kKeyTile>::kWarps, 1)
   }
   __syncthreads();  // with no streamed tile, the accumulators were zeroed by other warps' threads
 
-  // Each warp writes its own rows (its accumulator tiles), scaled where the gradient needs it.
+  // Each warp writes its own rows (its accumulator tiles), scaled where the gradient needs it. Padded
+  // keys (bias −inf) get 0, even when a NaN query row put 0 · NaN into their accumulators.
   const int64_t base = bh * own_count + o0;
   scalar_t* grad_a = static_cast<scalar_t*>(kKeyTile ? p.grad_k : p.grad_q) + base * p.D;
   for (int idx = lane; idx < 16 * kDim; idx += 32) {
     const int r = row0 + idx / kDim, c = idx % kDim;
-    if (r < own_valid && c < p.D) grad_a[r * p.D + c] = from_float<scalar_t>(p.scale * acc[r * L::acc_stride + c]);
+    const bool padded = kKeyTile && is_negative_infinity(bias[r]);
+    if (r < own_valid && c < p.D) {
+      grad_a[r * p.D + c] = from_float<scalar_t>(padded ? 0.0f : p.scale * acc[r * L::acc_stride + c]);
+    }
     if (kKeyTile && r < own_valid && c < p.Dv) {
       static_cast<scalar_t*>(p.grad_v)[(base + r) * p.Dv + c] =
-          from_float<scalar_t>(acc[(kOwn + r) * L::acc_stride + c]);
+          from_float<scalar_t>(padded ? 0.0f : acc[(kOwn + r) * L::acc_stride + c]);
     }
   }
 }

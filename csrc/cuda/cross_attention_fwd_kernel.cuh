@@ -8,9 +8,9 @@
 //    stride); the row max is a warp reduction and feeds online_softmax_advance; in the P·V phase each
 //    lane owns Dv/32 output columns and receives the probabilities by shuffle.
 // The running statistics follow attn_ext/online_softmax.h so that the CPU and CUDA kernels share the
-// empty-row and −inf conventions. One deviation in bookkeeping, not in math: each lane keeps its own
-// partial `sum` (rescaled by the same warp-uniform factor), and the lanes are reduced once at the end
-// instead of once per tile.
+// empty-row, −inf and NaN conventions (warp_max drops NaN; the sums and accumulators keep it). One
+// deviation in bookkeeping, not in math: each lane keeps its own partial `sum` (rescaled by the same
+// warp-uniform factor), and the lanes are reduced once at the end instead of once per tile.
 //
 // Included by cross_attention_fwd.cu (nvcc) and by csrc/tests/cuda_fwd_emulation_test.cpp, which
 // runs this source on the host under g++ with shims for the CUDA builtins; keep to the builtins that
@@ -134,8 +134,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     __syncthreads();  // the previous K/V tile has been consumed by every warp
     load_tile<kThreads, kBlockN, kHeadDim, Layout::kKStride>(k_tile, k + n0 * p.k_stride_n, p.k_stride_n, n_rows,
                                                              d, 1.0f);
+    // Padded keys' value rows are zeros (their scores are replaced below, so K needs no such care).
     load_tile<kThreads, kBlockN, kHeadDimV, Layout::kVStride>(v_tile, v + n0 * p.v_stride_n, p.v_stride_n,
-                                                              n_rows, dv, 1.0f);
+                                                              n_rows, dv, 1.0f, mask == nullptr ? nullptr : mask + n0);
     __syncthreads();
 
     // Score phase: lane j scores key n0 + j against the warp's rows.

@@ -4,7 +4,7 @@
 // One block = 64 query rows of one (batch, head); warp w owns rows 16w..16w+15, i.e. one row of
 // 16×16 fragments, so everything after the K/V tile load is warp-local. Per key tile of 32:
 //  1. S = Q Kᵀ with wmma (K stored row-major [key][d] is Kᵀ in column-major), stored to shared memory;
-//  2. lanes 0..15 each own one row: scale, mask (a per-key bias of 0 or −inf), online-softmax update
+//  2. lanes 0..15 each own one row: scale, mask (a per-key flag: 0 valid, −inf padded), online-softmax update
 //     from attn_ext/online_softmax.h, P = exp(s − shift) written as 16-bit, and the row's rescale
 //     factor for the accumulator;
 //  3. the warp rescales its rows of O (fp32, shared memory) by those factors, then O += P V with
@@ -87,8 +87,13 @@ __global__ void __launch_bounds__(kCrossAttentionWmmaWarps * 32, 1)
   for (int64_t n0 = 0; n0 < p.N; n0 += kBlockN) {
     const int n_rows = static_cast<int>(p.N - n0 < kBlockN ? p.N - n0 : kBlockN);
     __syncthreads();  // every warp is done with the previous K/V tile (and the Q tile is complete)
-    copy_tile<kThreads, kBlockN, kDim, L::kHalfStride>(k_tile, blk.k + n0 * p.k_stride_n, p.k_stride_n, n_rows, d);
-    copy_tile<kThreads, kBlockN, kDim, L::kHalfStride>(v_tile, blk.v + n0 * p.v_stride_n, p.v_stride_n, n_rows, dv);
+    // Padded keys are zero rows: the P·V product would take 0 · NaN from a padded value, and the
+    // score of a padded key must not depend on what it holds.
+    const uint8_t* tile_padding = blk.mask == nullptr ? nullptr : blk.mask + n0;
+    copy_tile<kThreads, kBlockN, kDim, L::kHalfStride>(k_tile, blk.k + n0 * p.k_stride_n, p.k_stride_n, n_rows, d,
+                                                       tile_padding);
+    copy_tile<kThreads, kBlockN, kDim, L::kHalfStride>(v_tile, blk.v + n0 * p.v_stride_n, p.v_stride_n, n_rows, dv,
+                                                       tile_padding);
     for (int j = threadIdx.x; j < kBlockN; j += kThreads) {
       const bool valid = j < n_rows && (blk.mask == nullptr || blk.mask[n0 + j] == 0);
       key_bias[j] = valid ? 0.0f : negative_infinity<float>();
@@ -107,7 +112,9 @@ __global__ void __launch_bounds__(kCrossAttentionWmmaWarps * 32, 1)
       float block_max = negative_infinity<float>();
 #pragma unroll 8
       for (int j = 0; j < kBlockN; ++j) {
-        const float score = fmaf(s_row[j], p.scale, key_bias[j]);
+        // Selected, not added: a NaN query row times a padded (zeroed) key is NaN, and NaN + (−inf)
+        // would make a row without valid keys NaN instead of empty.
+        const float score = key_bias[j] == 0.0f ? s_row[j] * p.scale : negative_infinity<float>();
         s_row[j] = score;
         block_max = fmaxf(block_max, score);
       }

@@ -4,7 +4,9 @@
 //
 // Inputs are strided views with NaN in every element the kernels must not read (row padding, the
 // rows past N); the last batch's keys are all padding when masked (its rows must get zero grads);
-// grad_lse is nonzero. Shared memory past the planned size must stay untouched.
+// grad_lse is nonzero. Shared memory past the planned size must stay untouched. Masked cases also
+// hold NaN in the padded keys' k and v rows (never read: zero gradients there, no NaN elsewhere) and
+// a NaN query element, whose row is NaN (out and lse) and passes NaN gradients to its head's keys.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -80,6 +82,18 @@ void run_case(const Case& c, uint32_t seed) {
     for (int64_t n = 0; n < N; ++n) mask[b * (N + 5) + n] = c.mask && (b == B - 1 || padded(gen)) ? 1 : 0;
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const float scale_f = static_cast<float>(scale);
+  if (c.mask) {
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t n = 0; n < N; ++n) {
+        if (!mask[b * (N + 5) + n]) continue;
+        for (int64_t h = 0; h < H; ++h) {
+          for (int64_t d = 0; d < D; ++d) k.at(b, h, n, d) = from_float<scalar_t>(nan);
+          for (int64_t d = 0; d < Dv; ++d) v.at(b, h, n, d) = from_float<scalar_t>(nan);
+        }
+      }
+    if (M > 0) q.at(0, 0, M - 1, 0) = from_float<scalar_t>(nan);
+  }
 
   // The forward in double, saved as the op would: out in the input dtype, lse in fp32.
   std::vector<float> lse(B * H * M), grad_lse(B * H * M);
@@ -95,14 +109,19 @@ void run_case(const Case& c, uint32_t seed) {
       for (int64_t m = 0; m < M; ++m) {
         const int64_t row = (b * H + h) * M + m;
         double mx = -kInf;
-        for (int64_t n = 0; n < N; ++n) mx = std::max(mx, s[n] = score(b, h, m, n));
+        for (int64_t n = 0; n < N; ++n) {
+          s[n] = score(b, h, m, n);
+          mx = std::isnan(s[n]) || std::isnan(mx) ? s[n] + mx : std::max(mx, s[n]);  // NaN-propagating max
+        }
         double sum = 0;
         for (int64_t n = 0; n < N && mx > -kInf; ++n) sum += std::exp(s[n] - mx);
-        lse[row] = mx > -kInf ? static_cast<float>(mx + std::log(sum)) : -std::numeric_limits<float>::infinity();
+        lse[row] = mx == -kInf ? -std::numeric_limits<float>::infinity() : static_cast<float>(mx + std::log(sum));
         grad_lse[row] = normal(gen);
         for (int64_t d = 0; d < Dv; ++d) {
           double o = 0;
-          for (int64_t n = 0; n < N && mx > -kInf; ++n) o += std::exp(s[n] - mx) / sum * v.get(b, h, n, d);
+          for (int64_t n = 0; n < N && mx != -kInf; ++n) {
+            if (s[n] != -kInf) o += std::exp(s[n] - mx) / sum * v.get(b, h, n, d);  // padded: never read
+          }
           out.at(b, h, m, d) = from_float<scalar_t>(static_cast<float>(o));
         }
       }
@@ -176,8 +195,10 @@ void run_case(const Case& c, uint32_t seed) {
     for (double w : want) magnitude = std::max(magnitude, std::fabs(w));
     for (size_t i = 0; i < want.size(); ++i) {
       const double g = to_float(got[i]);
-      if (!(std::fabs(g - want[i]) <= tol * (std::fabs(want[i]) + 0.1 * magnitude + 1e-6)))
-        fail(c, what, static_cast<int64_t>(i), g, want[i]);
+      const double bound = tol * (std::fabs(want[i]) + 0.1 * magnitude + 1e-6);
+      // NaN exactly where the reference has it.
+      const bool bad = std::isnan(want[i]) ? !std::isnan(g) : !(std::fabs(g - want[i]) <= bound);
+      if (bad) fail(c, what, static_cast<int64_t>(i), g, want[i]);
     }
   };
   compare("grad_q", dq, rq);

@@ -7,7 +7,8 @@
 // strides, a broadcast (stride 0) batch, and NaN in every element the kernel must not read (the
 // padding between rows and the rows past N), so a stray read shows up as NaN in the output. The
 // output and lse are surrounded by guard words, and shared memory past the planned size is checked
-// to be untouched.
+// to be untouched. Masked cases also hold NaN in the padded keys' k and v rows (padded keys are
+// never read) and a NaN query element, whose row alone must come out NaN, lse included.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -100,6 +101,18 @@ void run_case(const Case& c, uint32_t seed) {
     for (int64_t b = 0; b + 1 < B; ++b)
       for (int64_t n = 0; n < N; ++n) mask[b * p.mask_stride_b + n] = padded(gen) ? 1 : 0;
     p.key_padding_mask = mask.data();
+    // The NaN rule (docs/cross_attention.md): garbage in padded keys is never read; a NaN query
+    // element makes its row NaN and nothing else. (k is per batch here: the masked cases do not
+    // broadcast it.)
+    for (int64_t b = 0; b < B && !c.broadcast_k; ++b)
+      for (int64_t n = 0; n < N; ++n) {
+        if (mask[b * p.mask_stride_b + n] == 0) continue;
+        for (int64_t h = 0; h < H; ++h) {
+          for (int64_t d = 0; d < D; ++d) k[ki(b, h, n, d)] = from_float<scalar_t>(kNaN);
+          for (int64_t d = 0; d < Dv; ++d) v[vi(b, h, n, d)] = from_float<scalar_t>(kNaN);
+        }
+      }
+    if (M > 0) q[qi(0, 0, M - 1, 0)] = from_float<scalar_t>(kNaN);
   }
   p.scale = c.score_scale / std::sqrt(static_cast<float>(D));
   p.dtype = scalar_type<scalar_t>();
@@ -157,7 +170,7 @@ void run_case(const Case& c, uint32_t seed) {
           for (int64_t d = 0; d < D; ++d) dot += double(as_float(q[qi(b, h, m, d)])) * as_float(k[ki(b, h, n, d)]);
           // The kernel pre-scales q in fp32; mirror that rounding so the check stays tight.
           s[n] = dot * double(p.scale);
-          mx = std::max(mx, s[n]);
+          mx = std::isnan(s[n]) || std::isnan(mx) ? s[n] + mx : std::max(mx, s[n]);  // NaN-propagating max
         }
         double want_lse = -std::numeric_limits<double>::infinity();
         std::fill(o.begin(), o.end(), 0.0);
@@ -166,17 +179,23 @@ void run_case(const Case& c, uint32_t seed) {
           for (int64_t n = 0; n < N; ++n) sum += std::exp(s[n] - mx);
           want_lse = mx + std::log(sum);
           for (int64_t n = 0; n < N; ++n) {
+            if (c.mask && mask[b * p.mask_stride_b + n] != 0) continue;  // padded: never read
             const double w = std::exp(s[n] - want_lse);
             for (int64_t d = 0; d < Dv; ++d) o[d] += w * as_float(v[vi(b, h, n, d)]);
           }
         }
         const int64_t row = (b * H + h) * M + m;
         const double got_lse = p.lse[row];
-        if (std::isinf(want_lse) ? got_lse != want_lse : !(std::fabs(got_lse - want_lse) <= 1e-4 * (1 + std::fabs(want_lse))))
-          fail(c, "lse", row, got_lse, want_lse);
+        // NaN expected: NaN required; otherwise a NaN fails the comparison below.
+        const auto differs = [](double got, double want, double tol) {
+          if (std::isnan(want)) return !std::isnan(got);
+          if (std::isinf(want)) return got != want;
+          return !(std::fabs(got - want) <= tol * (1 + std::fabs(want)));
+        };
+        if (differs(got_lse, want_lse, 1e-4)) fail(c, "lse", row, got_lse, want_lse);
         for (int64_t d = 0; d < Dv; ++d) {
           const double got = as_float(static_cast<const scalar_t*>(p.out)[row * Dv + d]);
-          if (!(std::fabs(got - o[d]) <= tol * (1 + std::fabs(o[d])))) fail(c, "out", row * Dv + d, got, o[d]);
+          if (differs(got, o[d], tol)) fail(c, "out", row * Dv + d, got, o[d]);
         }
       }
   std::printf("  %-44s grid=%u block_m=%d smem=%zu B ok=%s\n", c.name, plan.grid.x, plan.block_m,

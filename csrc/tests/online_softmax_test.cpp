@@ -152,6 +152,41 @@ void test_empty_rows() {
   CHECK_NEAR(score_gradient(0.5, 2.0, 1.0, 0.25), 0.5 * (2.0 - 1.0 + 0.25), 1e-15);
 }
 
+void test_nan_never_reads_as_empty() {
+  using namespace attn_ext;
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = -kNegInf;
+  const std::vector<std::vector<double>> v(6, std::vector<double>(2, 1.0));
+  // A NaN score (dropped by the block max, kept by the sum) or +inf (inf − inf) anywhere — in a
+  // leading block of masked keys too — makes out and lse NaN, however the keys are blocked.
+  for (size_t at : {0u, 2u, 5u}) {
+    for (double bad : {nan, inf}) {
+      std::vector<double> s = {kNegInf, kNegInf, 0.5, -1.0, 2.0, 0.25};
+      s[at] = bad;
+      for (size_t block : {1u, 2u, 4u, 6u}) {
+        const State got = streamed<float>(s, v, 2, block);
+        CHECK(std::isnan(got.lse) && std::isnan(got.o[0]) && std::isnan(got.o[1]));
+      }
+    }
+  }
+  const OnlineSoftmaxRow<float> nan_row{1.0f, std::numeric_limits<float>::quiet_NaN()};
+  const auto finished = online_softmax_finish(nan_row);
+  CHECK(std::isnan(finished.lse) && std::isnan(finished.inv_sum));
+  CHECK(std::isnan(quiet_nan<float>()) && std::isnan(quiet_nan<double>()));
+  CHECK(std::isnan(softmax_probability(1.0f, quiet_nan<float>())));  // a NaN row's backward is NaN
+  // A NaN lse on either side poisons the merge, the empty side included.
+  for (double other : {kNegInf, -1e30, -3.0, 0.0, 700.0, nan}) {
+    for (const auto& w : {state_merge_weights(nan, other), state_merge_weights(other, nan)}) {
+      CHECK(std::isnan(w.lse) && std::isnan(w.weight_a) && std::isnan(w.weight_b));
+    }
+  }
+  // NaN in out: kept by a zero weight too (0 · NaN), while the lse and the other entries are exact.
+  const State with_nan{{nan, 1.0}, 0.5}, empty{{0.0, 0.0}, kNegInf};
+  const State a = merge(empty, with_nan);
+  CHECK(std::isnan(a.o[0]) && a.o[1] == 1.0 && a.lse == 0.5);
+  const State b = merge(State{{nan, 0.0}, kNegInf}, State{{2.0, 3.0}, 1.0});
+  CHECK(std::isnan(b.o[0]) && b.o[1] == 3.0 && b.lse == 1.0);
+}
+
 void test_merge_weights() {
   using attn_ext::state_merge_weights;
   const double values[] = {kNegInf, -1e30, -3.5, 0.0, 0.0, 2.25, 700.0};
@@ -285,6 +320,7 @@ int main() {
   test_streaming_matches_direct();
   test_large_scores_do_not_overflow();
   test_empty_rows();
+  test_nan_never_reads_as_empty();
   test_merge_weights();
   test_merge_of_splits_equals_whole();
   test_launch_plan();

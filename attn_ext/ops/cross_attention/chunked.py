@@ -40,6 +40,9 @@ def cross_attention(
     key_padding_mask : Tensor, optional
         Bool ``[B, N]``, **True marks padding** (ignored keys), as in ``torch.nn.MultiheadAttention``.
         A query row whose keys are all padding gets ``out = 0``, ``lse = -inf`` and zero gradients.
+        Padded keys are never read: NaN or inf there has no effect. Otherwise NaN propagates as in
+        IEEE softmax, to exactly the rows that depend on it (docs/cross_attention.md, "NaN, inf and
+        empty rows").
     scale : float, optional
         Score scale, default ``1 / sqrt(D)``.
     chunk_size : int, optional

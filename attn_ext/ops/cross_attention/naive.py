@@ -22,10 +22,20 @@ def _chunk_scores(q: Tensor, k_chunk: Tensor, padding_chunk: Optional[Tensor], s
     return scores
 
 
+def _unpadded_rows(x: Tensor, padding_chunk: Optional[Tensor]) -> Tensor:
+    """``x [B, H, n, d]`` with the padded keys' rows zeroed: padded keys are never read, and their
+    probability 0 times a NaN value would otherwise make every query row NaN."""
+    return x if padding_chunk is None else x.masked_fill(padding_chunk[:, None, :, None], 0)
+
+
 def cross_attention_forward(
     q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], scale: float, chunk_size: int
 ) -> Tuple[Tensor, Tensor]:
-    """Exact attention over the keys, ``chunk_size`` keys at a time; returns ``(out, lse)``."""
+    """Exact attention over the keys, ``chunk_size`` keys at a time; returns ``(out, lse)``.
+
+    NaN follows IEEE arithmetic of softmax (docs/cross_attention.md, "NaN, inf and empty rows"): the
+    maxima propagate NaN, and NaN never becomes the empty row ``(0, −inf)``.
+    """
     acc = accumulation_dtype(q.dtype)
     B, H, M, _ = q.shape
     N, Dv = k.shape[2], v.shape[3]
@@ -36,18 +46,26 @@ def cross_attention_forward(
     for n0 in range(0, N, chunk_size):
         padding = None if key_padding_mask is None else key_padding_mask[:, n0 : n0 + chunk_size]
         scores = _chunk_scores(qf, k[:, :, n0 : n0 + chunk_size].to(acc), padding, scale)
-        new_max = torch.maximum(running_max, scores.amax(dim=-1))
-        # An empty row shifts by 0, so exp(-inf - 0) = 0 rather than exp(-inf + inf) = NaN.
-        shift = torch.where(torch.isinf(new_max), torch.zeros_like(new_max), new_max)
+        v_chunk = _unpadded_rows(v[:, :, n0 : n0 + chunk_size].to(acc), padding)
+        new_max = torch.maximum(running_max, scores.amax(dim=-1))  # both propagate NaN
+        # A row with no valid key yet shifts by 0, so exp(−inf − 0) = 0 rather than exp(−inf + inf) = NaN.
+        # Only −inf is guarded: a +inf maximum gives exp(inf − inf) = NaN, as softmax does.
+        shift = torch.where(new_max == -math.inf, torch.zeros_like(new_max), new_max)
         factor = torch.exp(running_max - shift)
         probs = torch.exp(scores - shift[..., None])
         running_sum = running_sum * factor + probs.sum(dim=-1)
-        out = out * factor[..., None] + torch.matmul(probs, v[:, :, n0 : n0 + chunk_size].to(acc))
+        out = out * factor[..., None] + torch.matmul(probs, v_chunk)
         running_max = new_max
-    nonempty = running_sum > 0
-    safe_sum = torch.where(nonempty, running_sum, torch.ones_like(running_sum))
-    lse = torch.where(nonempty, running_max + torch.log(safe_sum), torch.full_like(running_sum, -math.inf))
-    out = torch.where(nonempty[..., None], out / safe_sum[..., None], torch.zeros_like(out))
+    # No key with weight (all padded, none, or every score −inf: exp(−inf) = 0 as for padding) is
+    # the empty state (0, −inf); a NaN sum (a NaN score, +inf − +inf) is NaN, never empty.
+    empty = running_sum == 0
+    positive = running_sum > 0
+    safe_sum = torch.where(positive, running_sum, torch.ones_like(running_sum))
+    nan = torch.full_like(running_sum, math.nan)
+    lse = torch.where(positive, running_max + torch.log(safe_sum), nan)
+    lse = torch.where(empty, torch.full_like(lse, -math.inf), lse)
+    out = torch.where(positive[..., None], out / safe_sum[..., None], nan[..., None])
+    out = torch.where(empty[..., None], torch.zeros_like(out), out)
     return out.to(q.dtype), lse
 
 
@@ -63,31 +81,38 @@ def cross_attention_backward(
     scale: float,
     chunk_size: int,
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    """Gradients of q, k, v from those of ``out`` and ``lse`` (docs/spec.md §1 backward), chunk by chunk."""
+    """Gradients of q, k, v from those of ``out`` and ``lse`` (docs/spec.md §1 backward), chunk by chunk.
+
+    A NaN row (NaN ``out`` or ``lse``) gets NaN gradients and passes them to the keys it attends to;
+    empty rows and padded keys get exactly zero.
+    """
     acc = accumulation_dtype(q.dtype)
     qf, dout = q.to(acc), grad_out.to(acc)
     lse = lse.to(acc)
-    empty_row = torch.isinf(lse)[..., None]
+    empty_row = (lse == -math.inf)[..., None]  # the forward's marker of a row without any valid key
     delta_minus_dlse = (dout * out.to(acc)).sum(dim=-1) - grad_lse.to(acc)
     grad_q = qf.new_zeros(qf.shape)  # contiguous, as the fake kernel declares
     grad_k_chunks, grad_v_chunks = [], []
     for n0 in range(0, k.shape[2], chunk_size):
-        k_chunk, v_chunk = k[:, :, n0 : n0 + chunk_size].to(acc), v[:, :, n0 : n0 + chunk_size].to(acc)
         padding = None if key_padding_mask is None else key_padding_mask[:, n0 : n0 + chunk_size]
+        k_chunk = _unpadded_rows(k[:, :, n0 : n0 + chunk_size].to(acc), padding)
+        v_chunk = _unpadded_rows(v[:, :, n0 : n0 + chunk_size].to(acc), padding)
         scores = _chunk_scores(qf, k_chunk, padding, scale)
         probs = torch.where(empty_row, torch.zeros_like(scores), torch.exp(scores - lse[..., None]))
         grad_probs = torch.matmul(dout, v_chunk.transpose(-1, -2))
         grad_scores = probs * (grad_probs - delta_minus_dlse[..., None])
         grad_q = grad_q + scale * torch.matmul(grad_scores, k_chunk)
-        grad_k_chunks.append(scale * torch.matmul(grad_scores.transpose(-1, -2), qf))
-        grad_v_chunks.append(torch.matmul(probs.transpose(-1, -2), dout))
+        # A NaN row puts 0 · NaN = NaN on the padded keys too; they take no part, so their gradients are 0.
+        grad_k_chunks.append(_unpadded_rows(scale * torch.matmul(grad_scores.transpose(-1, -2), qf), padding))
+        grad_v_chunks.append(_unpadded_rows(torch.matmul(probs.transpose(-1, -2), dout), padding))
     grad_k = torch.cat(grad_k_chunks, dim=2) if grad_k_chunks else k.new_zeros(k.shape, dtype=acc)
     grad_v = torch.cat(grad_v_chunks, dim=2) if grad_v_chunks else v.new_zeros(v.shape, dtype=acc)
     return grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype)
 
 
 def _merge_weights(lse_a: Tensor, lse_b: Tensor, lse: Tensor) -> Tuple[Tensor, Tensor]:
-    empty = torch.isinf(lse)
+    # Only −inf marks an empty merged row; NaN (a NaN side) gives NaN weights, hence a NaN merge.
+    empty = lse == -math.inf
     zero = torch.zeros_like(lse)
     weight_a = torch.where(empty, zero, torch.exp(lse_a - torch.where(empty, zero, lse)))
     weight_b = torch.where(empty, zero, torch.exp(lse_b - torch.where(empty, zero, lse)))
@@ -95,7 +120,11 @@ def _merge_weights(lse_a: Tensor, lse_b: Tensor, lse: Tensor) -> Tuple[Tensor, T
 
 
 def merge_states_forward(out_a: Tensor, lse_a: Tensor, out_b: Tensor, lse_b: Tensor) -> Tuple[Tensor, Tensor]:
-    """State of the union of two disjoint key sets (docs/spec.md §1 merge); −inf rows stay NaN-free."""
+    """State of the union of two disjoint key sets (docs/spec.md §1 merge).
+
+    Merging with the empty state (0, −inf) returns the other state; a NaN on either side (lse or out)
+    gives NaN, by IEEE arithmetic (logaddexp and the weights propagate it, and 0 · NaN = NaN).
+    """
     acc = lse_a.dtype
     lse = torch.logaddexp(lse_a, lse_b)  # logaddexp(−inf, −inf) = −inf
     weight_a, weight_b = _merge_weights(lse_a, lse_b, lse)

@@ -136,6 +136,7 @@ def remove_from_state(
 
     The keys must have been added to ``state`` before (with the same ``q`` and ``scale``): the
     function cannot tell, and removing keys that were never added returns a meaningless state.
+    NaN cannot be removed: a NaN row of ``state`` or of the removed keys' state stays NaN.
     """
     _check_state(state)
     if not (0.0 < min_remaining <= 1.0):
@@ -143,7 +144,9 @@ def remove_from_state(
     removed = attention_state(q, k_old, v_old, key_padding_mask=key_padding_mask, scale=scale, chunk_size=chunk_size,
                               backend=backend)
     out, lse = state
-    removes_something = torch.isfinite(removed.lse)
+    # Only the empty marker −inf means "nothing removed": a NaN removed state (NaN keys) must not
+    # pass the row through as if nothing had happened, and a NaN share makes the result NaN.
+    removes_something = removed.lse != -math.inf
     # r = 0 where nothing is removed, so those rows (including empty ones) pass through unchanged;
     # the −inf entries are replaced before subtracting so that no NaN reaches the backward pass.
     zero = torch.zeros_like(lse)

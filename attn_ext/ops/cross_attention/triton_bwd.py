@@ -13,6 +13,9 @@ one program, no atomics):
 here, as in the forward). Rows whose ``lse`` is ``-inf`` (no valid key) and
 padded keys get ``P = 0`` through ``tl.where`` rather than through
 ``exp2(-inf)``, so no ``inf - inf`` is ever formed and their gradients are 0.
+A NaN row (``lse`` or ``out`` NaN) is not empty: its ``P`` or ``delta`` is NaN,
+and so are its gradients and those of the keys it attends to; padded keys are
+never loaded and their gradients are stored as 0.
 """
 
 from __future__ import annotations
@@ -103,7 +106,7 @@ def _bwd_dkdv(
         do = load_tile(do_base, offs_m, offs_dv, sdom, sdod, m_ok, dv_ok, UPCAST)
         lse = tl.load(lse_base + offs_m * slm, mask=m_ok, other=float("-inf"))
         delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)
-        row_ok = lse > float("-inf")
+        row_ok = lse != float("-inf")  # not `>`: a NaN row is not empty, its P is NaN
         lse2 = tl.where(row_ok, lse * 1.4426950408889634, 0.0)
 
         # Transposed orientation ([keys, queries]) so dv/dk need no transpose of P.
@@ -115,7 +118,9 @@ def _bwd_dkdv(
         ds_t = tl.where(valid, p_t * (dp_t - delta[None, :]), 0.0)
         dk += tl.dot(ds_t.to(q.dtype), q, input_precision="ieee")
 
-    dk = dk * scale
+    # Padded keys take no part: 0, also beside a NaN query row (whose 0 * NaN would land here).
+    dk = tl.where(n_ok[:, None], dk * scale, 0.0)
+    dv = tl.where(n_ok[:, None], dv, 0.0)
     tl.store(DK + off_b * sdkb + off_h * sdkh + offs_n[:, None] * sdkn + offs_d[None, :] * sdkd,
              dk.to(DK.dtype.element_ty), mask=n_in[:, None] & d_ok[None, :])
     tl.store(DV_OUT + off_b * sdvb + off_h * sdvh + offs_n[:, None] * sdvn + offs_dv[None, :] * sdvd,
@@ -153,7 +158,7 @@ def _bwd_dq(
     do = load_tile(DO + off_b * sdob + off_h * sdoh, offs_m, offs_dv, sdom, sdod, m_ok, dv_ok, UPCAST)
     lse = tl.load(LSE + off_b * slb + off_h * slh + offs_m * slm, mask=m_ok, other=float("-inf"))
     delta = tl.load(DELTA + pid_bh.to(tl.int64) * M + offs_m, mask=m_ok, other=0.0)
-    row_ok = lse > float("-inf")
+    row_ok = lse != float("-inf")  # NaN rows included: their gradients are NaN
     lse2 = tl.where(row_ok, lse * 1.4426950408889634, 0.0)
 
     k_base = K + off_b * skb + off_h * skh
@@ -212,7 +217,7 @@ def cross_attention_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | No
     -------
     grad_q, grad_k, grad_v : torch.Tensor
         Contiguous, in the dtypes of q, k and v. Padded keys and query rows
-        without any valid key get exactly zero gradient.
+        without any valid key get exactly zero gradient; NaN rows get NaN.
 
     Notes
     -----

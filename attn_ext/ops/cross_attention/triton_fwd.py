@@ -79,10 +79,15 @@ def _fwd_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
 
-    has_key = l_i > 0.0
-    out = acc / tl.where(has_key, l_i, 1.0)[:, None]
-    lse = tl.where(has_key, (m_i + tl.log2(tl.where(has_key, l_i, 1.0))) * 0.6931471805599453,
-                   float("-inf"))
+    # l_i = 0: no key carries weight (all padded, or every score -inf): the empty row (0, -inf).
+    # A NaN score (or +inf - +inf) leaves l_i and acc NaN whatever the maxima did with it (a GPU max
+    # may drop NaN): NaN, never empty.
+    positive = l_i > 0.0
+    l_safe = tl.where(positive, l_i, 1.0)
+    out = tl.where(positive[:, None], acc / l_safe[:, None], float("nan"))
+    lse = tl.where(positive, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("nan"))
+    out = tl.where((l_i == 0.0)[:, None], 0.0, out)
+    lse = tl.where(l_i == 0.0, float("-inf"), lse)
     tl.store(OUT + off_b * sob + off_h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod,
              out.to(OUT.dtype.element_ty), mask=m_ok[:, None] & dv_ok[None, :])
     tl.store(LSE + off_b * slb + off_h * slh + offs_m * slm, lse, mask=m_ok)
@@ -119,11 +124,12 @@ def cross_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Returns
     -------
     out : torch.Tensor
-        ``[B, H, M, Dv]`` in q's dtype, contiguous. Rows without any valid
-        key are 0.
+        ``[B, H, M, Dv]`` in q's dtype, contiguous. Rows without any key of
+        nonzero weight (all padded, or all scores -inf) are 0; rows with a NaN
+        score are NaN.
     lse : torch.Tensor
         float32 ``[B, H, M]``, natural-log log-sum-exp of the scaled scores;
-        ``-inf`` for rows without any valid key.
+        ``-inf`` for those empty rows, NaN for rows with a NaN score.
 
     Notes
     -----

@@ -51,6 +51,13 @@ def _merge_fwd_kernel(
     a_hi = la > lb  # ties go to the else branch as in the C++ kernel; both weights are 1/2 then
     w_a = tl.where(a_hi, w_hi, w_lo)
     w_b = tl.where(a_hi, w_lo, w_hi)
+    # A NaN lse poisons the merge. Said explicitly: on GPUs maximum/minimum may return the non-NaN
+    # operand (then NaN beside an empty side would read as empty). A NaN in out needs nothing:
+    # w * NaN is NaN even for w = 0.
+    nan_row = (la != la) | (lb != lb)
+    lse = tl.where(nan_row, float("nan"), lse)
+    w_a = tl.where(nan_row, float("nan"), w_a)
+    w_b = tl.where(nan_row, float("nan"), w_b)
 
     oa = load_tile(OA, rows, cols, soa_r, soa_d, r_ok, d_ok, True)
     ob = load_tile(OB, rows, cols, sob_r, sob_d, r_ok, d_ok, True)
@@ -155,7 +162,9 @@ def merge_states_forward(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.
     -----
     Math is float32. ``lse`` is formed as ``max + log1p(exp(min - max))`` and
     the weights as ``1 / (1 + r)`` and ``r / (1 + r)`` with ``r = exp(min - max)``,
-    as in the C++ kernel, so no exponent is ever positive and no NaN appears.
+    as in the C++ kernel, so no exponent is ever positive and finite or empty
+    states give no NaN. A NaN lse on either side gives NaN lse and out; a NaN
+    in either out gives NaN in those entries of out.
     """
     _check_states(out_a, lse_a, out_b, lse_b)
     check_device(_merge_fwd_kernel, out_a, lse_a, out_b, lse_b)

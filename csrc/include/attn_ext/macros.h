@@ -27,6 +27,15 @@ ATTN_EXT_HOST_DEVICE T negative_infinity() {
   return -static_cast<T>(HUGE_VAL);
 }
 
+/// A quiet NaN, written as inf − inf because HUGE_VAL is usable in device code under both compilers
+/// (std::numeric_limits is not, without nvcc's relaxed constexpr). Nothing is built with fast-math,
+/// so the expression is not folded away.
+template <typename T>
+ATTN_EXT_HOST_DEVICE T quiet_nan() {
+  const T inf = static_cast<T>(HUGE_VAL);
+  return inf - inf;
+}
+
 template <typename T>
 ATTN_EXT_HOST_DEVICE bool is_negative_infinity(T x) {
   return x == negative_infinity<T>();

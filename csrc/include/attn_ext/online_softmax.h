@@ -7,6 +7,12 @@
 //    which is what the ops return and what merges across key splits, chunks and ranks.
 // The empty row (no key seen, or every key padded) is `max = −inf, sum = 0` / `o = 0, lse = −inf`;
 // every function below keeps it free of `(−inf) − (−inf)` so that it never produces NaN.
+//
+// NaN is never turned into that marker (docs/cross_attention.md, "NaN, inf and empty rows"): a NaN
+// score (or +inf − +inf) makes `exp` NaN, so the row's `sum` and the caller's accumulator turn NaN
+// and stay NaN through every later rescale (NaN · 0 = NaN); the finish step then reports NaN rather
+// than "empty". The maxima may drop NaN (fmaxf does, `a > b ? a : b` does): the sum does not, so
+// the check costs nothing in the streaming loop, once per row at the end.
 #pragma once
 
 #include "attn_ext/macros.h"
@@ -56,10 +62,17 @@ struct OnlineSoftmaxResult {
   acc_t inv_sum;  ///< 1 / sum, or 0 for an empty row so that its output is exactly 0
 };
 
+/// A row none of whose keys carries weight has `sum = 0`: every key padded (or none), or every
+/// score −inf. exp(−inf) = 0 is an exact zero weight, as for a padded key, so that row is the empty
+/// state (lse −inf, inv_sum 0, out exactly 0), the same whether its keys came in one pass or in
+/// merged parts. A NaN sum (a NaN score, or +inf − +inf) is no such row: NaN lse and inv_sum.
 template <typename acc_t>
 ATTN_EXT_HOST_DEVICE OnlineSoftmaxResult<acc_t> online_softmax_finish(const OnlineSoftmaxRow<acc_t>& row) {
-  if (!(row.sum > acc_t(0))) {
+  if (row.sum == acc_t(0)) {
     return OnlineSoftmaxResult<acc_t>{negative_infinity<acc_t>(), acc_t(0)};
+  }
+  if (!(row.sum > acc_t(0))) {
+    return OnlineSoftmaxResult<acc_t>{quiet_nan<acc_t>(), quiet_nan<acc_t>()};
   }
   return OnlineSoftmaxResult<acc_t>{row.max + math_log(row.sum), acc_t(1) / row.sum};
 }
@@ -73,6 +86,10 @@ struct StateMergeWeights {
   acc_t weight_b;
 };
 
+/// A NaN lse on either side makes `rest`, hence the lse and both weights, NaN (every comparison
+/// below is false for NaN, and exp/log1p propagate it), so out = w_a·o_a + w_b·o_b is NaN too: a
+/// NaN state poisons any merge. The empty state (lse −inf) gets weight exactly 0 and the other side
+/// weight exactly 1 and its lse unchanged; NaN in the empty side's out still shows (0 · NaN = NaN).
 template <typename acc_t>
 ATTN_EXT_HOST_DEVICE StateMergeWeights<acc_t> state_merge_weights(acc_t lse_a, acc_t lse_b) {
   if (is_negative_infinity(lse_a) && is_negative_infinity(lse_b)) {
@@ -90,7 +107,8 @@ ATTN_EXT_HOST_DEVICE StateMergeWeights<acc_t> state_merge_weights(acc_t lse_a, a
 }
 
 /// The attention probability of a key given the row's final log-sum-exp, as the backward pass
-/// recomputes it: `exp(s − lse)`, and 0 for an empty row (lse = −inf) instead of exp(NaN).
+/// recomputes it: `exp(s − lse)`, and 0 for an empty row (lse = −inf) instead of exp(NaN). A NaN
+/// row (lse NaN) gives NaN, so its gradients are NaN; callers zero padded keys' gradients themselves.
 template <typename acc_t>
 ATTN_EXT_HOST_DEVICE acc_t softmax_probability(acc_t score, acc_t lse) {
   return is_negative_infinity(lse) ? acc_t(0) : math_exp(score - lse);
