@@ -4,8 +4,8 @@ The fused kernels give first derivatives; second derivatives (``create_graph=Tru
 tangents and ``torch.func`` transforms differentiate these functions instead (see
 :mod:`attn_ext.ops.utils.autograd`). They compute the same math densely — the ``[M, N]`` scores are
 held, as in PyTorch's own math path of SDPA — and follow the library's NaN rule: padded keys and their
-values are never read, a fully padded row gives ``out = 0, lse = -inf`` with zero derivatives, and NaN
-anywhere else reaches the rows that read it. Every ``torch.where`` selects between two finite branches so
+values are never read, a row without a valid key (or whose valid keys all score -inf) gives
+``out = 0, lse = -inf`` with zero derivatives, and NaN anywhere else reaches the rows that read it. Every ``torch.where`` selects between two finite branches so
 that no NaN leaks into the derivatives of empty rows.
 """
 from __future__ import annotations
@@ -24,18 +24,14 @@ def attention(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor
     """``(out, lse)`` of softmax attention, differentiable to any order, in the accumulation dtype."""
     acc = accumulation_dtype(q.dtype)
     qf, kf, vf = q.to(acc), k.to(acc), v.to(acc)
-    B, H, M = q.shape[:3]
-    N = k.shape[2]
     scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale
     if key_padding_mask is not None:
-        padded = key_padding_mask[:, None, None, :]
-        scores = scores.masked_fill(padded, -math.inf)
+        scores = scores.masked_fill(key_padding_mask[:, None, None, :], -math.inf)
         vf = vf.masked_fill(key_padding_mask[:, None, :, None], 0.0)  # a padded value is never read
-        empty = key_padding_mask.all(dim=-1)[:, None, None].expand(B, H, M)
-    else:
-        empty = torch.full((B, H, M), N == 0, dtype=torch.bool, device=q.device)
+    # Empty: no valid key, or every valid key scores -inf (weight 0 each, as in the kernels). NaN is not empty.
+    empty = torch.isneginf(torch.logsumexp(scores.detach(), dim=-1))
     safe_scores = torch.where(empty[..., None], torch.zeros_like(scores), scores)
-    safe_lse = torch.logsumexp(safe_scores, dim=-1) if N > 0 else torch.zeros_like(empty, dtype=acc)
+    safe_lse = torch.logsumexp(safe_scores, dim=-1)
     probs = torch.where(empty[..., None], torch.zeros_like(scores), torch.exp(safe_scores - safe_lse[..., None]))
     lse = torch.where(empty, torch.full_like(safe_lse, -math.inf), safe_lse)
     return torch.matmul(probs, vf), lse
