@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from attn_ext.nn.latents import learned_latents
 from attn_ext.nn.prenorm_block import PreNormBlock
 from attn_ext.ops.cross_attention.state import DEFAULT_MIN_REMAINING, AttentionState
+from attn_ext.ops.utils.validation import is_int_scalar
 
 
 class CMABState(NamedTuple):
@@ -116,8 +117,9 @@ class CMAB(nn.Module):
         if chunk_size is None:
             keys = self._keys(context)
             return CMABState(attention.state(queries, keys, keys, context_mask))
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0:
+        if not is_int_scalar(chunk_size) or chunk_size <= 0:
             raise ValueError(f"attn_ext.nn.CMAB: chunk_size must be a positive int, got {chunk_size!r}")
+        chunk_size = int(chunk_size)  # NumPy integers too
         if context.shape[1] == 0:
             return CMABState(attention.empty_state(queries))
 

@@ -37,11 +37,15 @@ class MultiheadCrossAttention(nn.Module):
       evaluation mode runs);
     * ``key_padding_mask`` must be bool (True = ignore); float masks raise ``TypeError``;
     * a query whose keys are all padding gets the output of a zero attention vector
-      (``out_proj.bias``) instead of NaN.
+      (``out_proj.bias``) instead of NaN;
+    * shape errors raise ``ValueError`` (torch raises ``AssertionError``).
+
+    As in torch, ``forward`` also takes unbatched inputs, ``query [L, E]``, ``key [S, kdim]``,
+    ``value [S, vdim]`` with ``key_padding_mask [S]``, and returns ``[L, E]``.
 
     The incremental path keeps the per-head attention state *before* ``out_proj``:
     :meth:`state`, :meth:`update`, :meth:`remove` and :meth:`query`, with
-    ``forward(q, k, v)[0] == query(state(q, k, v))``.
+    ``forward(q, k, v)[0] == query(state(q, k, v))``; it takes batched inputs only.
 
     Parameters
     ----------
@@ -167,7 +171,8 @@ class MultiheadCrossAttention(nn.Module):
             seq = "L" if name == "query" else "S"
             layout = f"[B, {seq}, {width}]" if self.batch_first else f"[{seq}, B, {width}]"
             shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"attn_ext.nn: {name} must be {layout} (batch_first={self.batch_first}), got {shape}")
+            raise ValueError(f"attn_ext.nn: {name} must be {layout} (batch_first={self.batch_first}) or, in forward, "
+                             f"unbatched [{seq}, {width}]; got {shape}")
         return x if self.batch_first else x.transpose(0, 1)
 
     def _split_heads(self, x: Tensor) -> Tensor:
@@ -223,8 +228,10 @@ class MultiheadCrossAttention(nn.Module):
         """Attention of ``query`` over ``key, value``; returns ``(out, None)``.
 
         ``query [B, L, E]``, ``key [B, S, kdim]``, ``value [B, S, vdim]`` (``[L, B, ·]`` if not
-        ``batch_first``); ``key_padding_mask`` bool ``[B, S]``, True = ignore. ``average_attn_weights``
-        is accepted for signature compatibility and has no effect (there are no weights).
+        ``batch_first``); ``key_padding_mask`` bool ``[B, S]``, True = ignore. Unbatched inputs
+        ``[L, E]``, ``[S, kdim]``, ``[S, vdim]`` with a ``[S]`` mask give an unbatched ``[L, E]``
+        output, as in torch. ``average_attn_weights`` is accepted for signature compatibility and
+        has no effect (there are no weights).
         """
         if need_weights:
             raise NotImplementedError(
@@ -237,7 +244,28 @@ class MultiheadCrossAttention(nn.Module):
                 "kernel takes only a per-key padding mask (key_padding_mask, bool [B, S], True = ignore), as "
                 f"{_NO_MATRIX}"
             )
+        if isinstance(query, Tensor) and query.dim() == 2:  # unbatched: a batch of one, as torch does it
+            query, key, value, key_padding_mask = self._batch_of_one(query, key, value, key_padding_mask)
+            out = self.query(self.state(query, key, value, key_padding_mask))
+            return out.squeeze(0 if self.batch_first else 1), None
         return self.query(self.state(query, key, value, key_padding_mask)), None
+
+    def _batch_of_one(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor]):
+        """Unbatched ``[L, E]``, ``[S, kdim]``, ``[S, vdim]``, mask ``[S]`` as a batch of one in the module layout."""
+        if not (isinstance(key, Tensor) and isinstance(value, Tensor) and key.dim() == 2 and value.dim() == 2):
+            shapes = [tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__ for t in (key, value)]
+            raise ValueError(f"attn_ext.nn: for an unbatched (2-D) query [L, E], key and value must be 2-D [S, kdim] "
+                             f"and [S, vdim]; got key {shapes[0]} and value {shapes[1]}")
+        for name, t, width in (("query", query, self.embed_dim), ("key", key, self.kdim), ("value", value, self.vdim)):
+            if t.shape[-1] != width:
+                seq = "L" if name == "query" else "S"
+                raise ValueError(f"attn_ext.nn: unbatched {name} must be [{seq}, {width}], got {tuple(t.shape)}")
+        if isinstance(key_padding_mask, Tensor) and key_padding_mask.dim() != 1:
+            raise ValueError(f"attn_ext.nn: for an unbatched (2-D) query, key_padding_mask must be None or 1-D [S], "
+                             f"got {tuple(key_padding_mask.shape)}")
+        batch_dim = 0 if self.batch_first else 1
+        mask = key_padding_mask.unsqueeze(0) if isinstance(key_padding_mask, Tensor) else key_padding_mask
+        return query.unsqueeze(batch_dim), key.unsqueeze(batch_dim), value.unsqueeze(batch_dim), mask
 
     # ------------------------------------------------------------------------------------------
     # Incremental path (per-head state before out_proj)

@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <string>
+
+#include <c10/util/StringUtil.h>
 
 #include "checks/cross_attention_checks.h"
 
@@ -40,13 +43,32 @@ inline void check_intention_bwd_inputs(const CrossAttentionShape& s, const at::T
               weights.sizes());
 }
 
-/// Raises the error of a failed factorisation at (batch·head) index `bad`, whose Cholesky info is
-/// `info` (column + 1); nothing when bad < 0. A failed factor must raise, not return NaN.
-inline void check_positive_definite(int64_t bad, int64_t info, const CrossAttentionShape& s) {
-  TORCH_CHECK_VALUE(bad < 0, "attn_ext: KᵀK + αI is not positive definite at [batch, head] = [", bad / s.heads, ", ",
-                    bad % s.heads, "] (Cholesky failed at column ", info - 1, " of ", s.head_dim,
-                    "); with alpha = 0 this happens when there are fewer valid keys than D or the keys are "
-                    "collinear: use alpha > 0");
+/// Per-head status of the Intention solve besides 0 (solved) and a Cholesky info j + 1 > 0 (the pivot of
+/// column j was not positive: KᵀK + αI is finite but not positive definite).
+constexpr int kIntentionNonFinite = -1;   ///< [KᵀK | KᵀV] holds NaN/inf: NaN outputs for that head, not an error
+constexpr int kIntentionTooFewKeys = -2;  ///< α = 0 with fewer valid keys than D: KᵀK is singular, whatever the keys
+
+/// Raises the error of a singular system at (batch·head) index `bad` (nothing when bad < 0), whose status
+/// is `info` (a Cholesky info or kIntentionTooFewKeys). `op` names the public op. A singular system must raise:
+/// with α = 0, rounding can let a singular KᵀK factorise, and the answer would then be noise, not a
+/// minimum-norm solution. Called once per op after the parallel loop; it reads alpha and the mask then.
+inline void check_solvable(const char* op, int64_t bad, int info, const CrossAttentionShape& s, const at::Tensor& alpha,
+                           const std::optional<at::Tensor>& key_padding_mask) {
+  if (bad < 0) return;
+  const int64_t b = bad / s.heads, h = bad % s.heads;
+  const double a = alpha.reshape({-1})[bad].item<double>();
+  const int64_t valid = key_padding_mask.has_value()
+                            ? s.keys - key_padding_mask->select(0, b).sum().item<int64_t>()
+                            : s.keys;
+  const std::string why =
+      info == kIntentionTooFewKeys
+          ? c10::str("alpha = 0 with ", valid, " valid keys for head dim D = ", s.head_dim, " (KᵀK has rank at most ",
+                     valid, ")")
+          : c10::str("the Cholesky pivot of column ", info - 1, " of ", s.head_dim, " is not positive (alpha = ", a,
+                     ", ", valid, " valid keys)");
+  TORCH_CHECK(false, "attn_ext.", op, ": KᵀK + αI is singular at [batch, head] = [", b, ", ", h, "]: ", why,
+              ". alpha = 0 needs KᵀK invertible, i.e. at least D valid keys (N >= D) of full rank D (no collinear "
+              "keys); use alpha > 0 (ridge) for fewer or collinear keys");
 }
 
 /// The Cholesky ops take float32 and float64 only. Half inputs are refused rather than upcast: the

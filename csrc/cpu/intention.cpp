@@ -17,6 +17,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <type_traits>
 #include <tuple>
@@ -32,18 +33,24 @@ namespace {
 
 using namespace intention;
 
-/// Forward of one (b, h): writes out rows, the factor L [D, D] and W [D, Dv]; returns the Cholesky info.
+/// Forward of one (b, h): writes out rows, the factor L [D, D] and W [D, Dv]; returns 0 or the error
+/// status of solve_weights. Non-finite statistics give an all-NaN head (and NaN L, W for the backward).
 template <typename scalar_t, typename acc_t>
 int forward_head(const IntentionArgs<scalar_t>& a, int64_t b, int64_t h, acc_t alpha, acc_t scale, scalar_t* out,
                  acc_t* factor, acc_t* weights, ForwardScratch<acc_t>& w) {
   const int64_t D = a.D, Dv = a.Dv;
-  const int info = solve_weights(a, b, h, alpha, factor, weights, w);
-  if (info != 0) return info;
   scalar_t* out_bh = out + (b * a.H + h) * a.M * Dv;
+  const int info = solve_weights(a, b, h, alpha, factor, weights, w);
+  if (info == kIntentionNonFinite) {
+    std::fill(out_bh, out_bh + a.M * Dv, static_cast<scalar_t>(std::numeric_limits<acc_t>::quiet_NaN()));
+    return 0;
+  }
+  if (info != 0) return info;
   const scalar_t* q_bh = a.q + b * a.qs0 + h * a.qs1;
   if constexpr (std::is_same_v<scalar_t, acc_t>) {  // straight from q into out
     if (a.M > 0 && a.qs2 >= D) {
       gemm(Transpose::kNo, Transpose::kNo, a.M, Dv, D, scale, q_bh, a.qs2, weights, Dv, acc_t(0), out_bh, Dv);
+      nan_rows_of_nonfinite_queries(q_bh, a.qs2, a.M, D, scale, out_bh, Dv, Dv);
       return 0;
     }
   }
@@ -51,6 +58,7 @@ int forward_head(const IntentionArgs<scalar_t>& a, int64_t b, int64_t h, acc_t a
     const int64_t rows_m = std::min(kRowChunk, a.M - m0);
     upcast_rows(q_bh + m0 * a.qs2, a.qs2, rows_m, D, w.qbuf.get());
     gemm(Transpose::kNo, Transpose::kNo, rows_m, Dv, D, scale, w.qbuf.get(), D, weights, Dv, acc_t(0), w.obuf.get(), Dv);
+    nan_rows_of_nonfinite_queries(w.qbuf.get(), D, rows_m, D, scale, w.obuf.get(), Dv, Dv);
     scalar_t* dst = out_bh + m0 * Dv;
     for (int64_t i = 0; i < rows_m * Dv; ++i) dst[i] = static_cast<scalar_t>(w.obuf[i]);
   }
@@ -139,7 +147,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> intention_fwd_cpu(const at::Tenso
                                            factor.mutable_data_ptr<acc_t>() + bh * s.head_dim * s.head_dim,
                                            weights.mutable_data_ptr<acc_t>() + bh * s.head_dim * s.value_dim, scratch);
     });
-    check_positive_definite(bad, info, s);
+    // Without values this op makes σIntention's transformed queries (its CUDA and unfused paths).
+    check_solvable(v.has_value() ? "intention" : "sigma_intention", bad, info, s, alpha, key_padding_mask);
   });
   return {out, factor, weights};
 }

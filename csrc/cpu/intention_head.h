@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <type_traits>
@@ -87,9 +89,9 @@ void gram_lower(const acc_t* k, int64_t ldk, int64_t rows, int64_t D, acc_t beta
 }
 
 /// Accumulates [G | C] (D × E, row stride E) of one (b, h) into `stats` (zeroed here); G only on
-/// and below its diagonal blocks (see gram_lower).
+/// and below its diagonal blocks (see gram_lower). Returns the number of valid keys.
 template <typename scalar_t, typename acc_t>
-void accumulate_statistics(const IntentionArgs<scalar_t>& a, int64_t b, int64_t h, ForwardScratch<acc_t>& w) {
+int64_t accumulate_statistics(const IntentionArgs<scalar_t>& a, int64_t b, int64_t h, ForwardScratch<acc_t>& w) {
   const int64_t D = a.D, Dv = a.Dv, E = D + Dv;
   acc_t* stats = w.stats.get();
   std::fill(stats, stats + D * E, acc_t(0));
@@ -102,29 +104,68 @@ void accumulate_statistics(const IntentionArgs<scalar_t>& a, int64_t b, int64_t 
         gemm(Transpose::kYes, Transpose::kNo, D, Dv, a.N, acc_t(1), k, a.ks2, a.v + b * a.vs0 + h * a.vs1, a.vs2,
              acc_t(0), stats + D, E);
       }
-      return;
+      return a.N;
     }
   }
-  int64_t next = 0;
+  int64_t next = 0, valid = 0;
   while (true) {
     const int64_t count = gather_valid_rows(a, b, h, &next, w.kbuf.get(), w.vbuf.get(), w.rows.get());
     if (count == 0) break;
+    valid += count;
     gram_lower(w.kbuf.get(), D, count, D, acc_t(1), stats, E);
     if (a.v) {
       gemm(Transpose::kYes, Transpose::kNo, D, Dv, count, acc_t(1), w.kbuf.get(), D, w.vbuf.get(), Dv, acc_t(1),
            stats + D, E);
     }
   }
+  return valid;
+}
+
+/// True if x[0..n) holds no NaN or ±inf. Branch-free so that the compiler vectorises it (float; the
+/// baseline ISA has no 64-bit lane compare for double). It runs once per head over [G | C], never
+/// per element of K.
+template <typename acc_t>
+inline bool all_finite(const acc_t* x, int64_t n) {
+  int bad = 0;
+  for (int64_t i = 0; i < n; ++i) bad |= !(std::abs(x[i]) <= std::numeric_limits<acc_t>::max());
+  return bad == 0;
+}
+
+/// Rows of `out` = scale·Q W (`rows` × cols, row stride ldo) whose query row (q, row stride ldq, D
+/// entries) is not finite become NaN: a NaN query gives a NaN row by itself, but ±inf would give ±inf,
+/// and the rule is NaN for any non-finite input a row depends on. With W finite, a non-finite query
+/// always makes the row's first entry non-finite (±inf·w, or inf·0 = NaN), so a finite first entry
+/// clears the row at the cost of one load; only the rare others have their query row read. BLAS may
+/// skip Q altogether when scale = 0, so then every query row is read.
+template <typename acc_t>
+void nan_rows_of_nonfinite_queries(const acc_t* q, int64_t ldq, int64_t rows, int64_t D, acc_t scale, acc_t* out,
+                                   int64_t ldo, int64_t cols) {
+  if (cols == 0) return;
+  for (int64_t m = 0; m < rows; ++m) {
+    if ((scale != acc_t(0) && std::isfinite(out[m * ldo])) || all_finite(q + m * ldq, D)) continue;
+    std::fill(out + m * ldo, out + m * ldo + cols, std::numeric_limits<acc_t>::quiet_NaN());
+  }
 }
 
 /// Factor L of A = KᵀK + αI and W = A⁻¹C of one (b, h) (C = KᵀV, or I without values) into
-/// `factor` [D, D] and `weights` [D, Dv]; returns the Cholesky info (0: A is positive definite).
+/// `factor` [D, D] and `weights` [D, Dv]. Returns 0, a Cholesky info (A is finite but not positive
+/// definite), kIntentionTooFewKeys (α = 0 with fewer than D valid keys: singular even where rounding
+/// would let the factorisation through), or kIntentionNonFinite ([G | C] is not finite: a NaN/inf key
+/// or value, or an overflow; factor and weights are then NaN, so the head's outputs and gradients are).
 template <typename scalar_t, typename acc_t>
 int solve_weights(const IntentionArgs<scalar_t>& a, int64_t b, int64_t h, acc_t alpha, acc_t* factor, acc_t* weights,
                   ForwardScratch<acc_t>& w) {
   const int64_t D = a.D, Dv = a.Dv, E = D + Dv;
-  accumulate_statistics(a, b, h, w);
+  const int64_t valid = accumulate_statistics(a, b, h, w);
   acc_t* stats = w.stats.get();
+  // One pass over [G | C] (entries above G's diagonal blocks are the zeros of the fill): cheaper than
+  // testing K and V, and it also catches a Gram that overflowed.
+  if (!all_finite(stats, D * E)) {
+    std::fill(factor, factor + D * D, std::numeric_limits<acc_t>::quiet_NaN());
+    std::fill(weights, weights + D * Dv, std::numeric_limits<acc_t>::quiet_NaN());
+    return kIntentionNonFinite;
+  }
+  if (alpha == acc_t(0) && valid < D) return kIntentionTooFewKeys;
   for (int64_t i = 0; i < D; ++i) {
     stats[i * E + i] += alpha;
     if (!a.v) stats[i * E + D + i] = acc_t(1);  // C = I
@@ -150,9 +191,10 @@ IntentionArgs<scalar_t> make_args(const at::Tensor& q, const at::Tensor& k, cons
                                  has_v ? v.stride(0) : 0, has_v ? v.stride(1) : 0, has_v ? v.stride(2) : 0};
 }
 
-/// Runs `head(bh, scratch) -> Cholesky info` for every (batch, head) index bh in [0, count), in
-/// parallel, each thread with its own ForwardScratch(D, Dv). Returns the first failing index found
-/// (or -1) and its info, for check_positive_definite (checks/intention_checks.h).
+/// Runs `head(bh, scratch) -> status` for every (batch, head) index bh in [0, count), in parallel,
+/// each thread with its own ForwardScratch(D, Dv); a status is 0 or an error of solve_weights
+/// (kIntentionNonFinite is not one: heads map it to 0 after writing NaN). Returns the first failing
+/// index found (or -1) and its status, for check_solvable (checks/intention_checks.h).
 template <typename acc_t, typename HeadFn>
 std::pair<int64_t, int> for_each_head(int64_t count, int64_t D, int64_t Dv, const HeadFn& head) {
   std::atomic<int64_t> failed{-1};

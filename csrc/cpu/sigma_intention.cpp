@@ -55,6 +55,9 @@ void attend_transformed_queries(const IntentionArgs<scalar_t>& a, const scalar_t
       const acc_t* qt = rows_as_acc<acc_t>(a.q + b * a.qs0 + h * a.qs1 + m0 * a.qs2, a.qs2, mt, D, q_rows.data(), &ldq);
       acc_t* qw = q_transformed.data();
       gemm(Transpose::kNo, Transpose::kNo, mt, D, D, scale, qt, ldq, weights + bh * D * D, D, acc_t(0), qw, D);
+      // A NaN row of Q̃ is what makes the attention give a NaN row; ±inf in Q̃ could instead give
+      // all −inf scores, which the attention treats as a row without keys (output 0).
+      nan_rows_of_nonfinite_queries(qt, ldq, mt, D, scale, qw, D, D);
       scalar_t* stored = q_tilde + (bh * M + m0) * D;
       if (split == 0) {  // every key part makes the same tile; one of them stores it
         for (int64_t i = 0; i < mt * D; ++i) stored[i] = static_cast<scalar_t>(qw[i]);
@@ -102,10 +105,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> sigma_int
     acc_t* factor_data = factor.mutable_data_ptr<acc_t>();
     acc_t* weights_data = weights.mutable_data_ptr<acc_t>();
     const auto [bad, info] = for_each_head<acc_t>(s.batch * s.heads, D, D, [&](int64_t bh, ForwardScratch<acc_t>& w) {
-      return solve_weights(a, bh / s.heads, bh % s.heads, alpha_data[bh], factor_data + bh * D * D,
-                           weights_data + bh * D * D, w);
+      const int status = solve_weights(a, bh / s.heads, bh % s.heads, alpha_data[bh], factor_data + bh * D * D,
+                                       weights_data + bh * D * D, w);
+      return status == kIntentionNonFinite ? 0 : status;  // NaN weights: that head's Q̃, and so its output, is NaN
     });
-    check_positive_definite(bad, info, s);
+    check_solvable("sigma_intention", bad, info, s, alpha, key_padding_mask);
     if (out.numel() == 0 && lse.numel() == 0) return;
     attend_transformed_queries<scalar_t, acc_t>(a, vc.const_data_ptr<scalar_t>(), vc.stride(0), vc.stride(1),
                                                 vc.stride(2), s.value_dim, weights.const_data_ptr<acc_t>(),

@@ -152,3 +152,20 @@ def test_state_of_fully_padded_rows_has_zero_gradients():
     assert torch.equal(q.grad[0], torch.zeros_like(q.grad[0])) and torch.equal(k.grad[0], torch.zeros_like(k.grad[0]))
     assert not any(bool(torch.isnan(t.grad).any()) for t in (q, k, v))
     assert bool(torch.isneginf(state.lse[0].detach()).all())
+
+
+@pytest.mark.parametrize("backend", ALL_BACKENDS)
+def test_merge_states_takes_plain_tuples(backend):
+    """(out, lse) tuples merge as AttentionStates do (update_state already took them)."""
+    q, k, v = _qkv()
+    require_backend(backend, q)
+    a = ae.attention_state(q, k[:, :, :15], v[:, :, :15], backend=backend)
+    b = ae.attention_state(q, k[:, :, 15:], v[:, :, 15:], backend=backend)
+    expected = ae.merge_states(a, b, backend=backend)
+    for merged in (ae.merge_states(tuple(a), tuple(b), backend=backend),
+                   ae.merge_states([tuple(a), tuple(b)], backend=backend),
+                   ae.merge_states([tuple(a), b, ae.empty_state(q, 5)], backend=backend)):
+        assert isinstance(merged, ae.AttentionState)
+        assert torch.equal(merged.out, expected.out) and torch.equal(merged.lse, expected.lse)
+    with pytest.raises(TypeError, match=r"state 1 must be an AttentionState\(out, lse\), got list"):
+        ae.merge_states(tuple(a), list(b))

@@ -1,7 +1,9 @@
 """Bad inputs raise clear errors naming the shapes/dtypes (docs/spec.md §0), through the public API and
 through direct calls of the C++ ops (csrc/checks/cross_attention_checks.h). Nothing is silently broadcast."""
 import math
+from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 
@@ -181,3 +183,51 @@ def test_cuda_backend_on_cpu_tensors_says_why():
     with pytest.raises(RuntimeError, match=r"attn_ext.tree_aggregate: backend 'cuda' cannot run on cpu.*cuda: the CUDA kernels run on CUDA"):
         tree = ae.build_tree(torch.rand(1, 8, 1))
         ae.tree_aggregate(tree, torch.randn(1, 8, 3), backend="cuda")
+
+
+# ----------------------------------------------------------------------- NumPy and other scalar types
+
+REAL_SCALES = [np.float32(0.3), np.float64(0.3), np.float16(0.3), np.int64(2), Fraction(1, 3)]
+INT_CHUNKS = [np.int64(4), np.int32(4), np.uint8(4)]
+
+
+@pytest.mark.parametrize("backend", ["cpp", "reference", "triton"])
+def test_numpy_scalars_give_the_python_number_result(backend):
+    """Any real scalar is a scale and any integer scalar a chunk size, as for SDPA: the result is that
+    of the equal Python number, bit for bit."""
+    q, k, v = _qkv()
+    require_backend(backend, q)
+    for scale in REAL_SCALES:
+        expected = ae.cross_attention(q, k, v, scale=float(scale), backend=backend)
+        assert torch.equal(ae.cross_attention(q, k, v, scale=scale, backend=backend), expected), repr(scale)
+    for chunk in INT_CHUNKS:
+        expected = ae.cross_attention(q, k, v, chunk_size=int(chunk), backend=backend, return_lse=True)
+        got = ae.cross_attention(q, k, v, chunk_size=chunk, backend=backend, return_lse=True)
+        assert all(torch.equal(a, b) for a, b in zip(got, expected)), repr(chunk)
+
+
+def test_numpy_scalars_in_the_state_api():
+    q, k, v = _qkv()
+    scale, chunk = np.float32(0.25), np.int64(2)
+    state = ae.attention_state(q, k[:, :, :3], v[:, :, :3], scale=scale, chunk_size=chunk)
+    state = ae.update_state(state, q, k[:, :, 3:], v[:, :, 3:], scale=scale, chunk_size=chunk)
+    streamed = ae.stream_attention(q, iter([(k[:, :, :3], v[:, :, :3]), (k[:, :, 3:], v[:, :, 3:])]), scale=scale,
+                                   chunk_size=chunk)
+    expected = ae.cross_attention(q, k, v, scale=0.25, return_lse=True)
+    for got in (state, streamed):
+        torch.testing.assert_close(got.out, expected[0], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(got.lse, expected[1], rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("chunk_size", [np.bool_(True), False, np.float64(4.0), np.int64(0), np.int64(-2)])
+def test_bools_floats_and_non_positive_numpy_chunk_sizes_are_rejected(chunk_size):
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"^attn_ext: chunk_size must be a positive int, got "):
+        ae.cross_attention(q, k, v, chunk_size=chunk_size)
+
+
+@pytest.mark.parametrize("scale", [True, np.bool_(True), np.float32("nan"), np.float64("inf"), torch.tensor(0.5)])
+def test_bool_non_finite_and_tensor_scales_are_rejected(scale):
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"^attn_ext: scale must be a finite float, got "):
+        ae.cross_attention(q, k, v, scale=scale)

@@ -1,4 +1,7 @@
 """Intention and σIntention (docs/spec.md §4) against independent fp64 computations."""
+from fractions import Fraction
+
+import numpy as np
 import pytest
 import torch
 
@@ -117,7 +120,7 @@ def test_streaming_merge_and_remove_equal_one_shot():
 
 def test_bad_inputs_raise_clear_errors():
     q, k, v, _ = problem(N=3, D=8, seed=1)
-    with pytest.raises(ValueError, match="not positive definite.*use alpha > 0"):
+    with pytest.raises(RuntimeError, match=r"attn_ext\.intention: .*singular.*use alpha > 0"):
         ae.intention(q, k, v, alpha=0.0, form="primal")
     with pytest.raises(ValueError, match="alpha must be a finite float >= 0"):
         ae.intention(q, k, v, alpha=-1.0)
@@ -250,3 +253,34 @@ def test_non_contiguous_and_broadcast_inputs(backend, dtype):
     baseline = ae.intention(q, k_rep.contiguous(), v_rep.contiguous(), alpha=0.3, backend="reference")
     err, ref_err = (out.double() - exact).abs().max().item(), (baseline.double() - exact).abs().max().item()
     assert err <= 2 * ref_err + 1e-12, (err, ref_err)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_numpy_scalars_for_alpha_and_scale_give_the_python_number_result(backend):
+    q, k, v, mask = problem(N=12, D=4, masked=True, seed=15)
+    for alpha, scale in ((np.float32(0.3), np.float64(0.7)), (np.float64(0.3), np.float16(0.5)),
+                         (np.int64(2), np.int32(3)), (Fraction(1, 3), Fraction(3, 2))):
+        for fn in (ae.intention, ae.sigma_intention):
+            got = fn(q, k, v, alpha=alpha, scale=scale, key_padding_mask=mask, backend=backend)
+            expected = fn(q, k, v, alpha=float(alpha), scale=float(scale), key_padding_mask=mask, backend=backend)
+            assert torch.equal(got, expected), (fn.__name__, alpha, scale)
+    state = ae.intention_state(k, v, key_padding_mask=mask)
+    assert torch.equal(ae.intention_from_state(q, state, alpha=np.float32(0.5), scale=np.float64(2.0)),
+                       ae.intention_from_state(q, state, alpha=0.5, scale=2.0))
+
+
+@pytest.mark.parametrize("alpha", [True, np.bool_(False), "0.5", np.float64("nan"), np.float32(-1.0)])
+def test_bool_and_bad_alpha_scalars_are_rejected(alpha):
+    q, k, v, _ = problem(N=12, D=4)
+    with pytest.raises(ValueError, match="alpha must be a finite float >= 0 or a tensor"):
+        ae.intention(q, k, v, alpha=alpha)
+
+
+@pytest.mark.parametrize("scale", [True, np.bool_(True), np.float32("inf"), None])
+def test_bool_and_bad_scale_scalars_are_rejected(scale):
+    q, k, v, _ = problem(N=12, D=4)
+    with pytest.raises(ValueError, match="scale must be a finite float"):
+        ae.intention_from_state(q, ae.intention_state(k, v), scale=scale)
+    for fn in (ae.intention, ae.sigma_intention):  # None is cross attention's default, not Intention's
+        with pytest.raises(ValueError, match="scale must be a finite float"):
+            fn(q, k, v, scale=scale)

@@ -191,16 +191,17 @@ def test_backward_half_precision_runs_in_input_dtype():
 
 def test_alpha_zero_with_fewer_keys_than_dim_raises():
     q, k, v = make_qkv(1, 2, 3, 5, 16, DV, seed=21)
-    with pytest.raises(ValueError, match=r"not positive definite at \[batch, head\] = \[0, 0\] .* use alpha > 0"):
+    with pytest.raises(RuntimeError, match=r"singular at \[batch, head\] = \[0, 0\]: alpha = 0 with 5 valid keys .* "
+                                           r"use alpha > 0"):
         intention_fwd_triton(q, k, v, None, torch.zeros(1, 2), 1.0)
 
 
-def test_alpha_zero_without_valid_keys_fails_at_column_zero():
+def test_alpha_zero_without_valid_keys_raises_for_that_head():
     q, k, v = make_qkv(2, 1, 3, 6, 8, 4, seed=22)
     mask = torch.zeros(2, 6, dtype=torch.bool)
     mask[1] = True
     alpha = torch.tensor([[0.5], [0.0]])
-    with pytest.raises(ValueError, match=r"\[batch, head\] = \[1, 0\] \(Cholesky failed at column 0 of 8\)"):
+    with pytest.raises(RuntimeError, match=r"\[batch, head\] = \[1, 0\]: alpha = 0 with 0 valid keys for head dim D = 8"):
         intention_fwd_triton(q, k, v, mask, alpha, 1.0)
 
 

@@ -119,8 +119,8 @@ def test_low_precision_error_within_twice_torch_own(dtype):
 def test_singular_gram_with_alpha_zero_raises():
     q, k, v, _ = problem(1, 2, 3, 5, 4, 4, seed=1)
     k[..., 2:] = 0  # the keys span 2 of 4 dimensions: KᵀK is exactly singular in every head
-    with pytest.raises(ValueError, match=r"not positive definite at \[batch, head\] = \[0, [01]\] \(Cholesky "
-                                         r"failed at column 2 of 4\).*use alpha > 0"):
+    with pytest.raises(RuntimeError, match=r"sigma_intention: KᵀK \+ αI is singular at \[batch, head\] = \[0, [01]\]: "
+                                           r"the Cholesky pivot of column 2 of 4 .*use alpha > 0"):
         ae.sigma_intention(q, k, v, alpha=0.0, backend="cpp")
 
 

@@ -81,14 +81,45 @@ def test_same_parameters_and_initialisation_as_torch(kwargs):
     reference.load_state_dict(ours.state_dict())
 
 
-def test_unbatched_torch_layout_is_rejected_with_shapes():
+def test_bad_shapes_are_rejected_with_shapes():
     ours = MultiheadCrossAttention(E, H)
-    with pytest.raises(ValueError, match=r"query must be \[B, L, 32\].*\(5, 32\)"):
-        ours(torch.randn(5, E), torch.randn(9, E), torch.randn(9, E))
+    with pytest.raises(ValueError, match=r"unbatched query must be \[L, 32\], got \(5, 33\)"):
+        ours(torch.randn(5, E + 1), torch.randn(9, E), torch.randn(9, E))
+    with pytest.raises(ValueError, match=r"query must be \[B, L, 32\].*\(1, 2, 5, 32\)"):
+        ours(torch.randn(1, 2, 5, E), torch.randn(2, 9, E), torch.randn(2, 9, E))
     with pytest.raises(ValueError, match=r"key must be \[B, S, 32\].*\(2, 9, 33\)"):
         ours(torch.randn(2, 5, E), torch.randn(2, 9, E + 1), torch.randn(2, 9, E))
     with pytest.raises(ValueError, match="same batch and sequence sizes"):
         ours(torch.randn(2, 5, E), torch.randn(2, 9, E), torch.randn(2, 8, E))
+    with pytest.raises(ValueError, match=r"unbatched \(2-D\) query .* got key \(1, 9, 32\) and value \(9, 32\)"):
+        ours(torch.randn(5, E), torch.randn(1, 9, E), torch.randn(9, E))
+    with pytest.raises(ValueError, match=r"key_padding_mask must be None or 1-D \[S\], got \(1, 9\)"):
+        ours(torch.randn(5, E), torch.randn(9, E), torch.randn(9, E), key_padding_mask=torch.zeros(1, 9, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("kwargs", [dict(batch_first=True), dict(batch_first=False, kdim=8, vdim=16)],
+                         ids=["batch-first", "seq-first-kdim-vdim"])
+@pytest.mark.parametrize("masked", [False, True], ids=["no-mask", "padding"])
+def test_unbatched_input_matches_torch(kwargs, masked):
+    """``[L, E]``, ``[S, kdim]``, ``[S, vdim]`` and a ``[S]`` mask give ``[L, E]``, as in torch (fp64)."""
+    reference, ours = _pair(**kwargs, dtype=torch.float64)
+    L, S = 6, 11
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(L, E, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(S, kwargs.get("kdim", E), generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(S, kwargs.get("vdim", E), generator=g, dtype=torch.float64, requires_grad=True)
+    mask = torch.arange(S) >= 7 if masked else None
+    expected, _ = reference(q, k, v, key_padding_mask=mask, need_weights=False)
+    out, weights = ours(q, k, v, key_padding_mask=mask)
+    assert weights is None and out.shape == expected.shape == (L, E)
+    torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+    grad = torch.randn(L, E, generator=g, dtype=torch.float64)
+    for ours_g, torch_g in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(expected, (q, k, v), grad)):
+        torch.testing.assert_close(ours_g, torch_g, rtol=1e-12, atol=1e-12)
+    # The same as a batch of one.
+    batched = ours(*(t.unsqueeze(0 if kwargs["batch_first"] else 1) for t in (q, k, v)),
+                   key_padding_mask=None if mask is None else mask[None])[0]
+    torch.testing.assert_close(out, batched.squeeze(0 if kwargs["batch_first"] else 1), rtol=0, atol=0)
 
 
 def test_fully_padded_row_is_finite():

@@ -101,6 +101,7 @@ def merge_states(
         raise ValueError("attn_ext: merge_states needs two states or a non-empty sequence of states")
     for i, s in enumerate(states):
         _check_state(s, f"state {i}")
+    states = [AttentionState(*s) for s in states]  # plain (out, lse) tuples too, as update_state takes
     while len(states) > 1:
         pairs = [_merge_pair(states[i], states[i + 1], backend) for i in range(0, len(states) - 1, 2)]
         states = pairs + ([states[-1]] if len(states) % 2 else [])

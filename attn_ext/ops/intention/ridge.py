@@ -11,7 +11,7 @@ from attn_ext.ops.cross_attention.chunked import DEFAULT_CHUNK_SIZE, cross_atten
 from attn_ext.ops.intention import naive as reference
 from attn_ext.ops.utils import dispatch
 from attn_ext.ops.utils.dtypes import accumulation_dtype, compute_dtype
-from attn_ext.ops.utils.validation import check_cross_attention_args
+from attn_ext.ops.utils.validation import check_cross_attention_args, check_scale, is_real_scalar
 
 FORMS = ("primal", "dual", "auto")
 AlphaLike = Union[float, Tensor]
@@ -38,15 +38,18 @@ def intention(
     q, k, v : Tensor
         ``[B, H, M, D]``, ``[B, H, N, D]``, ``[B, H, N, Dv]`` (SDPA layout); fp16/bf16 are computed in fp32.
     alpha : float or Tensor
-        Ridge ``α >= 0``; a tensor broadcastable to ``[B, H]`` (e.g. one learnable value per head,
-        shape ``[H]``) receives a gradient. ``α = 0`` needs at least ``D`` valid, non-collinear keys:
-        a singular system raises ``ValueError`` (never a NaN result).
+        Ridge ``α >= 0`` (any real scalar, NumPy's included); a tensor broadcastable to ``[B, H]``
+        (e.g. one learnable value per head, shape ``[H]``) receives a gradient. ``α = 0`` needs
+        ``KᵀK`` invertible: at least ``D`` valid keys of full rank. A singular system (fewer valid
+        keys than ``D``, or a failed factorisation) raises ``RuntimeError`` on every form and backend,
+        never a NaN or minimum-norm result; use ``α > 0`` there.
     key_padding_mask : Tensor, optional
         Bool ``[B, N]``, True = padding (dropped from the regression).
     form : {"auto", "primal", "dual"}
         ``"primal"`` solves the D×D system ``(KᵀK + αI) W = KᵀV``; ``"dual"`` the N×N system
-        ``(KKᵀ + αI) Z = V`` and returns ``scale·Q Kᵀ Z`` (equal for α > 0); ``"auto"`` picks the
-        smaller system (dual only when N < D).
+        ``(KKᵀ + αI) Z = V`` and returns ``scale·Q Kᵀ Z`` (equal for α > 0; where α = 0 the
+        primal system is solved whatever the form); ``"auto"`` picks the smaller system (dual only
+        when N < D).
     scale : float
         Multiplies the queries (default 1: the exact ridge prediction; the paper's App. 9 uses √D in
         deep stacks).
@@ -62,7 +65,9 @@ def intention(
     Returns
     -------
     Tensor
-        ``[B, H, M, Dv]`` in the input dtype.
+        ``[B, H, M, Dv]`` in the input dtype. A NaN or ±inf in a valid key or value makes its whole
+        (batch, head) NaN (every output row depends on every key); one in a query row makes that row
+        NaN; padding keys are never read. No error is raised for them, and gradients are NaN there.
 
     Examples
     --------
@@ -73,12 +78,14 @@ def intention(
     >>> ae.intention(q, k, v, alpha=0.0).flatten().round(decimals=6).tolist()   # recovers its weights
     [1.0, 2.0, -1.0]
     """
-    check_cross_attention_args(q, k, v, key_padding_mask, scale, None)
+    check_cross_attention_args(q, k, v, key_padding_mask, _scale(scale), None)
     alpha_t = _alpha_tensor(alpha, q)
     if form not in FORMS:
         raise ValueError(f"attn_ext: unknown form {form!r}; choose one of {', '.join(FORMS)}")
     if form == "auto":
         form = "dual" if k.shape[2] < k.shape[3] else "primal"
+    if form == "dual" and _has_zero(alpha, alpha_t):
+        form = "primal"  # the dual identity needs α > 0 (see naive.intention_dual); the primal kernel raises
     name = dispatch.select_backend("intention", backend, q, value_dim=v.shape[-1])
     if form == "primal" and name != "reference":
         return dispatch.kernel("intention", name)(q, k, v, key_padding_mask, alpha_t, float(scale))[0]
@@ -107,7 +114,9 @@ def sigma_intention(
     Parameters
     ----------
     q, k, v, alpha, key_padding_mask, scale, backend
-        As in :func:`intention`. A query row whose keys are all padding gets 0.
+        As in :func:`intention`, singular systems included. A query row whose keys are all padding
+        gets 0. A NaN/inf valid key makes ``Q̃``, and so the output, of its (batch, head) NaN; a
+        non-finite query row makes its row NaN; values are as in :func:`attn_ext.cross_attention`.
 
     Returns
     -------
@@ -121,7 +130,7 @@ def sigma_intention(
     >>> ae.sigma_intention(q, k, v, alpha=0.5).shape
     torch.Size([2, 4, 16, 5])
     """
-    check_cross_attention_args(q, k, v, key_padding_mask, scale, None)
+    check_cross_attention_args(q, k, v, key_padding_mask, _scale(scale), None)
     alpha_t = _alpha_tensor(alpha, q)
     name = dispatch.select_backend("sigma_intention", backend, q)
     if name == "cpp":  # fused on the CPU: Q̃ is made per query tile where the attention consumes it
@@ -132,13 +141,29 @@ def sigma_intention(
     else:
         q_, k_, _, alpha_ = _upcast(q, k, v, alpha_t)
         q_tilde = reference.transformed_queries(q_, k_, alpha_, key_padding_mask, float(scale)).to(q.dtype)
-    return cross_attention(q_tilde, k, v, key_padding_mask=key_padding_mask, scale=1.0, backend=name)
+    out = cross_attention(q_tilde, k, v, key_padding_mask=key_padding_mask, scale=1.0, backend=name)
+    # A NaN row of Q̃ gives a NaN row here whatever the attention backend does with it (the fused
+    # CPU op does so itself); the gradient of the term is NaN there too (nan_unless_finite).
+    return out + reference.nan_unless_finite(q_tilde, -1)[..., None].to(out.dtype)
 
 
 def _upcast(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor):
     """fp16/bf16 inputs are solved in fp32 (docs/spec.md §0); ``alpha`` follows the compute dtype."""
     dtype = compute_dtype(q.dtype)
     return q.to(dtype), k.to(dtype), v.to(dtype), alpha.to(dtype)
+
+
+def _has_zero(alpha: AlphaLike, alpha_t: Tensor) -> bool:
+    if isinstance(alpha, Tensor):  # already synchronised once by _alpha_tensor's check
+        return alpha_t.device.type != "meta" and bool((alpha_t == 0).any())
+    return alpha == 0
+
+
+def _scale(scale) -> float:
+    """``scale`` as a float: any finite real scalar (NumPy's too); None is not a default here (it is 1)."""
+    if scale is None:
+        raise ValueError("attn_ext: scale must be a finite float, got None (Intention's default is 1.0)")
+    return check_scale(scale)
 
 
 def _alpha_tensor(alpha: AlphaLike, q: Tensor) -> Tensor:
@@ -163,7 +188,7 @@ def _alpha_tensor(alpha: AlphaLike, q: Tensor) -> Tensor:
             if bool(bad.any()):
                 raise ValueError(f"attn_ext: alpha must be finite and >= 0, got {alpha.detach().flatten()[:8].tolist()}")
         return alpha.expand(B, H)
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha < 0:
+    if not is_real_scalar(alpha) or not math.isfinite(alpha) or alpha < 0:
         raise ValueError(f"attn_ext: alpha must be a finite float >= 0 or a tensor, got {alpha!r}")
     dtype = accumulation_dtype(q.dtype)
     return torch.full((B, H), float(alpha), dtype=dtype, device=q.device)

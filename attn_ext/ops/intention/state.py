@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from attn_ext.ops.intention import naive as reference
-from attn_ext.ops.intention.ridge import AlphaLike, _alpha_tensor
+from attn_ext.ops.intention.ridge import AlphaLike, _alpha_tensor, _scale
 from attn_ext.ops.utils.dtypes import compute_dtype
 from attn_ext.ops.utils.validation import check_cross_attention_args
 
@@ -87,7 +87,8 @@ def remove_from_intention_state(state: IntentionState, k_old: Tensor, v_old: Ten
 
 
 def intention_from_state(q: Tensor, state: IntentionState, *, alpha: AlphaLike = 1.0, scale: float = 1.0) -> Tensor:
-    """``scale·Q (G + αI)⁻¹ C`` from the statistics: :func:`attn_ext.intention` of the keys seen so far."""
+    """``scale·Q (G + αI)⁻¹ C`` from the statistics: :func:`attn_ext.intention` of the keys seen so far,
+    with its rules for singular systems (``RuntimeError``) and non-finite statistics (NaN heads)."""
     if not isinstance(state, IntentionState):
         raise TypeError(f"attn_ext: state must be an IntentionState, got {type(state).__name__}")
     if not isinstance(q, Tensor) or q.dim() != 4:
@@ -98,9 +99,13 @@ def intention_from_state(q: Tensor, state: IntentionState, *, alpha: AlphaLike =
             f"attn_ext: q {tuple(q.shape)} does not match the state (gram {tuple(state.gram.shape)}): "
             f"need [B, H, M, D] = [{B}, {H}, M, {D}]"
         )
+    scale = _scale(scale)
     alpha_t = _alpha_tensor(alpha, q).to(state.gram.dtype)
-    weights = reference.solve_regularised(state.gram, alpha_t, state.kv)
-    return (scale * (q.to(weights.dtype) @ weights)).to(q.dtype)
+    nan = reference.nan_unless_finite(state.gram, (-2, -1)) + reference.nan_unless_finite(state.kv, (-2, -1))
+    weights = reference.solve_regularised(state.gram, alpha_t, state.kv, valid_keys=state.count, nan=nan,
+                                          op="intention_from_state")
+    q_ = q.to(weights.dtype)
+    return (scale * (q_ @ weights) + reference.nan_unless_finite(q_, -1)[..., None]).to(q.dtype)
 
 
 def _check_keys(k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor]) -> None:

@@ -25,8 +25,8 @@ Launches use fixed tiles under ``TRITON_INTERPRET=1`` (whole ``D``/``Dv`` tiles:
 one numpy call); on CUDA the row tiles and warps are autotuned and the column tiles capped (64, and 32
 for the ``Dv`` chunks of ``_dkdv_kernel``) so that every config fits in about 99 KB of shared memory
 (checked by compiling for sm_80 without a GPU; no GPU run has been made). The factorisation needs a
-host sync anyway (a failed Cholesky raises), so ``out`` is computed only after the info codes were
-checked.
+host sync anyway (a singular system raises), so ``out`` is computed only after the info codes were
+checked; heads whose statistics are not finite are NaN instead (docs/intention.md).
 """
 from __future__ import annotations
 
@@ -36,9 +36,11 @@ import torch
 import triton
 import triton.language as tl
 
+from attn_ext.ops.intention import naive
 from attn_ext.ops.intention.triton_solve import cholesky_solve_batched
 from attn_ext.ops.utils.triton import SUPPORTED_DTYPES, block_dim, check_device, interpreting
 from attn_ext.ops.utils.triton_jit import load_tile, valid_rows
+from attn_ext.ops.utils.validation import check_scale
 
 __all__ = ["intention_fwd_triton", "intention_bwd_triton"]
 MAX_HEAD_DIM = 128  # the factor tile [D, D] of the solve kernel lives in registers
@@ -85,7 +87,7 @@ def _row_product_kernel(
     swb, swh, swr, swc,
     sob, soh, som, soc,
     H, M, R, C, scale,
-    BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
+    NAN_ROWS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
     bh = tl.program_id(2)
     off_b = (bh // H).to(tl.int64)
@@ -98,6 +100,7 @@ def _row_product_kernel(
     x_rows = X + off_b * sxb + off_h * sxh + offs_m[:, None] * sxm
     w_cols = WMAT + off_b * swb + off_h * swh + offs_c[None, :] * swc
     out = tl.zeros([BLOCK_M, BLOCK_C], tl.float32)
+    row_nan = tl.zeros([BLOCK_M], tl.float32)  # NaN for rows of X holding NaN/inf (NAN_ROWS)
     for r0 in range(0, R, BLOCK_R):
         r = r0 + offs_r
         r_ok = r < R
@@ -105,7 +108,11 @@ def _row_product_kernel(
         x = tl.load(x_rows + r[None, :] * sxr, mask=m_ok[:, None] & r_ok[None, :], other=0.0).to(tl.float32)
         w = tl.load(w_cols + r[:, None] * swr, mask=r_ok[:, None] & c_ok[None, :], other=0.0)
         out += tl.dot(x, w, input_precision="ieee")
+        if NAN_ROWS:
+            row_nan += tl.sum(tl.where(tl.abs(x) < float("inf"), 0.0, float("nan")), axis=1)
     out *= scale
+    if NAN_ROWS:  # a ±inf query gives a NaN row, as a NaN one does (not ±inf)
+        out += row_nan[:, None]
     tl.store(OUT + off_b * sob + off_h * soh + offs_m[:, None] * som + offs_c[None, :] * soc,
              out.to(OUT.dtype.element_ty), mask=m_ok[:, None] & c_ok[None, :])
 
@@ -130,7 +137,8 @@ def _dkdv_kernel(
     in_range = offs_n < N
     n_ok = valid_rows(MASK, off_b * smb, smn, offs_n, N, HAS_MASK)
     d_ok = offs_d < D
-    # A padding key's row stays 0, so its dk and dv rows below are exactly 0 (and are stored as such).
+    # A padding key's row stays 0, so its dk and dv rows below are 0, and are stored as exact zeros
+    # by the tl.where (0·NaN would be NaN where the forward of this head was NaN).
     k = tl.load(K + off_b * skb + off_h * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
                 mask=n_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
     small_base = bh.to(tl.int64) * D * DV + offs_d[:, None] * DV
@@ -145,13 +153,13 @@ def _dkdv_kernel(
                     mask=n_ok[:, None] & c_ok[None, :], other=0.0).to(tl.float32)
         dv = tl.dot(k, db, input_precision="ieee")
         tl.store(DV_OUT + off_b * sdvb + off_h * sdvh + offs_n[:, None] * sdvn + cols[None, :] * sdvd,
-                 dv.to(DV_OUT.dtype.element_ty), mask=in_range[:, None] & c_ok[None, :])
+                 tl.where(n_ok[:, None], dv, 0.0).to(DV_OUT.dtype.element_ty), mask=in_range[:, None] & c_ok[None, :])
         # −K(dB Wᵀ + W dBᵀ) + V dBᵀ regrouped to need no [D, D] tile: (V − K W) dBᵀ − (K dB) Wᵀ.
         residual = v - tl.dot(k, w, input_precision="ieee")
         dk += tl.dot(residual, tl.trans(db), input_precision="ieee")
         dk -= tl.dot(dv, tl.trans(w), input_precision="ieee")
     tl.store(DK + off_b * sdkb + off_h * sdkh + offs_n[:, None] * sdkn + offs_d[None, :] * sdkd,
-             dk.to(DK.dtype.element_ty), mask=in_range[:, None] & d_ok[None, :])
+             tl.where(n_ok[:, None], dk, 0.0).to(DK.dtype.element_ty), mask=in_range[:, None] & d_ok[None, :])
 
 
 # --------------------------------------------------------------------------- launch configuration
@@ -192,13 +200,15 @@ def _transposed_product(a, x, mask_u8, scale: float, out: torch.Tensor) -> None:
             lambda bn: (B * H, triton.cdiv(E, block_e)), args, meta)
 
 
-def _row_product(x, wmat_strides, wmat, R: int, C: int, scale: float, out: torch.Tensor) -> None:
-    """``out [B, H, M, C] = scale·x [B, H, M, R] · Wmat [B, H, R, C]`` (``Wmat`` through its strides)."""
+def _row_product(x, wmat_strides, wmat, R: int, C: int, scale: float, out: torch.Tensor,
+                 nan_rows: bool = False) -> None:
+    """``out [B, H, M, C] = scale·x [B, H, M, R] · Wmat [B, H, R, C]`` (``Wmat`` through its strides);
+    with ``nan_rows``, rows where ``x`` is not finite are NaN."""
     B, H, M, _ = x.shape
     block_c = _column_tile(C)
     args = (x, wmat, out, *x.stride(), *wmat_strides, *out.stride(), H, M, R, C, float(scale))
-    meta = dict(BLOCK_R=_column_tile(R), BLOCK_C=block_c)
-    _launch(_row_product_kernel, "BLOCK_M", ("R", "C"), M,
+    meta = dict(NAN_ROWS=nan_rows, BLOCK_R=_column_tile(R), BLOCK_C=block_c)
+    _launch(_row_product_kernel, "BLOCK_M", ("R", "C", "NAN_ROWS"), M,
             lambda bm: (triton.cdiv(M, bm), triton.cdiv(C, block_c), B * H), args, meta)
 
 
@@ -227,8 +237,7 @@ def _check_args(q, k, v, key_padding_mask, scale):
         raise TypeError("attn_ext: the Triton backend does not support float64; use the cpp or reference backend")
     if q.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"attn_ext: the Triton backend supports float32/float16/bfloat16, got {q.dtype}")
-    if not isinstance(scale, (int, float)) or isinstance(scale, bool) or scale != scale or abs(scale) == float("inf"):
-        raise ValueError(f"attn_ext: scale must be a finite float, got {scale!r}")
+    check_scale(scale)
     tensors = [q, k, v]
     if key_padding_mask is not None:
         if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
@@ -276,13 +285,19 @@ def intention_fwd_triton(q, k, v, key_padding_mask, alpha, scale: float):
     weights : torch.Tensor
         fp32 ``[B, H, D, Dv]``: ``W = (KᵀK + αI)⁻¹ KᵀV``.
 
+    A (batch, head) whose ``[KᵀK | KᵀV]`` is not finite gets NaN ``out``, ``factor`` and ``weights``;
+    a query row holding NaN/inf gets a NaN row.
+
     Raises
     ------
+    RuntimeError
+        When finite ``KᵀK + αI`` is singular for some (batch, head): ``α = 0`` with fewer valid keys
+        than ``D``, or a pivot that is not positive (:func:`naive.singular_error`); devices the
+        kernels cannot run on.
     ValueError
-        When ``KᵀK + αI`` is not positive definite for some (batch, head) (a pivot that is not positive
-        and finite), e.g. ``α = 0`` with fewer valid keys than ``D``; bad shapes; ``D > 128``.
-    TypeError, RuntimeError
-        Unsupported or mismatched dtypes; devices the kernels cannot run on.
+        Bad shapes; ``D > 128``.
+    TypeError
+        Unsupported or mismatched dtypes.
     """
     mask_u8 = _check_args(q, k, v, key_padding_mask, scale)
     B, H, M, D = q.shape
@@ -298,16 +313,15 @@ def intention_fwd_triton(q, k, v, key_padding_mask, alpha, scale: float):
     else:
         _transposed_product(k, v, mask_u8, 1.0, weights)
     _transposed_product(k, k, mask_u8, 1.0, factor)
+    # One pass over [G | C] per head, before the factorisation overwrites G: not finite means NaN
+    # outputs for that head, a failed factorisation of finite statistics an error.
+    nonfinite = ~(torch.isfinite(factor).flatten(2).all(-1) & torch.isfinite(weights).flatten(2).all(-1))
     info, _ = cholesky_solve_batched(factor, weights, alpha=alpha32, block_c=_column_tile(DV))
-    failed = (info != 0).nonzero()
-    if failed.numel() > 0:
-        b, h = failed[0].tolist()
-        raise ValueError(
-            f"attn_ext: KᵀK + αI is not positive definite at [batch, head] = [{b}, {h}] (Cholesky failed at "
-            f"column {int(info[b, h]) - 1} of {D}); with alpha = 0 this happens when there are fewer valid keys "
-            "than D or the keys are collinear: use alpha > 0")
+    naive.check_solvable("intention", info, alpha32, naive.valid_key_count(k, key_padding_mask), nonfinite, D)
+    factor.masked_fill_(nonfinite[..., None, None], float("nan"))
+    weights.masked_fill_(nonfinite[..., None, None], float("nan"))
     if M * DV > 0:
-        _row_product(q, weights.stride(), weights, D, DV, scale, out)
+        _row_product(q, weights.stride(), weights, D, DV, scale, out, nan_rows=True)
     return out, factor, weights
 
 

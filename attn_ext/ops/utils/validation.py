@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Optional
 
 import torch
@@ -10,10 +11,44 @@ from torch import Tensor
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
+def is_real_scalar(value) -> bool:
+    """A real number that is not a bool: ``int``, ``float``, NumPy scalars, ``Fraction`` (what
+    ``numbers.Real`` registers), as SDPA takes for ``scale``. Tensors are not scalars here."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def is_int_scalar(value) -> bool:
+    """An integer that is not a bool: ``int`` and NumPy integer scalars (``numbers.Integral``; NumPy's
+    bool is not registered there). A float, even a whole one, is not an integer."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_scale(scale) -> Optional[float]:
+    """``scale`` as a Python float (None stays None, the op's default); ValueError unless finite real."""
+    if scale is None:
+        return None
+    if not (is_real_scalar(scale) and math.isfinite(scale)):
+        raise ValueError(f"attn_ext: scale must be a finite float, got {scale!r}")
+    return float(scale)
+
+
+def check_chunk_size(chunk_size) -> Optional[int]:
+    """``chunk_size`` as a Python int (None stays None); ValueError unless a positive integer."""
+    if chunk_size is None:
+        return None
+    if not (is_int_scalar(chunk_size) and chunk_size > 0):
+        raise ValueError(f"attn_ext: chunk_size must be a positive int, got {chunk_size!r}")
+    return int(chunk_size)
+
+
 def check_cross_attention_args(
     q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], scale: Optional[float], chunk_size: Optional[int]
 ) -> None:
-    """Raises TypeError/ValueError/RuntimeError for inputs that do not follow docs/spec.md §0."""
+    """Raises TypeError/ValueError/RuntimeError for inputs that do not follow docs/spec.md §0.
+
+    ``scale`` may be any finite real scalar and ``chunk_size`` any positive integer scalar (NumPy's
+    included, bools not).
+    """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise TypeError(f"attn_ext: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -53,7 +88,6 @@ def check_cross_attention_args(
             )
         if key_padding_mask.device != k.device:
             raise RuntimeError(f"attn_ext: key_padding_mask is on {key_padding_mask.device} but k is on {k.device}")
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size <= 0):
-        raise ValueError(f"attn_ext: chunk_size must be a positive int, got {chunk_size!r}")
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
-        raise ValueError(f"attn_ext: scale must be a finite float, got {scale!r}")
+    # The callers convert with float() / int() (or check_scale / check_chunk_size) before the kernels.
+    check_chunk_size(chunk_size)
+    check_scale(scale)

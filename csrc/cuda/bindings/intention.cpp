@@ -8,6 +8,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 #include <tuple>
 #include <vector>
@@ -82,12 +83,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> intention_fwd_cuda(const at::Tens
   p.weights = weights.data_ptr<float>(), p.stats = stats.data_ptr<float>(), p.info = info.data_ptr<int32_t>();
   const c10::cuda::CUDAGuard guard(q.device());
   check_launch(launch_intention_fwd(p, at::cuda::getCurrentCUDAStream()), op);
-  // Synchronises, as the CPU op's check does: a failed factor must raise, not return NaN.
-  const at::Tensor failed = info.flatten().nonzero();
+  // The CPU op's rules (csrc/cpu/intention_head.h) in ATen ops on the device. A head whose statistics
+  // [KᵀK | KᵀV] (still in `stats`: the factorisation writes `factor`) are not finite gets NaN; α = 0
+  // with fewer than D valid keys, or a failed factorisation of finite statistics, raises (this
+  // synchronises, as the CPU op's check does).
+  const at::Tensor finite = stats.isfinite().flatten(2).all(-1);
+  const at::Tensor valid = key_padding_mask.has_value()
+                               ? (s.keys - key_padding_mask->sum(1)).view({s.batch, 1})
+                               : at::full({s.batch, 1}, s.keys, info.options().dtype(at::kLong));
+  const at::Tensor too_few = alpha_c.eq(0).logical_and(valid.lt(s.head_dim)).logical_and(finite);
+  const at::Tensor status =
+      at::where(too_few, at::full_like(info, kIntentionTooFewKeys), info.masked_fill(finite.logical_not(), 0));
+  const at::Tensor failed = status.flatten().nonzero();
   if (failed.numel() > 0) {
     const int64_t bad = failed[0][0].item<int64_t>();
-    check_positive_definite(bad, info.flatten()[bad].item<int32_t>(), s);
+    check_solvable(v.has_value() ? "intention" : "sigma_intention", bad, status.flatten()[bad].item<int32_t>(), s,
+                   alpha, key_padding_mask);
   }
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const at::Tensor nonfinite = finite.logical_not().view({s.batch, s.heads, 1, 1});
+  factor.masked_fill_(nonfinite, nan);
+  weights.masked_fill_(nonfinite, nan);
+  out.masked_fill_(nonfinite, nan);
+  out.masked_fill_(q.isfinite().all(-1, /*keepdim=*/true).logical_not(), nan);  // ±inf queries too give NaN rows
   return {out, factor, weights};
 }
 
