@@ -142,3 +142,13 @@ def test_raw_op_forward_mode_and_double_backward_work_without_torch_func():
         got = torch.autograd.forward_ad.unpack_dual(out).tangent
     expected = jvp(lambda q: ae.cross_attention(q, k, v, scale=0.5), (q,), (tangent,))[1]
     torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "reference"])
+def test_data_dependent_errors_still_raise_under_vmap(backend):
+    q, k, v = _qkv(6, N=2)  # two keys for D = 4: with alpha = 0 the system is singular
+    require_backend(backend, q)
+    with pytest.raises(RuntimeError, match="singular"):
+        vmap(lambda q, k, v: ae.intention(q, k, v, alpha=0.0, backend=backend))(q[None], k[None], v[None])
+    with pytest.raises(ValueError, match="alpha must be finite and >= 0"):
+        vmap(lambda a: ae.intention(q, k, v, alpha=a, backend=backend))(torch.tensor([[[1.0], [-1.0]]] * 2).to(F64))

@@ -27,6 +27,8 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from attn_ext.ops.utils.concrete import concrete
+
 Dims = Union[int, Tuple[int, ...]]
 
 
@@ -95,14 +97,17 @@ def check_solvable(op: str, info: Tensor, alpha: Tensor, valid_keys: Tensor, non
     or a Cholesky ``info`` that is not 0. Heads in ``nonfinite`` give NaN instead. One host sync."""
     if info.device.type == "meta":
         return
-    valid = valid_keys.expand(info.shape)
+    # concrete(): under torch.func.vmap the check reads the wrapped values (leading vmapped dimensions).
+    info, alpha, nonfinite, valid = (concrete(t) for t in (info, alpha, nonfinite, valid_keys))
+    shape = torch.broadcast_shapes(info.shape, alpha.shape, nonfinite.shape, valid.shape)
+    info, alpha, nonfinite, valid = (t.expand(shape) for t in (info, alpha, nonfinite, valid))
     too_few = (alpha == 0) & (valid < D) & ~nonfinite
     failed = (too_few | (info != 0)) & ~nonfinite
     if not bool(failed.any()):
         return
-    b, h = failed.nonzero()[0].tolist()
-    column = None if bool(too_few[b, h]) else int(info[b, h]) - 1
-    raise singular_error(op, (b, h), D, valid_keys=int(valid[b, h]), alpha=float(alpha[b, h]), column=column)
+    index = tuple(failed.nonzero()[0].tolist())
+    column = None if bool(too_few[index]) else int(info[index]) - 1
+    raise singular_error(op, index[-2:], D, valid_keys=int(valid[index]), alpha=float(alpha[index]), column=column)
 
 
 def solve_regularised(gram: Tensor, alpha: Tensor, rhs: Tensor, *, valid_keys: Tensor, nan: Optional[Tensor] = None,
@@ -142,7 +147,7 @@ def intention_dual(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor, key_padding_m
     the minimum-norm interpolant where KᵀK is singular (N < D), and fail where KKᵀ is (N > D). So any
     α = 0 is answered by the primal system, which raises where KᵀK is singular.
     """
-    if alpha.device.type != "meta" and bool((alpha == 0).any()):
+    if alpha.device.type != "meta" and bool((concrete(alpha) == 0).any()):
         return intention_primal(q, k, v, alpha, key_padding_mask, scale)
     k, v = masked_keys(k, v, key_padding_mask)
     kernel = k @ k.transpose(-1, -2)

@@ -11,6 +11,7 @@ from attn_ext.ops.cross_attention.chunked import DEFAULT_CHUNK_SIZE, cross_atten
 from attn_ext.ops.intention import naive as reference
 from attn_ext.ops.utils import dispatch
 from attn_ext.ops.utils.dtypes import accumulation_dtype, compute_dtype
+from attn_ext.ops.utils.concrete import concrete
 from attn_ext.ops.utils.validation import check_cross_attention_args, check_scale, is_real_scalar
 
 FORMS = ("primal", "dual", "auto")
@@ -155,7 +156,7 @@ def _upcast(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor):
 
 def _has_zero(alpha: AlphaLike, alpha_t: Tensor) -> bool:
     if isinstance(alpha, Tensor):  # already synchronised once by _alpha_tensor's check
-        return alpha_t.device.type != "meta" and bool((alpha_t == 0).any())
+        return alpha_t.device.type != "meta" and bool((concrete(alpha_t) == 0).any())
     return alpha == 0
 
 
@@ -184,9 +185,9 @@ def _alpha_tensor(alpha: AlphaLike, q: Tensor) -> Tensor:
                 f"(e.g. [H] per head), got shape {tuple(alpha.shape)}"
             )
         if alpha.device.type != "meta":
-            bad = ~torch.isfinite(alpha.detach()) | (alpha.detach() < 0)
-            if bool(bad.any()):
-                raise ValueError(f"attn_ext: alpha must be finite and >= 0, got {alpha.detach().flatten()[:8].tolist()}")
+            values = concrete(alpha.detach())
+            if bool((~torch.isfinite(values) | (values < 0)).any()):
+                raise ValueError(f"attn_ext: alpha must be finite and >= 0, got {values.flatten()[:8].tolist()}")
         return alpha.expand(B, H)
     if not is_real_scalar(alpha) or not math.isfinite(alpha) or alpha < 0:
         raise ValueError(f"attn_ext: alpha must be a finite float >= 0 or a tensor, got {alpha!r}")
