@@ -152,3 +152,18 @@ def test_data_dependent_errors_still_raise_under_vmap(backend):
         vmap(lambda q, k, v: ae.intention(q, k, v, alpha=0.0, backend=backend))(q[None], k[None], v[None])
     with pytest.raises(ValueError, match="alpha must be finite and >= 0"):
         vmap(lambda a: ae.intention(q, k, v, alpha=a, backend=backend))(torch.tensor([[[1.0], [-1.0]]] * 2).to(F64))
+
+
+def test_tree_aggregate_and_spd_solve_under_torch_func():
+    g = torch.Generator().manual_seed(7)
+    tree = build_tree(torch.rand(2, 11, 1, generator=g, dtype=F64), branching=3)
+    values = torch.randn(2, 11, 3, generator=g, dtype=F64)
+    aggregate = lambda x: ae.tree_aggregate(tree, x, backend="cpp")
+    torch.testing.assert_close(jacfwd(aggregate)(values), jacrev(aggregate)(values))
+    torch.testing.assert_close(vmap(aggregate)(values[None])[0], aggregate(values))
+    x = torch.randn(3, 4, 4, generator=g, dtype=F64)
+    A, B = x @ x.mT + 4 * torch.eye(4, dtype=F64), torch.randn(3, 4, 2, generator=g, dtype=F64)
+    solve = lambda A: ae.batched_spd_solve(A, B)
+    torch.testing.assert_close(jacfwd(solve)(A), jacrev(solve)(A))
+    with pytest.raises(ValueError, match="not positive definite"):
+        vmap(solve)(torch.stack([A, -A]))

@@ -57,13 +57,16 @@ CASES = [(backend, dtype) for backend in ("cpp", "reference", "triton") for dtyp
 
 @pytest.mark.parametrize("backend,dtype_name", CASES)
 @seed(20261125)
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(problem=adversarial_problems(), chunk=st.integers(1, 5))
 def test_every_backend_follows_the_fp64_rule_on_adversarial_inputs(backend, dtype_name, problem, chunk):
     dtype = DTYPES[dtype_name]
     q, k, v, mask = (None if t is None else t.to(dtype) if t.is_floating_point() else t for t in problem)
     require_backend(backend, q)
     scale = 1.0 / math.sqrt(q.shape[-1])
+    # Rounding floor: on problems this small PyTorch's own error can be near 0 by luck, so the bound also
+    # allows the ulps a dot product over the keys and the head dim may lose (Higham: about n·u).
+    ulps = 4 + (k.shape[2] + q.shape[-1]) / 2
     leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
     out, lse = ae.cross_attention(*leaves, key_padding_mask=mask, chunk_size=chunk, return_lse=True,
                                   backend=backend)
@@ -71,8 +74,8 @@ def test_every_backend_follows_the_fp64_rule_on_adversarial_inputs(backend, dtyp
     out64, lse64 = rule_attention(q64, k64, v64, mask, scale)
     same_out, same_lse = (None, None) if dtype == torch.float64 else rule_attention(q.float(), k.float(), v.float(),
                                                                                   mask, scale)
-    assert_nan_rule(out, out64, same_out, f"{backend} {dtype_name} out")
-    assert_nan_rule(lse, lse64, same_lse, f"{backend} {dtype_name} lse")
+    assert_nan_rule(out, out64, same_out, f"{backend} {dtype_name} out", floor_ulps=ulps)
+    assert_nan_rule(lse, lse64, same_lse, f"{backend} {dtype_name} lse", floor_ulps=ulps)
 
     gen = torch.Generator().manual_seed(1)
     grad_out = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(dtype)
@@ -84,4 +87,4 @@ def test_every_backend_follows_the_fp64_rule_on_adversarial_inputs(backend, dtyp
     expected = rule_grads(q, k, v, mask, grad_out, grad_lse, scale=scale)
     calibration = _same_precision_grads(q, k, v, mask, grad_out, grad_lse, dtype, scale)
     for name, got, ref, same in zip("qkv", grads, expected, calibration):
-        assert_nan_rule(got, ref, same, f"{backend} {dtype_name} grad {name}", grad=True)
+        assert_nan_rule(got, ref, same, f"{backend} {dtype_name} grad {name}", grad=True, floor_ulps=ulps)

@@ -16,6 +16,8 @@ import torch
 from torch import Tensor
 
 from attn_ext.ops.utils import dispatch
+from attn_ext.ops.utils.autograd import functorch_entry
+from attn_ext.ops.utils.concrete import concrete
 
 __all__ = ["batched_cholesky", "batched_cholesky_solve", "batched_spd_solve"]
 
@@ -190,8 +192,9 @@ def batched_spd_solve(A: Tensor, B: Tensor, *, check_errors: bool = True) -> Ten
              [1.0000, 0.2500]]])
     """
     _check_matrix_and_rhs("batched_spd_solve", "A", A, B)
-    X, info = torch.ops.attn_ext.batched_spd_solve(A, B)
+    X, info = functorch_entry(torch.ops.attn_ext.batched_spd_solve)(A, B)
     if check_errors and info.numel() > 0:
+        info = concrete(info)  # under vmap: the batched values (vmapped dimensions first)
         failed = torch.nonzero(info)
         if failed.numel() > 0:
             index = tuple(failed[0].tolist())

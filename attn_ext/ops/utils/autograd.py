@@ -105,7 +105,8 @@ def _make_function(name: str, op, spec: Derivatives) -> type:
 
     def jvp(ctx, *tangents):
         inputs, outputs = restore(ctx)
-        if spec.jvp is not None:
+        # A jvp rule may call attn_ext ops, which torch.func transforms cannot enter from here.
+        if spec.jvp is not None and not torch._C._are_functorch_transforms_active():
             diff = spec.jvp(inputs, outputs, tangents)
         else:
             diff = composite_jvp(spec, inputs, outputs, tangents)
