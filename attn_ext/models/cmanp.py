@@ -12,6 +12,7 @@ from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_po
 from attn_ext.models.layers import CLONED_STACKS, LatentDecoder, block_class, layer_stack
 from attn_ext.nn import CMAB, CMABState
 from attn_ext.nn.latents import learned_latents
+from attn_ext.ops.utils.validation import is_int_scalar
 
 
 class CMANPState(NamedTuple):
@@ -80,8 +81,9 @@ class CMANP(NeuralProcess):
         points at a time (default ``config.chunk_size``; None: all at once)."""
         check_points(self, xc=xc, yc=yc)
         chunk = chunk_size or self.config.chunk_size or max(xc.shape[1], 1)
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
+        if not is_int_scalar(chunk) or chunk <= 0:
             raise ValueError(f"CMANP: chunk_size must be a positive int, got {chunk_size!r}")
+        chunk = int(chunk)
         if xc.shape[1] == 0:
             raise ValueError(f"CMANP: the context must have at least one point, got xc {tuple(xc.shape)}")
         states = list(self._first_chunk(xc[:, :chunk], yc[:, :chunk]).blocks)

@@ -10,6 +10,7 @@ from torch.distributions import LowRankMultivariateNormal, Normal
 
 from attn_ext.models.base import NPConfig, check_points
 from attn_ext.models.cmanp import CMANP, CMANPState
+from attn_ext.ops.utils.validation import is_int_scalar
 
 
 class _LowRankHead(nn.Module):
@@ -93,8 +94,9 @@ class CMANPAND(CMANP):
 
     def _blocks(self, xt: Tensor, block_size: Optional[int]):
         b = self.block_size if block_size is None else block_size
-        if isinstance(b, bool) or not isinstance(b, int) or b <= 0:
+        if not is_int_scalar(b) or b <= 0:
             raise ValueError(f"CMANPAND: block_size must be a positive int, got {block_size!r}")
+        b = int(b)
         return [(s, min(s + b, xt.shape[1])) for s in range(0, xt.shape[1], b)]
 
     @torch.no_grad()

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 import attn_ext.ops.tree as _tree
 from attn_ext.nn.tree_aggregator import AGGREGATORS, TransformerAggregator, make_reducer
 from attn_ext.ops.tree import Tree
+from attn_ext.ops.utils.validation import is_int_scalar
 
 
 class TreeState(NamedTuple):
@@ -117,12 +118,13 @@ class TreeCrossAttention(nn.Module):
         bias: bool = True,
     ) -> None:
         for name, value in (("dim", dim), ("num_heads", num_heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if not is_int_scalar(value) or value <= 0:
                 raise ValueError(f"attn_ext.nn.TreeCrossAttention: {name} must be a positive int, got {value!r}")
         if dim % num_heads:
             raise ValueError(f"attn_ext.nn.TreeCrossAttention: dim={dim} must be divisible by num_heads={num_heads}")
-        if isinstance(branching, bool) or not isinstance(branching, int) or branching < 2:
+        if not is_int_scalar(branching) or branching < 2:
             raise ValueError(f"attn_ext.nn.TreeCrossAttention: branching must be an int >= 2, got {branching!r}")
+        dim, num_heads, branching = int(dim), int(num_heads), int(branching)
         if aggregator not in AGGREGATORS:
             raise ValueError(
                 f"attn_ext.nn.TreeCrossAttention: unknown aggregator {aggregator!r}; choose one of {', '.join(AGGREGATORS)}"

@@ -216,3 +216,20 @@ def test_leaf_order_is_the_stable_sort_by_padding_then_key(dtype, masked):
     order = torch.sort(key, dim=1, stable=True).indices
     order = order.gather(1, torch.sort(pad.gather(1, order).to(torch.uint8), dim=1, stable=True).indices)
     assert torch.equal(build_tree(key, key_padding_mask=mask).leaf_token[:, :N], order)
+
+
+def test_numpy_scalars_are_accepted_like_python_numbers_and_bools_are_not():
+    import numpy as np
+
+    from attn_ext.ops.tree import tree_cross_attention, tree_num_selected
+
+    points = torch.rand(2, 9, 2, generator=torch.Generator().manual_seed(0))
+    ours, plain = build_tree(points, branching=np.int64(3), axis=np.int64(1)), build_tree(points, branching=3, axis=1)
+    assert type(ours.branching) is int and torch.equal(ours.leaf_token, plain.leaf_token)
+    assert tree_num_selected(np.int64(100), np.int64(2)) == tree_num_selected(100, 2)
+    q, nk, nv = torch.randn(2, 2, 3, 4), torch.randn(2, 2, plain.num_nodes, 4), torch.randn(2, 2, plain.num_nodes, 3)
+    torch.testing.assert_close(tree_cross_attention(q, nk, nv, plain, scale=np.float32(0.5)).out,
+                               tree_cross_attention(q, nk, nv, plain, scale=0.5).out)
+    for bad in (True, 2.0):
+        with pytest.raises(ValueError, match="branching must be an int >= 2"):
+            build_tree(points, branching=bad)

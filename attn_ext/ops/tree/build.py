@@ -35,6 +35,8 @@ from typing import NamedTuple, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from attn_ext.ops.utils.validation import is_int_scalar
+
 # Sort keys with an exact order-preserving 32-bit code, and the room left for the token index.
 _PACKABLE_KEYS = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int16, torch.int8, torch.uint8,
                   torch.bool)
@@ -46,9 +48,10 @@ def tree_height_and_group_size(n: int, branching: int) -> Tuple[int, int]:
 
     Computed in integers: the float formula misrounds at exact powers (``log(243)/log(3) < 5``).
     """
-    _check_branching(branching)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+    branching = _check_branching(branching)
+    if not is_int_scalar(n) or n < 1:
         raise ValueError(f"attn_ext: the number of tokens must be a positive int, got {n!r}")
+    n = int(n)
     k = 0
     while branching ** (k + 1) <= n - 1:
         k += 1
@@ -68,9 +71,11 @@ def tree_num_selected(n: int, branching: int = 2) -> int:
     return k * (branching - 1) + p
 
 
-def _check_branching(branching: int) -> None:
-    if isinstance(branching, bool) or not isinstance(branching, int) or branching < 2:
+def _check_branching(branching: int) -> int:
+    """``branching`` as a Python int (NumPy integers accepted, as for every int argument); >= 2."""
+    if not is_int_scalar(branching) or branching < 2:
         raise ValueError(f"attn_ext: branching must be an int >= 2, got {branching!r}")
+    return int(branching)
 
 
 class Tree(NamedTuple):
@@ -195,7 +200,7 @@ def build_tree(
     >>> tree.node_padding_mask.tolist()
     [[False, False, False, False, False, False, True, False, False, False, False, False, True, True, True]]
     """
-    _check_branching(branching)
+    branching = _check_branching(branching)
     key, chosen_axis = _sort_key(points, key_padding_mask, axis)
     B, N = key.shape
     k, P = tree_height_and_group_size(N, branching)
@@ -321,10 +326,11 @@ def _sort_key(points: Tensor, key_padding_mask: Optional[Tensor], axis: Optional
         return points, torch.full((B,), -1, dtype=torch.long, device=points.device)
     C = points.shape[2]
     if axis is not None:
-        if isinstance(axis, bool) or not isinstance(axis, int) or not -C <= axis < C:
+        if not is_int_scalar(axis) or not -C <= axis < C:
             raise ValueError(
                 f"attn_ext: axis must be an int in [-{C}, {C}) for points {tuple(points.shape)}, got {axis!r}"
             )
+        axis = int(axis)
         return points[:, :, axis], torch.full((B,), axis % C, dtype=torch.long, device=points.device)
     if C == 0:
         raise ValueError(f"attn_ext: points {tuple(points.shape)} have no coordinate to sort along")

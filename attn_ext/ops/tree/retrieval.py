@@ -11,6 +11,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from attn_ext.ops.utils.validation import is_real_scalar
+
 from attn_ext.ops.cross_attention.chunked import cross_attention
 from attn_ext.ops.tree.build import Tree
 from attn_ext.ops.tree.naive import TreeAttentionResult, tree_cross_attention_reference
@@ -152,7 +154,7 @@ def _check_args(q, node_k, node_v, tree, policy, scale, generator) -> None:
             f"attn_ext: q, node_k, node_v and the tree must be on one device; "
             f"got {q.device}, {node_k.device}, {node_v.device}, tree on {tree.device}"
         )
-    bad_scale = isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale)
+    bad_scale = not is_real_scalar(scale) or not math.isfinite(scale)
     if scale is not None and bad_scale:
         raise ValueError(f"attn_ext: scale must be a finite float, got {scale!r}")
     if generator is not None and not isinstance(generator, torch.Generator):
