@@ -9,10 +9,15 @@ one program, no atomics):
 2. ``_bwd_dkdv``: one program per key block, looping over query blocks.
 3. ``_bwd_dq``: one program per query block, looping over key blocks.
 
-``P`` is recomputed from the saved natural-log ``lse`` (converted to base 2
-here, as in the forward). Rows whose ``lse`` is ``-inf`` (no valid key) and
+``P = exp(s - lse)`` is recomputed from the saved natural-log ``lse`` with
+the forward's natural scores ``s = (q . k) * scale`` (see triton_fwd.py):
+the same ``s`` and ``lse = max + log(l)`` as the forward, so ``s - lse`` is
+exactly 0 for a dominant key even when its score is huge (~1e30), where a
+base-2 ``lse`` converted back and forth leaves a residue of ulp(s) ~ 1e23
+whose exp is inf. ``P <= 1``, so a positive ``s - lse`` (the forward's and
+backward's dots rounding differently) is clamped to 0. Rows whose ``lse`` is ``-inf`` (no valid key) and
 padded keys get ``P = 0`` through ``tl.where`` rather than through
-``exp2(-inf)``, so no ``inf - inf`` is ever formed and their gradients are 0.
+``exp(-inf)``, so no ``inf - inf`` is ever formed and their gradients are 0.
 A NaN row (``lse`` or ``out`` NaN) is not empty: its ``P`` or ``delta`` is NaN,
 and so are its gradients and those of the keys it attends to; padded keys are
 never loaded and their gradients are stored as 0.
@@ -25,7 +30,7 @@ import triton
 import triton.language as tl
 
 from attn_ext.ops.cross_attention.triton_tiles import autotuned, block_d, block_m_interpreted, launch
-from attn_ext.ops.utils.triton import LOG2E, check_device, check_dtypes, interpreting, mask_arg
+from attn_ext.ops.utils.triton import check_device, check_dtypes, interpreting, mask_arg
 from attn_ext.ops.utils.triton_jit import load_tile, valid_rows
 from attn_ext.ops.utils.validation import check_cross_attention_args
 
@@ -72,7 +77,7 @@ def _bwd_dkdv(
     sdkb, sdkh, sdkn, sdkd,
     sdvb, sdvh, sdvn, sdvd,
     H, M, N, D, DV,
-    scale, qk_scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
+    scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
     HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
@@ -107,12 +112,14 @@ def _bwd_dkdv(
         lse = tl.load(lse_base + offs_m * slm, mask=m_ok, other=float("-inf"))
         delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)
         row_ok = lse != float("-inf")  # not `>`: a NaN row is not empty, its P is NaN
-        lse2 = tl.where(row_ok, lse * 1.4426950408889634, 0.0)
+        lse = tl.where(row_ok, lse, 0.0)
 
         # Transposed orientation ([keys, queries]) so dv/dk need no transpose of P.
-        s_t = tl.dot(k, tl.trans(q), input_precision="ieee") * qk_scale
+        s_t = tl.dot(k, tl.trans(q), input_precision="ieee") * scale
         valid = n_ok[:, None] & row_ok[None, :]
-        p_t = tl.where(valid, tl.exp2(s_t - lse2[None, :]), 0.0)
+        x_t = s_t - lse[None, :]
+        # `where`, not tl.minimum: a GPU min may drop a NaN row's NaN.
+        p_t = tl.where(valid, tl.exp(tl.where(x_t > 0.0, 0.0, x_t)), 0.0)
         dv += tl.dot(p_t.to(do.dtype), do, input_precision="ieee")
         dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")
         ds_t = tl.where(valid, p_t * (dp_t - delta[None, :]), 0.0)
@@ -138,7 +145,7 @@ def _bwd_dq(
     slb, slh, slm,
     sdqb, sdqh, sdqm, sdqd,
     H, M, N, D, DV,
-    scale, qk_scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
+    scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
     HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
@@ -159,7 +166,7 @@ def _bwd_dq(
     lse = tl.load(LSE + off_b * slb + off_h * slh + offs_m * slm, mask=m_ok, other=float("-inf"))
     delta = tl.load(DELTA + pid_bh.to(tl.int64) * M + offs_m, mask=m_ok, other=0.0)
     row_ok = lse != float("-inf")  # NaN rows included: their gradients are NaN
-    lse2 = tl.where(row_ok, lse * 1.4426950408889634, 0.0)
+    lse = tl.where(row_ok, lse, 0.0)
 
     k_base = K + off_b * skb + off_h * skh
     v_base = V + off_b * svb + off_h * svh
@@ -170,9 +177,10 @@ def _bwd_dq(
         n_ok = valid_rows(MASK, off_b * smb, smn, offs_n, N, HAS_MASK)
         k = load_tile(k_base, offs_n, offs_d, skn, skd, n_ok, d_ok, UPCAST)
         v = load_tile(v_base, offs_n, offs_dv, svn, svd, n_ok, dv_ok, UPCAST)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         valid = row_ok[:, None] & n_ok[None, :]
-        p = tl.where(valid, tl.exp2(s - lse2[:, None]), 0.0)
+        x = s - lse[:, None]
+        p = tl.where(valid, tl.exp(tl.where(x > 0.0, 0.0, x)), 0.0)  # P <= 1; NaN stays NaN
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")
         ds = tl.where(valid, p * (dp - delta[:, None]), 0.0)
         dq += tl.dot(ds.to(k.dtype), k, input_precision="ieee")
@@ -262,7 +270,7 @@ def cross_attention_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | No
 
     common = (q, k, v, mask, grad_out, lse, delta)
     strides = (*q.stride(), *k.stride(), *v.stride(), smb, smn, *grad_out.stride(), *lse.stride())
-    sizes = (H, M, N, D, DV, float(scale), float(scale) * LOG2E)
+    sizes = (H, M, N, D, DV, float(scale))
     meta = dict(HAS_MASK=has_mask, UPCAST=interp, BLOCK_D=block_d(D), BLOCK_DV=block_dv)
     launch(_bwd_dkdv, _bwd_dkdv_tuned, lambda bm, bn: (triton.cdiv(N, bn), B * H),
            (*common, grad_k, grad_v, *strides, *grad_k.stride(), *grad_v.stride(), *sizes),

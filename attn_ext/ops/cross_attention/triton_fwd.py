@@ -2,9 +2,15 @@
 
 One program per (query block, batch*head) streams over the keys in blocks of
 ``BLOCK_N`` with an online softmax, so no ``[M, N]`` matrix ever exists.
-Internally the running max and the log-sum-exp are kept in base 2 (``exp2``
-is the cheap instruction on GPUs); the returned ``lse`` is converted to the
-natural log at the boundary.
+Scores, the running max and ``lse`` are in natural units, exactly as the
+backward recomputes them (``dot * scale``), and ``tl.exp`` is applied to the
+shifted score (on NVIDIA GPUs it lowers to ``ex2.approx`` of ``x * log2(e)``,
+as fast as an explicit ``exp2``). Keeping them in base 2 (scores scaled by
+``scale * log2(e)``) and converting ``lse`` to the natural log and back in the
+backward does not round trip: with a huge finite score (~1e30) the backward's
+``s - lse`` is a residue of ulp(s) ~ 1e23 instead of 0, whose exp overflows
+(non-finite gradients), and with ordinary scores the extra roundings cost the
+backward accuracy.
 
 Tiles and autotuning are those of :mod:`attn_ext.ops.cross_attention.triton_tiles`, shared with
 the backward kernels.
@@ -17,7 +23,7 @@ import triton
 import triton.language as tl
 
 from attn_ext.ops.cross_attention.triton_tiles import autotuned, block_d, launch
-from attn_ext.ops.utils.triton import LOG2E, check_device, check_dtypes, interpreting, mask_arg
+from attn_ext.ops.utils.triton import check_device, check_dtypes, interpreting, mask_arg
 from attn_ext.ops.utils.triton_jit import load_tile, valid_rows
 from attn_ext.ops.utils.validation import check_cross_attention_args
 
@@ -36,7 +42,7 @@ def _fwd_kernel(
     sob, soh, som, sod,
     slb, slh, slm,
     H, M, N, D, DV,
-    qk_scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
+    scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
     HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
@@ -67,14 +73,14 @@ def _fwd_kernel(
         kt = load_tile(k_base, offs_d, offs_n, skd, skn, d_ok, n_ok, UPCAST)  # Kᵀ: padded keys never loaded
         v = load_tile(v_base, offs_n, offs_dv, svn, svd, n_ok, dv_ok, UPCAST)
 
-        s = tl.dot(q, kt, input_precision="ieee") * qk_scale
+        s = tl.dot(q, kt, input_precision="ieee") * scale
         s = tl.where(n_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # While a row has seen no valid key its max is -inf; shift by 0 instead
         # so that no (-inf) - (-inf) = NaN appears.
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
         m_i = m_new
@@ -85,7 +91,9 @@ def _fwd_kernel(
     positive = l_i > 0.0
     l_safe = tl.where(positive, l_i, 1.0)
     out = tl.where(positive[:, None], acc / l_safe[:, None], float("nan"))
-    lse = tl.where(positive, (m_i + tl.log2(l_safe)) * 0.6931471805599453, float("nan"))
+    # m_i + log(l), the cpp kernel's formula: for a dominant huge score it rounds to that very score,
+    # so the backward's s - lse is exactly 0 there.
+    lse = tl.where(positive, m_i + tl.log(l_safe), float("nan"))
     out = tl.where((l_i == 0.0)[:, None], 0.0, out)
     lse = tl.where(l_i == 0.0, float("-inf"), lse)
     tl.store(OUT + off_b * sob + off_h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod,
@@ -155,7 +163,7 @@ def cross_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     args = (q, k, v, mask, out, lse,
             *q.stride(), *k.stride(), *v.stride(), smb, smn, *out.stride(), *lse.stride(),
-            H, M, N, D, DV, float(scale) * LOG2E)
+            H, M, N, D, DV, float(scale))
     meta = dict(HAS_MASK=has_mask, UPCAST=interpreting(), BLOCK_D=block_d(D), BLOCK_DV=block_d(DV))
     launch(_fwd_kernel, _fwd_kernel_tuned, lambda bm, bn: (triton.cdiv(M, bm), B * H),
            args, meta, M, N, chunk_size)

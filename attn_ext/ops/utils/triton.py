@@ -18,10 +18,6 @@ from typing import Optional
 
 import torch
 
-#: exp(x) = exp2(x·LOG2E): the kernels keep running maxima and LSE in base 2 (exp2 is the cheap
-#: instruction on GPUs) and convert to the natural log at the boundary with LN2.
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 #: Input dtypes of every Triton kernel (no float64: use the cpp or reference backend).
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
