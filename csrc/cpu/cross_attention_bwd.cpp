@@ -8,6 +8,7 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
+#include <cmath>
 #include <tuple>
 #include <vector>
 
@@ -27,6 +28,27 @@ template <typename scalar_t>
 const scalar_t* matrix_at(const at::Tensor& t, int64_t b, int64_t h, int64_t row) {
   return t.const_data_ptr<scalar_t>() + b * t.stride(0) + h * t.stride(1) + row * t.stride(2);
 }
+
+// Keys [n0, n0 + nc) of (b, h) as acc_t. Padded keys are never read. Their dS is set to exactly 0
+// (whatever dP = dO·vᵀ their values give, inf included), so V goes in as it is; dQ += dS·K then
+// needs finite K rows: inf/NaN ones are zeroed (0 · inf = NaN). Shared by the main loop and the
+// normaliser pre-pass so that both compute bit-identical scores.
+template <typename acc_t, typename scalar_t>
+const acc_t* key_tile(const at::Tensor& k, int64_t b, int64_t h, int64_t n0, int64_t nc, int64_t D,
+                      const bool* padding_row, int64_t valid, acc_t* scratch, int64_t* ldk) {
+  const scalar_t* k_rows = matrix_at<scalar_t>(k, b, h, n0);
+  const bool zero_padded_k =
+      valid < nc && valid > 0 && !padded_rows_finite<acc_t>(k_rows, k.stride(2), nc, D, padding_row + n0);
+  return zero_padded_k ? rows_as_acc_unpadded<acc_t>(k_rows, k.stride(2), nc, D, padding_row + n0, scratch, ldk)
+                       : rows_as_acc<acc_t>(k_rows, k.stride(2), nc, D, scratch, ldk);
+}
+
+// P = exp(s − lse) loses relative accuracy |lse|·u to the rounding of lse itself: beyond ~2^24 the
+// log Σ exp(s − max) ∈ [0, log N] part vanishes entirely (two tied keys get P = 1 each, not ½, and
+// every gradient of the row doubles). Rows with |lse| at least this large (relative error of P up
+// to 2^-15 otherwise) get their normaliser recomputed exactly as (max, log sum) by a pre-pass over
+// the keys. Such scores mean a saturated softmax, so ordinary inputs never pay for the pass.
+constexpr float kPreciseNormaliserLse = 512.0f;
 
 template <typename scalar_t>
 void backward_kernel(const at::Tensor& grad_out, const at::Tensor& grad_lse, const at::Tensor& q,
@@ -57,6 +79,51 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& grad_lse, con
     }
   });
 
+  // Exact normaliser (row max, log Σ exp(s − max)) of rows with a huge lse; see kPreciseNormaliserLse.
+  // Scores come from the same GEMM calls (tile, chunk, operands) as the main loop, so P sums to 1.
+  const int64_t n_tiles = (M + tile_m - 1) / tile_m;
+  std::vector<char> precise(B * H * M, 0);
+  std::vector<acc_t> row_shift(B * H * M), row_log_sum(B * H * M);
+  at::parallel_for(0, B * H * n_tiles, 1, [&](int64_t begin, int64_t end) {
+    std::vector<acc_t> scores, q_tile, k_tile;
+    std::vector<OnlineSoftmaxRow<acc_t>> rows;
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t bh = unit / n_tiles, b = bh / H, h = bh % H, m0 = (unit % n_tiles) * tile_m;
+      const int64_t mt = std::min(tile_m, M - m0);
+      bool any = false;
+      for (int64_t r = 0; r < mt; ++r) {
+        const acc_t l = lse_data[bh * M + m0 + r];
+        any = any || (std::isfinite(l) && std::abs(l) >= acc_t(kPreciseNormaliserLse));
+      }
+      if (!any) continue;
+      scores.resize(tile_m * chunk), q_tile.resize(tile_m * D), k_tile.resize(chunk * D), rows.resize(tile_m);
+      const bool* padding_row = padding ? padding + b * N : nullptr;
+      int64_t ldq, ldk;
+      const acc_t* qt = rows_as_acc<acc_t>(matrix_at<scalar_t>(q, b, h, m0), q.stride(2), mt, D, q_tile.data(), &ldq);
+      std::fill(rows.begin(), rows.begin() + mt, online_softmax_empty<acc_t>());
+      for (int64_t c = 0; c < n_chunks; ++c) {
+        const int64_t n0 = c * chunk, nc = std::min(chunk, N - n0);
+        const int64_t valid = count_valid_keys(padding_row, n0, nc);
+        if (valid == 0) continue;
+        const acc_t* kt = key_tile<acc_t, scalar_t>(k, b, h, n0, nc, D, padding_row, valid, k_tile.data(), &ldk);
+        gemm(Transpose::kNo, Transpose::kYes, mt, nc, D, scale, qt, ldq, kt, ldk, acc_t(0), scores.data(), nc);
+        for (int64_t r = 0; r < mt; ++r) {
+          acc_t* row_s = scores.data() + r * nc;
+          for (int64_t j = 0; j < nc && valid < nc; ++j) row_s[j] = padding_row[n0 + j] ? negative_infinity<acc_t>() : row_s[j];
+          online_softmax_advance(rows[r], row_max(row_s, nc));
+          rows[r].sum += exp_shifted_inplace_sum(row_s, nc, online_softmax_shift(rows[r]));
+        }
+      }
+      for (int64_t r = 0; r < mt; ++r) {
+        const int64_t row = bh * M + m0 + r;
+        const acc_t l = lse_data[row];
+        // Only rows the forward found finite; a sum that is not > 0 (NaN) keeps the lse path.
+        if (!(std::isfinite(l) && std::abs(l) >= acc_t(kPreciseNormaliserLse) && rows[r].sum > acc_t(0))) continue;
+        precise[row] = 1, row_shift[row] = rows[r].max, row_log_sum[row] = std::log(rows[r].sum);
+      }
+    }
+  });
+
   std::vector<acc_t> partial_grad_q(splits * B * H * M * D, acc_t(0));
   scalar_t* grad_k_data = grad_k.mutable_data_ptr<scalar_t>();
   scalar_t* grad_v_data = grad_v.mutable_data_ptr<scalar_t>();
@@ -76,15 +143,7 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& grad_lse, con
         std::fill(dv.begin(), dv.begin() + nc * Dv, acc_t(0));
         const int64_t valid = count_valid_keys(padding_row, n0, nc);
         int64_t ldk, ldv, ldq, lddo;
-        // Padded keys are never read. Their dS is set to exactly 0 below (whatever dP = dO·vᵀ their
-        // values give, inf included), so V goes in as it is; dQ += dS·K then needs finite K rows:
-        // inf/NaN ones are zeroed (0 · inf = NaN).
-        const scalar_t* k_rows = matrix_at<scalar_t>(k, b, h, n0);
-        const bool zero_padded_k =
-            valid < nc && valid > 0 && !padded_rows_finite<acc_t>(k_rows, k.stride(2), nc, D, padding_row + n0);
-        const acc_t* kt = zero_padded_k ? rows_as_acc_unpadded<acc_t>(k_rows, k.stride(2), nc, D, padding_row + n0,
-                                                                      k_tile.data(), &ldk)
-                                        : rows_as_acc<acc_t>(k_rows, k.stride(2), nc, D, k_tile.data(), &ldk);
+        const acc_t* kt = key_tile<acc_t, scalar_t>(k, b, h, n0, nc, D, padding_row, valid, k_tile.data(), &ldk);
         const acc_t* vt = rows_as_acc<acc_t>(matrix_at<scalar_t>(v, b, h, n0), v.stride(2), nc, Dv, v_tile.data(), &ldv);
         for (int64_t m0 = 0; m0 < M && valid > 0; m0 += tile_m) {
           const int64_t mt = std::min(tile_m, M - m0);
@@ -105,7 +164,13 @@ void backward_kernel(const at::Tensor& grad_out, const at::Tensor& grad_lse, con
             if (valid < nc) {
               for (int64_t j = 0; j < nc; ++j) row_p[j] = padding_row[n0 + j] ? negative_infinity<acc_t>() : row_p[j];
             }
-            exp_shifted_inplace_sum(row_p, nc, row_lse);
+            if (precise[bh * M + m0 + r]) {  // exp((s − max) − log sum): s − max is exact near the max
+              const acc_t shift = row_shift[bh * M + m0 + r];
+              for (int64_t j = 0; j < nc; ++j) row_p[j] -= shift;
+              exp_shifted_inplace_sum(row_p, nc, row_log_sum[bh * M + m0 + r]);
+            } else {
+              exp_shifted_inplace_sum(row_p, nc, row_lse);
+            }
           }
           // dV += Pᵀ·dO ; dP = dO·Vᵀ ; dS = P ⊙ (dP − Δ + dlse) ; dK += scale·dSᵀ·Q ; dQ += scale·dS·K
           gemm(Transpose::kYes, Transpose::kNo, nc, Dv, mt, acc_t(1), p.data(), nc, dot, lddo, acc_t(1), dv.data(), Dv);
