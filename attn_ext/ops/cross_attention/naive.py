@@ -90,6 +90,7 @@ def cross_attention_backward(
     qf, dout = q.to(acc), grad_out.to(acc)
     lse = lse.to(acc)
     empty_row = (lse == -math.inf)[..., None]  # the forward's marker of a row without any valid key
+    shift, log_sum = _normaliser(qf, k, key_padding_mask, lse, scale, chunk_size)
     delta_minus_dlse = (dout * out.to(acc)).sum(dim=-1) - grad_lse.to(acc)
     grad_q = qf.new_zeros(qf.shape)  # contiguous, as the fake kernel declares
     grad_k_chunks, grad_v_chunks = [], []
@@ -98,7 +99,7 @@ def cross_attention_backward(
         k_chunk = _unpadded_rows(k[:, :, n0 : n0 + chunk_size].to(acc), padding)
         v_chunk = _unpadded_rows(v[:, :, n0 : n0 + chunk_size].to(acc), padding)
         scores = _chunk_scores(qf, k_chunk, padding, scale)
-        probs = torch.where(empty_row, torch.zeros_like(scores), torch.exp(scores - lse[..., None]))
+        probs = torch.where(empty_row, torch.zeros_like(scores), torch.exp((scores - shift) - log_sum))
         grad_probs = torch.matmul(dout, v_chunk.transpose(-1, -2))
         grad_scores = probs * (grad_probs - delta_minus_dlse[..., None])
         grad_q = grad_q + scale * torch.matmul(grad_scores, k_chunk)
@@ -108,6 +109,33 @@ def cross_attention_backward(
     grad_k = torch.cat(grad_k_chunks, dim=2) if grad_k_chunks else k.new_zeros(k.shape, dtype=acc)
     grad_v = torch.cat(grad_v_chunks, dim=2) if grad_v_chunks else v.new_zeros(v.shape, dtype=acc)
     return grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype)
+
+
+# From |lse| = 512 on, the fp32 lse = max + log(sum) has rounded log(sum) (<= log N) away by up to 2⁻¹⁵ of
+# it: tied keys of a saturated softmax would each get P = 1. Such rows get their exact (max, log sum)
+# again, as the cpp backward does; ordinary rows use the saved lse.
+PRECISE_NORMALISER_LSE = 512.0
+
+
+def _normaliser(qf: Tensor, k: Tensor, key_padding_mask: Optional[Tensor], lse: Tensor, scale: float,
+                chunk_size: int) -> Tuple[Tensor, Tensor]:
+    """``(shift [..., 1], log_sum [..., 1])`` with ``P = exp((s − shift) − log_sum)`` for every row."""
+    precise = torch.isfinite(lse) & (lse.abs() >= PRECISE_NORMALISER_LSE)
+    if not bool(precise.any()):
+        return lse[..., None], torch.zeros_like(lse)[..., None]
+    acc = qf.dtype
+    row_max = torch.full_like(lse, -math.inf)
+    total = torch.zeros_like(lse)
+    for n0 in range(0, k.shape[2], chunk_size):
+        padding = None if key_padding_mask is None else key_padding_mask[:, n0 : n0 + chunk_size]
+        scores = _chunk_scores(qf, _unpadded_rows(k[:, :, n0 : n0 + chunk_size].to(acc), padding), padding, scale)
+        new_max = torch.maximum(row_max, scores.amax(dim=-1))
+        safe = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
+        total = total * torch.exp(row_max - safe) + torch.exp(scores - safe[..., None]).sum(dim=-1)
+        row_max = new_max
+    shift = torch.where(precise, row_max, lse)
+    log_sum = torch.where(precise, torch.log(total), torch.zeros_like(lse))
+    return shift[..., None], log_sum[..., None]
 
 
 def _merge_weights(lse_a: Tensor, lse_b: Tensor, lse: Tensor) -> Tuple[Tensor, Tensor]:
