@@ -10,13 +10,8 @@ import torch
 import attn_ext as ae
 from _helpers import require_backend
 
-TRITON_DEFECT = pytest.mark.xfail(
-    strict=True, reason="known defect: the Triton backward rebuilds P from the rounded fp32 lse (the cpp and "
-    "reference backends recompute the exact normaliser of such rows); tied keys get P = 1 each")
-
-
 CASES = [("cpp", torch.float32), ("cpp", torch.float64), ("reference", torch.float32), ("reference", torch.float64),
-         pytest.param("triton", torch.float32, marks=TRITON_DEFECT)]  # Triton takes no fp64
+         ("triton", torch.float32)]  # Triton takes no fp64
 
 
 @pytest.mark.parametrize("backend,dtype", CASES)

@@ -194,6 +194,12 @@ _bwd_dkdv_tuned = autotuned(_bwd_dkdv)
 _bwd_dq_tuned = autotuned(_bwd_dq)
 
 
+def _has_saturated_rows(lse: torch.Tensor) -> bool:
+    from attn_ext.ops.cross_attention.naive import PRECISE_NORMALISER_LSE
+
+    return bool((torch.isfinite(lse) & (lse.abs() >= PRECISE_NORMALISER_LSE)).any())
+
+
 def cross_attention_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: torch.Tensor,
                              k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None,
                              out: torch.Tensor, lse: torch.Tensor, scale: float,
@@ -244,6 +250,15 @@ def cross_attention_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | No
     if tuple(grad_out.shape) != (B, H, M, DV) or tuple(out.shape) != (B, H, M, DV):
         raise ValueError(f"grad_out and out must have shape {(B, H, M, DV)}, "
                          f"got {tuple(grad_out.shape)} and {tuple(out.shape)}")
+    if _has_saturated_rows(lse):
+        # The kernels rebuild P = exp(s - lse) from the fp32 lse, which at |lse| >= 512 has rounded log(sum)
+        # away (tied keys would each get P = 1). Until the forward saves (max, log sum) apart, such calls run
+        # the reference backward, which recomputes those rows' normaliser. Costs one host sync per call.
+        from attn_ext.ops.cross_attention.naive import cross_attention_backward as reference_backward
+
+        grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse
+        return tuple(g.contiguous() for g in reference_backward(grad_out, grad_lse, q, k, v, key_padding_mask, out,
+                                                                 lse, scale, chunk_size))
     if grad_out.dtype != dtype:
         raise TypeError(f"grad_out must have dtype {dtype}, got {grad_out.dtype}")
     for name, t in (("lse", lse), ("grad_lse", grad_lse)):
