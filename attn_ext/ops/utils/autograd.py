@@ -43,10 +43,11 @@ class Derivatives:
     ``backward(inputs, outputs, grads)`` is the first-order rule (the fused backward kernel): ``inputs``
     are the op's arguments, ``outputs`` its results, ``grads`` one gradient per differentiable output
     (zeros where none flowed); it returns one gradient (or None) per input.
-    ``composite(inputs, outputs)`` recomputes the differentiable outputs (those at ``differentiable_outputs``)
-    from the inputs with differentiable PyTorch ops, never attn_ext ops (``outputs`` only lends it
-    non-differentiable results such as a tree's selected nodes); ``jvp(inputs, outputs, tangents)``, optional, returns their tangents
-    given one tangent (or None) per input, cheaper than the composite's.
+    ``composite(inputs, outputs)`` recomputes the differentiable outputs (those at
+    ``differentiable_outputs``) from the inputs with differentiable PyTorch ops, never attn_ext ops
+    (``outputs`` only lends it non-differentiable results such as a tree's selected nodes).
+    ``jvp(inputs, outputs, tangents)``, optional, returns their tangents given one tangent (or None) per
+    input, cheaper than the composite's.
     ``exact_first_order(grads)`` says whether ``backward`` is exact for these gradients, None where none
     reached an output (some kernels ignore gradients reaching intermediate outputs; then the composite is
     used).
@@ -121,20 +122,24 @@ def _make_function(name: str, op, spec: Derivatives) -> type:
     })
 
 
-def composite_vjp(spec: Derivatives, inputs, outputs, grads, needs_input_grad) -> Tuple[Optional[Tensor], ...]:
-    """Input gradients from the composite: differentiable again, to any order."""
-    wrt = [i for i in spec.differentiable_inputs
-           if isinstance(inputs[i], Tensor) and needs_input_grad[i] and inputs[i].is_floating_point()]
-    if not wrt:
-        return (None,) * len(inputs)
-
+def _composite_of(spec: Derivatives, inputs, outputs, wrt):
+    """The composite as a function of the inputs at positions ``wrt`` only (the others held fixed)."""
     def composite(*diff):
         args = list(inputs)
         for i, d in zip(wrt, diff):
             args[i] = d
         return tuple(spec.composite(args, outputs))
 
-    _, vjp_fn = torch.func.vjp(composite, *(inputs[i] for i in wrt))
+    return composite
+
+
+def composite_vjp(spec: Derivatives, inputs, outputs, grads, needs_input_grad) -> Tuple[Optional[Tensor], ...]:
+    """Input gradients from the composite: differentiable again, to any order."""
+    wrt = [i for i in spec.differentiable_inputs
+           if isinstance(inputs[i], Tensor) and needs_input_grad[i] and inputs[i].is_floating_point()]
+    if not wrt:
+        return (None,) * len(inputs)
+    _, vjp_fn = torch.func.vjp(_composite_of(spec, inputs, outputs, wrt), *(inputs[i] for i in wrt))
     grads_wrt = vjp_fn(tuple(grads))
     result: list = [None] * len(inputs)
     for i, g in zip(wrt, grads_wrt):
@@ -149,13 +154,7 @@ def composite_jvp(spec: Derivatives, inputs, outputs, tangents) -> Tuple[Tensor,
     passes, because ``torch.func.jvp`` cannot open its dual level inside ``torch.autograd.forward_ad``'s.
     """
     wrt = [i for i in spec.differentiable_inputs if isinstance(tangents[i], Tensor)]
-
-    def composite(*diff):
-        args = list(inputs)
-        for i, d in zip(wrt, diff):
-            args[i] = d
-        return tuple(spec.composite(args, outputs))
-
+    composite = _composite_of(spec, inputs, outputs, wrt)
     if not wrt:
         return tuple(torch.zeros_like(o) for o in composite())
     primal_out, vjp_fn = torch.func.vjp(composite, *(inputs[i] for i in wrt))
