@@ -30,6 +30,8 @@ NAME = "tree"
 BACKENDS = ("cuda", "triton")
 BRANCHINGS = QUICK_BRANCHINGS
 FP32_TOLERANCE = 1e-4
+#: SDPA's fp32 kernels may multiply in TF32 (about 1e-3 relative); it is the baseline, not under test.
+SDPA_TOLERANCE = 2e-3
 #: Fraction of queries whose greedy descent may differ from the reference's (near-ties, see check_tree).
 MAX_ELSEWHERE = 0.01
 
@@ -104,7 +106,8 @@ def measure(case: Case, deadline: float, progress: Callable[[str], None]) -> lis
             rows.append({**row, "note": f"not measured: {reason or 'time limit of the bench stage'}"})
             continue
         call = _full(impl, q, k, v)
-        row["rel_err"] = require_close(f"full CA {impl} N={case.n:,} vs fp64", {"out": (call(), ref)}, FP32_TOLERANCE)
+        bound = SDPA_TOLERANCE if impl == "sdpa" else FP32_TOLERANCE
+        row["rel_err"] = require_close(f"full CA {impl} N={case.n:,} vs fp64", {"out": (call(), ref)}, bound)
         t = cuda_time(call)
         rows.append({**row, "ms": t.median_ms, "samples_ms": list(t.samples_ms), "peak_mib": t.peak_mib})
     del ref, k, v
