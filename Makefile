@@ -4,6 +4,9 @@
 #   make test          set-up, then the test suite (the library's python_tests and the harness's bench/tests)
 #   make bench-update  set-up, then `python -m bench run --update-results`: the full grids (about half an
 #                      hour), rewriting the committed bench/results/ and the README's summary blocks
+#   make gpu-check     on a machine with an NVIDIA GPU: build, GPU tests, compute-sanitizer, GPU benchmarks,
+#                      with the Python and CUDA toolkit already there and no network (no set-up, no .venv
+#                      needed); STAGES="build tests" runs some stages only; docs/gpu_check.md
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -14,7 +17,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.attn_ext-installed
 SOURCES := setup.py pyproject.toml $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null)
 
-.PHONY: setup test bench bench-update cuda-check clean
+.PHONY: setup test bench bench-update cuda-check gpu-check clean
 
 setup: $(STAMP)
 
@@ -38,6 +41,12 @@ bench-update: setup
 
 cuda-check:
 	bash .ci/cuda_compile_check.sh
+
+# Not `setup`: a GPU machine brings its own CUDA torch, and nothing may be downloaded. The interpreter is
+# $$PYTHON when given (`make gpu-check PYTHON=/path/to/python`), else .venv/bin/python if present, else python3.
+STAGES ?=
+gpu-check:
+	bash bench/gpu/check.sh $(STAGES)
 
 clean:
 	rm -rf build dist $(VENV) *.egg-info attn_ext/*.so bench/out

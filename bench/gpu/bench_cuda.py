@@ -1,146 +1,119 @@
-"""GPU benchmark of the CUDA and Triton kernels against PyTorch, for a machine WITH a GPU.
+"""The GPU benchmarks of attn_ext's ``cuda`` and ``triton`` backends: stage "bench" of ``make gpu-check``.
 
-Never run on the project's machines (they have no GPU); written so that the first person with one
-gets a table in one command::
+    python -m bench.gpu.bench_cuda [--out DIR] [--time-limit SECONDS] [--sections attention states ...]
 
-    python bench/gpu/bench_cuda.py                 # forward and forward+backward, fp16/bf16/fp32
-    python bench/gpu/bench_cuda.py --dtype bf16 --out bench/results/cuda_gpu.md
+Sections (one module each, run in this order; each checks a call's result before timing it and stops the
+benchmark with :class:`bench.gpu.checks.WrongResult` if it is wrong):
 
-Rows: cross attention (B=8, H=4, M=128 latents as in CMANP, N keys, D=64) with ``backend="cuda"``
-and ``backend="triton"`` vs ``scaled_dot_product_attention`` (``cuda``: tensor-core forward for fp16/bf16,
-SIMT for fp32, SIMT backward); the state merge of two [8, 4, 4096, 64] states; Intention (M = N) and the batched
-Cholesky + solve ``[4096, 64, 64]`` vs ``torch.linalg``. Timed with CUDA events, median of
-``--repeats`` after warm-up; peak memory from ``torch.cuda.max_memory_allocated``. A backend that
-cannot run is reported with its reason instead of a time.
+- ``attention`` (:mod:`bench.gpu.attention`): cross attention fwd and fwd+bwd TFLOP/s, fp16/bf16,
+  B=8, H=16, D in {64, 128}, M = N in {1k, 4k, 16k}, vs SDPA's flash kernel;
+- ``states`` (:mod:`bench.gpu.states`): state update vs recomputation (the CPU benchmark's problem), merge;
+- ``tree`` (:mod:`bench.gpu.tree`): tree cross attention vs full cross attention and SDPA;
+- ``other_ops`` (:mod:`bench.gpu.other_ops`): Intention, σIntention vs SDPA; batched Cholesky vs torch.
+
+First the Triton kernels of every case are compiled in parallel worker processes (:mod:`bench.gpu.warm`).
+Writes ``bench.md`` (the tables, rewritten after every case, so a run stopped at its time limit still
+leaves what it measured) and ``bench.json`` (every row, with the raw samples) to ``--out``; the tables
+also go to stdout, progress to stderr. Exit status 0; 1 when a result was wrong or a call failed; 2 when
+there is no CUDA device or Triton would run in its interpreter.
 """
 from __future__ import annotations
 
 import argparse
-import statistics
+import datetime
+import json
+import os
 import sys
+import time
+import traceback
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+from bench.gpu import warm
+from bench.harness.report import progress
+
+#: Seconds kept at the end of the time limit to write the files.
+RESERVE_S = 10
 
 
-def cuda_time_ms(fn: Callable[[], object], repeats: int, warmup: int = 3) -> tuple[float, float]:
-    """(median ms, peak MiB above the inputs) of ``fn`` on the current stream."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times), (torch.cuda.max_memory_allocated() - base) / 2**20
+def header(autotuning_problem: str | None) -> str:
+    import triton
+
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return (f"GPU benchmarks on **{torch.cuda.get_device_name()}** (compute capability {props.major}.{props.minor}, "
+            f"{props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB), torch {torch.__version__} "
+            f"(CUDA {torch.version.cuda}), Triton {triton.__version__}, {datetime.date.today().isoformat()}. "
+            "Times are medians of CUDA-event timings after warm-up; Triton's tiles were autotuned on first use ("
+            + ("5 ms + 20 ms per tile configuration)." if autotuning_problem is None
+               else f"Triton's default timing per configuration: {autotuning_problem})."))
 
 
-def attention_rows(dtype: torch.dtype, repeats: int) -> list[list[str]]:
-    import attn_ext as ae
-
-    rows = []
-    for n in (1_000, 10_000, 100_000):
-        q = torch.randn(8, 4, 128, 64, device="cuda", dtype=dtype, requires_grad=True)
-        k, v = (torch.randn(8, 4, n, 64, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
-        grad = torch.randn_like(q)
-        calls = {"sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)}
-        for backend in ("cuda", "triton"):
-            reason = ae.available_backends(q)[backend]
-            calls[backend] = reason or (lambda b=backend: ae.cross_attention(q, k, v, backend=b))
-        for name, fn in calls.items():
-            if isinstance(fn, str):
-                rows.append([f"{n:,}", name, "-", "-", f"unavailable: {fn}"])
-                continue
-            fwd, mem = cuda_time_ms(lambda: fn().detach(), repeats)
-            bwd, _ = cuda_time_ms(lambda: torch.autograd.grad(fn(), (q, k, v), grad), repeats)
-            rows.append([f"{n:,}", name, f"{fwd:.3f}", f"{bwd:.3f}", f"{mem:.1f}"])
-    return rows
+def write(out: Path, parts: dict[str, str], rows: list[dict], meta: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    text = "\n\n".join([f"# GPU benchmarks\n\n{meta['header']}"] + [f"## {name}\n\n{body}" for name, body in parts.items()]
+                       + (["## Errors\n\n" + "\n".join(f"- {e}" for e in meta["errors"])] if meta["errors"] else []))
+    (out / "bench.md").write_text(text + "\n")
+    (out / "bench.json").write_text(json.dumps({**meta, "rows": rows}, indent=1, default=str))
 
 
-def merge_rows(dtype: torch.dtype, repeats: int) -> list[list[str]]:
-    """merge_states of two [8, 4, 4096, 64] states: memory bound, compared with the same math in torch ops."""
-    import attn_ext as ae
+def run(out: Path, time_limit: float, sections: list[str], jobs: int, keep_going: bool) -> int:
+    from bench.gpu.timing import shorter_autotuning
 
-    a, b = (ae.AttentionState(torch.randn(8, 4, 4096, 64, device="cuda", dtype=dtype),
-                              torch.randn(8, 4, 4096, device="cuda")) for _ in range(2))
-
-    def torch_ops():
-        lse = torch.logaddexp(a.lse, b.lse)
-        return (torch.exp(a.lse - lse)[..., None] * a.out + torch.exp(b.lse - lse)[..., None] * b.out), lse
-
-    rows = []
-    for name, fn in (("merge_states cuda", lambda: ae.merge_states(a, b, backend="cuda")),
-                     ("merge_states triton", lambda: ae.merge_states(a, b, backend="triton")),
-                     ("torch ops", torch_ops)):
-        try:
-            rows.append([name, f"{cuda_time_ms(fn, repeats)[0]:.3f}"])
-        except Exception as exc:  # noqa: BLE001 - reported in the table
-            rows.append([name, f"failed: {type(exc).__name__}: {exc}"])
-    return rows
-
-
-def linalg_rows(repeats: int) -> list[list[str]]:
-    import attn_ext as ae
-
-    rows = []
-    q, k, v = (torch.randn(8, 4, 4096, 64, device="cuda") for _ in range(3))
-    for name, fn in (("intention cuda", lambda: ae.intention(q, k, v, backend="cuda")),
-                     ("intention triton", lambda: ae.intention(q, k, v, backend="triton")),
-                     ("sdpa (same shape)", lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v))):
-        try:
-            rows.append([name, f"{cuda_time_ms(fn, repeats)[0]:.3f}"])
-        except Exception as exc:  # noqa: BLE001 - reported in the table
-            rows.append([name, f"failed: {type(exc).__name__}: {exc}"])
-    z = torch.randn(4096, 64, 64, device="cuda")
-    a, b = z @ z.mT / 64 + torch.eye(64, device="cuda"), torch.randn(4096, 64, 64, device="cuda")
-    for name, fn in (("cholesky+solve ours", lambda: torch.ops.attn_ext.batched_cholesky_solve(
-                         torch.ops.attn_ext.batched_cholesky(a)[0], b)),
-                     ("cholesky+solve torch", lambda: torch.cholesky_solve(b, torch.linalg.cholesky(a)))):
-        try:
-            rows.append([name, f"{cuda_time_ms(fn, repeats)[0]:.3f}"])
-        except Exception as exc:  # noqa: BLE001
-            rows.append([name, f"failed: {type(exc).__name__}: {exc}"])
-    return rows
-
-
-def markdown(header: list[str], rows: list[list[str]]) -> str:
-    return "\n".join(["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-                     + ["| " + " | ".join(r) + " |" for r in rows])
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dtype", choices=sorted(DTYPES), nargs="+", default=["fp16", "bf16", "fp32"])
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--out", type=Path, default=Path("bench/results/cuda_gpu.md"))
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("no CUDA device: this benchmark needs a GPU (nothing measured)", file=sys.stderr)
-        return 2
-    parts = [f"# GPU benchmark on {torch.cuda.get_device_name()} (torch {torch.__version__})", ""]
-    for key in args.dtype:
-        print(f"cross attention {key} ...", file=sys.stderr, flush=True)
-        parts += [f"## Cross attention, {key}, B=8 H=4 M=128 D=64", "",
-                  markdown(["N", "impl", "fwd ms", "fwd+bwd ms", "peak MiB / note"],
-                           attention_rows(DTYPES[key], args.repeats)), ""]
-        parts += [f"## State merge, {key}, [8, 4, 4096, 64]", "", markdown(["impl", "ms"], merge_rows(DTYPES[key], args.repeats)),
-                  ""]
-    print("intention and Cholesky ...", file=sys.stderr, flush=True)
-    parts += ["## Intention (B=8 H=4 M=N=4096 D=64, fp32) and batched Cholesky [4096, 64, 64]", "",
-              markdown(["impl", "ms"], linalg_rows(args.repeats)), ""]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text("\n".join(parts))
-    print("\n".join(parts))
+    started = time.monotonic()
+    deadline = started + time_limit - RESERVE_S
+    meta = {"header": header(shorter_autotuning()), "errors": [], "warm_up": None}
+    if jobs > 0:
+        # Half the time at most: a warm-up that overran only leaves compiling to the timing process.
+        meta["warm_up"] = warm.warm_in_parallel(sections, jobs, time_limit_s=0.5 * (deadline - time.monotonic()))
+        progress(meta["warm_up"])
+    rows: list[dict] = []
+    parts: dict[str, str] = {}
+    titles = {"attention": "Cross attention", "states": "Attention states", "tree": "Tree cross attention",
+              "other_ops": "Intention and Cholesky"}
+    for name in sections:
+        module = warm.section(name)
+        for case in module.cases():
+            if meta["errors"] and not keep_going:
+                break
+            try:
+                rows += module.measure(case, deadline, progress)
+            except Exception as exc:  # noqa: BLE001 - recorded; the run stops there unless asked to go on
+                meta["errors"].append(f"{name} {case.label}: {type(exc).__name__}: {exc}")
+                progress(f"ERROR {meta['errors'][-1]}")
+                traceback.print_exc()
+            torch.cuda.empty_cache()
+            parts[titles[name]] = module.markdown([r for r in rows if r["section"] == module.NAME])
+            write(out, parts, rows, meta)
+    meta["elapsed_s"] = round(time.monotonic() - started, 1)
+    write(out, parts, rows, meta)
+    print((out / "bench.md").read_text())
+    if meta["errors"]:
+        progress(f"{len(meta['errors'])} error(s); the first: {meta['errors'][0]}")
+        return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("bench/out/gpu"))
+    parser.add_argument("--time-limit", type=float, default=600.0,
+                        help="seconds for the whole benchmark; cases left when it is near are reported as not measured")
+    parser.add_argument("--sections", nargs="+", choices=warm.SECTIONS, default=list(warm.SECTIONS))
+    parser.add_argument("--warm-jobs", type=int, default=min(12, os.cpu_count() or 1),
+                        help="parallel processes compiling the Triton kernels first (0: none)")
+    parser.add_argument("--keep-going", action="store_true", default=os.environ.get("GPU_CHECK_KEEP_GOING") == "1",
+                        help="after a wrong result or a failed call, go on with the other cases")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("no CUDA device (torch.cuda.is_available() is False): this benchmark needs a GPU; nothing measured",
+              file=sys.stderr)
+        return 2
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("TRITON_INTERPRET=1: the Triton rows would time the interpreter; run with TRITON_INTERPRET=0",
+              file=sys.stderr)
+        return 2
+    return run(args.out, args.time_limit, args.sections, args.warm_jobs, args.keep_going)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,54 @@
+"""What the GPU tests share: which backends can run on this machine's CUDA device, and why not.
+
+Every GPU test takes a ``backend`` parameter (``cuda``, ``triton``, or only ``cuda`` for the ops without a
+Triton kernel: tree aggregation, the batched Cholesky), so ``-k cuda`` / ``-k triton`` select one backend's
+kernels (the sanitize stage of ``make gpu-check`` does). A backend that cannot run is skipped with the
+library's own reason; ``make gpu-check`` sets ``ATTN_EXT_REQUIRE_GPU=1``, under which such a skip fails
+instead (see conftest.py here), so a check that tested nothing cannot pass.
+
+``ATTN_EXT_GPU_SANITIZE=1`` shrinks every grid to its small cases: under compute-sanitizer every launch
+is serialised and instrumented, 10-100 times slower.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Sequence
+
+import pytest
+import torch
+
+import attn_ext as ae
+
+SANITIZE = os.environ.get("ATTN_EXT_GPU_SANITIZE") == "1"
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def grid(full: Sequence, small: Sequence) -> Sequence:
+    """``small`` under compute-sanitizer (``ATTN_EXT_GPU_SANITIZE=1``), else ``full``."""
+    return small if SANITIZE else full
+
+
+def unavailable(backend: str, op: str = "cross_attention") -> Optional[str]:
+    """Why ``backend`` cannot run ``op`` on CUDA tensors here, or None."""
+    if not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False): the GPU kernels are not tested on this machine"
+    if backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1":
+        # The kernels were decorated for the interpreter, which would run them on copies in host memory.
+        return ("TRITON_INTERPRET=1: attn_ext's Triton kernels were built for the interpreter, so CUDA tensors would "
+                "not test the compiled kernels; run with TRITON_INTERPRET=0 (make gpu-check does)")
+    return ae.available_backends(torch.zeros(1, device="cuda"), op)[backend]
+
+
+def backends(op: str = "cross_attention", names: Sequence[str] = ("cuda", "triton")) -> list:
+    """``pytest.param`` per backend in ``names``, each skipped with its reason when it cannot run ``op``."""
+    params = []
+    for name in names:
+        reason = unavailable(name, op)
+        marks = [pytest.mark.skipif(True, reason=f"{name} backend not tested: {reason}")] if reason else []
+        params.append(pytest.param(name, marks=marks, id=name))
+    return params
+
+
+def cuda(*tensors):
+    """The tensors on the current CUDA device (None stays None)."""
+    return tuple(None if t is None else t.cuda() for t in tensors)
