@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import attn_ext as ae
+from _helpers import naive_attention, naive_grads, worse_of
 
 SANITIZE = os.environ.get("ATTN_EXT_GPU_SANITIZE") == "1"
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -47,6 +48,35 @@ def backends(op: str = "cross_attention", names: Sequence[str] = ("cuda", "trito
         marks = [pytest.mark.skipif(True, reason=f"{name} backend not tested: {reason}")] if reason else []
         params.append(pytest.param(name, marks=marks, id=name))
     return params
+
+
+def pytorch_same_precision(q, k, v, mask, scale, cpu_result, ref):
+    """The worse of PyTorch's same-precision (out, lse) on the CPU (``cpu_result``) and on the GPU.
+
+    FlashAttention's rule compares with PyTorch's own computation in the inputs' precision, done on the
+    device under test: a GPU dot product accumulates its D terms one FMA at a time per thread (cuBLAS
+    and our kernels alike), while the CPU's BLAS blocks them, so its fp32 error is often smaller by
+    luck of the summation order. Taking the worse of the two keeps the rule about the precision, not
+    about which summation order PyTorch happened to use. TF32 is off for the GPU reference.
+    """
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        gpu = naive_attention(*cuda(q, k, v, mask), scale)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    return tuple(worse_of(a, b.cpu(), r) for a, b, r in zip(cpu_result, gpu, ref))
+
+
+def pytorch_grads_same_precision(q, k, v, mask, scale, grad_out, grad_lse, cpu_grads, ref_grads):
+    """Gradients: the worse of PyTorch's same-precision ones on the CPU and on the GPU (see above)."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        gpu = naive_grads(*cuda(q, k, v, mask), scale, *cuda(grad_out, grad_lse))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    return tuple(worse_of(a, b.cpu(), r) for a, b, r in zip(cpu_grads, gpu, ref_grads))
 
 
 def cuda(*tensors):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attn_ext as ae
-from _gpu import DTYPES, backends, cuda, grid
+from _gpu import DTYPES, backends, cuda, grid, pytorch_grads_same_precision, pytorch_same_precision
 from _helpers import assert_within_flash_rule, backward_case, forward_case, fully_padded_entries
 
 SHAPES = [  # (B, H, M, N, D, Dv)
@@ -32,7 +32,8 @@ def test_forward_flash_rule(backend, dtype, shape, mask_kind, layout):
     if layout == "strided":  # views of [B, L, H, D] tensors; with one head those are contiguous: sliced rows
         layout = "transposed" if shape[1] > 1 else "padded_rows"
     q, k, v, mask, scale, refs = forward_case(*shape, dtype, layout=layout, mask_kind=mask_kind)
-    (out64, lse64), (out_pt, lse_pt) = refs
+    (out64, lse64), cpu_pt = refs
+    out_pt, lse_pt = pytorch_same_precision(q, k, v, mask, scale, cpu_pt, (out64, lse64))
     qc, kc, vc, mc = cuda(q, k, v, mask)
     out, lse = ae.cross_attention(qc, kc, vc, key_padding_mask=mc, scale=scale, return_lse=True, backend=backend)
     assert out.device.type == "cuda" and out.dtype == dtype and lse.dtype == torch.float32
@@ -47,7 +48,8 @@ def test_forward_flash_rule(backend, dtype, shape, mask_kind, layout):
 @pytest.mark.parametrize("shape", grid(SHAPES[:4], SHAPES[:2]), ids=str)
 @pytest.mark.parametrize("mask_kind", grid(["none", "all_padded"], ["all_padded"]))
 def test_backward_flash_rule(backend, dtype, shape, mask_kind):
-    q, k, v, mask, scale, grad_out, grad_lse, ref, pt = backward_case(*shape, dtype, mask_kind=mask_kind)
+    q, k, v, mask, scale, grad_out, grad_lse, ref, cpu_pt = backward_case(*shape, dtype, mask_kind=mask_kind)
+    pt = pytorch_grads_same_precision(q, k, v, mask, scale, grad_out, grad_lse, cpu_pt, ref)
     leaves = [t.cuda().requires_grad_(True) for t in (q, k, v)]
     mc = None if mask is None else mask.cuda()
     out, lse = ae.cross_attention(*leaves, key_padding_mask=mc, scale=scale, return_lse=True, backend=backend)

@@ -6,7 +6,7 @@ import torch
 
 import attn_ext as ae
 from attn_ext.ops.utils import dispatch
-from _gpu import DTYPES, backends, cuda, grid
+from _gpu import DTYPES, backends, cuda, grid, pytorch_same_precision
 from _helpers import assert_within_flash_rule, forward_case
 
 
@@ -44,7 +44,8 @@ def test_merge_states_backward_matches_cpu(backend, dtype):
 def test_chunked_states_merge_to_full_attention(backend, dtype):
     """attention_state over two key halves + merge_states on CUDA equals one pass over all keys."""
     q, k, v, mask, scale, refs = forward_case(2, 2, 33, 150, 64, 40, dtype, layout="contiguous", mask_kind="lengths")
-    (out64, lse64), (out_pt, lse_pt) = refs
+    (out64, lse64), cpu_pt = refs
+    out_pt, lse_pt = pytorch_same_precision(q, k, v, mask, scale, cpu_pt, (out64, lse64))
     qc, kc, vc, mc = cuda(q, k, v, mask)
     halves = [ae.attention_state(qc, kc[:, :, sl], vc[:, :, sl], key_padding_mask=None if mc is None else mc[:, sl],
                                  scale=scale, backend=backend) for sl in (slice(0, 70), slice(70, None))]
@@ -57,7 +58,8 @@ def test_chunked_states_merge_to_full_attention(backend, dtype):
 def test_update_state_matches_recomputation(backend):
     """update_state with new keys on CUDA equals the state recomputed over all keys (the state benchmark's call)."""
     q, k, v, mask, scale, refs = forward_case(1, 4, 128, 80, 64, 64, torch.float32, layout="contiguous")
-    (out64, lse64), (out_pt, lse_pt) = refs
+    (out64, lse64), cpu_pt = refs
+    out_pt, lse_pt = pytorch_same_precision(q, k, v, mask, scale, cpu_pt, (out64, lse64))
     qc, kc, vc = cuda(q, k, v)
     state = ae.attention_state(qc, kc[:, :, :64], vc[:, :, :64], scale=scale, backend=backend)
     updated = ae.update_state(state, qc, kc[:, :, 64:], vc[:, :, 64:], scale=scale, backend=backend)
