@@ -113,13 +113,15 @@ def build_command(plan: BuildPlan, torch_version: str, root: str):
             if self._plan.variant == "force_cuda":
                 for ext in self.extensions:
                     ext.extra_objects = nvcc_objects(self._plan, root, os.path.join(self.build_temp, "cuda_objects"))
-            inplace = self.inplace  # setuptools clears it while building and restores it only on success
+            # run() replaces the compiler option (a name) by the compiler it makes, and clears inplace until it
+            # succeeds: a second run after a failure needs both as they were.
+            compiler, inplace = self.compiler, self.inplace
             try:
                 super().run()
             except Exception as exc:  # a compiler or linker failure, reported by ninja, distutils or torch's checks
                 if self._plan.variant != "cuda":
                     raise
-                self.inplace = inplace
+                self.compiler, self.inplace = compiler, inplace
                 self._fall_back(f"compiling the CUDA part failed ({type(exc).__name__}: {exc}); the compiler's "
                                 "messages are above in the build log (`pip install -v` shows them)")
                 super().run()
@@ -128,7 +130,9 @@ def build_command(plan: BuildPlan, torch_version: str, root: str):
         def _fall_back(self, reason):
             self._plan = self._plan.fallback(reason)  # raises under ATTN_EXT_REQUIRE_CUDA=1
             layout.describe(self._plan)
-            self.extensions[:] = [make_extension(self._plan, root)]
+            cpu = make_extension(self._plan, root)
+            for ext in self.extensions:  # in place: finalize_options gave the extension attributes run() needs
+                ext.__dict__.update({k: v for k, v in vars(cpu).items() if not k.startswith("_")})
             self._set_build_temp()
 
         def _info_paths(self):

@@ -112,7 +112,7 @@ def plan_build(environ: Mapping[str, str], torch: TorchInfo, probe: Callable[[],
     if skip and (require or force):
         raise BuildConfigError("ATTN_EXT_SKIP_CUDA=1 contradicts ATTN_EXT_REQUIRE_CUDA=1 / ATTN_EXT_FORCE_CUDA=1; set one")
     if skip:
-        return BuildPlan("cpu", "the CUDA kernels were left out on request (built with ATTN_EXT_SKIP_CUDA=1)")
+        return BuildPlan("cpu", "the CUDA kernels were left out on request: built with ATTN_EXT_SKIP_CUDA=1")
     reason = None
     if torch.hip is not None:
         reason = f"torch {torch.version} is a ROCm build; attn_ext's GPU kernels are CUDA kernels"
