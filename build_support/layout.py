@@ -31,7 +31,7 @@ def build_info(plan, torch_version: str) -> dict:
     return {
         "torch": torch_version,
         "cuda_kernels": plan.variant == "cuda",
-        "cuda_reason": plan.cuda_reason if plan.variant != "cuda" else None,
+        "cuda_reason": plan.cuda_reason,
         "cuda_archs": [str(a) for a in plan.archs] if plan.with_cuda else [],
         "cuda_home": plan.cuda_home if plan.with_cuda else None,
     }

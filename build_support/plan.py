@@ -130,7 +130,10 @@ def plan_build(environ: Mapping[str, str], torch: TorchInfo, probe: Callable[[],
     archs, source = _archs(environ, torch, toolkit, notes)  # explicit requests fail even when falling back
     if problem is None and not archs:
         problem = "no architecture is left to compile for (see the notes above); set TORCH_CUDA_ARCH_LIST"
-    plan = BuildPlan(variant, require_cuda=require, cuda_home=toolkit.root.root, nvcc=toolkit.nvcc,
+    no_bindings = None if variant == "cuda" else (
+        f"built with ATTN_EXT_FORCE_CUDA=1 against torch {torch.version}, a CPU build: the CUDA kernels are compiled "
+        "and linked as a build check, without their torch bindings, so none is registered")
+    plan = BuildPlan(variant, no_bindings, require_cuda=require, cuda_home=toolkit.root.root, nvcc=toolkit.nvcc,
                      cudart_dir=toolkit.cudart_dir, archs=tuple(archs), arch_source=source,
                      include_after=tuple(toolkit.headers.extra_dirs), notes=notes)
     if problem is not None:

@@ -188,6 +188,7 @@ def _plan(environ, torch=CUDA_TORCH, toolkit=None):
 def test_cuda_torch_with_a_matching_toolkit_builds_cuda_for_the_default_list():
     plan = _plan({})
     assert plan.variant == "cuda" and plan.cuda_reason is None
+    assert layout.build_info(plan, CUDA_TORCH.version)["cuda_kernels"] is True
     assert cuda_arch.format_arch_list(plan.archs) == "8.0;8.6;9.0;10.0;12.0+PTX"
     assert plan.include_after == ("/wheels/nvidia/cu13/include",) and plan.nvcc == "/cuda/bin/nvcc"
     assert cuda_arch.format_arch_list(_plan({"TORCH_CUDA_ARCH_LIST": "8.6;8.9+PTX"}).archs) == "8.6;8.9+PTX"
@@ -246,6 +247,9 @@ def test_cpu_torch_builds_cpu_kernels_without_looking_for_cuda():
 def test_force_cuda_with_a_cpu_torch_compiles_the_kernels_for_the_fallback_list():
     plan = _plan({"ATTN_EXT_FORCE_CUDA": "1"}, CPU_TORCH)
     assert plan.variant == "force_cuda" and cuda_arch.format_arch_list(plan.archs) == cuda_arch.FALLBACK_LIST
+    info = layout.build_info(plan, CPU_TORCH.version)
+    assert not info["cuda_kernels"] and "without their torch bindings" in info["cuda_reason"]
+    assert info["cuda_archs"] == ["8.0", "9.0+PTX"]
     assert cuda_arch.format_arch_list(_plan({"ATTN_EXT_FORCE_CUDA": "1", "TORCH_CUDA_ARCH_LIST": "8.9"},
                                             CPU_TORCH).archs) == "8.9"
     with pytest.raises(BuildConfigError, match="libcudart"):  # a check, so never a silent fall-back
