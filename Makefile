@@ -15,7 +15,7 @@ PIP := $(PY) -m pip
 # that it may carry pip options, e.g. TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu".
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.attn_ext-installed
-SOURCES := setup.py pyproject.toml $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null)
+SOURCES := setup.py pyproject.toml $(wildcard build_support/*.py) $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null)
 
 .PHONY: setup test bench bench-update cuda-check gpu-check clean
 
@@ -49,4 +49,4 @@ gpu-check:
 	bash bench/gpu/check.sh $(STAGES)
 
 clean:
-	rm -rf build dist $(VENV) *.egg-info attn_ext/*.so bench/out
+	rm -rf build dist $(VENV) *.egg-info attn_ext/*.so attn_ext/_build_info.json bench/out

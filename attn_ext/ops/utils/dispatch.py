@@ -101,8 +101,9 @@ def _compiled_reason(backend: str, x: Tensor, kernel_name: Optional[str]) -> Opt
     # registered with the extension, and asking torch here would break torch.compile's graph on CPU.)
     if backend == "cuda" and kernel_name is not None and \
             not torch._C._dispatch_has_kernel_for_dispatch_key(f"attn_ext::{kernel_name}", key):
-        return (f"this build of attn_ext has no {key} kernel for attn_ext::{kernel_name} (it was compiled against a "
-                "torch without CUDA, or before that kernel existed; reinstall with a CUDA build of torch and nvcc on PATH)")
+        why = extension.cuda_build_reason() or ("it was compiled against a torch without CUDA, or before that kernel "
+                                                "existed; reinstall with a CUDA build of torch and nvcc on PATH")
+        return f"this build of attn_ext has no {key} kernel for attn_ext::{kernel_name} ({why})"
     if backend == "cuda" and x.dtype == torch.float64:
         return "the CUDA kernels take float16, bfloat16 or float32, not float64"
     return None
