@@ -51,6 +51,9 @@ t2="$(now)"
 ctest --test-dir "${build}" --output-on-failure
 t3="$(now)"
 
+echo "== launch plans per opt-in shared-memory limit (tile and bytes; csrc/tests/cuda_plan_limits_test.cpp)"
+"${build}/attn_ext_cuda_plan_limits_tests" | grep -v "all checks passed"
+
 echo "== register / spill usage per kernel instantiation (ptxas -v)"
 awk '
   /Compiling entry function/ { match($0, /for .sm_[0-9]+./); arch = substr($0, RSTART + 5, RLENGTH - 6) }

@@ -3,7 +3,7 @@
 Registers per thread, spill stores/loads, stack frame, static shared memory and barriers, per kernel
 and architecture, written as Markdown to ``bench/results/cuda_resources.md`` (and printed). No GPU
 is needed: this is what the compiler decided. Dynamic shared memory is chosen at launch by each
-kernel's launch plan (``csrc/cuda/*launch_plan*.h``), which the host tests check; it is not in
+kernel's launch plan (``csrc/cuda/*_plan.h``), which the host tests check; it is not in
 ptxas's report.
 
 Usage::

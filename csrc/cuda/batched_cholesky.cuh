@@ -41,7 +41,8 @@ struct BatchedCholeskySolveParams {
 
 /// Enqueues the factorisation (one block per matrix, the matrix in shared memory). On a bad pivot at
 /// column j, L's columns < j hold the factor and the rest is 0, as the CPU op. Returns
-/// cudaErrorInvalidValue for n > 128 or null pointers, else the launch's error.
+/// cudaErrorInvalidValue for n > 128, a matrix that does not fit the current device's shared memory
+/// (batched_cholesky_plan.h), or null pointers, else the launch's error.
 cudaError_t launch_batched_cholesky(const BatchedCholeskyParams& p, cudaStream_t stream);
 
 /// Enqueues the solves (one block per matrix and 128 right-hand sides; one thread per column).

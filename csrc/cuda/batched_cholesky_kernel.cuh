@@ -58,12 +58,13 @@ __device__ __forceinline__ void cholesky_load_lower(T* dst, int ld, const Stride
   }
 }
 
-/// One block per matrix: L and info of batched_cholesky.
-template <typename T>
+/// One block per matrix: L and info of batched_cholesky. kPaddedRows: the plan's padded_rows, the
+/// leading dimension of the matrix in shared memory (cholesky_smem_ld).
+template <typename T, bool kPaddedRows>
 __global__ void __launch_bounds__(kCholeskyThreads) batched_cholesky_kernel(const BatchedCholeskyParams p) {
   extern __shared__ float4 smem_raw[];
   T* a = reinterpret_cast<T*>(smem_raw);
-  const int n = static_cast<int>(p.n), ld = n + 1;  // cholesky_smem_ld(n)
+  const int n = static_cast<int>(p.n), ld = static_cast<int>(cholesky_smem_ld(n, kPaddedRows));
   const int64_t m = blockIdx.x;
   const T shift = p.diag_shift == nullptr ? T(0) : static_cast<const T*>(p.diag_shift)[m];
   cholesky_load_lower(a, ld, p.a, m, n, shift);
@@ -82,11 +83,11 @@ __global__ void __launch_bounds__(kCholeskyThreads) batched_cholesky_kernel(cons
 /// Grid (matrix, block of columns): X[:, c] = A⁻¹ B[:, c] for this block's columns.
 /// Launch bounds with 2 blocks per SM: with the block size alone ptxas kept the fp64 instantiation
 /// at 32 registers and spilled around the double-division subroutine.
-template <typename T>
+template <typename T, bool kPaddedRows>
 __global__ void __launch_bounds__(kCholeskyThreads, 2) batched_cholesky_solve_kernel(const BatchedCholeskySolveParams p) {
   extern __shared__ float4 smem_raw[];
   T* l = reinterpret_cast<T*>(smem_raw);
-  const int n = static_cast<int>(p.n), ld = n + 1;  // cholesky_smem_ld(n)
+  const int n = static_cast<int>(p.n), ld = static_cast<int>(cholesky_smem_ld(n, kPaddedRows));
   const int64_t m = blockIdx.x;
   cholesky_load_lower(l, ld, p.l, m, n, T(0));
   __syncthreads();

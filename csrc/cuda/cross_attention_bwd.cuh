@@ -35,12 +35,16 @@ struct CrossAttentionBwdParams : QkvLayout {
 
 /// Enqueues the Δ pre-pass, the dK/dV kernel and the dQ kernel on `stream` (see the plan header;
 /// fp16/bf16 take the tensor-core kernels, with D and Dv zero-padded to one head-dim bucket).
-/// Rows with lse = −inf (no valid key) get zero gradients. Returns cudaErrorInvalidValue for an
-/// unsupported shape or dtype or missing pointers, else the first launch error.
+/// Rows with lse = −inf (no valid key) get zero gradients. The tiles are those the plan picks for the
+/// current device's shared memory. Returns cudaErrorInvalidValue for an unsupported shape or dtype,
+/// no tile that fits the device, or missing pointers, else the first launch error.
 cudaError_t launch_cross_attention_bwd(const CrossAttentionBwdParams& p, cudaStream_t stream);
 
 namespace detail {
-/// The fp16/bf16 dK/dV and dQ kernels (WMMA) of a validated tensor-core plan; Δ must be computed.
+/// The dK/dV and dQ kernels (WMMA) of a validated tensor-core plan of dtype scalar_t (__half or
+/// __nv_bfloat16); Δ must be computed. Defined in cross_attention_bwd_wmma_launch.cuh, instantiated
+/// once per dtype by cross_attention_bwd_wmma_{fp16,bf16}.cu.
+template <typename scalar_t>
 cudaError_t launch_cross_attention_bwd_wmma(const CrossAttentionBwdParams& p, const CrossAttentionBwdPlan& plan,
                                             cudaStream_t stream);
 }  // namespace detail

@@ -2,7 +2,8 @@
 // is described in cross_attention_bwd_plan.h. The launcher uses the Δ pre-pass for every dtype and
 // these gradient kernels for fp32 inputs (fp16/bf16 take cross_attention_bwd_wmma_kernel.cuh).
 //
-// Both gradient kernels go through the same 16×16 tile step: with the query tile (Q, dO, lse, Δ,
+// Both gradient kernels go through the same kTile×kTile tile step (16, or 8 where the device's shared
+// memory needs it: cross_attention_bwd_plan.h): with the query tile (Q, dO, lse, Δ,
 // dlse) and the key tile (K, V, per-key bias 0/−inf) in shared memory, bwd_tile_scores() writes
 // P = exp(scale·q·k + bias − lse) and dS = P∘(dO·v − Δ + dlse) (the header's softmax_probability
 // and score_gradient, so empty rows give P = 0 and zero gradients, NaN rows NaN; padded keys are
@@ -39,9 +40,10 @@ __device__ __forceinline__ void load_rows(float* __restrict__ dst, const scalar_
 }
 
 /// The per-row statistics of a query tile: lse (−inf past M, so those rows get P = 0), Δ and dlse.
+template <int kTile>
 __device__ __forceinline__ void load_row_stats(float* smem, const CrossAttentionBwdSmem& s,
                                                const CrossAttentionBwdParams& p, int64_t row0, int rows_valid) {
-  for (int i = threadIdx.x; i < kCrossAttentionBwdBlockM; i += kCrossAttentionBwdThreads) {
+  for (int i = threadIdx.x; i < kTile; i += kCrossAttentionBwdThreads) {
     const bool valid = i < rows_valid;
     smem[s.lse + i] = valid ? p.lse[row0 + i] : negative_infinity<float>();
     smem[s.delta + i] = valid ? p.delta[row0 + i] : 0.0f;
@@ -50,19 +52,21 @@ __device__ __forceinline__ void load_row_stats(float* smem, const CrossAttention
 }
 
 /// The per-key bias of a key tile: 0 for a valid key, −inf for padding and for rows past N.
+template <int kTile>
 __device__ __forceinline__ void load_key_bias(float* smem, const CrossAttentionBwdSmem& s, const uint8_t* mask,
                                               int64_t n0, int rows_valid) {
-  for (int j = threadIdx.x; j < kCrossAttentionBwdBlockN; j += kCrossAttentionBwdThreads) {
+  for (int j = threadIdx.x; j < kTile; j += kCrossAttentionBwdThreads) {
     const bool valid = j < rows_valid && (mask == nullptr || mask[n0 + j] == 0);
     smem[s.bias + j] = valid ? 0.0f : negative_infinity<float>();
   }
 }
 
-/// P and dS of the current (query tile, key tile) pair, [BM][BN] row-major in shared memory.
+/// P and dS of the current (query tile, key tile) pair, [kTile][kTile] row-major in shared memory.
+template <int kTile>
 __device__ __forceinline__ void bwd_tile_scores(float* smem, const CrossAttentionBwdSmem& s, int D, int Dv,
                                                 float scale) {
-  constexpr int BN = kCrossAttentionBwdBlockN;
-  for (int e = threadIdx.x; e < kCrossAttentionBwdBlockM * BN; e += kCrossAttentionBwdThreads) {
+  constexpr int BN = kTile;
+  for (int e = threadIdx.x; e < kTile * BN; e += kCrossAttentionBwdThreads) {
     const int i = e / BN, j = e % BN;
     const float* q = smem + s.q + i * (D + 1);
     const float* k = smem + s.k + j * (D + 1);
@@ -77,8 +81,9 @@ __device__ __forceinline__ void bwd_tile_scores(float* smem, const CrossAttentio
   }
 }
 
-/// acc[r][c] += mul · Σ_t coef(t, r) · rows[t][c] over the 16 rows of the other tile: coef is P or
-/// dS, read transposed (dK/dV) or not (dQ) through the strides.
+/// acc[r][c] += mul · Σ_t coef(t, r) · rows[t][c] over the kTile rows of the other tile: coef is P
+/// or dS, read transposed (dK/dV) or not (dQ) through the strides.
+template <int kTile>
 __device__ __forceinline__ void accumulate_tile(float* __restrict__ acc, int acc_rows, int cols,
                                                 const float* __restrict__ coef, int coef_stride_r, int coef_stride_t,
                                                 const float* __restrict__ rows, float mul) {
@@ -86,7 +91,7 @@ __device__ __forceinline__ void accumulate_tile(float* __restrict__ acc, int acc
     const int r = e / cols, c = e % cols;
     float sum = 0.0f;
 #pragma unroll
-    for (int t = 0; t < 16; ++t) sum = fmaf(coef[r * coef_stride_r + t * coef_stride_t], rows[t * (cols + 1) + c], sum);
+    for (int t = 0; t < kTile; ++t) sum = fmaf(coef[r * coef_stride_r + t * coef_stride_t], rows[t * (cols + 1) + c], sum);
     acc[e] = fmaf(mul, sum, acc[e]);
   }
 }
@@ -111,37 +116,37 @@ __global__ void __launch_bounds__(kCrossAttentionBwdThreads) cross_attention_bwd
 }
 
 /// Loads query tile `m0` of head (b, h): Q, dO and the row statistics.
-template <typename scalar_t>
+template <typename scalar_t, int kTile>
 __device__ __forceinline__ void load_query_tile(float* smem, const CrossAttentionBwdSmem& s,
                                                 const CrossAttentionBwdParams& p, int64_t bh, int64_t m0) {
   const int64_t b = bh / p.H, h = bh % p.H;
-  const int rows = static_cast<int>(p.M - m0 < kCrossAttentionBwdBlockM ? p.M - m0 : kCrossAttentionBwdBlockM);
+  const int rows = static_cast<int>(p.M - m0 < kTile ? p.M - m0 : kTile);
   const int D = static_cast<int>(p.D), Dv = static_cast<int>(p.Dv);
   load_rows(smem + s.q, static_cast<const scalar_t*>(p.q) + b * p.q_stride_b + h * p.q_stride_h + m0 * p.q_stride_m,
-            p.q_stride_m, kCrossAttentionBwdBlockM, rows, D);
+            p.q_stride_m, kTile, rows, D);
   load_rows(smem + s.dout,
             static_cast<const scalar_t*>(p.grad_out) + b * p.dout_stride_b + h * p.dout_stride_h + m0 * p.dout_stride_m,
-            p.dout_stride_m, kCrossAttentionBwdBlockM, rows, Dv);
-  load_row_stats(smem, s, p, bh * p.M + m0, rows);
+            p.dout_stride_m, kTile, rows, Dv);
+  load_row_stats<kTile>(smem, s, p, bh * p.M + m0, rows);
 }
 
 /// Loads key tile `n0` of head (b, h): K, V and the key biases.
-template <typename scalar_t>
+template <typename scalar_t, int kTile>
 __device__ __forceinline__ void load_key_tile(float* smem, const CrossAttentionBwdSmem& s,
                                               const CrossAttentionBwdParams& p, int64_t bh, int64_t n0) {
   const int64_t b = bh / p.H, h = bh % p.H;
-  const int rows = static_cast<int>(p.N - n0 < kCrossAttentionBwdBlockN ? p.N - n0 : kCrossAttentionBwdBlockN);
+  const int rows = static_cast<int>(p.N - n0 < kTile ? p.N - n0 : kTile);
   const int D = static_cast<int>(p.D), Dv = static_cast<int>(p.Dv);
   const uint8_t* mask = p.key_padding_mask == nullptr ? nullptr : p.key_padding_mask + b * p.mask_stride_b;
   const uint8_t* tile_padding = mask == nullptr ? nullptr : mask + n0;
   load_rows(smem + s.k, static_cast<const scalar_t*>(p.k) + b * p.k_stride_b + h * p.k_stride_h + n0 * p.k_stride_n,
-            p.k_stride_n, kCrossAttentionBwdBlockN, rows, D, tile_padding);
+            p.k_stride_n, kTile, rows, D, tile_padding);
   load_rows(smem + s.v, static_cast<const scalar_t*>(p.v) + b * p.v_stride_b + h * p.v_stride_h + n0 * p.v_stride_n,
-            p.v_stride_n, kCrossAttentionBwdBlockN, rows, Dv, tile_padding);
-  load_key_bias(smem, s, mask, n0, rows);
+            p.v_stride_n, kTile, rows, Dv, tile_padding);
+  load_key_bias<kTile>(smem, s, mask, n0, rows);
 }
 
-/// Writes the first `rows` rows of a [16][cols] fp32 accumulator to a contiguous output; rows whose
+/// Writes the first `rows` rows of a [kTile][cols] fp32 accumulator to a contiguous output; rows whose
 /// `bias` (null, or the key tile's biases) is −inf are padded keys and get 0, even when a NaN query
 /// row put 0 · NaN into their accumulators.
 template <typename scalar_t>
@@ -155,39 +160,39 @@ __device__ __forceinline__ void store_rows(scalar_t* __restrict__ dst, const flo
 
 /// One step of either gradient kernel: once every thread is done with the previous step's tiles,
 /// loads the moving tile (query tile `t0` for dK/dV, key tile `t0` for dQ) and computes P and dS.
-template <typename scalar_t, bool kKeyTileKernel>
+template <typename scalar_t, int kTile, bool kKeyTileKernel>
 __device__ __forceinline__ void bwd_step(float* smem, const CrossAttentionBwdSmem& s, const CrossAttentionBwdParams& p,
                                          int64_t bh, int64_t t0) {
   __syncthreads();
   if (kKeyTileKernel) {
-    load_query_tile<scalar_t>(smem, s, p, bh, t0);
+    load_query_tile<scalar_t, kTile>(smem, s, p, bh, t0);
   } else {
-    load_key_tile<scalar_t>(smem, s, p, bh, t0);
+    load_key_tile<scalar_t, kTile>(smem, s, p, bh, t0);
   }
   __syncthreads();
-  bwd_tile_scores(smem, s, static_cast<int>(p.D), static_cast<int>(p.Dv), p.scale);
+  bwd_tile_scores<kTile>(smem, s, static_cast<int>(p.D), static_cast<int>(p.Dv), p.scale);
   __syncthreads();
 }
 
-/// dK and dV of one key tile; grid.x = B·H·ceil(N/16), key tile fastest.
-template <typename scalar_t>
+/// dK and dV of one key tile; grid.x = B·H·ceil(N/kTile), key tile fastest.
+template <typename scalar_t, int kTile>
 __global__ void __launch_bounds__(kCrossAttentionBwdThreads) cross_attention_bwd_dkdv_kernel(
     const CrossAttentionBwdParams p) {
-  constexpr int BM = kCrossAttentionBwdBlockM, BN = kCrossAttentionBwdBlockN;
+  constexpr int BM = kTile, BN = kTile;
   extern __shared__ float4 smem_raw[];
   float* smem = reinterpret_cast<float*>(smem_raw);
   const int D = static_cast<int>(p.D), Dv = static_cast<int>(p.Dv);
-  const CrossAttentionBwdSmem s = cross_attention_bwd_smem(D, Dv, true);
+  const CrossAttentionBwdSmem s = cross_attention_bwd_smem(D, Dv, true, kTile);
   const unsigned int n_tiles = static_cast<unsigned int>((p.N + BN - 1) / BN);
   const int64_t bh = blockIdx.x / n_tiles, n0 = static_cast<int64_t>(blockIdx.x % n_tiles) * BN;
 
-  load_key_tile<scalar_t>(smem, s, p, bh, n0);
+  load_key_tile<scalar_t, kTile>(smem, s, p, bh, n0);
   for (int e = threadIdx.x; e < BN * D; e += kCrossAttentionBwdThreads) smem[s.acc_a + e] = 0.0f;
   for (int e = threadIdx.x; e < BN * Dv; e += kCrossAttentionBwdThreads) smem[s.acc_b + e] = 0.0f;
   for (int64_t m0 = 0; m0 < p.M; m0 += BM) {
-    bwd_step<scalar_t, true>(smem, s, p, bh, m0);
-    accumulate_tile(smem + s.acc_b, BN, Dv, smem + s.p, 1, BN, smem + s.dout, 1.0f);       // dV += Pᵀ dO
-    accumulate_tile(smem + s.acc_a, BN, D, smem + s.ds, 1, BN, smem + s.q, p.scale);      // dK += scale·dSᵀ Q
+    bwd_step<scalar_t, kTile, true>(smem, s, p, bh, m0);
+    accumulate_tile<kTile>(smem + s.acc_b, BN, Dv, smem + s.p, 1, BN, smem + s.dout, 1.0f);   // dV += Pᵀ dO
+    accumulate_tile<kTile>(smem + s.acc_a, BN, D, smem + s.ds, 1, BN, smem + s.q, p.scale);  // dK += scale·dSᵀ Q
   }
   // Each thread stores the accumulator elements it alone updated: no barrier needed.
   const int rows = static_cast<int>(p.N - n0 < BN ? p.N - n0 : BN);
@@ -195,23 +200,23 @@ __global__ void __launch_bounds__(kCrossAttentionBwdThreads) cross_attention_bwd
   store_rows(static_cast<scalar_t*>(p.grad_v) + (bh * p.N + n0) * p.Dv, smem + s.acc_b, rows, Dv, smem + s.bias);
 }
 
-/// dQ of one query tile; grid.x = B·H·ceil(M/16), query tile fastest.
-template <typename scalar_t>
+/// dQ of one query tile; grid.x = B·H·ceil(M/kTile), query tile fastest.
+template <typename scalar_t, int kTile>
 __global__ void __launch_bounds__(kCrossAttentionBwdThreads) cross_attention_bwd_dq_kernel(
     const CrossAttentionBwdParams p) {
-  constexpr int BM = kCrossAttentionBwdBlockM, BN = kCrossAttentionBwdBlockN;
+  constexpr int BM = kTile, BN = kTile;
   extern __shared__ float4 smem_raw[];
   float* smem = reinterpret_cast<float*>(smem_raw);
   const int D = static_cast<int>(p.D);
-  const CrossAttentionBwdSmem s = cross_attention_bwd_smem(D, static_cast<int>(p.Dv), false);
+  const CrossAttentionBwdSmem s = cross_attention_bwd_smem(D, static_cast<int>(p.Dv), false, kTile);
   const unsigned int m_tiles = static_cast<unsigned int>((p.M + BM - 1) / BM);
   const int64_t bh = blockIdx.x / m_tiles, m0 = static_cast<int64_t>(blockIdx.x % m_tiles) * BM;
 
-  load_query_tile<scalar_t>(smem, s, p, bh, m0);
+  load_query_tile<scalar_t, kTile>(smem, s, p, bh, m0);
   for (int e = threadIdx.x; e < BM * D; e += kCrossAttentionBwdThreads) smem[s.acc_a + e] = 0.0f;
   for (int64_t n0 = 0; n0 < p.N; n0 += BN) {
-    bwd_step<scalar_t, false>(smem, s, p, bh, n0);
-    accumulate_tile(smem + s.acc_a, BM, D, smem + s.ds, BN, 1, smem + s.k, p.scale);  // dQ += scale·dS K
+    bwd_step<scalar_t, kTile, false>(smem, s, p, bh, n0);
+    accumulate_tile<kTile>(smem + s.acc_a, BM, D, smem + s.ds, BN, 1, smem + s.k, p.scale);  // dQ += scale·dS K
   }
   const int rows = static_cast<int>(p.M - m0 < BM ? p.M - m0 : BM);
   store_rows(static_cast<scalar_t*>(p.grad_q) + (bh * p.M + m0) * p.D, smem + s.acc_a, rows, D);

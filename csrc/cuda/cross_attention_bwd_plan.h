@@ -6,8 +6,8 @@
 //  * dK/dV: one block per key tile, looping over the query tiles; P is recomputed from the saved
 //    LSE and dS = P∘(dO·vᵀ − Δ + dlse);
 //  * dQ: one block per query tile, looping over the key tiles (recomputing P and dS once more).
-// fp32 runs SIMT kernels with runtime D and Dv (one instantiation each): 16×16 tiles, per-block
-// accumulators in shared memory. fp16/bf16 run the tensor-core kernels described below.
+// fp32 runs SIMT kernels with runtime D and Dv (two instantiations each, 16×16 and 8×8 tiles),
+// per-block accumulators in shared memory. fp16/bf16 run the tensor-core kernels described below.
 #pragma once
 
 #include <cstddef>
@@ -20,21 +20,24 @@ namespace attn_ext {
 namespace cuda {
 
 constexpr int kCrossAttentionBwdThreads = 128;
-constexpr int kCrossAttentionBwdBlockM = 16;  ///< query rows per tile
-constexpr int kCrossAttentionBwdBlockN = 16;  ///< keys per tile
 constexpr int kCrossAttentionDeltaRowsPerBlock = kCrossAttentionBwdThreads / 32;  ///< one warp per row
-static_assert(kCrossAttentionBwdBlockM == 16 && kCrossAttentionBwdBlockN == 16,
-              "the tile accumulation unrolls over 16 rows of the other tile");
 
-/// Offsets (in floats) of one backward block's shared memory. Q/dO/K/V tiles are stored with an odd
-/// row stride (cols + 1) so that the 16 threads scoring one query row against 16 keys read 16
-/// different banks. `acc_a` holds dK (key-tile kernel) or dQ (query-tile kernel), `acc_b` dV.
+/// Query rows per query tile and keys per key tile of the fp32 kernels. D and Dv are runtime, so both
+/// tiles are compiled: 16, and 8 for wide heads on devices where 16 does not fit (D = Dv = 256 needs
+/// 98.5 KiB with 16, over sm_70's 96 KiB; sm_75's 64 KiB takes 16 up to D + Dv = 328).
+constexpr int kCrossAttentionBwdTile = 16;
+constexpr int kCrossAttentionBwdSmallTile = 8;
+
+/// Offsets (in floats) of one fp32 backward block's shared memory with `tile`-row tiles. Q/dO/K/V
+/// tiles are stored with an odd row stride (cols + 1) so that the threads scoring one query row
+/// against the tile's keys read different banks. `acc_a` holds dK (key-tile kernel) or dQ (query-tile
+/// kernel), `acc_b` dV.
 struct CrossAttentionBwdSmem {
   int q, dout, k, v, p, ds, lse, delta, dlse, bias, acc_a, acc_b, floats;
 };
 
-ATTN_EXT_HOST_DEVICE CrossAttentionBwdSmem cross_attention_bwd_smem(int D, int Dv, bool key_tile_kernel) {
-  constexpr int BM = kCrossAttentionBwdBlockM, BN = kCrossAttentionBwdBlockN;
+ATTN_EXT_HOST_DEVICE CrossAttentionBwdSmem cross_attention_bwd_smem(int D, int Dv, bool key_tile_kernel, int tile) {
+  const int BM = tile, BN = tile;
   CrossAttentionBwdSmem s{};
   s.q = 0;
   s.dout = s.q + BM * (D + 1);
@@ -52,14 +55,20 @@ ATTN_EXT_HOST_DEVICE CrossAttentionBwdSmem cross_attention_bwd_smem(int D, int D
   return s;
 }
 
+/// Bytes of the larger of the two fp32 gradient kernels (dK/dV: it holds two accumulators).
+inline std::size_t cross_attention_bwd_simt_bytes(int64_t D, int64_t Dv, int tile) {
+  return sizeof(float) *
+         static_cast<std::size_t>(cross_attention_bwd_smem(static_cast<int>(D), static_cast<int>(Dv), true, tile).floats);
+}
+
 // Tensor-core (WMMA) backward for fp16/bf16: one head-dim bucket (the larger of D and Dv, rounded up
 // to {32, 64, 128, 256}, zero-padded) per instantiation, as in the forward. Each warp owns 16 rows
 // of the block's "own" tile (keys in the dK/dV kernel, queries in the dQ kernel) and the block
 // streams the other side in tiles of 32; P and dS are rounded to 16 bits for the second products,
-// as FlashAttention does. The widest bucket uses 2 warps so that its shared memory fits sm_80.
+// as FlashAttention does. The preferred tile has 4 warps, 2 for the widest bucket so that it fits
+// sm_80; fewer warps shrink every section but the streamed tile (common/smem_limits.h).
 constexpr int kCrossAttentionBwdWmmaOther = 32;
-constexpr int cross_attention_bwd_wmma_warps(int dim) { return dim <= 128 ? 4 : 2; }
-constexpr int cross_attention_bwd_wmma_own(int dim) { return 16 * cross_attention_bwd_wmma_warps(dim); }
+constexpr int cross_attention_bwd_wmma_preferred_warps(int dim) { return dim <= 128 ? 4 : 2; }
 
 /// Byte offsets of the WMMA backward kernels' shared memory (see cross_attention_bwd_wmma_kernel.cuh).
 struct CrossAttentionBwdWmmaSmem {
@@ -67,8 +76,8 @@ struct CrossAttentionBwdWmmaSmem {
   int half_stride, score_stride, coef_stride, acc_stride;
 };
 
-constexpr CrossAttentionBwdWmmaSmem cross_attention_bwd_wmma_smem(int dim, bool key_tile_kernel) {
-  const int own = cross_attention_bwd_wmma_own(dim), other = kCrossAttentionBwdWmmaOther;
+constexpr CrossAttentionBwdWmmaSmem cross_attention_bwd_wmma_smem(int dim, int warps, bool key_tile_kernel) {
+  const int own = 16 * warps, other = kCrossAttentionBwdWmmaOther;
   CrossAttentionBwdWmmaSmem s{};
   s.half_stride = dim + 8;     // 16-bit tiles: rows a multiple of 16 bytes, shifted by 4 banks
   s.score_stride = other + 4;  // fp32 S and dP
@@ -85,26 +94,41 @@ constexpr CrossAttentionBwdWmmaSmem cross_attention_bwd_wmma_smem(int dim, bool 
   return s;
 }
 
+/// The WMMA tiles of a bucket as common/smem_limits.h chooses among them, by the dK/dV kernel's bytes
+/// (the larger: two accumulators); both kernels of a plan take the same warp count. Compiled: 32 → 4;
+/// 64 → 4, 2; 128 → 4, 2, 1; 256 → 2, 1 (none fits 64 KiB).
+struct CrossAttentionBwdWmmaSmemOfWarps {
+  int dim;
+  constexpr std::size_t operator()(int warps) const { return cross_attention_bwd_wmma_smem(dim, warps, true).bytes; }
+};
+constexpr bool cross_attention_bwd_wmma_warps_compiled(int dim, int warps) {
+  return tile_is_compiled(cross_attention_bwd_wmma_preferred_warps(dim), warps, CrossAttentionBwdWmmaSmemOfWarps{dim});
+}
+
 struct CrossAttentionBwdPlan {
   bool supported = false;
   const char* error = nullptr;  ///< static string, set when !supported
-  LaunchDims block;             ///< the same for the three kernels
+  LaunchDims block;             ///< the same for the two gradient kernels
   LaunchDims delta_grid;        ///< x = ceil(B·H·M / rows per block); 0 = skip
-  LaunchDims dkdv_grid;         ///< x = B·H·ceil(N / 16), key tile fastest; 0 = skip
-  LaunchDims dq_grid;           ///< x = B·H·ceil(M / 16), query tile fastest; 0 = skip
+  LaunchDims dkdv_grid;         ///< x = B·H·ceil(N / own keys), key tile fastest; 0 = skip
+  LaunchDims dq_grid;           ///< x = B·H·ceil(M / own queries), query tile fastest; 0 = skip
   std::size_t dkdv_smem_bytes = 0;
   std::size_t dq_smem_bytes = 0;
-  /// fp16/bf16: the WMMA kernels for dK/dV and dQ with head-dim bucket `dim` (block.x is then
-  /// 32·cross_attention_bwd_wmma_warps(dim) for those two; the Δ pre-pass keeps delta_block).
+  /// fp16/bf16: the WMMA kernels for dK/dV and dQ with head-dim bucket `dim` and `warps` warps
+  /// (block.x = 32·warps; the Δ pre-pass keeps delta_block). fp32: the SIMT kernels with `tile`-row tiles.
   bool tensor_cores = false;
   int dim = 0;
+  int warps = 0;
+  int tile = 0;
   LaunchDims delta_block;
+  SmemShortfall smem;  ///< set when no compiled tile fits the device
 };
 
-/// Plans the backward of q [B,H,M,D], k [B,H,N,D], v [B,H,N,Dv]. An empty M still launches dK/dV
-/// (which write zeros), an empty N still launches dQ.
+/// Plans the backward of q [B,H,M,D], k [B,H,N,D], v [B,H,N,Dv] on a device with `smem_limit` bytes
+/// of opt-in shared memory per block. An empty M still launches dK/dV (which write zeros), an empty N
+/// still launches dQ.
 inline CrossAttentionBwdPlan plan_cross_attention_bwd(int64_t B, int64_t H, int64_t M, int64_t N, int64_t D,
-                                                      int64_t Dv, ScalarType dtype) {
+                                                      int64_t Dv, ScalarType dtype, std::size_t smem_limit) {
   CrossAttentionBwdPlan plan;
   plan.error = attention_dtype_and_size_error(dtype, B, H, M, N);
   if (plan.error != nullptr) return plan;
@@ -112,36 +136,48 @@ inline CrossAttentionBwdPlan plan_cross_attention_bwd(int64_t B, int64_t H, int6
     plan.error = "head dimension D and Dv must be in [1, 256] for the CUDA kernel";
     return plan;
   }
-  const int64_t m_tiles = (M + kCrossAttentionBwdBlockM - 1) / kCrossAttentionBwdBlockM;
-  const int64_t n_tiles = (N + kCrossAttentionBwdBlockN - 1) / kCrossAttentionBwdBlockN;
+  plan.tensor_cores = dtype != ScalarType::kFloat32;
+  int own = 0;  // rows of the tile a gradient block owns (keys for dK/dV, queries for dQ)
+  if (plan.tensor_cores) {
+    plan.dim = cross_attention_fwd_head_dim_instantiation(D > Dv ? D : Dv);
+    const CrossAttentionBwdWmmaSmemOfWarps bytes{plan.dim};
+    const int preferred = cross_attention_bwd_wmma_preferred_warps(plan.dim);
+    plan.warps = compiled_tile_within(preferred, smem_limit, bytes);
+    if (plan.warps == 0) {
+      plan.error = smem_shortfall(plan.smem, "fp16/bf16 tensor-core backward (dK/dV kernel)",
+                                  bytes(smallest_compiled_tile(preferred, bytes)), smem_limit);
+      return plan;
+    }
+    own = 16 * plan.warps;
+    plan.dkdv_smem_bytes = cross_attention_bwd_wmma_smem(plan.dim, plan.warps, true).bytes;
+    plan.dq_smem_bytes = cross_attention_bwd_wmma_smem(plan.dim, plan.warps, false).bytes;
+  } else {
+    plan.tile = cross_attention_bwd_simt_bytes(D, Dv, kCrossAttentionBwdTile) <= smem_limit ? kCrossAttentionBwdTile
+                : cross_attention_bwd_simt_bytes(D, Dv, kCrossAttentionBwdSmallTile) <= smem_limit
+                    ? kCrossAttentionBwdSmallTile
+                    : 0;
+    if (plan.tile == 0) {
+      plan.error = smem_shortfall(plan.smem, "fp32 backward (dK/dV kernel)",
+                                  cross_attention_bwd_simt_bytes(D, Dv, kCrossAttentionBwdSmallTile), smem_limit);
+      return plan;
+    }
+    own = plan.tile;
+    const int d = static_cast<int>(D), dv = static_cast<int>(Dv);
+    plan.dkdv_smem_bytes = sizeof(float) * static_cast<std::size_t>(cross_attention_bwd_smem(d, dv, true, own).floats);
+    plan.dq_smem_bytes = sizeof(float) * static_cast<std::size_t>(cross_attention_bwd_smem(d, dv, false, own).floats);
+  }
+  const int64_t m_tiles = (M + own - 1) / own, n_tiles = (N + own - 1) / own;
   const int64_t tiles = m_tiles > n_tiles ? m_tiles : n_tiles;
   if (B > 0 && H > 0 && (H > kMaxGridX / B || tiles > kMaxGridX / (B * H) || M > kMaxGridX / (B * H))) {
     plan.error = "too many blocks: B*H*tiles exceeds the CUDA grid limit";
     return plan;
   }
-  plan.block.x = plan.delta_block.x = kCrossAttentionBwdThreads;
-  plan.tensor_cores = dtype != ScalarType::kFloat32;
-  if (plan.tensor_cores) {
-    const int64_t wide = D > Dv ? D : Dv;
-    plan.dim = cross_attention_fwd_head_dim_instantiation(wide);
-    const int own = cross_attention_bwd_wmma_own(plan.dim);
-    plan.block.x = static_cast<unsigned int>(32 * cross_attention_bwd_wmma_warps(plan.dim));
-    plan.delta_grid.x = static_cast<unsigned int>((B * H * M + kCrossAttentionDeltaRowsPerBlock - 1) /
-                                                  kCrossAttentionDeltaRowsPerBlock);
-    plan.dkdv_grid.x = static_cast<unsigned int>(B * H * ((N + own - 1) / own));
-    plan.dq_grid.x = static_cast<unsigned int>(B * H * ((M + own - 1) / own));
-    plan.dkdv_smem_bytes = cross_attention_bwd_wmma_smem(plan.dim, true).bytes;
-    plan.dq_smem_bytes = cross_attention_bwd_wmma_smem(plan.dim, false).bytes;
-    plan.supported = true;
-    return plan;
-  }
+  plan.delta_block.x = kCrossAttentionBwdThreads;
+  plan.block.x = static_cast<unsigned int>(plan.tensor_cores ? 32 * plan.warps : kCrossAttentionBwdThreads);
   plan.delta_grid.x = static_cast<unsigned int>((B * H * M + kCrossAttentionDeltaRowsPerBlock - 1) /
                                                 kCrossAttentionDeltaRowsPerBlock);
   plan.dkdv_grid.x = static_cast<unsigned int>(B * H * n_tiles);
   plan.dq_grid.x = static_cast<unsigned int>(B * H * m_tiles);
-  const int d = static_cast<int>(D), dv = static_cast<int>(Dv);
-  plan.dkdv_smem_bytes = sizeof(float) * static_cast<std::size_t>(cross_attention_bwd_smem(d, dv, true).floats);
-  plan.dq_smem_bytes = sizeof(float) * static_cast<std::size_t>(cross_attention_bwd_smem(d, dv, false).floats);
   plan.supported = true;
   return plan;
 }

@@ -1,7 +1,7 @@
 // Device code of the tensor-core (WMMA) cross-attention backward for fp16/bf16 inputs (fp32
 // accumulation); the Δ pre-pass is the SIMT one of cross_attention_bwd_kernel.cuh.
 //
-// The dK/dV and dQ kernels are the same kernel seen from two sides. A block owns a tile of 16·warps
+// The dK/dV and dQ kernels are the same kernel seen from two sides. A block owns a tile of 16·kWarps
 // rows ("own": keys for dK/dV, queries for dQ) and streams the other side in tiles of 32. Warp w,
 // owning rows 16w..16w+15, per streamed tile:
 //  1. X = own₁·other₁ᵀ and dX = own₂·other₂ᵀ with wmma into fp32 shared memory: S and dP = dO·Vᵀ
@@ -72,10 +72,10 @@ __device__ __forceinline__ void load_side(scalar_t* tiles, int ld, const CrossAt
 
 /// The plan's constants as scalar compile-time members: device code may not call the (host)
 /// constexpr functions of the plan header, but may read constants they produced.
-template <int kDim, bool kKeyTile>
+template <int kDim, int kWarpCount, bool kKeyTile>
 struct BwdWmmaConfig {
-  static constexpr int kWarps = cross_attention_bwd_wmma_warps(kDim);
-  static constexpr CrossAttentionBwdWmmaSmem kLayout = cross_attention_bwd_wmma_smem(kDim, kKeyTile);
+  static constexpr int kWarps = kWarpCount;
+  static constexpr CrossAttentionBwdWmmaSmem kLayout = cross_attention_bwd_wmma_smem(kDim, kWarpCount, kKeyTile);
   static constexpr std::size_t own = kLayout.own, other = kLayout.other, scores = kLayout.scores,
                                coef = kLayout.coef, acc = kLayout.acc, stats = kLayout.stats, bias = kLayout.bias;
   static constexpr int half_stride = kLayout.half_stride, score_stride = kLayout.score_stride,
@@ -83,12 +83,11 @@ struct BwdWmmaConfig {
 };
 
 /// kKeyTile: the dK/dV kernel (grid.x = B·H·ceil(N/own)); else the dQ kernel (B·H·ceil(M/own)).
-/// Launched with 32·cross_attention_bwd_wmma_warps(kDim) threads and
-/// cross_attention_bwd_wmma_smem(kDim, kKeyTile).bytes of dynamic shared memory.
-template <typename scalar_t, int kDim, bool kKeyTile>
-__global__ void __launch_bounds__(32 * BwdWmmaConfig<kDim, kKeyTile>::kWarps, 1)
-    cross_attention_bwd_wmma_kernel(const CrossAttentionBwdParams p) {
-  using L = BwdWmmaConfig<kDim, kKeyTile>;
+/// Launched with 32·kWarps threads and cross_attention_bwd_wmma_smem(kDim, kWarps, kKeyTile).bytes of
+/// dynamic shared memory.
+template <typename scalar_t, int kDim, int kWarps, bool kKeyTile>
+__global__ void __launch_bounds__(32 * kWarps, 1) cross_attention_bwd_wmma_kernel(const CrossAttentionBwdParams p) {
+  using L = BwdWmmaConfig<kDim, kWarps, kKeyTile>;
   constexpr int kThreads = 32 * L::kWarps;
   constexpr int kOwn = 16 * L::kWarps, kOther = kCrossAttentionBwdWmmaOther;
   static_assert(L::half_stride == kDim + 8, "load_side assumes the layout's stride");

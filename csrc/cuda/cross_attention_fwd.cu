@@ -1,38 +1,52 @@
 // Launcher of the chunked cross-attention forward: validates the problem, asks
-// plan_cross_attention_fwd() for the geometry, and dispatches fp32 (D, Dv) to an instantiation of the
-// SIMT kernel in cross_attention_fwd_kernel.cuh, fp16/bf16 to the tensor-core kernel.
+// plan_cross_attention_fwd() for the geometry on the current device, and dispatches fp32 (D, Dv, rows
+// per warp) to an instantiation of the SIMT kernel in cross_attention_fwd_kernel.cuh, fp16/bf16 to
+// the tensor-core kernel.
 #include "cross_attention_fwd.cuh"
 
 #include "cross_attention_fwd_kernel.cuh"
 #include "cross_attention_fwd_plan.h"
+#include "common/device_limits.h"
 #include "common/launch.cuh"
 
 namespace attn_ext {
 namespace cuda {
 namespace {
 
-template <typename scalar_t, int kHeadDim, int kHeadDimV>
+template <typename scalar_t, int kHeadDim, int kHeadDimV, int kRowsPerWarp>
 cudaError_t launch_instantiation(const CrossAttentionFwdParams& p, const CrossAttentionLaunchPlan& plan,
                                  cudaStream_t stream) {
-  constexpr int kRowsPerWarp = cross_attention_fwd_rows_per_warp(kHeadDimV);
   constexpr int kWarps = kCrossAttentionFwdWarps;
   using Layout = detail::FwdSmemLayout<kWarps * kRowsPerWarp, kCrossAttentionFwdBlockN, kHeadDim, kHeadDimV>;
-  static_assert(Layout::kFloats * sizeof(float) == cross_attention_fwd_smem_bytes(kHeadDim, kHeadDimV),
+  static_assert(Layout::kFloats * sizeof(float) == cross_attention_fwd_smem_bytes(kHeadDim, kHeadDimV, kRowsPerWarp),
                 "kernel shared-memory layout and launch plan disagree");
   static_assert(Layout::kKStride == cross_attention_fwd_k_tile_stride(kHeadDim),
                 "kernel K-tile stride and launch plan disagree");
+  static_assert(kRowsPerWarp != cross_attention_fwd_rows_per_warp(kHeadDimV) ||
+                    cross_attention_fwd_smem_bytes(kHeadDim, kHeadDimV, kRowsPerWarp) <= kSmemSm80Bytes,
+                "the preferred tile fits sm_80");
   return detail::launch_with_smem(detail::cross_attention_fwd_kernel<scalar_t, kHeadDim, kHeadDimV, kRowsPerWarp, kWarps>,
                                   plan.grid, plan.block, plan.shared_memory_bytes, stream, p);
+}
+
+/// The plan's rows per warp, among those compiled for (D, Dv) (cross_attention_fwd_rows_compiled).
+template <typename scalar_t, int kHeadDim, int kHeadDimV>
+cudaError_t launch_rows(const CrossAttentionFwdParams& p, const CrossAttentionLaunchPlan& plan, cudaStream_t stream) {
+  return detail::dispatch_tile(
+      plan.rows_per_warp, [](int rows) { return cross_attention_fwd_rows_compiled(kHeadDim, kHeadDimV, rows); },
+      [&](auto rows) {
+        return launch_instantiation<scalar_t, kHeadDim, kHeadDimV, decltype(rows)::value>(p, plan, stream);
+      });
 }
 
 template <typename scalar_t, int kHeadDim>
 cudaError_t dispatch_head_dim_v(const CrossAttentionFwdParams& p, const CrossAttentionLaunchPlan& plan,
                                 cudaStream_t stream) {
   switch (plan.head_dim_v_instantiation) {
-    case 32: return launch_instantiation<scalar_t, kHeadDim, 32>(p, plan, stream);
-    case 64: return launch_instantiation<scalar_t, kHeadDim, 64>(p, plan, stream);
-    case 128: return launch_instantiation<scalar_t, kHeadDim, 128>(p, plan, stream);
-    case 256: return launch_instantiation<scalar_t, kHeadDim, 256>(p, plan, stream);
+    case 32: return launch_rows<scalar_t, kHeadDim, 32>(p, plan, stream);
+    case 64: return launch_rows<scalar_t, kHeadDim, 64>(p, plan, stream);
+    case 128: return launch_rows<scalar_t, kHeadDim, 128>(p, plan, stream);
+    case 256: return launch_rows<scalar_t, kHeadDim, 256>(p, plan, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -52,7 +66,10 @@ cudaError_t dispatch_head_dim(const CrossAttentionFwdParams& p, const CrossAtten
 }  // namespace
 
 cudaError_t launch_cross_attention_fwd(const CrossAttentionFwdParams& p, cudaStream_t stream) {
-  const CrossAttentionLaunchPlan plan = plan_cross_attention_fwd(p.B, p.H, p.M, p.N, p.D, p.Dv, p.dtype);
+  std::size_t smem_limit = 0;
+  const cudaError_t err = current_smem_optin_limit(&smem_limit);
+  if (err != cudaSuccess) return err;
+  const CrossAttentionLaunchPlan plan = plan_cross_attention_fwd(p.B, p.H, p.M, p.N, p.D, p.Dv, p.dtype, smem_limit);
   if (!plan.supported) return cudaErrorInvalidValue;
   if (plan.empty) return cudaSuccess;
   // k and v are only dereferenced when N > 0; an empty key set legitimately has no storage.

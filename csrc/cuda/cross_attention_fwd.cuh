@@ -41,12 +41,12 @@ struct CrossAttentionFwdParams : QkvLayout {
 /// fp16 and bf16 on tensor cores (WMMA, fp32 accumulation), with D and Dv zero-padded to one
 /// instantiation in {32, 64, 128, 256} (so any D, Dv ≤ 256 works, multiples of 16 or not). A query row whose keys are all
 /// padded (or N = 0) gets out = 0 and lse = −inf, never NaN. The tiling is the one
-/// plan_cross_attention_fwd() reports.
+/// plan_cross_attention_fwd() reports for the current device's opt-in shared memory.
 ///
 /// Returns cudaErrorInvalidValue for an unsupported shape or dtype (D or Dv outside [1, 256], grid
-/// overflow) or null pointers, and otherwise the launch's cudaGetLastError(). Asynchronous: errors
-/// raised while the kernel runs surface at the next synchronisation, as for any launch. B·H·M = 0
-/// enqueues nothing and returns cudaSuccess.
+/// overflow, no tile that fits the device) or null pointers, and otherwise the launch's
+/// cudaGetLastError(). Asynchronous: errors raised while the kernel runs surface at the next
+/// synchronisation, as for any launch. B·H·M = 0 enqueues nothing and returns cudaSuccess.
 cudaError_t launch_cross_attention_fwd(const CrossAttentionFwdParams& p, cudaStream_t stream);
 
 namespace detail {

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "common/launch_geometry.h"
+#include "common/smem_limits.h"
 
 namespace attn_ext {
 namespace cuda {
@@ -33,15 +34,10 @@ constexpr int cross_attention_fwd_head_dim_instantiation(int64_t head_dim) {
                            : 0;
 }
 
-/// Query rows owned by each warp. Each lane keeps `rows × Dv/32` fp32 accumulators in registers, so
-/// wide value heads get fewer rows to stay clear of register spills.
+/// Query rows owned by each warp in the preferred fp32 tile. Each lane keeps `rows × Dv/32` fp32
+/// accumulators in registers, so wide value heads get fewer rows to stay clear of register spills.
 constexpr int cross_attention_fwd_rows_per_warp(int head_dim_v_instantiation) {
   return head_dim_v_instantiation >= 256 ? 4 : 8;
-}
-
-/// Query rows per block.
-constexpr int cross_attention_fwd_block_m(int head_dim_v_instantiation) {
-  return kCrossAttentionFwdWarps * cross_attention_fwd_rows_per_warp(head_dim_v_instantiation);
 }
 
 /// Row stride (in floats) of the K tile in shared memory. The +4 makes each 8-lane phase of a float4
@@ -50,21 +46,35 @@ constexpr int cross_attention_fwd_k_tile_stride(int head_dim_instantiation) {
   return head_dim_instantiation + 4;
 }
 
-/// Dynamic shared memory of one block: the fp32 Q tile, K tile and V tile. Tiles are stored in fp32
-/// (converted once on load) because every K/V element is read by all rows of the block.
-constexpr std::size_t cross_attention_fwd_smem_bytes(int head_dim_instantiation, int head_dim_v_instantiation) {
+/// Dynamic shared memory of one fp32 block with `rows_per_warp` query rows per warp: the fp32 Q tile,
+/// K tile and V tile. Tiles are stored in fp32 (converted once on load) because every K/V element is
+/// read by all rows of the block.
+constexpr std::size_t cross_attention_fwd_smem_bytes(int head_dim_instantiation, int head_dim_v_instantiation,
+                                                     int rows_per_warp) {
   return sizeof(float) *
-         (static_cast<std::size_t>(cross_attention_fwd_block_m(head_dim_v_instantiation)) * head_dim_instantiation +
+         (static_cast<std::size_t>(kCrossAttentionFwdWarps * rows_per_warp) * head_dim_instantiation +
           static_cast<std::size_t>(kCrossAttentionFwdBlockN) * cross_attention_fwd_k_tile_stride(head_dim_instantiation) +
           static_cast<std::size_t>(kCrossAttentionFwdBlockN) * head_dim_v_instantiation);
+}
+
+/// The fp32 tiles of (D, Dv) as common/smem_limits.h chooses among them: fewer rows per warp shrink
+/// the Q tile (K and V are shared by the block). Only D = 256 with Dv ≤ 128 compiles a fall-back,
+/// for 64 KiB devices; D = Dv = 256 does not fit those with any number of rows.
+struct CrossAttentionFwdSmemOfRows {
+  int d, dv;
+  constexpr std::size_t operator()(int rows_per_warp) const { return cross_attention_fwd_smem_bytes(d, dv, rows_per_warp); }
+};
+constexpr bool cross_attention_fwd_rows_compiled(int head_dim_instantiation, int head_dim_v_instantiation, int rows) {
+  return tile_is_compiled(cross_attention_fwd_rows_per_warp(head_dim_v_instantiation), rows,
+                          CrossAttentionFwdSmemOfRows{head_dim_instantiation, head_dim_v_instantiation});
 }
 
 // Tensor-core (WMMA) forward, used for fp16 and bf16. One instantiation per head dimension serves
 // both D and Dv (the larger one, rounded up to {32, 64, 128, 256}; loads zero-pad the rest): that
 // keeps the instantiation count at 2 dtypes × 4 instead of 2 × 16, at the price of some wasted MMAs
 // when D and Dv differ a lot. Each warp owns 16 query rows (one fragment row); the block shares K/V.
+// The preferred tile has 4 warps; where it does not fit, fewer warps shrink everything but K and V.
 constexpr int kCrossAttentionWmmaWarps = 4;
-constexpr int kCrossAttentionWmmaBlockM = 16 * kCrossAttentionWmmaWarps;
 constexpr int kCrossAttentionWmmaBlockN = 32;
 
 /// Row strides (elements) of the 16-bit tiles and the fp32 tiles. WMMA needs a multiple of 16 bytes;
@@ -72,16 +82,26 @@ constexpr int kCrossAttentionWmmaBlockN = 32;
 constexpr int cross_attention_wmma_half_stride(int cols) { return cols + 8; }
 constexpr int cross_attention_wmma_float_stride(int cols) { return cols + 4; }
 
-/// Dynamic shared memory of the WMMA kernel: Q, K, V and P as 16-bit tiles; the scores S, the output
-/// accumulator O, per-row rescale factors and per-key biases (0 or −inf) in fp32. Every section is a
-/// multiple of 32 bytes, the alignment load/store_matrix_sync need.
-constexpr std::size_t cross_attention_wmma_smem_bytes(int dim) {
-  return 2 * static_cast<std::size_t>(kCrossAttentionWmmaBlockM + 2 * kCrossAttentionWmmaBlockN) *
-             cross_attention_wmma_half_stride(dim) +
-         2 * static_cast<std::size_t>(kCrossAttentionWmmaBlockM) * cross_attention_wmma_half_stride(kCrossAttentionWmmaBlockN) +
-         4 * static_cast<std::size_t>(kCrossAttentionWmmaBlockM) *
+/// Dynamic shared memory of the WMMA kernel with `warps` warps (16·warps query rows): Q, K, V and P as
+/// 16-bit tiles; the scores S, the output accumulator O, per-row rescale factors and per-key biases
+/// (0 or −inf) in fp32. Every section is a multiple of 32 bytes, the alignment load/store_matrix_sync need.
+constexpr std::size_t cross_attention_wmma_smem_bytes(int dim, int warps) {
+  const std::size_t block_m = 16 * static_cast<std::size_t>(warps);
+  return 2 * (block_m + 2 * kCrossAttentionWmmaBlockN) * cross_attention_wmma_half_stride(dim) +
+         2 * block_m * cross_attention_wmma_half_stride(kCrossAttentionWmmaBlockN) +
+         4 * block_m *
              (cross_attention_wmma_float_stride(kCrossAttentionWmmaBlockN) + cross_attention_wmma_float_stride(dim) + 1) +
          4 * static_cast<std::size_t>(kCrossAttentionWmmaBlockN);
+}
+
+/// The WMMA tiles of a head-dim bucket (common/smem_limits.h): 4 warps, and the fall-backs 128 → 2
+/// warps (64 KiB), 256 → 2 warps (96 KiB) and 1 warp (64 KiB).
+struct CrossAttentionWmmaSmemOfWarps {
+  int dim;
+  constexpr std::size_t operator()(int warps) const { return cross_attention_wmma_smem_bytes(dim, warps); }
+};
+constexpr bool cross_attention_wmma_warps_compiled(int dim, int warps) {
+  return tile_is_compiled(kCrossAttentionWmmaWarps, warps, CrossAttentionWmmaSmemOfWarps{dim});
 }
 
 /// What the launcher will do for one problem shape.
@@ -94,10 +114,13 @@ struct CrossAttentionLaunchPlan {
   std::size_t shared_memory_bytes = 0;
   int head_dim_instantiation = 0;    ///< compiled D (≥ D)
   int head_dim_v_instantiation = 0;  ///< compiled Dv (≥ Dv)
-  int block_m = 0;                   ///< query rows per block
+  int block_m = 0;                   ///< query rows per block (= warps · rows_per_warp)
   int block_n = 0;                   ///< keys per shared-memory tile
+  int warps = 0;                     ///< warps per block (block.x / 32)
+  int rows_per_warp = 0;             ///< query rows per warp (16 for the WMMA kernel)
   /// fp16/bf16: the WMMA kernel, with head_dim_instantiation == head_dim_v_instantiation; fp32: SIMT.
   bool tensor_cores = false;
+  SmemShortfall smem;  ///< set when no compiled tile fits the device
 };
 
 /// The reason the attention kernels cannot take this dtype or these sizes, or nullptr.
@@ -106,12 +129,11 @@ inline const char* attention_dtype_and_size_error(ScalarType dtype, int64_t B, i
   return B < 0 || H < 0 || M < 0 || N < 0 ? "negative size" : nullptr;
 }
 
-/// Plans the launch of the forward kernel for q [B,H,M,D], k [B,H,N,D], v [B,H,N,Dv].
-///
-/// Pure function of the shape and dtype (no device query): the caller still has to check the
-/// device's opt-in shared-memory limit, which the launcher does via cudaFuncSetAttribute.
-inline CrossAttentionLaunchPlan plan_cross_attention_fwd(int64_t B, int64_t H, int64_t M, int64_t N,
-                                                         int64_t D, int64_t Dv, ScalarType dtype) {
+/// Plans the launch of the forward kernel for q [B,H,M,D], k [B,H,N,D], v [B,H,N,Dv] on a device whose
+/// opt-in shared memory per block is `smem_limit` bytes (common/device_limits.h): the largest compiled
+/// tile that fits, or unsupported with `smem` saying what the smallest one needs.
+inline CrossAttentionLaunchPlan plan_cross_attention_fwd(int64_t B, int64_t H, int64_t M, int64_t N, int64_t D,
+                                                         int64_t Dv, ScalarType dtype, std::size_t smem_limit) {
   CrossAttentionLaunchPlan plan;
   plan.error = attention_dtype_and_size_error(dtype, B, H, M, N);
   if (plan.error != nullptr) return plan;
@@ -122,21 +144,34 @@ inline CrossAttentionLaunchPlan plan_cross_attention_fwd(int64_t B, int64_t H, i
     return plan;
   }
   plan.tensor_cores = dtype != ScalarType::kFloat32;
+  plan.block_n = plan.tensor_cores ? kCrossAttentionWmmaBlockN : kCrossAttentionFwdBlockN;
   if (plan.tensor_cores) {
     const int dim = plan.head_dim_instantiation > plan.head_dim_v_instantiation ? plan.head_dim_instantiation
                                                                                 : plan.head_dim_v_instantiation;
     plan.head_dim_instantiation = plan.head_dim_v_instantiation = dim;
-    plan.block_m = kCrossAttentionWmmaBlockM;
-    plan.block_n = kCrossAttentionWmmaBlockN;
-    plan.block.x = static_cast<unsigned int>(kCrossAttentionWmmaWarps * 32);
-    plan.shared_memory_bytes = cross_attention_wmma_smem_bytes(dim);
+    const CrossAttentionWmmaSmemOfWarps bytes{dim};
+    plan.warps = compiled_tile_within(kCrossAttentionWmmaWarps, smem_limit, bytes);
+    if (plan.warps == 0) {
+      plan.error = smem_shortfall(plan.smem, "fp16/bf16 tensor-core forward",
+                                  bytes(smallest_compiled_tile(kCrossAttentionWmmaWarps, bytes)), smem_limit);
+      return plan;
+    }
+    plan.rows_per_warp = 16;
+    plan.shared_memory_bytes = bytes(plan.warps);
   } else {
-    plan.block_m = cross_attention_fwd_block_m(plan.head_dim_v_instantiation);
-    plan.block_n = kCrossAttentionFwdBlockN;
-    plan.block.x = static_cast<unsigned int>(kCrossAttentionFwdWarps * 32);
-    plan.shared_memory_bytes =
-        cross_attention_fwd_smem_bytes(plan.head_dim_instantiation, plan.head_dim_v_instantiation);
+    const CrossAttentionFwdSmemOfRows bytes{plan.head_dim_instantiation, plan.head_dim_v_instantiation};
+    const int preferred = cross_attention_fwd_rows_per_warp(plan.head_dim_v_instantiation);
+    plan.rows_per_warp = compiled_tile_within(preferred, smem_limit, bytes);
+    if (plan.rows_per_warp == 0) {
+      plan.error = smem_shortfall(plan.smem, "fp32 forward", bytes(smallest_compiled_tile(preferred, bytes)),
+                                  smem_limit);
+      return plan;
+    }
+    plan.warps = kCrossAttentionFwdWarps;
+    plan.shared_memory_bytes = bytes(plan.rows_per_warp);
   }
+  plan.block_m = plan.warps * plan.rows_per_warp;
+  plan.block.x = static_cast<unsigned int>(plan.warps * 32);
 
   if (B == 0 || H == 0 || M == 0) {
     plan.supported = true;

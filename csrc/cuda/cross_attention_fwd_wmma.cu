@@ -1,5 +1,6 @@
-// Launcher of the tensor-core forward (fp16/bf16): one instantiation per (dtype, head-dim bucket),
-// kept out of cross_attention_fwd.cu so each translation unit stays small to compile.
+// Launcher of the tensor-core forward (fp16/bf16): one instantiation per (dtype, head-dim bucket, warps
+// per block), the warp counts those of cross_attention_fwd_plan.h; kept out of cross_attention_fwd.cu
+// so each translation unit stays small to compile.
 #include "cross_attention_fwd.cuh"
 
 #include "cross_attention_fwd_wmma_kernel.cuh"
@@ -10,12 +11,21 @@ namespace cuda {
 namespace detail {
 namespace {
 
-template <typename scalar_t, int kDim>
+template <typename scalar_t, int kDim, int kWarps>
 cudaError_t launch_wmma(const CrossAttentionFwdParams& p, const CrossAttentionLaunchPlan& plan, cudaStream_t stream) {
-  static_assert(WmmaFwdSmemLayout<kDim>::kBytes == cross_attention_wmma_smem_bytes(kDim),
+  static_assert(WmmaFwdSmemLayout<kDim, kWarps>::kBytes == cross_attention_wmma_smem_bytes(kDim, kWarps),
                 "kernel shared-memory layout and launch plan disagree");
-  return launch_with_smem(cross_attention_fwd_wmma_kernel<scalar_t, kDim>, plan.grid, plan.block,
+  static_assert(kWarps != kCrossAttentionWmmaWarps || cross_attention_wmma_smem_bytes(kDim, kWarps) <= kSmemSm80Bytes,
+                "the preferred tile fits sm_80");
+  return launch_with_smem(cross_attention_fwd_wmma_kernel<scalar_t, kDim, kWarps>, plan.grid, plan.block,
                           plan.shared_memory_bytes, stream, p);
+}
+
+/// The plan's warp count, among those compiled for this bucket (cross_attention_wmma_warps_compiled).
+template <typename scalar_t, int kDim>
+cudaError_t launch_warps(const CrossAttentionFwdParams& p, const CrossAttentionLaunchPlan& plan, cudaStream_t stream) {
+  return dispatch_tile(plan.warps, [](int warps) { return cross_attention_wmma_warps_compiled(kDim, warps); },
+                       [&](auto warps) { return launch_wmma<scalar_t, kDim, decltype(warps)::value>(p, plan, stream); });
 }
 
 }  // namespace
@@ -24,7 +34,7 @@ cudaError_t launch_cross_attention_fwd_wmma(const CrossAttentionFwdParams& p, co
                                             cudaStream_t stream) {
   if (!plan.tensor_cores || plan.head_dim_instantiation != plan.head_dim_v_instantiation) return cudaErrorInvalidValue;
   return dispatch_tensor_core(p.dtype, plan.head_dim_instantiation, [&](auto scalar, auto dim) {
-    return launch_wmma<decltype(scalar), decltype(dim)::value>(p, plan, stream);
+    return launch_warps<decltype(scalar), decltype(dim)::value>(p, plan, stream);
   });
 }
 

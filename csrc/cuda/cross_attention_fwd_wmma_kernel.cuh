@@ -1,8 +1,9 @@
 // Device code of the tensor-core (WMMA) chunked cross-attention forward, fp16 and bf16 inputs with
 // fp32 accumulation (sm_80+: bf16 fragments need it).
 //
-// One block = 64 query rows of one (batch, head); warp w owns rows 16w..16w+15, i.e. one row of
-// 16×16 fragments, so everything after the K/V tile load is warp-local. Per key tile of 32:
+// One block = 16·kWarps query rows of one (batch, head) (64 in the preferred 4-warp tile, fewer where
+// the device's shared memory needs it); warp w owns rows 16w..16w+15, i.e. one row of 16×16
+// fragments, so everything after the K/V tile load is warp-local. Per key tile of 32:
 //  1. S = Q Kᵀ with wmma (K stored row-major [key][d] is Kᵀ in column-major), stored to shared memory;
 //  2. lanes 0..15 each own one row: scale, mask (a per-key flag: 0 valid, −inf padded), online-softmax update
 //     from attn_ext/online_softmax.h, P = exp(s − shift) written as 16-bit, and the row's rescale
@@ -28,9 +29,9 @@ namespace detail {
 
 /// Byte offsets of the WMMA kernel's shared memory; the launcher static_asserts kBytes against
 /// cross_attention_wmma_smem_bytes() so the host plan and these offsets cannot drift apart.
-template <int kDim>
+template <int kDim, int kWarps>
 struct WmmaFwdSmemLayout {
-  static constexpr int kBlockM = kCrossAttentionWmmaBlockM, kBlockN = kCrossAttentionWmmaBlockN;
+  static constexpr int kBlockM = 16 * kWarps, kBlockN = kCrossAttentionWmmaBlockN;
   static constexpr int kHalfStride = cross_attention_wmma_half_stride(kDim);
   static constexpr int kPStride = cross_attention_wmma_half_stride(kBlockN);
   static constexpr int kSStride = cross_attention_wmma_float_stride(kBlockN);
@@ -48,13 +49,12 @@ struct WmmaFwdSmemLayout {
                 "wmma tiles need 256-bit aligned pointers");
 };
 
-/// Launched with kCrossAttentionWmmaWarps·32 threads, WmmaFwdSmemLayout<kDim>::kBytes of dynamic
-/// shared memory, over the 1-D grid of cross_attention_fwd_plan.h. kDim ≥ max(D, Dv).
-template <typename scalar_t, int kDim>
-__global__ void __launch_bounds__(kCrossAttentionWmmaWarps * 32, 1)
-    cross_attention_fwd_wmma_kernel(const CrossAttentionFwdParams p) {
-  using L = WmmaFwdSmemLayout<kDim>;
-  constexpr int kThreads = kCrossAttentionWmmaWarps * 32;
+/// Launched with kWarps·32 threads, WmmaFwdSmemLayout<kDim, kWarps>::kBytes of dynamic shared memory,
+/// over the 1-D grid of cross_attention_fwd_plan.h. kDim ≥ max(D, Dv).
+template <typename scalar_t, int kDim, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32, 1) cross_attention_fwd_wmma_kernel(const CrossAttentionFwdParams p) {
+  using L = WmmaFwdSmemLayout<kDim, kWarps>;
+  constexpr int kThreads = kWarps * 32;
   constexpr int kBlockM = L::kBlockM, kBlockN = L::kBlockN;
   static_assert(kDim % 16 == 0 && kBlockN % 16 == 0, "wmma tiles are 16×16");
 

@@ -4,6 +4,7 @@
 #include "intention.cuh"
 
 #include "batched_cholesky.cuh"
+#include "common/device_limits.h"
 #include "common/launch.cuh"
 #include "intention_kernel.cuh"
 #include "intention_plan.h"
@@ -14,8 +15,8 @@ namespace cuda {
 namespace {
 
 template <typename TA, typename TB, typename TC>
-cudaError_t launch_gemm(const SmallGemmParams& g, cudaStream_t stream) {
-  const SmallGemmLaunchPlan plan = plan_small_gemm(g.batch * g.heads, g.rows, g.cols);
+cudaError_t launch_gemm(const SmallGemmParams& g, std::size_t smem_limit, cudaStream_t stream) {
+  const SmallGemmLaunchPlan plan = plan_small_gemm(g.batch * g.heads, g.rows, g.cols, smem_limit);
   if (!plan.supported) return cudaErrorInvalidValue;
   if (plan.empty) return cudaSuccess;
   detail::small_gemm_kernel<TA, TB, TC>
@@ -24,11 +25,11 @@ cudaError_t launch_gemm(const SmallGemmParams& g, cudaStream_t stream) {
 }
 
 template <typename S>
-cudaError_t run_step(const IntentionStep& st, cudaStream_t stream) {
+cudaError_t run_step(const IntentionStep& st, std::size_t smem_limit, cudaStream_t stream) {
   switch (st.kind) {
-    case IntentionStep::kGemmSSF: return launch_gemm<S, S, float>(st.gemm, stream);
-    case IntentionStep::kGemmSFS: return launch_gemm<S, float, S>(st.gemm, stream);
-    case IntentionStep::kGemmFFF: return launch_gemm<float, float, float>(st.gemm, stream);
+    case IntentionStep::kGemmSSF: return launch_gemm<S, S, float>(st.gemm, smem_limit, stream);
+    case IntentionStep::kGemmSFS: return launch_gemm<S, float, S>(st.gemm, smem_limit, stream);
+    case IntentionStep::kGemmFFF: return launch_gemm<float, float, float>(st.gemm, smem_limit, stream);
     case IntentionStep::kCholesky: return launch_batched_cholesky(st.cholesky, stream);
     case IntentionStep::kSolve: return launch_batched_cholesky_solve(st.solve, stream);
     case IntentionStep::kNegatedDot:
@@ -40,43 +41,26 @@ cudaError_t run_step(const IntentionStep& st, cudaStream_t stream) {
   return cudaErrorInvalidValue;
 }
 
-/// Validates every step's geometry before launching the first, so that a rejected shape enqueues nothing.
-bool plan_launchable(const IntentionPlan& plan) {
-  if (!plan.supported) return false;
-  for (int i = 0; i < plan.count; ++i) {
-    const IntentionStep& st = plan.steps[i];
-    switch (st.kind) {
-      case IntentionStep::kGemmSSF:
-      case IntentionStep::kGemmSFS:
-      case IntentionStep::kGemmFFF:
-        if (!plan_small_gemm(st.gemm.batch * st.gemm.heads, st.gemm.rows, st.gemm.cols).supported) return false;
-        break;
-      case IntentionStep::kCholesky:
-        if (!plan_batched_cholesky(st.cholesky.batch, st.cholesky.n, -1, st.cholesky.dtype).supported) return false;
-        break;
-      case IntentionStep::kSolve:
-        if (!plan_batched_cholesky(st.solve.batch, st.solve.n, st.solve.r, st.solve.dtype).supported) return false;
-        break;
-      case IntentionStep::kNegatedDot:
-        if (st.dot.batch > kMaxGridX) return false;
-        break;
-    }
-  }
-  return true;
-}
-
 template <typename S>
-cudaError_t run_plan(const IntentionPlan& plan, cudaStream_t stream) {
+cudaError_t run_plan(const IntentionPlan& plan, std::size_t smem_limit, cudaStream_t stream) {
   for (int i = 0; i < plan.count; ++i) {
-    const cudaError_t err = run_step<S>(plan.steps[i], stream);
+    const cudaError_t err = run_step<S>(plan.steps[i], smem_limit, stream);
     if (err != cudaSuccess) return err;
   }
   return cudaSuccess;
 }
 
-cudaError_t run(const IntentionPlan& plan, ScalarType dtype, cudaStream_t stream) {
-  if (!plan_launchable(plan)) return cudaErrorInvalidValue;
-  return detail::dispatch_attention_dtype(dtype, [&](auto scalar) { return run_plan<decltype(scalar)>(plan, stream); });
+/// Plans the chain for the current device and runs it; a rejected chain (its plan checked every step)
+/// enqueues nothing.
+template <typename Params, typename Planner>
+cudaError_t run(const Params& p, Planner planner, cudaStream_t stream) {
+  std::size_t smem_limit = 0;
+  const cudaError_t err = current_smem_optin_limit(&smem_limit);
+  if (err != cudaSuccess) return err;
+  const IntentionPlan plan = planner(p, smem_limit);
+  if (!plan.supported) return cudaErrorInvalidValue;
+  return detail::dispatch_attention_dtype(
+      p.in.dtype, [&](auto scalar) { return run_plan<decltype(scalar)>(plan, smem_limit, stream); });
 }
 
 }  // namespace
@@ -87,7 +71,7 @@ cudaError_t launch_intention_fwd(const IntentionFwdParams& p, cudaStream_t strea
       p.weights == nullptr || p.stats == nullptr || p.info == nullptr) {
     return cudaErrorInvalidValue;
   }
-  return run(plan_intention_fwd(p), p.in.dtype, stream);
+  return run(p, plan_intention_fwd, stream);
 }
 
 cudaError_t launch_intention_bwd(const IntentionBwdParams& p, cudaStream_t stream) {
@@ -97,7 +81,7 @@ cudaError_t launch_intention_bwd(const IntentionBwdParams& p, cudaStream_t strea
       p.grad_alpha == nullptr || p.db == nullptr || p.e == nullptr) {
     return cudaErrorInvalidValue;
   }
-  return run(plan_intention_bwd(p), p.in.dtype, stream);
+  return run(p, plan_intention_bwd, stream);
 }
 
 }  // namespace cuda

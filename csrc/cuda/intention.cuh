@@ -52,7 +52,8 @@ struct IntentionBwdParams {
 /// Enqueues the forward (Gram statistics, factor, solve, output; see intention_plan.h). The caller
 /// must check `info` (a device array) before trusting the outputs: a nonzero entry means A was not
 /// positive definite (α = 0 with too few or collinear keys). cudaErrorInvalidValue for D > 128 or
-/// Dv > 128·65535, null pointers; otherwise the first launch error.
+/// Dv > 128·65535, a step that does not fit the current device's shared memory, null pointers;
+/// otherwise the first launch error.
 cudaError_t launch_intention_fwd(const IntentionFwdParams& p, cudaStream_t stream);
 
 /// Enqueues the backward: dQ = scale·dY Wᵀ, dB = A⁻¹(scale·Qᵀ dY), dα = −Σ dB ⊙ W,

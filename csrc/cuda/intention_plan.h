@@ -36,6 +36,7 @@ struct IntentionStep {
 struct IntentionPlan {
   bool supported = false;
   const char* error = nullptr;
+  SmemShortfall smem;  ///< set when a step's kernel does not fit the device's shared memory
   int count = 0;
   IntentionStep steps[8];
 };
@@ -63,10 +64,51 @@ inline const char* intention_size_error(const IntentionInputs& x) {
   return nullptr;
 }
 
+/// Checks every step's launch geometry on a device with `smem_limit` bytes of shared memory per block
+/// (the launcher validates the whole chain before enqueuing its first kernel): `plan` stays supported,
+/// or takes the first failing step's error.
+inline void check_steps(IntentionPlan& plan, std::size_t smem_limit) {
+  for (int i = 0; i < plan.count; ++i) {
+    const IntentionStep& st = plan.steps[i];
+    const char* error = nullptr;
+    SmemShortfall smem;
+    switch (st.kind) {
+      case IntentionStep::kGemmSSF:
+      case IntentionStep::kGemmSFS:
+      case IntentionStep::kGemmFFF: {
+        const SmallGemmLaunchPlan g =
+            plan_small_gemm(st.gemm.batch * st.gemm.heads, st.gemm.rows, st.gemm.cols, smem_limit);
+        error = g.error, smem = g.smem;
+        break;
+      }
+      case IntentionStep::kCholesky: {
+        const CholeskyLaunchPlan c =
+            plan_batched_cholesky(st.cholesky.batch, st.cholesky.n, -1, st.cholesky.dtype, smem_limit);
+        error = c.error, smem = c.smem;
+        break;
+      }
+      case IntentionStep::kSolve: {
+        const CholeskyLaunchPlan c =
+            plan_batched_cholesky(st.solve.batch, st.solve.n, st.solve.r, st.solve.dtype, smem_limit);
+        error = c.error, smem = c.smem;
+        break;
+      }
+      case IntentionStep::kNegatedDot:
+        if (st.dot.batch > kMaxGridX) error = "too many heads for the CUDA grid";
+        break;
+    }
+    if (error != nullptr) {
+      plan.supported = false, plan.error = error, plan.smem = smem;
+      return;
+    }
+  }
+}
+
 }  // namespace detail
 
-/// The forward chain: G = KᵀK (masked), C = KᵀV (masked), L = chol(G + αI), W = L⁻ᵀL⁻¹C, out = scale·Q W.
-inline IntentionPlan plan_intention_fwd(const IntentionFwdParams& p) {
+/// The forward chain: G = KᵀK (masked), C = KᵀV (masked), L = chol(G + αI), W = L⁻ᵀL⁻¹C, out = scale·Q W,
+/// for a device with `smem_limit` bytes of opt-in shared memory per block.
+inline IntentionPlan plan_intention_fwd(const IntentionFwdParams& p, std::size_t smem_limit) {
   using detail::gemm;
   using detail::operand;
   const IntentionInputs& x = p.in;
@@ -110,11 +152,12 @@ inline IntentionPlan plan_intention_fwd(const IntentionFwdParams& p) {
   ++s;
   plan.count = static_cast<int>(s - plan.steps);
   plan.supported = true;
+  detail::check_steps(plan, smem_limit);
   return plan;
 }
 
 /// The backward chain; see intention.cuh.
-inline IntentionPlan plan_intention_bwd(const IntentionBwdParams& p) {
+inline IntentionPlan plan_intention_bwd(const IntentionBwdParams& p, std::size_t smem_limit) {
   using detail::gemm;
   using detail::operand;
   const IntentionInputs& x = p.in;
@@ -165,6 +208,7 @@ inline IntentionPlan plan_intention_bwd(const IntentionBwdParams& p) {
   }
   plan.count = static_cast<int>(s - plan.steps);
   plan.supported = true;
+  detail::check_steps(plan, smem_limit);
   return plan;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "common/launch_geometry.h"
+#include "common/smem_limits.h"
 
 namespace attn_ext {
 namespace cuda {
@@ -28,10 +29,13 @@ struct SmallGemmLaunchPlan {
   LaunchDims block;
   std::size_t shared_memory_bytes = 0;
   int64_t row_tiles = 0;
+  SmemShortfall smem;  ///< set when the two tiles do not fit the device
 };
 
-/// Plans C[batch_items] (rows × cols) for any inner size (0 gives C = 0).
-inline SmallGemmLaunchPlan plan_small_gemm(int64_t batch_items, int64_t rows, int64_t cols) {
+/// Plans C[batch_items] (rows × cols) for any inner size (0 gives C = 0) on a device with `smem_limit`
+/// bytes of shared memory per block. The tiles take 8.25 KiB, below the 48 KiB every device gives
+/// without opting in: the limit is checked for the rule's sake, no device is refused.
+inline SmallGemmLaunchPlan plan_small_gemm(int64_t batch_items, int64_t rows, int64_t cols, std::size_t smem_limit) {
   SmallGemmLaunchPlan plan;
   if (batch_items < 0 || rows < 0 || cols < 0) {
     plan.error = "negative size";
@@ -39,6 +43,10 @@ inline SmallGemmLaunchPlan plan_small_gemm(int64_t batch_items, int64_t rows, in
   }
   plan.block.x = kSmallGemmThreads;
   plan.shared_memory_bytes = small_gemm_smem_bytes();
+  if (plan.shared_memory_bytes > smem_limit) {
+    plan.error = smem_shortfall(plan.smem, "batched GEMM of Intention", plan.shared_memory_bytes, smem_limit);
+    return plan;
+  }
   plan.supported = true;
   if (batch_items == 0 || rows == 0 || cols == 0) {
     plan.empty = true;

@@ -54,7 +54,8 @@ struct TreeBwdParams {
 };
 
 /// Enqueues the fused descent + attention: one warp per query, all heads (the policy averages
-/// them). cudaErrorInvalidValue for a shape plan_tree_cross_attention() rejects or null pointers.
+/// them). cudaErrorInvalidValue for a shape plan_tree_cross_attention() rejects on the current device
+/// or null pointers.
 cudaError_t launch_tree_cross_attention_fwd(const TreeFwdParams& p, cudaStream_t stream);
 
 /// Enqueues the backward: one warp per query rebuilds its path from `selected`, then per head the

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/launch_geometry.h"
+#include "common/smem_limits.h"
 
 #if defined(__CUDACC__)
 #define ATTN_EXT_PLAN_HD __host__ __device__
@@ -57,10 +58,8 @@ ATTN_EXT_PLAN_HD constexpr TreeWarpLayout tree_warp_layout(int64_t H, int64_t D,
   return l;
 }
 
-/// Largest dynamic shared memory a tree kernel may opt in to: 99 KiB, what sm_86/sm_89 allow, so a
-/// plan that holds on those also holds on sm_80 (163 KiB) and sm_90 (227 KiB).
-constexpr std::size_t kTreeMaxSmemBytes = 99 * 1024;
-/// Warps (queries) per block when the layout allows: shared memory is per warp, so wide heads get fewer.
+/// Warps (queries) per block when the layout allows: shared memory is per warp, so wide heads get fewer
+/// (as many as fit without opting in to more than 48 KiB; one warp may then opt in to the device's limit).
 constexpr int kTreeMaxWarps = 4;
 
 struct TreeLaunchPlan {
@@ -72,11 +71,14 @@ struct TreeLaunchPlan {
   int warps = 0;
   std::size_t warp_bytes = 0;
   std::size_t shared_memory_bytes = 0;
+  SmemShortfall smem;  ///< set when one query's state does not fit the device
 };
 
-/// Plans the forward (backward = false) or backward kernel for B·M queries.
+/// Plans the forward (backward = false) or backward kernel for B·M queries on a device with
+/// `smem_limit` bytes of opt-in shared memory per block.
 inline TreeLaunchPlan plan_tree_cross_attention(int64_t B, int64_t M, int64_t H, int64_t D, int64_t Dv,
-                                                int64_t branching, int64_t group_size, int64_t height, bool backward) {
+                                                int64_t branching, int64_t group_size, int64_t height, bool backward,
+                                                std::size_t smem_limit) {
   TreeLaunchPlan plan;
   if (B < 0 || M < 0 || H < 1 || D < 1 || Dv < 1) {
     plan.error = "sizes must be B, M >= 0 and H, D, Dv >= 1";
@@ -93,10 +95,14 @@ inline TreeLaunchPlan plan_tree_cross_attention(int64_t B, int64_t M, int64_t H,
   plan.warp_bytes = static_cast<std::size_t>(
       tree_warp_layout(H, D, Dv, branching, group_size, height, backward).bytes);
   plan.warps = kTreeMaxWarps;
-  while (plan.warps > 1 && plan.warps * plan.warp_bytes > kDefaultDynamicSmemBytes) plan.warps /= 2;
+  const std::size_t without_opt_in = smem_limit < kDefaultDynamicSmemBytes ? smem_limit : kDefaultDynamicSmemBytes;
+  while (plan.warps > 1 && plan.warps * plan.warp_bytes > without_opt_in) plan.warps /= 2;
   plan.shared_memory_bytes = plan.warps * plan.warp_bytes;
-  if (plan.shared_memory_bytes > kTreeMaxSmemBytes) {
-    plan.error = "one query's per-warp state (H·(D + Dv) floats and the tree arrays) exceeds 99 KiB of shared memory";
+  if (plan.shared_memory_bytes > smem_limit) {
+    // One warp holds one query's state (H·(D + Dv) floats and the tree arrays): there is no smaller tile.
+    plan.error = smem_shortfall(plan.smem, backward ? "tree cross attention backward (one query per warp)"
+                                                    : "tree cross attention forward (one query per warp)",
+                                plan.shared_memory_bytes, smem_limit);
     return plan;
   }
   plan.block.x = static_cast<unsigned int>(32 * plan.warps);

@@ -24,28 +24,39 @@ ScalarType scalar() {
   return sizeof(T) == 8 ? ScalarType::kFloat64 : ScalarType::kFloat32;
 }
 
-template <typename T>
-void run_factor(const BatchedCholeskyParams& p) {
-  const CholeskyLaunchPlan plan = plan_batched_cholesky(p.batch, p.n, -1, p.dtype);
-  CHECK(plan.supported);
-  if (plan.empty) return;
+/// sm_90's opt-in shared memory per block, the default device of the cases.
+constexpr std::size_t kSm90 = 232448;
+
+/// Emulates `kernel` over the plan's grid on a device with `smem_limit` bytes of shared memory.
+template <typename Kernel>
+void emulate(const CholeskyLaunchPlan& plan, std::size_t smem_limit, Kernel kernel) {
+  CHECK(plan.supported && plan.shared_memory_bytes <= smem_limit);
+  if (!plan.supported || plan.empty) return;
   CHECK(cuda_emu::run_grid(dim3(plan.grid.x, plan.grid.y), dim3(plan.block.x), detail::smem_raw, sizeof(detail::smem_raw),
-                           plan.shared_memory_bytes, [&] { detail::batched_cholesky_kernel<T>(p); }));
+                           plan.shared_memory_bytes, kernel));
+}
+
+/// The factorisation with the instantiation the plan picks (padded rows, or unpadded for fp32).
+template <typename T>
+void run_factor(const BatchedCholeskyParams& p, std::size_t smem_limit = kSm90) {
+  const CholeskyLaunchPlan plan = plan_batched_cholesky(p.batch, p.n, -1, p.dtype, smem_limit);
+  if (plan.padded_rows) return emulate(plan, smem_limit, [&] { detail::batched_cholesky_kernel<T, true>(p); });
+  CHECK(sizeof(T) == 4);  // only fp32 compiles unpadded rows
+  emulate(plan, smem_limit, [&] { detail::batched_cholesky_kernel<float, false>(p); });
 }
 
 template <typename T>
-void run_solve(const BatchedCholeskySolveParams& p) {
-  const CholeskyLaunchPlan plan = plan_batched_cholesky(p.batch, p.n, p.r, p.dtype);
-  CHECK(plan.supported);
-  if (plan.empty) return;
-  CHECK(cuda_emu::run_grid(dim3(plan.grid.x, plan.grid.y), dim3(plan.block.x), detail::smem_raw, sizeof(detail::smem_raw),
-                           plan.shared_memory_bytes, [&] { detail::batched_cholesky_solve_kernel<T>(p); }));
+void run_solve(const BatchedCholeskySolveParams& p, std::size_t smem_limit = kSm90) {
+  const CholeskyLaunchPlan plan = plan_batched_cholesky(p.batch, p.n, p.r, p.dtype, smem_limit);
+  if (plan.padded_rows) return emulate(plan, smem_limit, [&] { detail::batched_cholesky_solve_kernel<T, true>(p); });
+  CHECK(sizeof(T) == 4);  // only fp32 compiles unpadded rows
+  emulate(plan, smem_limit, [&] { detail::batched_cholesky_solve_kernel<float, false>(p); });
 }
 
 /// `batch` random SPD matrices of order n stored transposed with a padded row (strides (n+1)·n, 1,
 /// n + 1 ... i.e. element (i, j) at j·(n + 1) + i), NaN in the upper triangle the kernel must not read.
 template <typename T>
-void factor_and_solve_case(int batch, int n, int r, uint32_t seed, double tol) {
+void factor_and_solve_case(int batch, int n, int r, uint32_t seed, double tol, std::size_t smem_limit = kSm90) {
   std::mt19937 gen(seed);
   std::normal_distribution<double> normal;
   const int64_t ld = n + 1, mat = n * ld;
@@ -69,7 +80,7 @@ void factor_and_solve_case(int batch, int n, int r, uint32_t seed, double tol) {
   BatchedCholeskyParams p;
   p.a.data = a.data(), p.a.stride_batch = mat, p.a.stride_row = 1, p.a.stride_col = ld;
   p.diag_shift = shift.data(), p.l = l.data(), p.info = info.data(), p.batch = batch, p.n = n, p.dtype = scalar<T>();
-  run_factor<T>(p);
+  run_factor<T>(p, smem_limit);
 
   std::vector<double> rhs(static_cast<size_t>(n) * r), want;
   std::vector<T> b(static_cast<size_t>(batch) * n * r), x(b.size());
@@ -78,11 +89,11 @@ void factor_and_solve_case(int batch, int n, int r, uint32_t seed, double tol) {
   s.l.data = l.data(), s.l.stride_batch = n * n, s.l.stride_row = n, s.l.stride_col = 1;
   s.b.data = b.data(), s.b.stride_batch = n * r, s.b.stride_row = r, s.b.stride_col = 1;
   s.x = x.data(), s.batch = batch, s.n = n, s.r = r, s.dtype = scalar<T>();
-  run_solve<T>(s);
+  run_solve<T>(s, smem_limit);
   std::vector<T> inv(static_cast<size_t>(batch) * n * n);
   BatchedCholeskySolveParams si = s;  // B = I: the inverse
   si.b.data = nullptr, si.x = inv.data(), si.r = n;
-  run_solve<T>(si);
+  run_solve<T>(si, smem_limit);
 
   int bad = 0;
   for (int m = 0; m < batch; ++m) {
@@ -109,7 +120,8 @@ void factor_and_solve_case(int batch, int n, int r, uint32_t seed, double tol) {
   }
   if (bad) std::fprintf(stderr, "factor/solve n=%d r=%d sizeof(T)=%zu: %d mismatches\n", n, r, sizeof(T), bad);
   CHECK(bad == 0);
-  std::printf("  n=%-3d r=%-3d batch=%d %s ok=%s\n", n, r, batch, sizeof(T) == 8 ? "fp64" : "fp32", bad ? "NO" : "yes");
+  std::printf("  n=%-3d r=%-3d batch=%d %s, %zu B of shared memory ok=%s\n", n, r, batch, sizeof(T) == 8 ? "fp64" : "fp32",
+              smem_limit, bad ? "NO" : "yes");
 }
 
 /// A matrix whose leading minor of order j + 1 is not positive definite: info = j + 1, columns < j
@@ -149,13 +161,23 @@ void failure_cases() {
 }
 
 void plan_cases() {
-  CHECK(!plan_batched_cholesky(4, 129, -1, ScalarType::kFloat32).supported);
-  const CholeskyLaunchPlan f = plan_batched_cholesky(10, 128, -1, ScalarType::kFloat64);
+  CHECK(!plan_batched_cholesky(4, 129, -1, ScalarType::kFloat32, kSm90).supported);
+  const CholeskyLaunchPlan f = plan_batched_cholesky(10, 128, -1, ScalarType::kFloat64, kSm90);
   CHECK(f.supported && f.grid.x == 10 && f.grid.y == 1 && f.block.x == 128 && f.shared_memory_bytes == 128 * 129 * 8);
-  const CholeskyLaunchPlan s = plan_batched_cholesky(3, 40, 300, ScalarType::kFloat32);
+  CHECK(f.padded_rows);
+  const CholeskyLaunchPlan s = plan_batched_cholesky(3, 40, 300, ScalarType::kFloat32, kSm90);
   CHECK(s.supported && s.grid.x == 3 && s.grid.y == 3 && s.shared_memory_bytes == 40 * 41 * 4);
-  CHECK(plan_batched_cholesky(0, 40, 3, ScalarType::kFloat32).empty);
-  CHECK(plan_batched_cholesky(5, 40, 0, ScalarType::kFloat32).empty);
+  CHECK(plan_batched_cholesky(0, 40, 3, ScalarType::kFloat32, kSm90).empty);
+  CHECK(plan_batched_cholesky(5, 40, 0, ScalarType::kFloat32, kSm90).empty);
+  // Smaller devices: fp32 n = 128 drops the row padding on sm_75; fp64 n = 128 fits neither sm_86
+  // nor sm_75, and says so.
+  const CholeskyLaunchPlan t4 = plan_batched_cholesky(2, 128, -1, ScalarType::kFloat32, 65536);
+  CHECK(t4.supported && !t4.padded_rows && t4.shared_memory_bytes == 65536);
+  CHECK(plan_batched_cholesky(2, 127, -1, ScalarType::kFloat32, 65536).padded_rows);
+  const CholeskyLaunchPlan big = plan_batched_cholesky(2, 128, 5, ScalarType::kFloat64, 101376);
+  CHECK(!big.supported && big.smem.kernel != nullptr && big.smem.needed_bytes == 128 * 129 * 8 &&
+        big.smem.limit_bytes == 101376);
+  CHECK(plan_batched_cholesky(2, 112, 5, ScalarType::kFloat64, 101376).supported);
 }
 
 }  // namespace
@@ -166,6 +188,7 @@ int main() {
   factor_and_solve_case<float>(2, 40, 3, 2, 2e-5);
   factor_and_solve_case<double>(2, 59, 130, 3, 1e-12);
   factor_and_solve_case<float>(1, 128, 5, 4, 5e-5);
+  factor_and_solve_case<float>(2, 128, 130, 5, 5e-5, 65536);  // sm_75: unpadded rows
   failure_cases();
   if (attn_ext_tests::g_failures != 0) {
     std::fprintf(stderr, "attn_ext_cuda_cholesky_emulation_tests: %d failure(s)\n", attn_ext_tests::g_failures);

@@ -58,9 +58,18 @@ struct Strided {
   double get(int64_t b, int64_t h, int64_t r, int64_t c) { return to_float(at(b, h, r, c)); }
 };
 
-/// kDim = 0: the SIMT kernels (fp32); else the tensor-core kernels of that head-dim bucket (fp16/bf16).
-template <typename scalar_t, int kDim = 0>
-void run_case(const Case& c, uint32_t seed) {
+/// sm_90's opt-in shared memory per block: plans keep their preferred tiles.
+constexpr std::size_t kSm90 = 232448;
+
+/// The preferred tile: 16-row tiles (fp32, kDim = 0) or the bucket's preferred warp count.
+constexpr int preferred_tile(int dim) {
+  return dim == 0 ? attn_ext::cuda::kCrossAttentionBwdTile : attn_ext::cuda::cross_attention_bwd_wmma_preferred_warps(dim);
+}
+
+/// kDim = 0: the SIMT kernels (fp32) with kTile-row tiles; else the tensor-core kernels of that
+/// head-dim bucket (fp16/bf16) with kTile warps; the plan for `smem_limit` must pick them.
+template <typename scalar_t, int kDim = 0, int kTile = preferred_tile(kDim)>
+void run_case(const Case& c, uint32_t seed, std::size_t smem_limit = kSm90) {
   const int64_t B = c.B, H = c.H, M = c.M, N = c.N, D = c.D, Dv = c.Dv;
   std::mt19937 gen(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -141,8 +150,10 @@ void run_case(const Case& c, uint32_t seed) {
   std::vector<scalar_t> dq(B * H * M * D + 1, sentinel), dk(B * H * N * D + 1, sentinel), dv(B * H * N * Dv + 1, sentinel);
   p.delta = delta.data(), p.grad_q = dq.data(), p.grad_k = dk.data(), p.grad_v = dv.data();
 
-  const CrossAttentionBwdPlan plan = attn_ext::cuda::plan_cross_attention_bwd(B, H, M, N, D, Dv, p.dtype);
+  const CrossAttentionBwdPlan plan = attn_ext::cuda::plan_cross_attention_bwd(B, H, M, N, D, Dv, p.dtype, smem_limit);
   if (!plan.supported) return fail(c, "plan rejected the case", 0, 0, 0);
+  if ((kDim > 0 ? plan.warps : plan.tile) != kTile) return fail(c, "plan picks another tile", 0, plan.warps, kTile);
+  if (plan.dkdv_smem_bytes > smem_limit || plan.dq_smem_bytes > smem_limit) fail(c, "plan exceeds the limit", 0, 0, 0);
   void* smem = attn_ext::cuda::detail::smem_raw;
   const size_t smem_total = sizeof(attn_ext::cuda::detail::smem_raw);
   const auto dims = [](attn_ext::cuda::LaunchDims d) { return dim3(d.x, d.y, d.z); };
@@ -151,15 +162,16 @@ void run_case(const Case& c, uint32_t seed) {
   bool ok = cuda_emu::run_grid(dims(plan.delta_grid), dims(plan.delta_block), smem, smem_total, 0,
                                [&] { det::cross_attention_bwd_delta_kernel<scalar_t>(p); });
   if constexpr (kDim > 0) {
+    static_assert(attn_ext::cuda::cross_attention_bwd_wmma_warps_compiled(kDim, kTile), "a compiled tile");
     ok &= cuda_emu::run_grid(dims(plan.dkdv_grid), dims(plan.block), smem, smem_total, plan.dkdv_smem_bytes,
-                             [&] { det::cross_attention_bwd_wmma_kernel<scalar_t, kDim, true>(p); });
+                             [&] { det::cross_attention_bwd_wmma_kernel<scalar_t, kDim, kTile, true>(p); });
     ok &= cuda_emu::run_grid(dims(plan.dq_grid), dims(plan.block), smem, smem_total, plan.dq_smem_bytes,
-                             [&] { det::cross_attention_bwd_wmma_kernel<scalar_t, kDim, false>(p); });
+                             [&] { det::cross_attention_bwd_wmma_kernel<scalar_t, kDim, kTile, false>(p); });
   } else {
     ok &= cuda_emu::run_grid(dims(plan.dkdv_grid), dims(plan.block), smem, smem_total, plan.dkdv_smem_bytes,
-                             [&] { det::cross_attention_bwd_dkdv_kernel<scalar_t>(p); });
+                             [&] { det::cross_attention_bwd_dkdv_kernel<scalar_t, kTile>(p); });
     ok &= cuda_emu::run_grid(dims(plan.dq_grid), dims(plan.block), smem, smem_total, plan.dq_smem_bytes,
-                             [&] { det::cross_attention_bwd_dq_kernel<scalar_t>(p); });
+                             [&] { det::cross_attention_bwd_dq_kernel<scalar_t, kTile>(p); });
   }
   if (!ok) fail(c, "shared memory written past the planned size", 0, 0, 0);
   if (to_float(dq.back()) != 12288.0f || to_float(dk.back()) != 12288.0f || to_float(dv.back()) != 12288.0f)
@@ -204,8 +216,9 @@ void run_case(const Case& c, uint32_t seed) {
   compare("grad_q", dq, rq);
   compare("grad_k", dk, rk);
   compare("grad_v", dv, rv);
-  std::printf("  %-40s grids delta=%u dkdv=%u dq=%u smem=%zu/%zu B ok=%s\n", c.name, plan.delta_grid.x,
-              plan.dkdv_grid.x, plan.dq_grid.x, plan.dkdv_smem_bytes, plan.dq_smem_bytes, g_failures == 0 ? "yes" : "NO");
+  std::printf("  %-48s grids delta=%u dkdv=%u dq=%u smem=%zu/%zu of %zu B ok=%s\n", c.name, plan.delta_grid.x,
+              plan.dkdv_grid.x, plan.dq_grid.x, plan.dkdv_smem_bytes, plan.dq_smem_bytes, smem_limit,
+              g_failures == 0 ? "yes" : "NO");
 }
 
 void test_plan() {
@@ -213,32 +226,39 @@ void test_plan() {
   const auto expect = [](bool cond, const char* what) {
     if (!cond && ++g_failures <= 20) std::fprintf(stderr, "plan: %s\n", what);
   };
-  const CrossAttentionBwdPlan p = plan_cross_attention_bwd(2, 3, 33, 17, 40, 59, ScalarType::kFloat32);
+  const CrossAttentionBwdPlan p = plan_cross_attention_bwd(2, 3, 33, 17, 40, 59, ScalarType::kFloat32, kSm90);
   expect(!p.tensor_cores, "fp32 runs the SIMT kernels");
-  expect(p.supported && p.block.x == 128, "supported, 128 threads");
+  expect(p.supported && p.block.x == 128 && p.tile == 16, "supported, 128 threads, 16-row tiles");
   expect(p.delta_grid.x == (2 * 3 * 33 + 3) / 4, "one warp per row in the Δ pre-pass");
   expect(p.dkdv_grid.x == 2 * 3 * 2 && p.dq_grid.x == 2 * 3 * 3, "16-row tiles");
-  expect(p.dkdv_smem_bytes == 4u * cross_attention_bwd_smem(40, 59, true).floats, "dK/dV smem");
+  expect(p.dkdv_smem_bytes == 4u * cross_attention_bwd_smem(40, 59, true, 16).floats, "dK/dV smem");
   expect(p.dq_smem_bytes < p.dkdv_smem_bytes, "dQ keeps one accumulator");
-  expect(plan_cross_attention_bwd(1, 1, 8, 8, 256, 256, ScalarType::kFloat32).dkdv_smem_bytes <= 163u * 1024u,
+  expect(plan_cross_attention_bwd(1, 1, 8, 8, 256, 256, ScalarType::kFloat32, kSm90).dkdv_smem_bytes <= 163u * 1024u,
          "D = Dv = 256 fits sm_80's opt-in shared memory");
-  const CrossAttentionBwdPlan tc = plan_cross_attention_bwd(2, 3, 33, 17, 40, 59, ScalarType::kBFloat16);
+  const CrossAttentionBwdPlan small = plan_cross_attention_bwd(2, 3, 33, 17, 256, 256, ScalarType::kFloat32, 98304);
+  expect(small.supported && small.tile == 8 && small.dkdv_grid.x == 2 * 3 * 3 && small.dq_grid.x == 2 * 3 * 5,
+         "D = Dv = 256 on 96 KiB: 8-row tiles");
+  const CrossAttentionBwdPlan tc = plan_cross_attention_bwd(2, 3, 33, 17, 40, 59, ScalarType::kBFloat16, kSm90);
   expect(tc.tensor_cores && tc.dim == 64 && tc.block.x == 128 && tc.delta_block.x == 128, "bf16: WMMA, bucket 64");
   expect(tc.dkdv_grid.x == 2 * 3 * 1 && tc.dq_grid.x == 2 * 3 * 1, "64-row own tiles");
-  expect(tc.dkdv_smem_bytes == cross_attention_bwd_wmma_smem(64, true).bytes, "WMMA dK/dV smem");
-  const CrossAttentionBwdPlan wide = plan_cross_attention_bwd(1, 1, 40, 40, 256, 8, ScalarType::kFloat16);
+  expect(tc.dkdv_smem_bytes == cross_attention_bwd_wmma_smem(64, 4, true).bytes, "WMMA dK/dV smem");
+  const CrossAttentionBwdPlan wide = plan_cross_attention_bwd(1, 1, 40, 40, 256, 8, ScalarType::kFloat16, kSm90);
   expect(wide.dim == 256 && wide.block.x == 64 && wide.dq_grid.x == 2, "bucket 256: 2 warps, 32-row own tiles");
   for (int dim : {32, 64, 128, 256}) {
-    expect(cross_attention_bwd_wmma_smem(dim, true).bytes <= 163u * 1024u, "WMMA backward fits sm_80");
-    expect(cross_attention_bwd_wmma_smem(dim, true).acc % 32 == 0 && cross_attention_bwd_wmma_smem(dim, true).coef % 32 == 0,
-           "32-byte aligned wmma sections");
+    for (int warps : {1, 2, 4}) {
+      const CrossAttentionBwdWmmaSmem key = cross_attention_bwd_wmma_smem(dim, warps, true);
+      expect(key.acc % 32 == 0 && key.coef % 32 == 0 && key.scores % 32 == 0, "32-byte aligned wmma sections");
+    }
+    expect(cross_attention_bwd_wmma_smem(dim, cross_attention_bwd_wmma_preferred_warps(dim), true).bytes <= 163u * 1024u,
+           "WMMA backward fits sm_80");
   }
-  const CrossAttentionBwdPlan no_keys = plan_cross_attention_bwd(1, 2, 8, 0, 64, 64, ScalarType::kFloat32);
+  const CrossAttentionBwdPlan no_keys = plan_cross_attention_bwd(1, 2, 8, 0, 64, 64, ScalarType::kFloat32, kSm90);
   expect(no_keys.supported && no_keys.dkdv_grid.x == 0 && no_keys.dq_grid.x == 2, "N = 0 still writes dQ");
-  expect(!plan_cross_attention_bwd(1, 1, 8, 8, 257, 64, ScalarType::kFloat32).supported, "D > 256 rejected");
-  expect(!plan_cross_attention_bwd(1, 1, 8, 8, 64, 0, ScalarType::kFloat32).supported, "Dv = 0 rejected");
-  expect(!plan_cross_attention_bwd(1, 1, 8, 8, 64, 64, static_cast<ScalarType>(9)).supported, "bad dtype rejected");
-  expect(!plan_cross_attention_bwd(1 << 20, 1 << 20, 1 << 20, 8, 64, 64, ScalarType::kFloat32).supported,
+  expect(!plan_cross_attention_bwd(1, 1, 8, 8, 257, 64, ScalarType::kFloat32, kSm90).supported, "D > 256 rejected");
+  expect(!plan_cross_attention_bwd(1, 1, 8, 8, 64, 0, ScalarType::kFloat32, kSm90).supported, "Dv = 0 rejected");
+  expect(!plan_cross_attention_bwd(1, 1, 8, 8, 64, 64, static_cast<ScalarType>(9), kSm90).supported,
+         "bad dtype rejected");
+  expect(!plan_cross_attention_bwd(1 << 20, 1 << 20, 1 << 20, 8, 64, 64, ScalarType::kFloat32, kSm90).supported,
          "grid overflow rejected");
 }
 
@@ -260,6 +280,16 @@ int main() {
   run_case<__half, 32>({"fp16 M=0", 1, 2, 0, 9, 8, 5, false}, seed++);
   run_case<__nv_bfloat16, 128>({"bf16 D=96 Dv=128 masked", 2, 1, 40, 70, 96, 128, true}, seed++);
   run_case<__nv_bfloat16, 256>({"bf16 D=Dv=256 masked", 2, 1, 17, 33, 256, 256, true}, seed++);
+  // The fall-back tiles of devices with less shared memory (common/smem_limits.h): 96 KiB (sm_70),
+  // 99 KiB (sm_86/89), 64 KiB (sm_75). Each compiled fall-back runs once.
+  constexpr std::size_t kSm70 = 98304, kSm86 = 101376, kSm75 = 65536;
+  run_case<float, 0, 8>({"fp32 D=Dv=256 masked, 96 KiB: 8-row tiles", 2, 1, 19, 21, 256, 256, true}, seed++, kSm70);
+  run_case<float, 0, 8>({"fp32 D=200 Dv=150, 64 KiB: 8-row tiles", 1, 2, 17, 9, 200, 150, false}, seed++, kSm75);
+  run_case<__half, 64, 2>({"fp16 D=64 Dv=40 masked, 64 KiB: 2 warps", 2, 1, 37, 45, 64, 40, true}, seed++, kSm75);
+  run_case<__nv_bfloat16, 128, 2>({"bf16 D=96 Dv=128 masked, 99 KiB: 2 warps", 2, 1, 40, 70, 96, 128, true}, seed++,
+                                  kSm86);
+  run_case<__half, 128, 1>({"fp16 D=Dv=128, 64 KiB: 1 warp", 1, 2, 20, 35, 128, 128, false}, seed++, kSm75);
+  run_case<__half, 256, 1>({"fp16 D=256 Dv=200 masked, 96 KiB: 1 warp", 2, 1, 17, 33, 256, 200, true}, seed++, kSm70);
   if (g_failures != 0) {
     std::fprintf(stderr, "attn_ext_cuda_cross_attention_bwd_emulation_tests: %d failure(s)\n", g_failures);
     return 1;

@@ -56,9 +56,21 @@ void fail(const Case& c, const char* what, int64_t index, double got, double wan
   }
 }
 
-/// Runs one case with the (kD, kDv) instantiation, which must be the one the plan picks.
-template <typename scalar_t, int kD, int kDv>
-void run_case(const Case& c, uint32_t seed) {
+/// sm_90's opt-in shared memory per block: plans keep their preferred tiles.
+constexpr std::size_t kSm90 = 232448;
+
+/// The preferred tile of an instantiation: warps per block (WMMA) or rows per warp (fp32).
+template <typename scalar_t, int kDv>
+constexpr int preferred_tile() {
+  return sizeof(scalar_t) == 2 ? attn_ext::cuda::kCrossAttentionWmmaWarps
+                               : attn_ext::cuda::cross_attention_fwd_rows_per_warp(kDv);
+}
+
+/// Runs one case with the (kD, kDv, kTile) instantiation, which must be the one the plan picks for a
+/// device with `smem_limit` bytes of shared memory per block. kTile: warps per block (WMMA) or rows
+/// per warp (fp32).
+template <typename scalar_t, int kD, int kDv, int kTile = preferred_tile<scalar_t, kDv>()>
+void run_case(const Case& c, uint32_t seed, std::size_t smem_limit = kSm90) {
   const int64_t B = c.B, H = c.H, M = c.M, N = c.N, D = c.D, Dv = c.Dv;
   std::mt19937 gen(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -124,13 +136,15 @@ void run_case(const Case& c, uint32_t seed) {
   p.q = q.data(), p.k = k.data(), p.v = v.data();
   p.out = out.data() + kGuard, p.lse = lse.data() + kGuard;
 
-  const CrossAttentionLaunchPlan plan = attn_ext::cuda::plan_cross_attention_fwd(B, H, M, N, D, Dv, p.dtype);
-  if (!plan.supported || plan.head_dim_instantiation != kD || plan.head_dim_v_instantiation != kDv) {
-    fail(c, "plan does not select the tested instantiation", 0, plan.head_dim_instantiation, kD);
+  const CrossAttentionLaunchPlan plan =
+      attn_ext::cuda::plan_cross_attention_fwd(B, H, M, N, D, Dv, p.dtype, smem_limit);
+  const int tile = sizeof(scalar_t) == 2 ? plan.warps : plan.rows_per_warp;
+  if (!plan.supported || plan.head_dim_instantiation != kD || plan.head_dim_v_instantiation != kDv || tile != kTile) {
+    fail(c, "plan does not select the tested instantiation", 0, tile, kTile);
     return;
   }
   if (plan.tensor_cores != (sizeof(scalar_t) == 2)) fail(c, "plan picks the wrong kernel family", 0, 0, 0);
-  constexpr int kRows = attn_ext::cuda::cross_attention_fwd_rows_per_warp(kDv);
+  if (plan.shared_memory_bytes > smem_limit) fail(c, "plan exceeds the device limit", 0, 0, 0);
   auto* smem_bytes = reinterpret_cast<unsigned char*>(attn_ext::cuda::detail::smem_raw);
   const size_t smem_total = sizeof(attn_ext::cuda::detail::smem_raw);
   for (unsigned int bx = 0; bx < plan.grid.x; ++bx) {
@@ -138,9 +152,11 @@ void run_case(const Case& c, uint32_t seed) {
     cuda_emu::run_block(dim3(plan.grid.x), dim3(bx), dim3(plan.block.x, plan.block.y, plan.block.z), [&] {
       if constexpr (sizeof(scalar_t) == 2) {
         static_assert(kD == kDv, "the tensor-core kernel has one head-dim instantiation");
-        attn_ext::cuda::detail::cross_attention_fwd_wmma_kernel<scalar_t, kD>(p);
+        static_assert(attn_ext::cuda::cross_attention_wmma_warps_compiled(kD, kTile), "a compiled tile");
+        attn_ext::cuda::detail::cross_attention_fwd_wmma_kernel<scalar_t, kD, kTile>(p);
       } else {
-        attn_ext::cuda::detail::cross_attention_fwd_kernel<scalar_t, kD, kDv, kRows,
+        static_assert(attn_ext::cuda::cross_attention_fwd_rows_compiled(kD, kDv, kTile), "a compiled tile");
+        attn_ext::cuda::detail::cross_attention_fwd_kernel<scalar_t, kD, kDv, kTile,
                                                            attn_ext::cuda::kCrossAttentionFwdWarps>(p);
       }
     });
@@ -198,8 +214,8 @@ void run_case(const Case& c, uint32_t seed) {
           if (differs(got, o[d], tol)) fail(c, "out", row * Dv + d, got, o[d]);
         }
       }
-  std::printf("  %-44s grid=%u block_m=%d smem=%zu B ok=%s\n", c.name, plan.grid.x, plan.block_m,
-              plan.shared_memory_bytes, g_failures == 0 ? "yes" : "NO");
+  std::printf("  %-52s grid=%u block_m=%d smem=%zu/%zu B ok=%s\n", c.name, plan.grid.x, plan.block_m,
+              plan.shared_memory_bytes, smem_limit, g_failures == 0 ? "yes" : "NO");
 }
 
 }  // namespace
@@ -221,6 +237,21 @@ int main() {
                                   seed++);
   run_case<__nv_bfloat16, 256, 256>({"bf16 D=128 Dv=200 masked", 2, 1, 20, 37, 128, 200, true, false, 1.0f}, seed++);
   run_case<__nv_bfloat16, 256, 256>({"bf16 D=Dv=256", 1, 1, 17, 33, 256, 256, false, false, 1.0f}, seed++);
+  // The fall-back tiles of devices with less shared memory (common/smem_limits.h): 99 KiB (sm_86/89),
+  // 64 KiB (sm_75). Each compiled fall-back runs once.
+  constexpr std::size_t kSm86 = 101376, kSm75 = 65536;
+  run_case<__half, 256, 256, 2>({"fp16 D=200 Dv=256 masked, 99 KiB: 2 warps", 2, 1, 37, 45, 200, 256, true, false, 1.0f},
+                                seed++, kSm86);
+  run_case<__nv_bfloat16, 256, 256, 1>({"bf16 D=Dv=256, 64 KiB: 1 warp", 1, 2, 21, 40, 256, 256, false, false, 1.0f},
+                                       seed++, kSm75);
+  run_case<__nv_bfloat16, 128, 128, 2>(
+      {"bf16 D=96 Dv=128 masked, 64 KiB: 2 warps", 2, 1, 40, 50, 96, 128, true, false, 1.0f}, seed++, kSm75);
+  run_case<float, 256, 32, 4>({"fp32 D=256 Dv=32, 64 KiB: 4 rows/warp", 1, 1, 33, 40, 256, 32, true, false, 1.0f}, seed++,
+                              kSm75);
+  run_case<float, 256, 64, 4>({"fp32 D=200 Dv=50, 64 KiB: 4 rows/warp", 2, 1, 19, 35, 200, 50, false, true, 1.0f}, seed++,
+                              kSm75);
+  run_case<float, 256, 128, 2>({"fp32 D=256 Dv=100 masked, 64 KiB: 2 rows/warp", 2, 1, 13, 37, 256, 100, true, false, 1.0f},
+                               seed++, kSm75);
   if (g_failures != 0) {
     std::fprintf(stderr, "attn_ext_cuda_emulation_tests: %d mismatch(es)\n", g_failures);
     return 1;

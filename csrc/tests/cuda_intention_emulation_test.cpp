@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <limits>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "batched_cholesky_kernel.cuh"
@@ -22,6 +23,9 @@ using namespace attn_ext::cuda;
 using attn_ext::ScalarType;
 namespace det = attn_ext::cuda::detail;
 
+/// sm_90's opt-in shared memory per block, the default device of the cases.
+constexpr std::size_t kSm90 = 232448;
+
 template <typename F>
 void emulate(LaunchDims grid, LaunchDims block, size_t smem, F call) {
   CHECK(cuda_emu::run_grid(dim3(grid.x, grid.y, grid.z), dim3(block.x), det::smem_raw, sizeof(det::smem_raw), smem,
@@ -29,32 +33,46 @@ void emulate(LaunchDims grid, LaunchDims block, size_t smem, F call) {
 }
 
 template <typename TA, typename TB, typename TC>
-void gemm_step(const SmallGemmParams& g) {
-  const SmallGemmLaunchPlan plan = plan_small_gemm(g.batch * g.heads, g.rows, g.cols);
+void gemm_step(const SmallGemmParams& g, std::size_t smem_limit) {
+  const SmallGemmLaunchPlan plan = plan_small_gemm(g.batch * g.heads, g.rows, g.cols, smem_limit);
   CHECK(plan.supported);
   if (!plan.empty) emulate(plan.grid, plan.block, plan.shared_memory_bytes, [&] { det::small_gemm_kernel<TA, TB, TC>(g); });
 }
 
-/// The emulated counterpart of intention.cu's run_step.
+/// Emulates a Cholesky step (call(std::bool_constant<padded rows>{}) runs its kernel) with the
+/// instantiation of the plan's row padding, as batched_cholesky.cu picks it.
+template <typename Call>
+void cholesky_step(const CholeskyLaunchPlan& cp, std::size_t smem_limit, Call call) {
+  CHECK(cp.supported && cp.shared_memory_bytes <= smem_limit);
+  if (!cp.supported || cp.empty) return;
+  if (cp.padded_rows) {
+    emulate(cp.grid, cp.block, cp.shared_memory_bytes, [&] { call(std::true_type{}); });
+  } else {
+    emulate(cp.grid, cp.block, cp.shared_memory_bytes, [&] { call(std::false_type{}); });
+  }
+}
+
+/// The emulated counterpart of intention.cu's run_step, on a device with `smem_limit` bytes of shared
+/// memory per block (the Cholesky steps take the plan's row padding, as batched_cholesky.cu does).
 template <typename S>
-void run_plan(const IntentionPlan& plan) {
+void run_plan(const IntentionPlan& plan, std::size_t smem_limit) {
   CHECK(plan.supported);
   for (int i = 0; i < plan.count; ++i) {
     const IntentionStep& st = plan.steps[i];
     switch (st.kind) {
-      case IntentionStep::kGemmSSF: gemm_step<S, S, float>(st.gemm); break;
-      case IntentionStep::kGemmSFS: gemm_step<S, float, S>(st.gemm); break;
-      case IntentionStep::kGemmFFF: gemm_step<float, float, float>(st.gemm); break;
+      case IntentionStep::kGemmSSF: gemm_step<S, S, float>(st.gemm, smem_limit); break;
+      case IntentionStep::kGemmSFS: gemm_step<S, float, S>(st.gemm, smem_limit); break;
+      case IntentionStep::kGemmFFF: gemm_step<float, float, float>(st.gemm, smem_limit); break;
       case IntentionStep::kCholesky: {
-        const CholeskyLaunchPlan cp = plan_batched_cholesky(st.cholesky.batch, st.cholesky.n, -1, st.cholesky.dtype);
-        CHECK(cp.supported);
-        if (!cp.empty) emulate(cp.grid, cp.block, cp.shared_memory_bytes, [&] { det::batched_cholesky_kernel<float>(st.cholesky); });
+        const BatchedCholeskyParams& f = st.cholesky;
+        cholesky_step(plan_batched_cholesky(f.batch, f.n, -1, f.dtype, smem_limit), smem_limit,
+                      [&](auto padded) { det::batched_cholesky_kernel<float, decltype(padded)::value>(f); });
         break;
       }
       case IntentionStep::kSolve: {
-        const CholeskyLaunchPlan cp = plan_batched_cholesky(st.solve.batch, st.solve.n, st.solve.r, st.solve.dtype);
-        CHECK(cp.supported);
-        if (!cp.empty) emulate(cp.grid, cp.block, cp.shared_memory_bytes, [&] { det::batched_cholesky_solve_kernel<float>(st.solve); });
+        const BatchedCholeskySolveParams& sv = st.solve;
+        cholesky_step(plan_batched_cholesky(sv.batch, sv.n, sv.r, sv.dtype, smem_limit), smem_limit,
+                      [&](auto padded) { det::batched_cholesky_solve_kernel<float, decltype(padded)::value>(sv); });
         break;
       }
       case IntentionStep::kNegatedDot: {
@@ -78,6 +96,7 @@ struct Case {
   int64_t B, H, M, N, D, Dv;
   bool mask, has_v, broadcast_k;
   double tol;
+  std::size_t smem_limit = kSm90;  ///< the device's opt-in shared memory per block
 };
 
 int g_bad = 0;
@@ -133,7 +152,7 @@ void run_case(const Case& c, uint32_t seed) {
   p.scale = 0.7f, p.dtype = sizeof(S) == 4 ? ScalarType::kFloat32 : ScalarType::kFloat16;
   fwd.alpha = alpha.data(), fwd.out = out.data(), fwd.factor = factor.data(), fwd.weights = weights.data();
   fwd.stats = stats.data(), fwd.info = info.data();
-  run_plan<S>(plan_intention_fwd(fwd));
+  run_plan<S>(plan_intention_fwd(fwd, c.smem_limit), c.smem_limit);
 
   IntentionBwdParams g;
   g.in = p;  // the same inputs
@@ -142,7 +161,7 @@ void run_case(const Case& c, uint32_t seed) {
   std::vector<float> dalpha(B * H), db(B * H * D * Dv), e(B * H * D * D);
   g.grad_q = dq.data(), g.grad_k = dk.data(), g.grad_v = c.has_v ? dv.data() : nullptr, g.grad_alpha = dalpha.data();
   g.db = db.data(), g.e = e.data();
-  run_plan<S>(plan_intention_bwd(g));
+  run_plan<S>(plan_intention_bwd(g, c.smem_limit), c.smem_limit);
 
   // Reference in double, per (b, h), from the stored inputs.
   for (int64_t b = 0; b < B; ++b)
@@ -220,31 +239,36 @@ void run_case(const Case& c, uint32_t seed) {
 
 /// The launch plans in plain C++: GEMM geometry and the shape of the Intention chains.
 void plan_cases() {
-  const SmallGemmLaunchPlan g = plan_small_gemm(6, 70, 33);
+  const SmallGemmLaunchPlan g = plan_small_gemm(6, 70, 33, kSm90);
   CHECK(g.supported && g.row_tiles == 3 && g.grid.x == 18 && g.grid.y == 2 && g.block.x == 256);
   CHECK(g.shared_memory_bytes == 2 * 4 * 32 * 33);
-  CHECK(plan_small_gemm(4, 0, 5).empty && plan_small_gemm(0, 3, 5).empty);
-  CHECK(!plan_small_gemm(1, 10, 32LL * 65536).supported);
+  CHECK(plan_small_gemm(4, 0, 5, kSm90).empty && plan_small_gemm(0, 3, 5, kSm90).empty);
+  CHECK(!plan_small_gemm(1, 10, 32LL * 65536, kSm90).supported);
   IntentionFwdParams f;
   f.in.B = 2, f.in.H = 3, f.in.M = 5, f.in.N = 7, f.in.D = 40, f.in.Dv = 59;
   int k = 0;
   f.in.k = &k, f.in.v = &k;
-  IntentionPlan plan = plan_intention_fwd(f);
+  IntentionPlan plan = plan_intention_fwd(f, kSm90);
   CHECK(plan.supported && plan.count == 5 && plan.steps[2].kind == IntentionStep::kCholesky);
   CHECK(plan.steps[0].gemm.c_stride_row == 99 && plan.steps[1].gemm.cols == 59);
   f.in.v = nullptr;
-  CHECK(!plan_intention_fwd(f).supported);  // without v, Dv must be D
+  CHECK(!plan_intention_fwd(f, kSm90).supported);  // without v, Dv must be D
   f.in.Dv = 40;
-  plan = plan_intention_fwd(f);
+  plan = plan_intention_fwd(f, kSm90);
   CHECK(plan.supported && plan.count == 4 && plan.steps[2].solve.b.data == nullptr && plan.steps[2].solve.r == 40);
   f.in.D = f.in.Dv = 129;
-  CHECK(!plan_intention_fwd(f).supported);  // the factor must fit one block
+  CHECK(!plan_intention_fwd(f, kSm90).supported);  // the factor must fit one block
+  f.in.D = f.in.Dv = 128;
+  CHECK(plan_intention_fwd(f, 65536).supported);  // sm_75: unpadded rows of the factor
+  plan = plan_intention_fwd(f, 40000);            // no such device: every step is checked
+  CHECK(!plan.supported && plan.smem.kernel != nullptr && plan.smem.needed_bytes == 128 * 128 * 4 &&
+        plan.smem.limit_bytes == 40000);
   IntentionBwdParams b;
   b.in = f.in, b.in.D = b.in.Dv = 16, b.in.v = &k;
-  plan = plan_intention_bwd(b);
+  plan = plan_intention_bwd(b, kSm90);
   CHECK(plan.supported && plan.count == 7 && plan.steps[3].kind == IntentionStep::kNegatedDot);
   b.in.v = nullptr;
-  CHECK(plan_intention_bwd(b).count == 6 && plan_intention_bwd(b).steps[5].gemm.a2.data == nullptr);
+  CHECK(plan_intention_bwd(b, kSm90).count == 6 && plan_intention_bwd(b, kSm90).steps[5].gemm.a2.data == nullptr);
 }
 
 }  // namespace
@@ -257,6 +281,8 @@ int main() {
   run_case<float>({"fp32 v=None (C = I) masked broadcast k", 2, 1, 33, 45, 40, 40, true, false, true, 2e-4}, 3);
   run_case<float>({"fp32 D=1 Dv=3 M=0", 1, 1, 0, 4, 1, 3, false, true, false, 2e-4}, 4);
   run_case<__half>({"fp16 D=24 Dv=16 masked", 2, 2, 20, 50, 24, 16, true, true, false, 2e-2}, 5);
+  // sm_75's 64 KiB: the factor of D = 128 takes the unpadded rows (batched_cholesky_plan.h).
+  run_case<float>({"fp32 D=128 Dv=8, 64 KiB: unpadded factor", 1, 1, 6, 150, 128, 8, false, true, false, 2e-3, 65536}, 6);
   if (attn_ext_tests::g_failures != 0) {
     std::fprintf(stderr, "attn_ext_cuda_intention_emulation_tests: %d failure(s)\n", attn_ext_tests::g_failures);
     return 1;

@@ -17,6 +17,9 @@
 namespace {
 
 using namespace attn_ext::cuda;
+
+/// sm_90's opt-in shared memory per block, the default device of the cases.
+constexpr std::size_t kSm90 = 232448;
 namespace det = attn_ext::cuda::detail;
 
 struct Case {
@@ -185,7 +188,7 @@ void run_case(const Case& c, uint32_t seed) {
   std::vector<float> out(t.B * t.H * t.M * t.Dv, 7.0f), lse(t.B * t.H * t.M, 7.0f), lp(t.B * t.M, 7.0f), ent(t.B * t.M, 7.0f);
   std::vector<int64_t> sel(t.B * t.M * t.S, -7);
   p.out = out.data(), p.lse = lse.data(), p.selected = sel.data(), p.log_prob = lp.data(), p.entropy = ent.data();
-  const TreeLaunchPlan plan = plan_tree_cross_attention(t.B, t.M, t.H, t.D, t.Dv, t.b, t.P, t.height, false);
+  const TreeLaunchPlan plan = plan_tree_cross_attention(t.B, t.M, t.H, t.D, t.Dv, t.b, t.P, t.height, false, kSm90);
   CHECK(plan.supported);
   CHECK(cuda_emu::run_grid(dim3(plan.grid.x), dim3(plan.block.x), det::smem_raw, sizeof(det::smem_raw),
                            plan.shared_memory_bytes, [&] { det::tree_cross_attention_fwd_kernel<float>(p); }));
@@ -209,7 +212,7 @@ void run_case(const Case& c, uint32_t seed) {
     g.selected = sel.data(), g.lse = lse.data();
     std::vector<float> dq(t.B * t.H * t.M * t.D, nan), dk(t.k.size(), 0.0f), dv(t.v.size(), 0.0f);
     g.grad_q = dq.data(), g.grad_node_k = dk.data(), g.grad_node_v = dv.data();
-    const TreeLaunchPlan bplan = plan_tree_cross_attention(t.B, t.M, t.H, t.D, t.Dv, t.b, t.P, t.height, true);
+    const TreeLaunchPlan bplan = plan_tree_cross_attention(t.B, t.M, t.H, t.D, t.Dv, t.b, t.P, t.height, true, kSm90);
     CHECK(bplan.supported);
     CHECK(cuda_emu::run_grid(dim3(bplan.grid.x), dim3(bplan.block.x), det::smem_raw, sizeof(det::smem_raw),
                              bplan.shared_memory_bytes, [&] { det::tree_cross_attention_bwd_kernel<float>(g); }));
@@ -275,7 +278,7 @@ void nan_case() {
     p.s = s, p.q = qq.data(), p.node_k = kk.data(), p.node_v = vv.data(), p.node_padding_mask = mask.data();
     p.out = r.out.data(), p.lse = r.lse.data(), p.selected = r.sel.data(), p.log_prob = r.lp.data();
     p.entropy = r.ent.data();
-    const TreeLaunchPlan plan = plan_tree_cross_attention(B, M, H, D, Dv, b, P, height, false);
+    const TreeLaunchPlan plan = plan_tree_cross_attention(B, M, H, D, Dv, b, P, height, false, kSm90);
     CHECK(cuda_emu::run_grid(dim3(plan.grid.x), dim3(plan.block.x), det::smem_raw, sizeof(det::smem_raw),
                              plan.shared_memory_bytes, [&] { det::tree_cross_attention_fwd_kernel<float>(p); }));
     return r;
@@ -314,14 +317,22 @@ void nan_case() {
 }
 
 void plan_cases() {
-  const TreeLaunchPlan a = plan_tree_cross_attention(2, 5, 4, 64, 64, 2, 8, 6, false);
+  const TreeLaunchPlan a = plan_tree_cross_attention(2, 5, 4, 64, 64, 2, 8, 6, false, kSm90);
   CHECK(a.supported && a.warps == 4 && a.grid.x == 3 && a.block.x == 128 && a.shared_memory_bytes == 4 * a.warp_bytes);
   CHECK(a.warp_bytes % 16 == 0);
-  const TreeLaunchPlan wide = plan_tree_cross_attention(1, 10, 16, 256, 256, 2, 8, 6, true);
+  const TreeLaunchPlan wide = plan_tree_cross_attention(1, 10, 16, 256, 256, 2, 8, 6, true, kSm90);
   CHECK(wide.supported && wide.warps == 1 && wide.shared_memory_bytes > kDefaultDynamicSmemBytes);
-  CHECK(!plan_tree_cross_attention(1, 1, 64, 256, 256, 2, 8, 6, true).supported);  // > 99 KiB per warp
-  CHECK(plan_tree_cross_attention(0, 3, 1, 8, 8, 2, 1, 1, false).empty);
-  CHECK(!plan_tree_cross_attention(1, 1, 1, 8, 8, 1, 1, 1, false).supported);  // branching 1
+  // One query per warp is the smallest tile: a state over the device's limit is refused with the
+  // bytes it needs (H = 21, D = Dv = 384: 99760 bytes per warp; fits sm_86's 99 KiB, not sm_70's 96).
+  const TreeLaunchPlan sm86 = plan_tree_cross_attention(1, 1, 21, 384, 384, 2, 8, 6, true, 101376);
+  CHECK(sm86.supported && sm86.warps == 1 && sm86.shared_memory_bytes == 99760);
+  const TreeLaunchPlan sm70 = plan_tree_cross_attention(1, 1, 21, 384, 384, 2, 8, 6, true, 98304);
+  CHECK(!sm70.supported && sm70.smem.kernel != nullptr && sm70.smem.needed_bytes == 99760 &&
+        sm70.smem.limit_bytes == 98304);
+  CHECK(plan_tree_cross_attention(1, 1, 64, 256, 256, 2, 8, 6, true, kSm90).supported);    // 197 KiB per warp
+  CHECK(!plan_tree_cross_attention(1, 1, 80, 256, 256, 2, 8, 6, true, kSm90).supported);  // > 227 KiB per warp
+  CHECK(plan_tree_cross_attention(0, 3, 1, 8, 8, 2, 1, 1, false, kSm90).empty);
+  CHECK(!plan_tree_cross_attention(1, 1, 1, 8, 8, 1, 1, 1, false, kSm90).supported);  // branching 1
 }
 
 }  // namespace

@@ -1,16 +1,20 @@
 // Helpers shared by the torch bindings of the CUDA kernels in this directory: tensor dtype → kernel
-// ScalarType, device checks, the bytes of a bool mask, the q/k/v layout of the kernels' params,
-// launch errors. The argument checks proper are shared with the CPU ops (csrc/checks/).
+// ScalarType, device checks, the bytes of a bool mask, the q/k/v layout of the kernels' params, the
+// device's shared-memory limit and plan errors, launch errors. The argument checks proper are shared
+// with the CPU ops (csrc/checks/).
 #pragma once
 
 #include <ATen/ATen.h>
 #include <cuda_runtime_api.h>
 
 #include <optional>
+#include <string>
 
 #include "checks/common.h"
+#include "cuda/common/device_limits.h"
 #include "cuda/common/launch_geometry.h"
 #include "cuda/common/qkv_layout.h"
+#include "cuda/common/smem_limits.h"
 
 namespace attn_ext {
 namespace cuda {
@@ -49,6 +53,28 @@ inline void fill_qkv_layout(QkvLayout& l, const at::Tensor& q, const at::Tensor&
   if (mask.defined()) l.mask_stride_b = mask.stride(0);
   l.scale = static_cast<float>(scale);
   l.dtype = dtype;
+}
+
+/// The opt-in shared memory per block of `device`, which the plans are given (the launchers read the
+/// same cached value for the current device, which the bindings set to this one before launching).
+inline std::size_t smem_limit_of(const at::Device& device, const char* op) {
+  std::size_t bytes = 0;
+  const cudaError_t err = smem_optin_limit(device.index(), &bytes);
+  TORCH_CHECK(err == cudaSuccess, "attn_ext.", op, ": cannot read the shared-memory limit of ", device, ": ",
+              cudaGetErrorString(err));
+  return bytes;
+}
+
+/// Raises for a plan that is not supported: RuntimeError when no tile of the kernel fits this GPU's
+/// shared memory (a limit of the device, not of the arguments: the message names the kernel, the
+/// bytes it needs and the device's limit), ValueError for a shape the kernels do not take. `got`
+/// describes the call's arguments.
+template <typename Plan>
+void check_plan(const Plan& plan, const char* op, const std::string& got) {
+  if (plan.supported) return;
+  const std::string message = plan_error_message(plan.error, plan.smem);
+  TORCH_CHECK(plan.smem.kernel == nullptr, "attn_ext.", op, " (CUDA): ", message, "; got ", got);
+  TORCH_CHECK_VALUE(false, "attn_ext.", op, " (CUDA): ", message, "; got ", got);
 }
 
 inline void check_launch(cudaError_t err, const char* op) {

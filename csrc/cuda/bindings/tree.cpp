@@ -45,10 +45,10 @@ TreeInputs prepare_tree(const at::Tensor& q, const at::Tensor& node_k, const at:
   s.branching = t.branching, s.height = t.height, s.group_size = t.group_size;
   s.group_offset = t.group_offset, s.leaf_offset = t.leaf_offset, s.selected = t.selected;
   fill_qkv_layout(s, in.q, in.k, in.v, in.mask, scale, kernel_scalar_type(q.scalar_type(), op));
-  const TreeLaunchPlan plan =
-      plan_tree_cross_attention(s.B, s.M, s.H, s.D, s.Dv, s.branching, s.group_size, s.height, backward);
-  TORCH_CHECK_VALUE(plan.supported, "attn_ext.", op, " (CUDA): ", plan.error, "; got q ", q.sizes(), ", node_v ",
-                    node_v.sizes(), ", branching ", branching, ", group_size ", group_size, ", height ", height);
+  const TreeLaunchPlan plan = plan_tree_cross_attention(s.B, s.M, s.H, s.D, s.Dv, s.branching, s.group_size, s.height,
+                                                        backward, smem_limit_of(q.device(), op));
+  check_plan(plan, op, c10::str("q ", q.sizes(), ", node_v ", node_v.sizes(), ", branching ", branching,
+                                ", group_size ", group_size, ", height ", height));
   return in;
 }
 

@@ -1,5 +1,5 @@
 // Host-side launch helpers shared by the launchers (*.cu): the dynamic shared-memory opt-in and the
-// dispatch from a runtime ScalarType (and head-dim bucket) to a kernel instantiation.
+// dispatch from a runtime ScalarType (and head-dim bucket, and tile size) to a kernel instantiation.
 #pragma once
 
 #include <cstddef>
@@ -43,22 +43,52 @@ cudaError_t dispatch_attention_dtype(ScalarType dtype, F&& f) {
   }
 }
 
+/// Calls f(std::integral_constant<int, dim>{}) for a head-dim bucket of the tensor-core kernels (32,
+/// 64, 128 or 256); cudaErrorInvalidValue for anything else.
+template <typename F>
+cudaError_t dispatch_head_dim_bucket(int dim, F&& f) {
+  switch (dim) {
+    case 32: return f(std::integral_constant<int, 32>{});
+    case 64: return f(std::integral_constant<int, 64>{});
+    case 128: return f(std::integral_constant<int, 128>{});
+    case 256: return f(std::integral_constant<int, 256>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 /// Calls f(scalar_t{}, std::integral_constant<int, dim>{}) for the tensor-core instantiations: dtype
 /// fp16 or bf16, head-dim bucket 32, 64, 128 or 256; cudaErrorInvalidValue for anything else.
 template <typename F>
 cudaError_t dispatch_tensor_core(ScalarType dtype, int dim, F&& f) {
   const auto by_dim = [&](auto scalar) -> cudaError_t {
-    switch (dim) {
-      case 32: return f(scalar, std::integral_constant<int, 32>{});
-      case 64: return f(scalar, std::integral_constant<int, 64>{});
-      case 128: return f(scalar, std::integral_constant<int, 128>{});
-      case 256: return f(scalar, std::integral_constant<int, 256>{});
-      default: return cudaErrorInvalidValue;
-    }
+    return dispatch_head_dim_bucket(dim, [&](auto bucket) { return f(scalar, bucket); });
   };
   switch (dtype) {
     case ScalarType::kFloat16: return by_dim(__half{});
     case ScalarType::kBFloat16: return by_dim(__nv_bfloat16{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+/// Calls f(std::integral_constant<int, t>{}) for a plan's tile size t in {16, 8, 4, 2, 1} (warps per
+/// block, rows per warp) when `compiled(t)` holds, i.e. the kernel has that instantiation
+/// (common/smem_limits.h); cudaErrorInvalidValue otherwise. `compiled` is a captureless constexpr
+/// lambda, evaluated at compile time, so no other tile is instantiated.
+template <typename Compiled, typename F>
+cudaError_t dispatch_tile(int tile, Compiled compiled, F&& f) {
+  const auto call = [&](auto t) -> cudaError_t {
+    if constexpr (compiled(decltype(t)::value)) {
+      return f(t);
+    } else {
+      return cudaErrorInvalidValue;
+    }
+  };
+  switch (tile) {
+    case 16: return call(std::integral_constant<int, 16>{});
+    case 8: return call(std::integral_constant<int, 8>{});
+    case 4: return call(std::integral_constant<int, 4>{});
+    case 2: return call(std::integral_constant<int, 2>{});
+    case 1: return call(std::integral_constant<int, 1>{});
     default: return cudaErrorInvalidValue;
   }
 }
