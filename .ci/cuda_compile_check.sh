@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Compile check for the CUDA kernels on machines without a GPU: configures a throw-away build with
-# the CUDA target on and torch off, builds attn_ext_cuda_kernels for sm_80 and sm_90 with warnings as
-# errors plus the host tests, runs ctest, and prints timings and per-kernel register/spill usage.
+# the CUDA target on and torch off, builds attn_ext_cuda_kernels for sm_80 and sm_90 (or CUDA_ARCHS)
+# with warnings as errors plus the host tests, runs ctest, and prints timings and per-kernel register/spill usage.
 #
 # Exits 0 with a SKIP message when nvcc is absent, nonzero on any configure/build/test failure.
 # Environment: CUDACXX (nvcc to use), JOBS (parallel build jobs, default nproc),
+#              CUDA_ARCHS (CMake's CUDA architectures, default "80;90"; e.g. 75 for the T4 build),
 #              KEEP_BUILD=1 (keep the build directory and print its path).
 set -euo pipefail
 
@@ -44,6 +45,7 @@ echo "== attn_ext CUDA compile check: $("${nvcc_bin}" --version | tail -n 1), bu
 t0="$(now)"
 step configure cmake -S "${repo}" -B "${build}" -DCMAKE_BUILD_TYPE=Release \
   -DATTN_EXT_CUDA=ON -DATTN_EXT_TORCH=OFF -DATTN_EXT_CUDA_PTXAS_VERBOSE=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-80;90}" \
   -DCMAKE_CUDA_COMPILER="${nvcc_bin}"
 t1="$(now)"
 step build cmake --build "${build}" -j "${jobs}"

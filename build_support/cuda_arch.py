@@ -12,12 +12,13 @@ import re
 from dataclasses import dataclass, replace
 from typing import Iterable, List, Optional, Sequence, Set, Tuple
 
-#: The oldest compute capability the kernels compile for. The tensor-core kernels instantiate WMMA
-#: fragments of __nv_bfloat16, which CUDA's <mma.h> defines only for sm_80 and newer (an sm_75 compile
-#: stops with "incomplete type nvcuda::wmma::fragment<..., __nv_bfloat16, ...>").
-MIN_COMPUTE_CAPABILITY = 80
-MIN_REASON = ("the tensor-core kernels use bfloat16 WMMA, which CUDA provides only for compute capability 8.0 "
-              "(Ampere) and newer")
+#: The oldest compute capability the kernels compile for: the tensor-core kernels use fp16 WMMA, which
+#: CUDA has from sm_70 (Volta). Their bfloat16 WMMA exists only from sm_80, so on sm_70/sm_75 the bf16
+#: instantiations compile to a trap and the launch plans refuse bf16 there (fp16 and fp32 run).
+#: nvcc 13 no longer targets sm_70, so with it the oldest is effectively sm_75 (check_requested says so).
+MIN_COMPUTE_CAPABILITY = 70
+MIN_REASON = ("the tensor-core kernels use fp16 WMMA, which CUDA provides only for compute capability 7.0 "
+              "(Volta) and newer")
 
 #: The default when torch names no architecture (a CPU build of torch, used by ATTN_EXT_FORCE_CUDA=1).
 FALLBACK_LIST = "8.0;9.0+PTX"

@@ -59,12 +59,18 @@ def test_nvcc_gpu_arch_listing_is_parsed():
 
 def test_default_is_torchs_list_that_the_kernels_and_nvcc_support_with_ptx_of_the_newest():
     archs, notes = cuda_arch.default_archs(TORCH_ARCHS, NVCC_13_ARCHS, "13.0")
-    assert cuda_arch.format_arch_list(archs) == "8.0;8.6;9.0;10.0;12.0+PTX"
-    assert len(notes) == 1 and "sm_75" in notes[0] and "8.0" in notes[0]
+    assert cuda_arch.format_arch_list(archs) == "7.5;8.0;8.6;9.0;10.0;12.0+PTX" and notes == []
     # nvcc that cannot target the newest: left out with a note, PTX moves to the newest one kept.
     archs, notes = cuda_arch.default_archs(TORCH_ARCHS, NVCC_13_ARCHS - {120}, "12.6")
-    assert cuda_arch.format_arch_list(archs) == "8.0;8.6;9.0;10.0+PTX"
+    assert cuda_arch.format_arch_list(archs) == "7.5;8.0;8.6;9.0;10.0+PTX"
     assert any("sm_120" in note and "nvcc 12.6" in note for note in notes)
+    # A torch built for Volta with nvcc 12 (which still targets sm_70) keeps it; nvcc 13 leaves it out.
+    archs, notes = cuda_arch.default_archs(["sm_60", "sm_70", "sm_80"], NVCC_13_ARCHS | {70}, "12.8")
+    assert cuda_arch.format_arch_list(archs) == "7.0;8.0+PTX"
+    assert len(notes) == 1 and "sm_60" in notes[0] and "7.0" in notes[0]
+    archs, notes = cuda_arch.default_archs(["sm_70", "sm_80"], NVCC_13_ARCHS, "13.0")
+    assert cuda_arch.format_arch_list(archs) == "8.0+PTX"
+    assert len(notes) == 1 and "sm_70" in notes[0] and "nvcc 13.0 cannot target it" in notes[0]
     # nvcc too old to list its targets: no filtering by nvcc; torch's compute_ entries are not binary targets.
     archs, _ = cuda_arch.default_archs(["sm_80", "sm_90a", "compute_90"], None, "10.2")
     assert cuda_arch.format_arch_list(archs) == "8.0;9.0+PTX"
@@ -74,10 +80,12 @@ def test_default_is_torchs_list_that_the_kernels_and_nvcc_support_with_ptx_of_th
 
 
 def test_explicit_request_for_an_unsupported_arch_fails_by_name():
-    with pytest.raises(ArchError, match=r"7\.5: the tensor-core kernels use bfloat16 WMMA"):
-        cuda_arch.check_requested(cuda_arch.parse_arch_list("7.5;8.0"), NVCC_13_ARCHS, "13.0")
-    with pytest.raises(ArchError, match=r"7\.0: the tensor-core kernels"):  # Volta: also beyond nvcc 13
+    with pytest.raises(ArchError, match=r"6\.1: the tensor-core kernels use fp16 WMMA, .* 7\.0"):
+        cuda_arch.check_requested(cuda_arch.parse_arch_list("6.1;8.0"), NVCC_13_ARCHS, "13.0")
+    with pytest.raises(ArchError, match=r"7\.0: nvcc 13\.0 cannot target it \(it targets 7\.5, "):  # Volta
         cuda_arch.check_requested([Arch(70)], NVCC_13_ARCHS, "13.0")
+    cuda_arch.check_requested([Arch(70)], NVCC_13_ARCHS | {70}, "12.8")  # nvcc 12 still targets Volta
+    cuda_arch.check_requested(cuda_arch.parse_arch_list("7.5;8.0"), NVCC_13_ARCHS, "13.0")  # Turing (T4)
     with pytest.raises(ArchError, match=r"13\.0: nvcc 13\.0 cannot target it"):
         cuda_arch.check_requested(cuda_arch.parse_arch_list("13.0"), NVCC_13_ARCHS, "13.0")
     cuda_arch.check_requested(cuda_arch.parse_arch_list("8.6;8.9+PTX"), NVCC_13_ARCHS, "13.0")
@@ -189,14 +197,16 @@ def test_cuda_torch_with_a_matching_toolkit_builds_cuda_for_the_default_list():
     plan = _plan({})
     assert plan.variant == "cuda" and plan.cuda_reason is None
     assert layout.build_info(plan, CUDA_TORCH.version)["cuda_kernels"] is True
-    assert cuda_arch.format_arch_list(plan.archs) == "8.0;8.6;9.0;10.0;12.0+PTX"
+    assert cuda_arch.format_arch_list(plan.archs) == "7.5;8.0;8.6;9.0;10.0;12.0+PTX"
     assert plan.include_after == ("/wheels/nvidia/cu13/include",) and plan.nvcc == "/cuda/bin/nvcc"
     assert cuda_arch.format_arch_list(_plan({"TORCH_CUDA_ARCH_LIST": "8.6;8.9+PTX"}).archs) == "8.6;8.9+PTX"
 
 
 def test_explicit_arch_that_cannot_be_built_is_an_error():
-    with pytest.raises(BuildConfigError, match="7.5"):
-        _plan({"TORCH_CUDA_ARCH_LIST": "7.5;8.0"})
+    with pytest.raises(BuildConfigError, match="7.0: nvcc 13.0 cannot target it"):
+        _plan({"TORCH_CUDA_ARCH_LIST": "7.0;8.0"})
+    with pytest.raises(BuildConfigError, match=r"6\.0;6\.1\+PTX: the tensor-core kernels use fp16 WMMA"):
+        _plan({"TORCH_CUDA_ARCH_LIST": "Pascal;8.0"})
     with pytest.raises(BuildConfigError, match="native"):
         _plan({"TORCH_CUDA_ARCH_LIST": "native"})
     native = TorchInfo("2.14.1+cu130", "13.0", None, TORCH_ARCHS, visible=(90, 86, 90))

@@ -108,3 +108,34 @@ def test_public_functions_ask_about_their_own_op(monkeypatch):
     assert called(lambda: ae.tree_cross_attention(q, node_k, node_k, tree)) == {"tree_cross_attention"}
     spd = torch.eye(3).expand(2, 3, 3)
     assert called(lambda: ae.batched_spd_solve(spd, torch.ones(2, 3, 1))) == {"batched_spd_solve"}
+
+
+@pytest.fixture
+def gpu_capability(monkeypatch):
+    """Sets the compute capability that the fake CUDA device reports (the per-device cache is emptied)."""
+    from attn_ext.ops.utils import cuda_capability
+
+    def set_capability(major, minor):
+        monkeypatch.setattr(cuda_capability, "_capabilities", {})
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (major, minor))
+
+    return set_capability
+
+
+def test_bf16_is_refused_by_the_cuda_tensor_cores_below_ampere(dispatch_table, gpu_capability):
+    present, _ = dispatch_table
+    present.update({"attn_ext::cross_attention_fwd", "attn_ext::tree_cross_attention_fwd"})
+    bf16 = SimpleNamespace(device=torch.device("cuda", 0), dtype=torch.bfloat16, shape=(1, 2, 3, 8))
+    gpu_capability(7, 5)  # T4
+    reason = ae.available_backends(bf16)["cuda"]
+    assert reason.startswith("bf16 needs compute capability 8.0; this device (cuda:0) is 7.5")
+    assert ae.available_backends(FAKE_CUDA_Q)["cuda"] is None  # float16 runs on its tensor cores
+    # Only the tensor-core kernels: the tree kernels convert bf16 to fp32 and run it anywhere.
+    assert ae.available_backends(bf16, "tree_cross_attention")["cuda"] is None
+    # Automatic dispatch goes elsewhere (here the reference: Triton has no GPU to run on); asking for
+    # cuda raises with the reason.
+    assert dispatch.select_backend("cross_attention", None, bf16) == "reference"
+    with pytest.raises(RuntimeError, match=r"cuda: bf16 needs compute capability 8.0; this device \(cuda:0\) is 7.5"):
+        dispatch.select_backend("cross_attention", "cuda", bf16)
+    gpu_capability(8, 0)  # A100
+    assert ae.available_backends(bf16)["cuda"] is None

@@ -53,9 +53,12 @@ cudaError_t launch_all(const CrossAttentionBwdParams& p, const CrossAttentionBwd
 
 cudaError_t launch_cross_attention_bwd(const CrossAttentionBwdParams& p, cudaStream_t stream) {
   std::size_t smem_limit = 0;
-  const cudaError_t err = current_smem_optin_limit(&smem_limit);
+  int capability = 0;
+  cudaError_t err = current_smem_optin_limit(&smem_limit);
+  if (err == cudaSuccess) err = current_compute_capability(&capability);
   if (err != cudaSuccess) return err;
-  const CrossAttentionBwdPlan plan = plan_cross_attention_bwd(p.B, p.H, p.M, p.N, p.D, p.Dv, p.dtype, smem_limit);
+  const CrossAttentionBwdPlan plan = plan_cross_attention_bwd(p.B, p.H, p.M, p.N, p.D, p.Dv, p.dtype, smem_limit,
+                                                              capability);
   if (!plan.supported) return cudaErrorInvalidValue;
   const bool has_rows = p.B * p.H * p.M > 0, has_keys = p.B * p.H * p.N > 0;
   if ((has_rows && (p.q == nullptr || p.out == nullptr || p.grad_out == nullptr || p.lse == nullptr ||

@@ -125,10 +125,12 @@ struct CrossAttentionBwdPlan {
 };
 
 /// Plans the backward of q [B,H,M,D], k [B,H,N,D], v [B,H,N,Dv] on a device with `smem_limit` bytes
-/// of opt-in shared memory per block. An empty M still launches dK/dV (which write zeros), an empty N
-/// still launches dQ.
+/// of opt-in shared memory per block and compute capability `compute_capability` (major·10 + minor;
+/// bf16 is refused below 8.0, as in the forward). An empty M still launches dK/dV (which write zeros),
+/// an empty N still launches dQ.
 inline CrossAttentionBwdPlan plan_cross_attention_bwd(int64_t B, int64_t H, int64_t M, int64_t N, int64_t D,
-                                                      int64_t Dv, ScalarType dtype, std::size_t smem_limit) {
+                                                      int64_t Dv, ScalarType dtype, std::size_t smem_limit,
+                                                      int compute_capability) {
   CrossAttentionBwdPlan plan;
   plan.error = attention_dtype_and_size_error(dtype, B, H, M, N);
   if (plan.error != nullptr) return plan;
@@ -139,6 +141,8 @@ inline CrossAttentionBwdPlan plan_cross_attention_bwd(int64_t B, int64_t H, int6
   plan.tensor_cores = dtype != ScalarType::kFloat32;
   int own = 0;  // rows of the tile a gradient block owns (keys for dK/dV, queries for dQ)
   if (plan.tensor_cores) {
+    plan.error = tensor_core_dtype_error(dtype, compute_capability);
+    if (plan.error != nullptr) return plan;
     plan.dim = cross_attention_fwd_head_dim_instantiation(D > Dv ? D : Dv);
     const CrossAttentionBwdWmmaSmemOfWarps bytes{plan.dim};
     const int preferred = cross_attention_bwd_wmma_preferred_warps(plan.dim);

@@ -1,5 +1,5 @@
 // Device code of the tensor-core (WMMA) cross-attention backward for fp16/bf16 inputs (fp32
-// accumulation); the Δ pre-pass is the SIMT one of cross_attention_bwd_kernel.cuh.
+// accumulation; fp16 from sm_70, bf16 from sm_80, see wmma_tiles.cuh); the Δ pre-pass is the SIMT one of cross_attention_bwd_kernel.cuh.
 //
 // The dK/dV and dQ kernels are the same kernel seen from two sides. A block owns a tile of 16·kWarps
 // rows ("own": keys for dK/dV, queries for dQ) and streams the other side in tiles of 32. Warp w,
@@ -82,11 +82,9 @@ struct BwdWmmaConfig {
                        coef_stride = kLayout.coef_stride, acc_stride = kLayout.acc_stride;
 };
 
-/// kKeyTile: the dK/dV kernel (grid.x = B·H·ceil(N/own)); else the dQ kernel (B·H·ceil(M/own)).
-/// Launched with 32·kWarps threads and cross_attention_bwd_wmma_smem(kDim, kWarps, kKeyTile).bytes of
-/// dynamic shared memory.
+/// One block of the kernel below, for the architectures whose WMMA takes scalar_t.
 template <typename scalar_t, int kDim, int kWarps, bool kKeyTile>
-__global__ void __launch_bounds__(32 * kWarps, 1) cross_attention_bwd_wmma_kernel(const CrossAttentionBwdParams p) {
+__device__ __forceinline__ void cross_attention_bwd_wmma_block(const CrossAttentionBwdParams& p) {
   using L = BwdWmmaConfig<kDim, kWarps, kKeyTile>;
   constexpr int kThreads = 32 * L::kWarps;
   constexpr int kOwn = 16 * L::kWarps, kOther = kCrossAttentionBwdWmmaOther;
@@ -171,6 +169,18 @@ __global__ void __launch_bounds__(32 * kWarps, 1) cross_attention_bwd_wmma_kerne
       static_cast<scalar_t*>(p.grad_v)[(base + r) * p.Dv + c] =
           from_float<scalar_t>(padded ? 0.0f : acc[(kOwn + r) * L::acc_stride + c]);
     }
+  }
+}
+
+/// kKeyTile: the dK/dV kernel (grid.x = B·H·ceil(N/own)); else the dQ kernel (B·H·ceil(M/own)).
+/// Launched with 32·kWarps threads and cross_attention_bwd_wmma_smem(kDim, kWarps, kKeyTile).bytes of
+/// dynamic shared memory.
+template <typename scalar_t, int kDim, int kWarps, bool kKeyTile>
+__global__ void __launch_bounds__(32 * kWarps, 1) cross_attention_bwd_wmma_kernel(const CrossAttentionBwdParams p) {
+  if constexpr (kWmmaHasFragments<scalar_t>) {
+    cross_attention_bwd_wmma_block<scalar_t, kDim, kWarps, kKeyTile>(p);
+  } else {
+    __trap();  // bf16 below sm_80: the plans refuse it before launching (wmma_tiles.cuh)
   }
 }
 

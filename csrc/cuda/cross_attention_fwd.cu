@@ -67,9 +67,12 @@ cudaError_t dispatch_head_dim(const CrossAttentionFwdParams& p, const CrossAtten
 
 cudaError_t launch_cross_attention_fwd(const CrossAttentionFwdParams& p, cudaStream_t stream) {
   std::size_t smem_limit = 0;
-  const cudaError_t err = current_smem_optin_limit(&smem_limit);
+  int capability = 0;
+  cudaError_t err = current_smem_optin_limit(&smem_limit);
+  if (err == cudaSuccess) err = current_compute_capability(&capability);
   if (err != cudaSuccess) return err;
-  const CrossAttentionLaunchPlan plan = plan_cross_attention_fwd(p.B, p.H, p.M, p.N, p.D, p.Dv, p.dtype, smem_limit);
+  const CrossAttentionLaunchPlan plan = plan_cross_attention_fwd(p.B, p.H, p.M, p.N, p.D, p.Dv, p.dtype, smem_limit,
+                                                                 capability);
   if (!plan.supported) return cudaErrorInvalidValue;
   if (plan.empty) return cudaSuccess;
   // k and v are only dereferenced when N > 0; an empty key set legitimately has no storage.

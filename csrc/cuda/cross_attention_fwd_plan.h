@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/compute_capability.h"
 #include "common/launch_geometry.h"
 #include "common/smem_limits.h"
 
@@ -130,10 +131,13 @@ inline const char* attention_dtype_and_size_error(ScalarType dtype, int64_t B, i
 }
 
 /// Plans the launch of the forward kernel for q [B,H,M,D], k [B,H,N,D], v [B,H,N,Dv] on a device whose
-/// opt-in shared memory per block is `smem_limit` bytes (common/device_limits.h): the largest compiled
-/// tile that fits, or unsupported with `smem` saying what the smallest one needs.
+/// opt-in shared memory per block is `smem_limit` bytes and whose compute capability is
+/// `compute_capability` (major·10 + minor; common/device_limits.h): the largest compiled tile that
+/// fits, or unsupported with `smem` saying what the smallest one needs, or with the reason the
+/// device's tensor cores cannot take the dtype (bf16 below 8.0).
 inline CrossAttentionLaunchPlan plan_cross_attention_fwd(int64_t B, int64_t H, int64_t M, int64_t N, int64_t D,
-                                                         int64_t Dv, ScalarType dtype, std::size_t smem_limit) {
+                                                         int64_t Dv, ScalarType dtype, std::size_t smem_limit,
+                                                         int compute_capability) {
   CrossAttentionLaunchPlan plan;
   plan.error = attention_dtype_and_size_error(dtype, B, H, M, N);
   if (plan.error != nullptr) return plan;
@@ -146,6 +150,8 @@ inline CrossAttentionLaunchPlan plan_cross_attention_fwd(int64_t B, int64_t H, i
   plan.tensor_cores = dtype != ScalarType::kFloat32;
   plan.block_n = plan.tensor_cores ? kCrossAttentionWmmaBlockN : kCrossAttentionFwdBlockN;
   if (plan.tensor_cores) {
+    plan.error = tensor_core_dtype_error(dtype, compute_capability);
+    if (plan.error != nullptr) return plan;
     const int dim = plan.head_dim_instantiation > plan.head_dim_v_instantiation ? plan.head_dim_instantiation
                                                                                 : plan.head_dim_v_instantiation;
     plan.head_dim_instantiation = plan.head_dim_v_instantiation = dim;

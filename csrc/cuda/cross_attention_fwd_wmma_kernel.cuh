@@ -1,5 +1,5 @@
 // Device code of the tensor-core (WMMA) chunked cross-attention forward, fp16 and bf16 inputs with
-// fp32 accumulation (sm_80+: bf16 fragments need it).
+// fp32 accumulation (fp16 from sm_70, bf16 from sm_80: see kWmmaHasFragments in wmma_tiles.cuh).
 //
 // One block = 16·kWarps query rows of one (batch, head) (64 in the preferred 4-warp tile, fewer where
 // the device's shared memory needs it); warp w owns rows 16w..16w+15, i.e. one row of 16×16
@@ -49,10 +49,9 @@ struct WmmaFwdSmemLayout {
                 "wmma tiles need 256-bit aligned pointers");
 };
 
-/// Launched with kWarps·32 threads, WmmaFwdSmemLayout<kDim, kWarps>::kBytes of dynamic shared memory,
-/// over the 1-D grid of cross_attention_fwd_plan.h. kDim ≥ max(D, Dv).
+/// One block of the kernel below, for the architectures whose WMMA takes scalar_t.
 template <typename scalar_t, int kDim, int kWarps>
-__global__ void __launch_bounds__(kWarps * 32, 1) cross_attention_fwd_wmma_kernel(const CrossAttentionFwdParams p) {
+__device__ __forceinline__ void cross_attention_fwd_wmma_block(const CrossAttentionFwdParams& p) {
   using L = WmmaFwdSmemLayout<kDim, kWarps>;
   constexpr int kThreads = kWarps * 32;
   constexpr int kBlockM = L::kBlockM, kBlockN = L::kBlockN;
@@ -155,6 +154,17 @@ __global__ void __launch_bounds__(kWarps * 32, 1) cross_attention_fwd_wmma_kerne
     const int r = row0 + idx / kDim, c = idx % kDim;
     const int64_t m = m0 + r;
     if (m < p.M && c < dv) out[m * p.Dv + c] = from_float<scalar_t>(o_tile[r * L::kOStride + c] * row_factor[r]);
+  }
+}
+
+/// Launched with kWarps·32 threads, WmmaFwdSmemLayout<kDim, kWarps>::kBytes of dynamic shared memory,
+/// over the 1-D grid of cross_attention_fwd_plan.h. kDim ≥ max(D, Dv).
+template <typename scalar_t, int kDim, int kWarps>
+__global__ void __launch_bounds__(kWarps * 32, 1) cross_attention_fwd_wmma_kernel(const CrossAttentionFwdParams p) {
+  if constexpr (kWmmaHasFragments<scalar_t>) {
+    cross_attention_fwd_wmma_block<scalar_t, kDim, kWarps>(p);
+  } else {
+    __trap();  // bf16 below sm_80: the plans refuse it before launching (wmma_tiles.cuh)
   }
 }
 

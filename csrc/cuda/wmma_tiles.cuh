@@ -6,11 +6,27 @@
 // unspecified), which is also what lets csrc/tests/cuda_emulation/mma.h run them on the host.
 #pragma once
 
+#include <type_traits>
+
+#include <cuda_bf16.h>
 #include <mma.h>
 
 namespace attn_ext {
 namespace cuda {
 namespace detail {
+
+/// Whether this compilation pass has 16×16×16 WMMA fragments of `scalar_t`: fp16 from sm_70, bf16 only
+/// from sm_80 (<mma.h> declares the bf16 fragments for __CUDA_ARCH__ >= 800 only). The host pass and
+/// the host emulator have both. A tensor-core kernel instantiated for a type its pass lacks compiles
+/// to a trap instead of its body, so that one build serves sm_70/sm_75 and newer; the launch plans
+/// refuse bf16 below compute capability 8.0 (common/compute_capability.h), so the trap is never reached.
+template <typename scalar_t>
+constexpr bool kWmmaHasFragments =
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    !std::is_same<scalar_t, __nv_bfloat16>::value;
+#else
+    true;
+#endif
 
 /// out[16][kOther] (fp32, stride out_ld) = a[16][kDim] · b[kOther][kDim]ᵀ, a and b row-major 16-bit.
 template <typename scalar_t, int kDim, int kOther>

@@ -60,6 +60,9 @@ struct Strided {
 
 /// sm_90's opt-in shared memory per block: plans keep their preferred tiles.
 constexpr std::size_t kSm90 = 232448;
+/// The compute capability the plans are given: one whose tensor cores take every dtype, so that the
+/// emulator also runs the bf16 kernels with the fall-back tiles of smaller shared-memory limits.
+constexpr int kEveryDtypeCapability = 90;
 
 /// The preferred tile: 16-row tiles (fp32, kDim = 0) or the bucket's preferred warp count.
 constexpr int preferred_tile(int dim) {
@@ -150,7 +153,8 @@ void run_case(const Case& c, uint32_t seed, std::size_t smem_limit = kSm90) {
   std::vector<scalar_t> dq(B * H * M * D + 1, sentinel), dk(B * H * N * D + 1, sentinel), dv(B * H * N * Dv + 1, sentinel);
   p.delta = delta.data(), p.grad_q = dq.data(), p.grad_k = dk.data(), p.grad_v = dv.data();
 
-  const CrossAttentionBwdPlan plan = attn_ext::cuda::plan_cross_attention_bwd(B, H, M, N, D, Dv, p.dtype, smem_limit);
+  const CrossAttentionBwdPlan plan = attn_ext::cuda::plan_cross_attention_bwd(B, H, M, N, D, Dv, p.dtype, smem_limit,
+                                                                              kEveryDtypeCapability);
   if (!plan.supported) return fail(c, "plan rejected the case", 0, 0, 0);
   if ((kDim > 0 ? plan.warps : plan.tile) != kTile) return fail(c, "plan picks another tile", 0, plan.warps, kTile);
   if (plan.dkdv_smem_bytes > smem_limit || plan.dq_smem_bytes > smem_limit) fail(c, "plan exceeds the limit", 0, 0, 0);
@@ -226,23 +230,24 @@ void test_plan() {
   const auto expect = [](bool cond, const char* what) {
     if (!cond && ++g_failures <= 20) std::fprintf(stderr, "plan: %s\n", what);
   };
-  const CrossAttentionBwdPlan p = plan_cross_attention_bwd(2, 3, 33, 17, 40, 59, ScalarType::kFloat32, kSm90);
+  const CrossAttentionBwdPlan p = plan_cross_attention_bwd(2, 3, 33, 17, 40, 59, ScalarType::kFloat32, kSm90, 90);
   expect(!p.tensor_cores, "fp32 runs the SIMT kernels");
   expect(p.supported && p.block.x == 128 && p.tile == 16, "supported, 128 threads, 16-row tiles");
   expect(p.delta_grid.x == (2 * 3 * 33 + 3) / 4, "one warp per row in the Δ pre-pass");
   expect(p.dkdv_grid.x == 2 * 3 * 2 && p.dq_grid.x == 2 * 3 * 3, "16-row tiles");
   expect(p.dkdv_smem_bytes == 4u * cross_attention_bwd_smem(40, 59, true, 16).floats, "dK/dV smem");
   expect(p.dq_smem_bytes < p.dkdv_smem_bytes, "dQ keeps one accumulator");
-  expect(plan_cross_attention_bwd(1, 1, 8, 8, 256, 256, ScalarType::kFloat32, kSm90).dkdv_smem_bytes <= 163u * 1024u,
+  expect(plan_cross_attention_bwd(1, 1, 8, 8, 256, 256, ScalarType::kFloat32, kSm90, 90).dkdv_smem_bytes <=
+             163u * 1024u,
          "D = Dv = 256 fits sm_80's opt-in shared memory");
-  const CrossAttentionBwdPlan small = plan_cross_attention_bwd(2, 3, 33, 17, 256, 256, ScalarType::kFloat32, 98304);
+  const CrossAttentionBwdPlan small = plan_cross_attention_bwd(2, 3, 33, 17, 256, 256, ScalarType::kFloat32, 98304, 70);
   expect(small.supported && small.tile == 8 && small.dkdv_grid.x == 2 * 3 * 3 && small.dq_grid.x == 2 * 3 * 5,
          "D = Dv = 256 on 96 KiB: 8-row tiles");
-  const CrossAttentionBwdPlan tc = plan_cross_attention_bwd(2, 3, 33, 17, 40, 59, ScalarType::kBFloat16, kSm90);
+  const CrossAttentionBwdPlan tc = plan_cross_attention_bwd(2, 3, 33, 17, 40, 59, ScalarType::kBFloat16, kSm90, 90);
   expect(tc.tensor_cores && tc.dim == 64 && tc.block.x == 128 && tc.delta_block.x == 128, "bf16: WMMA, bucket 64");
   expect(tc.dkdv_grid.x == 2 * 3 * 1 && tc.dq_grid.x == 2 * 3 * 1, "64-row own tiles");
   expect(tc.dkdv_smem_bytes == cross_attention_bwd_wmma_smem(64, 4, true).bytes, "WMMA dK/dV smem");
-  const CrossAttentionBwdPlan wide = plan_cross_attention_bwd(1, 1, 40, 40, 256, 8, ScalarType::kFloat16, kSm90);
+  const CrossAttentionBwdPlan wide = plan_cross_attention_bwd(1, 1, 40, 40, 256, 8, ScalarType::kFloat16, kSm90, 90);
   expect(wide.dim == 256 && wide.block.x == 64 && wide.dq_grid.x == 2, "bucket 256: 2 warps, 32-row own tiles");
   for (int dim : {32, 64, 128, 256}) {
     for (int warps : {1, 2, 4}) {
@@ -252,13 +257,13 @@ void test_plan() {
     expect(cross_attention_bwd_wmma_smem(dim, cross_attention_bwd_wmma_preferred_warps(dim), true).bytes <= 163u * 1024u,
            "WMMA backward fits sm_80");
   }
-  const CrossAttentionBwdPlan no_keys = plan_cross_attention_bwd(1, 2, 8, 0, 64, 64, ScalarType::kFloat32, kSm90);
+  const CrossAttentionBwdPlan no_keys = plan_cross_attention_bwd(1, 2, 8, 0, 64, 64, ScalarType::kFloat32, kSm90, 90);
   expect(no_keys.supported && no_keys.dkdv_grid.x == 0 && no_keys.dq_grid.x == 2, "N = 0 still writes dQ");
-  expect(!plan_cross_attention_bwd(1, 1, 8, 8, 257, 64, ScalarType::kFloat32, kSm90).supported, "D > 256 rejected");
-  expect(!plan_cross_attention_bwd(1, 1, 8, 8, 64, 0, ScalarType::kFloat32, kSm90).supported, "Dv = 0 rejected");
-  expect(!plan_cross_attention_bwd(1, 1, 8, 8, 64, 64, static_cast<ScalarType>(9), kSm90).supported,
+  expect(!plan_cross_attention_bwd(1, 1, 8, 8, 257, 64, ScalarType::kFloat32, kSm90, 90).supported, "D > 256 rejected");
+  expect(!plan_cross_attention_bwd(1, 1, 8, 8, 64, 0, ScalarType::kFloat32, kSm90, 90).supported, "Dv = 0 rejected");
+  expect(!plan_cross_attention_bwd(1, 1, 8, 8, 64, 64, static_cast<ScalarType>(9), kSm90, 90).supported,
          "bad dtype rejected");
-  expect(!plan_cross_attention_bwd(1 << 20, 1 << 20, 1 << 20, 8, 64, 64, ScalarType::kFloat32, kSm90).supported,
+  expect(!plan_cross_attention_bwd(1 << 20, 1 << 20, 1 << 20, 8, 64, 64, ScalarType::kFloat32, kSm90, 90).supported,
          "grid overflow rejected");
 }
 

@@ -58,6 +58,9 @@ void fail(const Case& c, const char* what, int64_t index, double got, double wan
 
 /// sm_90's opt-in shared memory per block: plans keep their preferred tiles.
 constexpr std::size_t kSm90 = 232448;
+/// The compute capability the plans are given: one whose tensor cores take every dtype, so that the
+/// emulator also runs the bf16 kernels with the fall-back tiles of smaller shared-memory limits.
+constexpr int kEveryDtypeCapability = 90;
 
 /// The preferred tile of an instantiation: warps per block (WMMA) or rows per warp (fp32).
 template <typename scalar_t, int kDv>
@@ -137,7 +140,7 @@ void run_case(const Case& c, uint32_t seed, std::size_t smem_limit = kSm90) {
   p.out = out.data() + kGuard, p.lse = lse.data() + kGuard;
 
   const CrossAttentionLaunchPlan plan =
-      attn_ext::cuda::plan_cross_attention_fwd(B, H, M, N, D, Dv, p.dtype, smem_limit);
+      attn_ext::cuda::plan_cross_attention_fwd(B, H, M, N, D, Dv, p.dtype, smem_limit, kEveryDtypeCapability);
   const int tile = sizeof(scalar_t) == 2 ? plan.warps : plan.rows_per_warp;
   if (!plan.supported || plan.head_dim_instantiation != kD || plan.head_dim_v_instantiation != kDv || tile != kTile) {
     fail(c, "plan does not select the tested instantiation", 0, tile, kTile);

@@ -1,10 +1,12 @@
 // The launch plans' tile choice for the opt-in shared memory per block of every GPU generation the
 // package is built for (common/smem_limits.h): each plan fits the limit, or is refused with the
-// kernel, the bytes its smallest tile needs and the limit. The preferred tile is kept wherever it
+// kernel, the bytes its smallest tile needs and the limit; the tensor-core plans refuse bf16 below
+// compute capability 8.0 with the device's capability (common/compute_capability.h). The preferred tile is kept wherever it
 // fits (sm_80 and sm_90 plans are the preferred ones), and the compiled fall-backs lose nothing
 // against compiling every smaller tile. Prints the table that docs/backends.md summarises.
 //
 // Plain C++ (no emulator): the plans are what the launchers and the torch bindings compute.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -25,14 +27,37 @@ using attn_ext::ScalarType;
 struct Arch {
   const char* name;
   std::size_t limit;  ///< cudaDevAttrMaxSharedMemoryPerBlockOptin
+  int capability;     ///< major·10 + minor
 };
-constexpr Arch kArchs[] = {{"sm_70", 98304},  {"sm_75", 65536},  {"sm_80", 166912},
-                           {"sm_86", 101376}, {"sm_89", 101376}, {"sm_90", 232448}};
+constexpr Arch kArchs[] = {{"sm_70", 98304, 70},   {"sm_75", 65536, 75},   {"sm_80", 166912, 80},
+                           {"sm_86", 101376, 86}, {"sm_89", 101376, 89}, {"sm_90", 232448, 90}};
+/// The capability the sweep of in-between limits assumes: tensor cores that take every dtype.
+constexpr int kSweepCapability = 90;
 constexpr bool keeps_preferred(const Arch& a) { return a.limit >= kSmemSm80Bytes; }
 constexpr int kBuckets[] = {32, 64, 128, 256};
 
 /// Every refusal of the loops below, "kernel bucket arch", to compare with the documented list.
 std::vector<std::string> g_refused;
+/// Every bf16 refusal for the device's compute capability, "kernel bucket arch".
+std::vector<std::string> g_refused_bf16;
+
+/// A tensor-core plan for `dt` on a device of `capability`: bf16 below 8.0 is refused with the
+/// reason naming the device's capability (a device limit, not a shared-memory one); returns whether
+/// it was (the caller then checks nothing else).
+template <typename Plan>
+bool check_capability_refusal(const Plan& p, ScalarType dt, int capability, const std::string& name) {
+  if (dt != ScalarType::kBFloat16 || capability >= 80) {
+    CHECK(tensor_core_dtype_error(dt, capability) == nullptr);
+    return false;
+  }
+  CHECK(!p.supported && p.smem.kernel == nullptr && is_capability_error(p.error));
+  const std::string message = plan_error_message(p.error, p.smem);
+  const std::string expected = "bf16 needs compute capability 8.0; this device is " +
+                               std::to_string(capability / 10) + "." + std::to_string(capability % 10);
+  CHECK(message.rfind(expected, 0) == 0);
+  g_refused_bf16.push_back(name);
+  return true;
+}
 
 /// A plan refused for shared memory names the kernel, the bytes of its smallest tile and the limit.
 template <typename Plan>
@@ -77,12 +102,13 @@ int expected_tile(const Plan& p, int preferred, std::size_t limit, Bytes bytes, 
 int bucket_row(int first, int dim) { return first + (dim == 32 ? 0 : dim == 64 ? 1 : dim == 128 ? 2 : 3); }
 
 /// Forward, fp32 (rows per warp) and fp16/bf16 (warps) for every bucket at every limit.
-void forward_plans(std::size_t limit, int arch, bool sweep) {
+void forward_plans(std::size_t limit, int capability, int arch, bool sweep) {
   for (int d : kBuckets) {
     for (int dv : kBuckets) {
       const CrossAttentionFwdSmemOfRows bytes{d, dv};
       const int preferred = cross_attention_fwd_rows_per_warp(dv);
-      const CrossAttentionLaunchPlan p = plan_cross_attention_fwd(2, 3, 100, 70, d, dv, ScalarType::kFloat32, limit);
+      const CrossAttentionLaunchPlan p = plan_cross_attention_fwd(2, 3, 100, 70, d, dv, ScalarType::kFloat32, limit,
+                                                                  capability);
       const int best = expected_tile(p, preferred, limit, bytes, sweep);
       if (best != 0) {
         CHECK(p.supported && p.rows_per_warp == best && cross_attention_fwd_rows_compiled(d, dv, best));
@@ -99,7 +125,10 @@ void forward_plans(std::size_t limit, int arch, bool sweep) {
   for (ScalarType dt : {ScalarType::kFloat16, ScalarType::kBFloat16}) {
     for (int dim : kBuckets) {
       const CrossAttentionWmmaSmemOfWarps bytes{dim};
-      const CrossAttentionLaunchPlan p = plan_cross_attention_fwd(2, 3, 100, 70, dim, dim / 2, dt, limit);
+      const CrossAttentionLaunchPlan p = plan_cross_attention_fwd(2, 3, 100, 70, dim, dim / 2, dt, limit, capability);
+      if (check_capability_refusal(p, dt, capability, "fwd wmma " + std::to_string(dim) + " " + kArchs[arch].name)) {
+        continue;
+      }
       const int best = expected_tile(p, kCrossAttentionWmmaWarps, limit, bytes, sweep);
       if (best != 0) {
         CHECK(p.supported && p.warps == best && cross_attention_wmma_warps_compiled(dim, best));
@@ -114,10 +143,11 @@ void forward_plans(std::size_t limit, int arch, bool sweep) {
 }
 
 /// Backward: fp32 (tile rows, runtime D and Dv) and fp16/bf16 (warps) at every limit.
-void backward_plans(std::size_t limit, int arch, bool sweep) {
+void backward_plans(std::size_t limit, int capability, int arch, bool sweep) {
   for (int d : {1, 32, 59, 64, 128, 200, 256}) {
     for (int dv : {1, 32, 64, 100, 128, 256}) {
-      const CrossAttentionBwdPlan p = plan_cross_attention_bwd(2, 3, 50, 70, d, dv, ScalarType::kFloat32, limit);
+      const CrossAttentionBwdPlan p = plan_cross_attention_bwd(2, 3, 50, 70, d, dv, ScalarType::kFloat32, limit,
+                                                               capability);
       const bool big = cross_attention_bwd_simt_bytes(d, dv, kCrossAttentionBwdTile) <= limit;
       const bool small = cross_attention_bwd_simt_bytes(d, dv, kCrossAttentionBwdSmallTile) <= limit;
       if (!small) {
@@ -140,14 +170,18 @@ void backward_plans(std::size_t limit, int arch, bool sweep) {
     for (int sum : {threshold - 1, threshold, threshold + 1}) {
       if (sum > 512) continue;
       const int d = sum / 2, dv = sum - d;
-      CHECK(plan_cross_attention_bwd(1, 1, 9, 9, d, dv, ScalarType::kFloat32, limit).tile == (sum > threshold ? 8 : 16));
+      CHECK(plan_cross_attention_bwd(1, 1, 9, 9, d, dv, ScalarType::kFloat32, limit, capability).tile ==
+            (sum > threshold ? 8 : 16));
     }
   }
   for (ScalarType dt : {ScalarType::kFloat16, ScalarType::kBFloat16}) {
     for (int dim : kBuckets) {
       const CrossAttentionBwdWmmaSmemOfWarps bytes{dim};
       const int preferred = cross_attention_bwd_wmma_preferred_warps(dim);
-      const CrossAttentionBwdPlan p = plan_cross_attention_bwd(2, 3, 50, 70, dim / 2, dim, dt, limit);
+      const CrossAttentionBwdPlan p = plan_cross_attention_bwd(2, 3, 50, 70, dim / 2, dim, dt, limit, capability);
+      if (check_capability_refusal(p, dt, capability, "bwd wmma " + std::to_string(dim) + " " + kArchs[arch].name)) {
+        continue;
+      }
       const int best = expected_tile(p, preferred, limit, bytes, sweep);
       if (best != 0) {
         CHECK(p.supported && p.warps == best && cross_attention_bwd_wmma_warps_compiled(dim, best));
@@ -234,8 +268,8 @@ int main() {
     g_rows.push_back(Row{what, {}});
   }
   for (int a = 0; a < 6; ++a) {
-    forward_plans(kArchs[a].limit, a, false);
-    backward_plans(kArchs[a].limit, a, false);
+    forward_plans(kArchs[a].limit, kArchs[a].capability, a, false);
+    backward_plans(kArchs[a].limit, kArchs[a].capability, a, false);
     other_plans(kArchs[a].limit, a, false);
   }
   // The documented refusals (docs/backends.md): only sm_75's 64 KiB turns shapes away, and only the
@@ -243,10 +277,23 @@ int main() {
   const std::vector<std::string> documented = {"fwd fp32 256x256 sm_75", "bwd wmma 256 sm_75"};
   CHECK(g_refused == documented);
   for (const std::string& r : g_refused) std::printf("refused: %s\n", r.c_str());
+  // bf16 on the tensor cores: refused on sm_70 and sm_75 (every bucket, forward and backward), run
+  // everywhere else; fp16 and fp32 ran on every architecture above (or met the shared-memory refusals).
+  std::vector<std::string> bf16_documented;
+  for (const char* arch : {"sm_70", "sm_75"}) {
+    for (const char* kernel : {"fwd wmma ", "bwd wmma "}) {
+      for (int dim : kBuckets) bf16_documented.push_back(kernel + std::to_string(dim) + " " + arch);
+    }
+  }
+  std::sort(g_refused_bf16.begin(), g_refused_bf16.end());
+  std::sort(bf16_documented.begin(), bf16_documented.end());
+  CHECK(g_refused_bf16 == bf16_documented);
+  std::printf("refused for bf16 on sm_70 and sm_75 (every bucket, forward and backward): %s\n",
+              tensor_core_dtype_error(ScalarType::kBFloat16, 75));
   // Any limit in between (future devices): plans still fit or are refused with a full reason.
   for (std::size_t limit = 48 * 1024; limit <= 240 * 1024; limit += 512) {
-    forward_plans(limit, 0, true);
-    backward_plans(limit, 0, true);
+    forward_plans(limit, kSweepCapability, 0, true);
+    backward_plans(limit, kSweepCapability, 0, true);
     other_plans(limit, 0, true);
   }
   print_table();

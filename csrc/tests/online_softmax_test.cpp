@@ -249,7 +249,7 @@ void test_merge_of_splits_equals_whole() {
 void test_launch_plan() {
   using namespace attn_ext::cuda;
   using attn_ext::ScalarType;
-  constexpr std::size_t kSm90 = 232448;  // sm_90's opt-in shared memory per block: the preferred tiles
+  constexpr std::size_t kSm90 = 232448;  // sm_90's opt-in shared memory per block (and 90 its capability)
   const ScalarType dtypes[] = {ScalarType::kFloat32, ScalarType::kFloat16, ScalarType::kBFloat16};
   CHECK(cross_attention_fwd_head_dim_instantiation(1) == 32);
   CHECK(cross_attention_fwd_head_dim_instantiation(32) == 32);
@@ -264,7 +264,8 @@ void test_launch_plan() {
                                {16, 8, 4096, 77, 128, 32}, {1, 12, 100, 513, 256, 256}, {2, 3, 33, 5, 1, 1}};
   for (const auto& sh : shapes) {
     for (ScalarType dt : dtypes) {
-      const CrossAttentionLaunchPlan p = plan_cross_attention_fwd(sh[0], sh[1], sh[2], sh[3], sh[4], sh[5], dt, kSm90);
+      const CrossAttentionLaunchPlan p =
+          plan_cross_attention_fwd(sh[0], sh[1], sh[2], sh[3], sh[4], sh[5], dt, kSm90, 90);
       CHECK(p.supported && p.error == nullptr && !p.empty);
       CHECK(p.tensor_cores == (dt != ScalarType::kFloat32));
       const int64_t wide = sh[4] > sh[5] ? sh[4] : sh[5];  // the tensor-core kernel's one dimension
@@ -283,7 +284,7 @@ void test_launch_plan() {
                                                      : cross_attention_fwd_smem_bytes(d, dv, cross_attention_fwd_rows_per_warp(dv))));
     }
   }
-  const CrossAttentionLaunchPlan d40 = plan_cross_attention_fwd(2, 2, 64, 64, 40, 40, ScalarType::kFloat16, kSm90);
+  const CrossAttentionLaunchPlan d40 = plan_cross_attention_fwd(2, 2, 64, 64, 40, 40, ScalarType::kFloat16, kSm90, 90);
   CHECK(d40.head_dim_instantiation == 64 && d40.head_dim_v_instantiation == 64);
 
   // Every preferred tile fits sm_80's 163 KiB opt-in limit (and therefore sm_90's 227 KiB); the
@@ -301,22 +302,24 @@ void test_launch_plan() {
     CHECK(cross_attention_wmma_smem_bytes(d, kCrossAttentionWmmaWarps) <= 163u * 1024u);
   }
   // Tensor cores: D = 40, Dv = 200 share the 256 instantiation.
-  const CrossAttentionLaunchPlan tc = plan_cross_attention_fwd(1, 1, 8, 8, 40, 200, ScalarType::kBFloat16, kSm90);
+  const CrossAttentionLaunchPlan tc = plan_cross_attention_fwd(1, 1, 8, 8, 40, 200, ScalarType::kBFloat16, kSm90, 90);
   CHECK(tc.tensor_cores && tc.head_dim_instantiation == 256 && tc.head_dim_v_instantiation == 256);
 
   const auto rejected = [](const CrossAttentionLaunchPlan& p) { return !p.supported && p.error != nullptr; };
-  CHECK(rejected(plan_cross_attention_fwd(1, 1, 8, 8, 300, 64, ScalarType::kFloat32, kSm90)));
-  CHECK(rejected(plan_cross_attention_fwd(1, 1, 8, 8, 64, 300, ScalarType::kFloat32, kSm90)));
-  CHECK(rejected(plan_cross_attention_fwd(1, 1, 8, 8, 0, 64, ScalarType::kFloat32, kSm90)));
-  CHECK(rejected(plan_cross_attention_fwd(-1, 1, 8, 8, 64, 64, ScalarType::kFloat32, kSm90)));
-  CHECK(rejected(plan_cross_attention_fwd(1, 1, 8, 8, 64, 64, static_cast<ScalarType>(7), kSm90)));
-  CHECK(rejected(plan_cross_attention_fwd(1 << 20, 1 << 20, 1 << 20, 8, 64, 64, ScalarType::kFloat32, kSm90)));
-  CHECK(rejected(plan_cross_attention_fwd(INT64_MAX, INT64_MAX, INT64_MAX, 8, 64, 64, ScalarType::kFloat32, kSm90)));
+  CHECK(rejected(plan_cross_attention_fwd(1, 1, 8, 8, 300, 64, ScalarType::kFloat32, kSm90, 90)));
+  CHECK(rejected(plan_cross_attention_fwd(1, 1, 8, 8, 64, 300, ScalarType::kFloat32, kSm90, 90)));
+  CHECK(rejected(plan_cross_attention_fwd(1, 1, 8, 8, 0, 64, ScalarType::kFloat32, kSm90, 90)));
+  CHECK(rejected(plan_cross_attention_fwd(-1, 1, 8, 8, 64, 64, ScalarType::kFloat32, kSm90, 90)));
+  CHECK(rejected(plan_cross_attention_fwd(1, 1, 8, 8, 64, 64, static_cast<ScalarType>(7), kSm90, 90)));
+  CHECK(rejected(plan_cross_attention_fwd(1 << 20, 1 << 20, 1 << 20, 8, 64, 64, ScalarType::kFloat32, kSm90, 90)));
+  CHECK(rejected(
+      plan_cross_attention_fwd(INT64_MAX, INT64_MAX, INT64_MAX, 8, 64, 64, ScalarType::kFloat32, kSm90, 90)));
 
-  const CrossAttentionLaunchPlan empty = plan_cross_attention_fwd(4, 0, 8, 8, 64, 64, ScalarType::kFloat32, kSm90);
+  const CrossAttentionLaunchPlan empty = plan_cross_attention_fwd(4, 0, 8, 8, 64, 64, ScalarType::kFloat32, kSm90, 90);
   CHECK(empty.supported && empty.empty && empty.grid.x == 0);
   // N = 0 is not empty: the kernel still has to write out = 0, lse = −inf.
-  const CrossAttentionLaunchPlan no_keys = plan_cross_attention_fwd(1, 1, 8, 0, 64, 64, ScalarType::kFloat32, kSm90);
+  const CrossAttentionLaunchPlan no_keys =
+      plan_cross_attention_fwd(1, 1, 8, 0, 64, 64, ScalarType::kFloat32, kSm90, 90);
   CHECK(no_keys.supported && !no_keys.empty && no_keys.grid.x == 1);
 }
 

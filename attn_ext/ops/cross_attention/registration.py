@@ -24,6 +24,7 @@ from torch import Tensor
 from attn_ext.ops.cross_attention import composite
 from attn_ext.ops.cross_attention import naive as reference
 from attn_ext.ops.utils.autograd import Derivatives
+from attn_ext.ops.utils.cuda_capability import bf16_tensor_core_reason
 from attn_ext.ops.utils.dispatch import Implementation, declare
 from attn_ext.ops.utils.dtypes import accumulation_dtype
 from attn_ext.ops.utils.extension import extension_error
@@ -167,7 +168,8 @@ _register_merge("attn_ext::merge_states_fwd_triton", "attn_ext::merge_states_bwd
 if extension_error() is None:
     _register_merge("attn_ext::merge_states_fwd", "attn_ext::merge_states_bwd")
 
-declare("cross_attention", cpp=Implementation("cross_attention_fwd"), cuda=Implementation("cross_attention_fwd"),
+declare("cross_attention", cpp=Implementation("cross_attention_fwd"),
+        cuda=Implementation("cross_attention_fwd", (bf16_tensor_core_reason,)),
         triton=Implementation("cross_attention_fwd_triton"), reference=Implementation("cross_attention_fwd_reference"))
 declare("merge_states", cpp=Implementation("merge_states_fwd"), cuda=Implementation("merge_states_fwd"),
         triton=Implementation("merge_states_fwd_triton"), reference=Implementation("merge_states_fwd_reference"))

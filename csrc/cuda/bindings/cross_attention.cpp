@@ -64,7 +64,8 @@ std::tuple<at::Tensor, at::Tensor> cross_attention_fwd_cuda(const at::Tensor& q,
   const AttentionInputs in = prepare(q, k, v, key_padding_mask, scale, chunk_size, op);
   const CrossAttentionShape& s = in.s;
   const CrossAttentionLaunchPlan plan = plan_cross_attention_fwd(s.batch, s.heads, s.queries, s.keys, s.head_dim,
-                                                                 s.value_dim, in.dtype, smem_limit_of(q.device(), op));
+                                                                 s.value_dim, in.dtype, smem_limit_of(q.device(), op),
+                                                                 capability_of(q.device(), op));
   check_plan(plan, op, c10::str("q ", q.sizes(), " ", q.scalar_type(), ", v ", v.sizes()));
   at::Tensor out = at::empty({s.batch, s.heads, s.queries, s.value_dim}, q.options());
   at::Tensor lse = at::empty({s.batch, s.heads, s.queries}, q.options().dtype(accumulation_dtype(q.scalar_type())));
@@ -90,7 +91,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_attention_bwd_cuda(
     check_on_device(t, name, q.device(), op);
   }
   const CrossAttentionBwdPlan plan = plan_cross_attention_bwd(s.batch, s.heads, s.queries, s.keys, s.head_dim,
-                                                              s.value_dim, in.dtype, smem_limit_of(q.device(), op));
+                                                              s.value_dim, in.dtype, smem_limit_of(q.device(), op),
+                                                              capability_of(q.device(), op));
   check_plan(plan, op, c10::str("q ", q.sizes(), " ", q.scalar_type(), ", v ", v.sizes()));
   const at::Tensor o = with_unit_inner_stride(out), go = with_unit_inner_stride(grad_out);
   const at::Tensor lse_c = lse.contiguous(), glse_c = grad_lse.contiguous();

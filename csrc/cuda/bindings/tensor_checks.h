@@ -11,6 +11,7 @@
 #include <string>
 
 #include "checks/common.h"
+#include "cuda/common/compute_capability.h"
 #include "cuda/common/device_limits.h"
 #include "cuda/common/launch_geometry.h"
 #include "cuda/common/qkv_layout.h"
@@ -65,15 +66,25 @@ inline std::size_t smem_limit_of(const at::Device& device, const char* op) {
   return bytes;
 }
 
+/// The compute capability of `device` (major·10 + minor), which the tensor-core plans are given.
+inline int capability_of(const at::Device& device, const char* op) {
+  int capability = 0;
+  const cudaError_t err = compute_capability(device.index(), &capability);
+  TORCH_CHECK(err == cudaSuccess, "attn_ext.", op, ": cannot read the compute capability of ", device, ": ",
+              cudaGetErrorString(err));
+  return capability;
+}
+
 /// Raises for a plan that is not supported: RuntimeError when no tile of the kernel fits this GPU's
-/// shared memory (a limit of the device, not of the arguments: the message names the kernel, the
-/// bytes it needs and the device's limit), ValueError for a shape the kernels do not take. `got`
-/// describes the call's arguments.
+/// shared memory or its tensor cores lack the dtype (limits of the device, not of the arguments: the
+/// message names the kernel, the bytes it needs and the device's limit, or the capability the dtype
+/// needs and the device's), ValueError for a shape the kernels do not take. `got` describes the
+/// call's arguments.
 template <typename Plan>
 void check_plan(const Plan& plan, const char* op, const std::string& got) {
   if (plan.supported) return;
   const std::string message = plan_error_message(plan.error, plan.smem);
-  TORCH_CHECK(plan.smem.kernel == nullptr, "attn_ext.", op, " (CUDA): ", message, "; got ", got);
+  TORCH_CHECK(plan.smem.kernel == nullptr && !is_capability_error(plan.error), "attn_ext.", op, " (CUDA): ", message, "; got ", got);
   TORCH_CHECK_VALUE(false, "attn_ext.", op, " (CUDA): ", message, "; got ", got);
 }
 

@@ -179,6 +179,10 @@ T shuffle(T value, unsigned int mask, int src_lane) {
 #define blockDim (::cuda_emu::block().block_dim)
 #define gridDim (::cuda_emu::block().grid_dim)
 
+/// Kernels trap in instantiations their architecture cannot run (a bf16 WMMA kernel below sm_80); the
+/// host has every type, so the emulator never takes that branch, but the kernels' source names it.
+inline void __trap() { ::cuda_emu::fail("__trap() reached"); }
+
 inline void __syncthreads() { ::cuda_emu::yield(::cuda_emu::Sync::kSyncThreads); }
 template <typename T>
 T __shfl_sync(unsigned int mask, T value, int src_lane) {
