@@ -54,8 +54,8 @@ def _smem_estimate(c, elem: int, d: int, dv: int) -> int:
     # least 2 counted, as the unpipelined backward still holds the transposed operands), the resident
     # tile, and the [BLOCK_M, BLOCK_N] scores tile converted through shared memory. The former
     # estimate (num_stages - 1 buffers, no scores tile) was below the real use for most configs and
-    # kept configs beyond the device's limit (e.g. dQ 16x128 for fp16 at D = 256 needs 180 KB on
-    # sm_80, 64x128 needs 320 KB on sm_90), which the autotuner then compiled for nothing.
+    # kept configs beyond the device's limit (e.g. dQ 16x128 for fp16 at D = 256 needs 176 KiB on
+    # sm_80, 64x128 needs 320 KiB on sm_90), which the autotuner then compiled for nothing.
     bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
     return elem * ((d + dv) * (max(c.num_stages, 2) * max(bm, bn) + min(bm, bn)) + bm * bn)
 
