@@ -48,10 +48,16 @@ def _gpu_configs():
 
 
 def _smem_estimate(c, elem: int, d: int, dv: int) -> int:
-    # Fitted on sm_80 compiles of these kernels: the pipelined operand tiles
-    # dominate; rough, misses are caught by the autotuner as OutOfResources.
+    # An upper bound of the shared memory of all three kernels (forward, dK/dV, dQ), from their
+    # ahead-of-time compiles for sm_80 and sm_90 (bench/gpu/triton_aot.py, Triton 3.9): the streamed
+    # operand tiles, one buffer per stage (sm_90 keeps num_stages buffers, sm_80 num_stages - 1; at
+    # least 2 counted, as the unpipelined backward still holds the transposed operands), the resident
+    # tile, and the [BLOCK_M, BLOCK_N] scores tile converted through shared memory. The former
+    # estimate (num_stages - 1 buffers, no scores tile) was below the real use for most configs and
+    # kept configs beyond the device's limit (e.g. dQ 16x128 for fp16 at D = 256 needs 176 KiB on
+    # sm_80, 64x128 needs 320 KiB on sm_90), which the autotuner then compiled for nothing.
     bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
-    return elem * (d + dv) * (max(c.num_stages - 1, 1) * max(bm, bn) + min(bm, bn))
+    return elem * ((d + dv) * (max(c.num_stages, 2) * max(bm, bn) + min(bm, bn)) + bm * bn)
 
 
 def _prune_configs(configs, named_args, **kwargs):

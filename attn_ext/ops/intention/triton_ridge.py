@@ -23,8 +23,10 @@ Kernels (all accumulate in fp32; ``D``, ``Dv`` are padded to powers of two ≥ 1
 
 Launches use fixed tiles under ``TRITON_INTERPRET=1`` (whole ``D``/``Dv`` tiles: each interpreted op is
 one numpy call); on CUDA the row tiles and warps are autotuned and the column tiles capped (64, and 32
-for the ``Dv`` chunks of ``_dkdv_kernel``) so that every config fits in about 99 KB of shared memory
-(checked by compiling for sm_80 without a GPU; no GPU run has been made). The factorisation needs a
+for the ``Dv`` chunks of ``_dkdv_kernel``) so that the configs fit in about 99 KB of shared memory, all
+but one: at D = 128, ``_dkdv_kernel``'s 64-row, 3-stage tile needs 112 KB (fp16) to 120 KB (fp32), within
+sm_80's and sm_90's limits but not that of sm_86/sm_89 cards, whose autotuner then skips it
+(bench/gpu/triton_aot.py compiles every config for sm_80 and sm_90; no GPU run has been made). The factorisation needs a
 host sync anyway (a singular system raises), so ``out`` is computed only after the info codes were
 checked; heads whose statistics are not finite are NaN instead (docs/intention.md).
 """

@@ -226,22 +226,29 @@ def _tree_fwd_kernel(
 
 # --------------------------------------------------------------------------- launch configuration
 
-# Elements of the largest per-program tile (BLOCK_M·BLOCK_H·max(BLOCK_D, BLOCK_DV)) on a GPU: beyond
-# this the fp32 accumulator and the gathered key/value columns spill out of registers.
-_GPU_TILE_BUDGET = 8192
+# Elements of the largest tile (BLOCK_M·BLOCK_H·max(BLOCK_D, BLOCK_DV)) per thread on a GPU. The fp32 query,
+# the accumulator and each gathered key/value column hold one such tile in registers. Compiled for sm_80
+# (bench/gpu/triton_aot.py), the kernel keeps them in registers up to 16 elements per thread and spills
+# from 32 on, whatever the head dim and dtype: at the former budget of 8192 elements per program (64 to
+# 128 per thread) every config but the smallest spilled 0.1 to 10 KB per thread, and took 20 to 95 s to
+# compile (autotuning compiles them all on the first call of each shape).
+_TILE_PER_THREAD = 16
+_WARPS = (2, 4)
 
 
-def _block_m_cap(m: int, block_h: int, block_width: int) -> int:
-    cap = max(1, _GPU_TILE_BUDGET // (block_h * block_width))
+def _block_m_cap(m: int, block_h: int, block_width: int, num_warps: int) -> int:
+    """The largest power-of-two query tile within ``_TILE_PER_THREAD`` (at least 1, at most 64)."""
+    cap = max(1, _TILE_PER_THREAD * 32 * num_warps // (block_h * block_width))
     cap = 1 << (cap.bit_length() - 1)
     return max(1, min(cap, 64, triton.next_power_of_2(max(m, 1))))
 
 
 @functools.lru_cache(maxsize=None)
-def _tuned_kernel(block_m_cap: int):
-    """The kernel autotuned over query tiles up to ``block_m_cap`` (lazily: autotune needs a GPU driver)."""
-    tiles = sorted({max(1, block_m_cap >> shift) for shift in range(3)})
-    configs = [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=1) for bm in tiles for w in (2, 4)]
+def _tuned_kernel(block_m_caps: tuple):
+    """The kernel autotuned over query tiles up to ``block_m_caps[i]`` with ``_WARPS[i]`` warps (lazily:
+    autotune needs a GPU driver)."""
+    configs = [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=1)
+               for w, cap in zip(_WARPS, block_m_caps) for bm in sorted({max(1, cap >> shift) for shift in range(3)})]
     return triton.autotune(configs=configs, key=["H", "D", "DV", "height", "group_size"])(_tree_fwd_kernel)
 
 
@@ -373,6 +380,6 @@ def tree_cross_attention_fwd_triton(q, node_k, node_v, node_padding_mask, branch
         block_m = min(16, triton.next_power_of_2(M))
         _tree_fwd_kernel[(triton.cdiv(M, block_m), B)](*args, BLOCK_M=block_m, **meta)
     else:
-        cap = _block_m_cap(M, block_h, max(block_d, block_dv))
-        _tuned_kernel(cap)[lambda META: (triton.cdiv(M, META["BLOCK_M"]), B)](*args, **meta)
+        caps = tuple(_block_m_cap(M, block_h, max(block_d, block_dv), w) for w in _WARPS)
+        _tuned_kernel(caps)[lambda META: (triton.cdiv(M, META["BLOCK_M"]), B)](*args, **meta)
     return out, lse, selected, log_prob, entropy

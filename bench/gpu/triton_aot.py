@@ -1,0 +1,142 @@
+"""Ahead-of-time compile of every Triton kernel of attn_ext for sm_80 and sm_90, without a GPU.
+
+Each Triton launcher of the package is called with CPU tensors of every dtype and representative head
+dims (``triton_aot_cases``); its launches are recorded instead of run, the autotuned ones through the
+package's own pruning with the target's shared memory (``triton_aot_capture``), and each recorded
+launch is compiled for the target as a launch on that card would compile it (``triton_aot_compile``).
+
+Fails (exit 1) on any compile error, on a kept config whose shared memory exceeds the target's
+per-block limit (sm_80: 166912 bytes, sm_90: 232448), on a compile running past ``--timeout``, and on
+a kernel of the package that no case launches. Writes the table kernel × config × dtype/dims ×
+target → registers, shared memory, stack (spills) to ``bench/out/triton_aot.md`` and prints a summary.
+
+Usage::
+
+    python bench/gpu/triton_aot.py                  # the CI scope, both targets
+    python bench/gpu/triton_aot.py --scope full     # every kept config of every case (long when cold)
+    python bench/gpu/triton_aot.py --targets sm_90 --list   # the jobs, without compiling
+
+Results are cached in ``~/.cache/attn_ext/triton_aot`` (``--cache-dir``), keyed by the kernel's source
+hash, the job and the Triton version; Triton's own cache lives there too.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "bench" / "out" / "triton_aot.md"
+CACHE = Path.home() / ".cache" / "attn_ext" / "triton_aot"
+
+
+def _parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--targets", default="sm_80,sm_90", help="comma-separated, of sm_80, sm_90")
+    p.add_argument("--scope", choices=("ci", "full"), default="ci",
+                   help="ci: every kept config per element size and tile width, every case once; full: all")
+    p.add_argument("--kernels", default="", help="only the kernels whose name matches this regular expression")
+    p.add_argument("--jobs", type=int, default=2, help="compiles at a time (default 2)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds one compile may take (default 600)")
+    p.add_argument("--cache-dir", type=Path, default=CACHE, help=f"default {CACHE}")
+    p.add_argument("--no-cache", action="store_true", help="compile everything (Triton's cache in a temp dir)")
+    p.add_argument("--out", type=Path, default=OUT, help=f"the Markdown table (default {OUT.relative_to(ROOT)})")
+    p.add_argument("--list", action="store_true", help="print the jobs and exit without compiling")
+    return p.parse_args(argv)
+
+
+def _setup_environment(args) -> None:
+    # The kernels must be decorated as compiled kernels, not interpreter objects: before any import
+    # of attn_ext. Spawned compile workers inherit this environment.
+    os.environ.pop("TRITON_INTERPRET", None)
+    if args.no_cache:
+        import atexit
+        import shutil
+        import tempfile
+
+        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="attn_ext_triton_aot_")
+        atexit.register(shutil.rmtree, os.environ["TRITON_CACHE_DIR"], ignore_errors=True)
+    else:
+        os.environ["TRITON_CACHE_DIR"] = str(args.cache_dir / "triton")
+    for path in (str(ROOT), str(Path(__file__).resolve().parent)):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+
+
+def main(argv=None) -> int:
+    args = _parse(argv)
+    _setup_environment(args)
+    try:
+        import triton
+    except Exception as exc:  # noqa: BLE001 - any broken install
+        print(f"triton_aot: Triton is not importable ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return 2
+    from triton_aot_capture import capture, dot_kernels, kernel_hashes, uncovered_kernels
+    from triton_aot_cases import all_cases, select
+    from triton_aot_compile import ResultCache, compile_job, job_key
+    from triton_aot_pool import run_pool
+    from triton_aot_report import Row, summary, table
+    from triton_aot_target import TARGETS
+
+    start = time.perf_counter()
+    targets = [TARGETS[t.strip()] for t in args.targets.split(",") if t.strip()]
+    cases = all_cases()
+    captured = {}
+    for target in targets:
+        captured.update(capture(target, cases))
+    missing = uncovered_kernels(captured)
+    jobs = select(captured, args.scope, dot_kernels())
+    if args.kernels:
+        jobs = {job: c for job, c in jobs.items() if re.search(args.kernels, job.kernel)}
+    if args.list:
+        for job, job_cases in jobs.items():
+            print(job.target, job.kernel, job.config(), "|", ", ".join(f"{c.dtype} {c.dims}" for c in job_cases))
+        print(f"{len(jobs)} jobs ({len(captured)} captured)")
+        return 0
+
+    hashes = kernel_hashes(jobs)
+    cache = ResultCache(None if args.no_cache else args.cache_dir / "results")
+    order = list(jobs)
+    keys = [job_key(dataclasses.asdict(job), hashes[job.module, job.kernel]) for job in order]
+    results: dict[int, dict] = {}
+    for i, key in enumerate(keys):
+        if (hit := cache.get(key)) is not None:
+            results[i] = hit
+    hits = len(results)
+    todo = [i for i in range(len(order)) if i not in results]
+    print(f"triton_aot: Triton {triton.__version__}, {len(order)} compiles ({hits} cached, {len(todo)} to do) "
+          f"for {', '.join(t.name for t in targets)}, {args.jobs} at a time", flush=True)
+
+    done = [0]
+
+    def on_result(k: int, result: dict) -> None:
+        i = todo[k]
+        results[i] = result
+        cache.put(keys[i], result)
+        done[0] += 1
+        if done[0] % 25 == 0 or done[0] == len(todo) or "error" in result:
+            job = order[i]
+            status = "FAILED " + result["error"].splitlines()[0][:200] if "error" in result else "ok"
+            print(f"  [{done[0]}/{len(todo)}, {time.perf_counter() - start:.0f} s] {job.target} {job.kernel} "
+                  f"{job.config()}: {status}", flush=True)
+
+    run_pool(compile_job, [dataclasses.asdict(order[i]) for i in todo], args.jobs, args.timeout, on_result)
+
+    rows = [Row(job, jobs[job], results[i], TARGETS[job.target]) for i, job in enumerate(order)]
+    elapsed = time.perf_counter() - start
+    header = (f"Triton {triton.__version__}; scope {args.scope}; {len(rows)} compiles, {hits} from the cache; "
+              f"{elapsed:.0f} s with {args.jobs} workers")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(table(rows, header, missing))
+    text, failed = summary(rows, missing)
+    print(text)
+    print(f"triton_aot: {header}; table in {args.out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

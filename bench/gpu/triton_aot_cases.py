@@ -1,0 +1,150 @@
+"""The representative problems whose launches the Triton AOT check compiles: every Triton launcher of
+the package, called with CPU tensors of each dtype and head dim it accepts.
+
+A case is only a call of a launcher (``cross_attention_forward``, ``merge_states_backward``, …): the
+kernel arguments, constexprs and tile choices are then exactly those the launcher builds, and the
+autotuned launches bring every config that the package's own pruning keeps (see
+``triton_aot_capture``). Nothing runs: the launches are recorded, not executed, so the tensors only
+need the right dtypes, shapes and strides.
+
+Sizes: M = N = 136 keys and queries, above every tile (128) so that the size buckets prune no config,
+and not a multiple of 16, as most real lengths. Head dims 16, 64, 128, 256 (one per padded tile
+width) and 40, whose strides are not multiples of 16 (Triton then specialises the kernel without
+the 16-element alignment of the others).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+__all__ = ["DTYPES", "HEAD_DIMS", "Case", "all_cases", "select"]
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# In order of priority (see select): 40 after the others, as bf16 after fp16 in DTYPES.
+HEAD_DIMS = (16, 64, 128, 256, 40)
+#: (D, Dv) of Intention, whose factor tile limits D to 128 (Dv to 256).
+INTENTION_DIMS = ((16, 16), (64, 64), (128, 128), (128, 256), (40, 40))
+B, H, M, N = 1, 2, 136, 136
+TREE = dict(branching=4, height=2, group_size=16)  # 21 inner nodes, 16 groups of 16 leaves
+TREE_HEADS = 4
+
+
+@dataclass(frozen=True)
+class Case:
+    family: str
+    dtype: str
+    dims: str
+    call: Callable[[], object]
+
+
+def _randn(*shape, dtype):
+    return torch.randn(*shape, dtype=torch.float32).to(dtype)
+
+
+def _key_mask(n: int) -> torch.Tensor:
+    mask = torch.zeros(B, n, dtype=torch.bool)
+    mask[:, -3:] = True  # the masked launch is the superset variant (it reads the mask)
+    return mask
+
+
+def _cross_attention(dtype, d: int) -> None:
+    from attn_ext.ops.cross_attention.triton_bwd import cross_attention_backward
+    from attn_ext.ops.cross_attention.triton_fwd import cross_attention_forward
+
+    q, k, v = _randn(B, H, M, d, dtype=dtype), _randn(B, H, N, d, dtype=dtype), _randn(B, H, N, d, dtype=dtype)
+    mask, scale, chunk = _key_mask(N), d ** -0.5, 128  # 128: the largest key tile the hint allows
+    cross_attention_forward(q, k, v, mask, scale, chunk)
+    # Outputs of a forward that did not run: finite, unsaturated stand-ins (lse 0), so that the
+    # backward takes its Triton path.
+    out, lse = torch.zeros_like(q), torch.zeros(B, H, M)
+    cross_attention_backward(torch.ones_like(out), torch.ones(B, H, M), q, k, v, mask, out, lse, scale, chunk)
+
+
+def _merge(dtype, dv: int) -> None:
+    from attn_ext.ops.cross_attention.triton_merge import merge_states_backward, merge_states_forward
+
+    out_a, out_b = _randn(B, H, M, dv, dtype=dtype), _randn(B, H, M, dv, dtype=dtype)
+    lse_a, lse_b = torch.zeros(B, H, M), torch.zeros(B, H, M)
+    merge_states_forward(out_a, lse_a, out_b, lse_b)
+    merge_states_backward(torch.ones_like(out_a), torch.ones(B, H, M), out_a, lse_a, out_b, lse_b,
+                          torch.zeros_like(out_a), torch.zeros(B, H, M))
+
+
+def _tree(dtype, d: int, sample: bool) -> None:
+    from attn_ext.ops.tree.triton_bwd import tree_cross_attention_bwd_triton
+    from attn_ext.ops.tree.triton_fwd import tree_cross_attention_fwd_triton
+
+    b, k, p = TREE["branching"], TREE["height"], TREE["group_size"]
+    nodes = (b ** (k + 1) - 1) // (b - 1) + p * b ** k
+    s = k * (b - 1) + p
+    q = _randn(B, TREE_HEADS, M, d, dtype=dtype)
+    node_k, node_v = (_randn(B, TREE_HEADS, nodes, d, dtype=dtype) for _ in range(2))
+    mask = torch.zeros(B, nodes, dtype=torch.bool)
+    uniforms = torch.rand(B, M, k) if sample else None
+    tree_cross_attention_fwd_triton(q, node_k, node_v, mask, b, k, p, d ** -0.5, uniforms)
+    if sample:
+        return  # the backward does not depend on the policy
+    selected = torch.zeros(B, M, s, dtype=torch.int64)
+    tree_cross_attention_bwd_triton(torch.ones_like(q), torch.ones(B, TREE_HEADS, M), torch.ones(B, M),
+                                    torch.ones(B, M), q, node_k, node_v, mask, selected,
+                                    torch.zeros(B, TREE_HEADS, M), b, k, p, d ** -0.5)
+
+
+def _intention(dtype, d: int, dv: int) -> None:
+    from attn_ext.ops.intention.triton_ridge import intention_bwd_triton, intention_fwd_triton
+
+    q, k, v = _randn(B, H, M, d, dtype=dtype), _randn(B, H, N, d, dtype=dtype), _randn(B, H, N, dv, dtype=dtype)
+    mask = _key_mask(N)
+    intention_fwd_triton(q, k, v, mask, torch.ones(B, H), 1.0)
+    factor, weights = torch.eye(d).expand(B, H, d, d).contiguous(), torch.zeros(B, H, d, dv)
+    intention_bwd_triton(torch.ones(B, H, M, dv, dtype=dtype), q, k, v, mask, factor, weights, 1.0)
+
+
+def all_cases() -> list[Case]:
+    """Every (launcher family, dtype, head dims) the check covers."""
+    cases = []
+    for name, dtype in DTYPES.items():
+        for d in HEAD_DIMS:
+            dims = f"D={d}"
+            cases.append(Case("cross_attention", name, dims, lambda dtype=dtype, d=d: _cross_attention(dtype, d)))
+            cases.append(Case("merge", name, f"Dv={d}", lambda dtype=dtype, d=d: _merge(dtype, d)))
+            for sample in (False, True):
+                cases.append(Case("tree", name, dims + (" sample" if sample else " greedy"),
+                                  lambda dtype=dtype, d=d, sample=sample: _tree(dtype, d, sample)))
+        for d, dv in INTENTION_DIMS:
+            cases.append(Case("intention", name, f"D={d} Dv={dv}",
+                              lambda dtype=dtype, d=d, dv=dv: _intention(dtype, d, dv)))
+    return cases
+
+
+def select(jobs: dict, scope: str, dot_kernels=frozenset()) -> dict:
+    """The jobs to compile, in the order given: all of them (``"full"``), or the CI cover (``"ci"``):
+
+    1. every kept config of every kernel and target, for each set of launcher-derived constexprs
+       (padded head dims, mask, sampling, ...) and, for ``dot_kernels`` (whose shared memory holds
+       ``tl.dot`` operands in the input dtype), each element size (4 bytes: fp32; 2: fp16 and bf16).
+       Shared memory depends on nothing else, so this checks every config against the limit; the
+       first case in order stands for the others (fp32 for all dtypes of a kernel without
+       ``tl.dot``, fp16 for bf16, D = 64 for D = 40);
+    2. every case (dtype × dims) of every kernel and target at least once: one config each, so that
+       every dtype and the unaligned D = 40 are compiled too.
+    """
+    if scope == "full":
+        return dict(jobs)
+    if scope != "ci":
+        raise ValueError(f"scope must be 'ci' or 'full', got {scope!r}")
+    chosen, configs, covered = {}, set(), set()
+    for job, cases in jobs.items():
+        size = DTYPES[cases[0].dtype].itemsize if job.kernel in dot_kernels else 0
+        config = (job.kernel, job.target, size, job.options)  # options: the fixed ones and the config's
+        if config not in configs:
+            configs.add(config)
+            chosen[job] = cases
+            covered.update((job.kernel, job.target, case) for case in cases)
+    for job, cases in jobs.items():
+        if any((job.kernel, job.target, case) not in covered for case in cases):
+            chosen[job] = cases
+            covered.update((job.kernel, job.target, case) for case in cases)
+    return {job: jobs[job] for job in jobs if job in chosen}

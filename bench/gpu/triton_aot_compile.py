@@ -1,0 +1,130 @@
+"""Compile one AOT job for its GPU target and read what the compiler decided; a persistent result cache.
+
+The compile is the one a launch on that card performs: ``JITFunction.run(..., warmup=True)`` with
+the target's stand-in driver active, so Triton itself derives the signature (pointer dtypes, integer
+widths), the constexprs and the 16-byte alignment specialisations from the recorded arguments and
+calls ``triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=GPUTarget("cuda", cc, 32))``.
+Tensors are rebuilt as one-element CPU tensors of the recorded dtype: only their dtype and the
+alignment of their address (16 bytes, as every allocation of torch's CUDA allocator) enter the compile.
+
+Registers and spills are read from the cubin with the ``cuobjdump`` that Triton bundles (on a GPU,
+Triton asks the driver for them when it loads the kernel); shared memory is Triton's own
+``metadata.shared``, the dynamic shared memory the launch requests.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+__all__ = ["ResultCache", "compile_job", "job_key", "resource_usage"]
+
+_FUNCTION = re.compile(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
+
+
+def resource_usage(dump: str, name: str) -> dict:
+    """``{"regs", "stack", "local"}`` of kernel ``name`` in ``cuobjdump --dump-resource-usage`` output."""
+    for function, regs, stack, _static_shared, local in _FUNCTION.findall(dump):
+        if function == name:
+            return {"regs": int(regs), "stack": int(stack), "local": int(local)}
+    raise ValueError(f"cuobjdump reports no function {name!r}:\n{dump}")
+
+
+def _cuobjdump() -> str:
+    import triton
+
+    try:
+        from triton import knobs
+
+        return knobs.nvidia.cuobjdump.path
+    except (ImportError, AttributeError):  # Triton before its knobs: the bundled binary
+        return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+
+
+def _cubin_resources(cubin: bytes, name: str) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        done = subprocess.run([_cuobjdump(), "--dump-resource-usage", f.name], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"cuobjdump failed ({done.returncode}): {done.stderr.strip()}")
+    return resource_usage(done.stdout, name)
+
+
+def _materialise(spec):
+    import torch
+
+    if isinstance(spec, (tuple, list)) and len(spec) == 2 and spec[0] == "tensor":
+        return torch.empty(1, dtype=getattr(torch, spec[1]))
+    return spec
+
+
+def compile_job(job: dict) -> dict:
+    """Compile ``job`` (a :class:`triton_aot_capture.Job` as a dict) for its target.
+
+    Returns ``{"regs", "stack", "local", "shared", "num_warps", "num_stages", "seconds"}``, or
+    ``{"error", "seconds"}`` when the compile fails (any exception: the message is the finding).
+    """
+    from triton_aot_target import TARGETS, targeting
+
+    start = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            # Triton 3.9 warns on every compile that its fp-fusion default will change; the launches
+            # of the package get that same default, so the compile here keeps it too.
+            warnings.filterwarnings("ignore", message=".*TRITON_DEFAULT_FP_FUSION.*")
+            kernel = getattr(importlib.import_module(job["module"]), job["kernel"])
+            args = [_materialise(a) for a in job["args"]]
+            with targeting(TARGETS[job["target"]]):
+                compiled = kernel.run(*args, grid=(1,), warmup=True, **dict(job["options"]))
+        meta = compiled.metadata
+        result = _cubin_resources(compiled.asm["cubin"], meta.name)
+        result.update(shared=int(meta.shared), num_warps=int(meta.num_warps), num_stages=int(meta.num_stages))
+    except Exception as exc:  # noqa: BLE001 - every failure to compile is reported, none is fatal here
+        text = f"{type(exc).__name__}: {exc}".strip()
+        result = {"error": text if len(text) < 4000 else text[:4000] + " ..."}
+    result["seconds"] = round(time.perf_counter() - start, 2)
+    return result
+
+
+def job_key(job: dict, kernel_hash: str) -> str:
+    """Cache key: the job, the kernel's source hash (Triton's, which covers the device functions it
+    calls), the Triton version and a ptxas override if any; a change to any of them recompiles."""
+    import triton
+
+    text = json.dumps([job, kernel_hash, triton.__version__, os.environ.get("TRITON_PTXAS_PATH", "")],
+                      sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+class ResultCache:
+    """Results of successful compiles, one JSON file per key (failures are always compiled again)."""
+
+    def __init__(self, directory: Path | None):
+        self.directory = directory
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+
+    def get(self, key: str) -> dict | None:
+        if self.directory is None:
+            return None
+        path = self.directory / f"{key}.json"
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    def put(self, key: str, result: dict) -> None:
+        if self.directory is None or "error" in result:
+            return
+        path = self.directory / f"{key}.json"
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(result))
+        tmp.replace(path)  # atomic: a concurrent run never reads half a file
