@@ -46,7 +46,13 @@ def _parse(argv):
     p.add_argument("--no-cache", action="store_true", help="compile everything (Triton's cache in a temp dir)")
     p.add_argument("--out", type=Path, default=OUT, help=f"the Markdown table (default {OUT.relative_to(ROOT)})")
     p.add_argument("--list", action="store_true", help="print the jobs and exit without compiling")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    from triton_aot_target import TARGETS
+
+    args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    if not args.targets or any(t not in TARGETS for t in args.targets):
+        p.error(f"--targets must name some of {', '.join(TARGETS)}, got {','.join(args.targets) or 'none'}")
+    return args
 
 
 def _setup_environment(args) -> None:
@@ -62,12 +68,15 @@ def _setup_environment(args) -> None:
         atexit.register(shutil.rmtree, os.environ["TRITON_CACHE_DIR"], ignore_errors=True)
     else:
         os.environ["TRITON_CACHE_DIR"] = str(args.cache_dir / "triton")
-    for path in (str(ROOT), str(Path(__file__).resolve().parent)):
-        if path not in sys.path:
-            sys.path.insert(0, path)
+    # This checkout's attn_ext, whatever else is installed.
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
 
 
 def main(argv=None) -> int:
+    here = str(Path(__file__).resolve().parent)  # the triton_aot_* modules beside this file
+    if here not in sys.path:
+        sys.path.insert(0, here)
     args = _parse(argv)
     _setup_environment(args)
     try:
@@ -83,7 +92,7 @@ def main(argv=None) -> int:
     from triton_aot_target import TARGETS
 
     start = time.perf_counter()
-    targets = [TARGETS[t.strip()] for t in args.targets.split(",") if t.strip()]
+    targets = [TARGETS[name] for name in args.targets]
     cases = all_cases()
     captured = {}
     for target in targets:
