@@ -25,6 +25,7 @@ import argparse
 import dataclasses
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -133,6 +134,8 @@ def main(argv=None) -> int:
             print(f"  [{done[0]}/{len(todo)}, {time.perf_counter() - start:.0f} s] {job.target} {job.kernel} "
                   f"{job.config()}: {status}", flush=True)
 
+    # A SIGTERM (CI's time limit) unwinds like an exception, so that the pool stops its workers.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     run_pool(compile_job, [dataclasses.asdict(order[i]) for i in todo], args.jobs, args.timeout, on_result)
 
     rows = [Row(job, jobs[job], results[i], TARGETS[job.target]) for i, job in enumerate(order)]
