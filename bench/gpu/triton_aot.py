@@ -25,6 +25,7 @@ import argparse
 import dataclasses
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -46,7 +47,13 @@ def _parse(argv):
     p.add_argument("--no-cache", action="store_true", help="compile everything (Triton's cache in a temp dir)")
     p.add_argument("--out", type=Path, default=OUT, help=f"the Markdown table (default {OUT.relative_to(ROOT)})")
     p.add_argument("--list", action="store_true", help="print the jobs and exit without compiling")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    from triton_aot_target import TARGETS
+
+    args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    if not args.targets or any(t not in TARGETS for t in args.targets):
+        p.error(f"--targets must name some of {', '.join(TARGETS)}, got {','.join(args.targets) or 'none'}")
+    return args
 
 
 def _setup_environment(args) -> None:
@@ -62,12 +69,15 @@ def _setup_environment(args) -> None:
         atexit.register(shutil.rmtree, os.environ["TRITON_CACHE_DIR"], ignore_errors=True)
     else:
         os.environ["TRITON_CACHE_DIR"] = str(args.cache_dir / "triton")
-    for path in (str(ROOT), str(Path(__file__).resolve().parent)):
-        if path not in sys.path:
-            sys.path.insert(0, path)
+    # This checkout's attn_ext, whatever else is installed.
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
 
 
 def main(argv=None) -> int:
+    here = str(Path(__file__).resolve().parent)  # the triton_aot_* modules beside this file
+    if here not in sys.path:
+        sys.path.insert(0, here)
     args = _parse(argv)
     _setup_environment(args)
     try:
@@ -83,7 +93,7 @@ def main(argv=None) -> int:
     from triton_aot_target import TARGETS
 
     start = time.perf_counter()
-    targets = [TARGETS[t.strip()] for t in args.targets.split(",") if t.strip()]
+    targets = [TARGETS[name] for name in args.targets]
     cases = all_cases()
     captured = {}
     for target in targets:
@@ -124,6 +134,8 @@ def main(argv=None) -> int:
             print(f"  [{done[0]}/{len(todo)}, {time.perf_counter() - start:.0f} s] {job.target} {job.kernel} "
                   f"{job.config()}: {status}", flush=True)
 
+    # A SIGTERM (CI's time limit) unwinds like an exception, so that the pool stops its workers.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     run_pool(compile_job, [dataclasses.asdict(order[i]) for i in todo], args.jobs, args.timeout, on_result)
 
     rows = [Row(job, jobs[job], results[i], TARGETS[job.target]) for i, job in enumerate(order)]

@@ -63,6 +63,7 @@ def run_pool(fn: Callable, items: Iterable, workers: int, timeout: float,
     ctx = mp.get_context("spawn")
     pending = list(enumerate(items))[::-1]
     pool = [_Worker(ctx, fn) for _ in range(min(workers, len(items)))]
+    finished = False
     try:
         while pending or any(w.task is not None for w in pool):
             for worker in pool:
@@ -74,9 +75,9 @@ def run_pool(fn: Callable, items: Iterable, workers: int, timeout: float,
                 try:
                     result = conn.recv()
                 except EOFError:  # the worker died (out of memory, a crash in the compiler)
+                    worker.stop(kill=True)
                     result = {"error": f"worker process died (exit code {worker.process.exitcode})", "seconds": 0.0}
                     pool[pool.index(worker)] = _Worker(ctx, fn)
-                    worker.stop(kill=True)
                 on_result(worker.task, result)
                 worker.task = None
             for i, worker in enumerate(pool):
@@ -85,6 +86,7 @@ def run_pool(fn: Callable, items: Iterable, workers: int, timeout: float,
                                             "seconds": round(timeout, 1)})
                     worker.stop(kill=True)
                     pool[i] = _Worker(ctx, fn)
+        finished = True
     finally:
-        for worker in pool:
-            worker.stop()
+        for worker in pool:  # interrupted (an exception, SIGTERM): kill the compiles under way
+            worker.stop(kill=not finished)
