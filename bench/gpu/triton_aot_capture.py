@@ -114,8 +114,12 @@ def _recording(records: list):
 
 def capture(target: Target, cases: list[Case]) -> dict[Job, list[Case]]:
     """The distinct compile jobs of ``cases`` for ``target``, each with the cases that launch it."""
-    from triton.runtime.jit import JITFunction
-
+    for module in _kernel_modules():
+        # Interpreted kernels launch without JITFunction.run: nothing would be recorded, nothing checked.
+        if any(type(value).__name__ == "InterpretedFunction" for value in vars(module).values()):
+            raise RuntimeError(f"the Triton kernels of {module.__name__} were built for the interpreter "
+                               "(TRITON_INTERPRET=1 when attn_ext was imported); run the AOT check in a fresh "
+                               "process without it")
     jobs: dict[Job, list[Case]] = {}
     records: list = []
     with targeting(target), _recording(records):
@@ -123,9 +127,6 @@ def capture(target: Target, cases: list[Case]) -> dict[Job, list[Case]]:
             start = len(records)
             case.call()
             for kernel, args, kwargs, tuned in records[start:]:
-                if not isinstance(kernel, JITFunction):
-                    raise RuntimeError(f"{kernel!r} is not a compiled Triton kernel: attn_ext was imported with "
-                                       "TRITON_INTERPRET=1; run the AOT check in a fresh process without it")
                 job = Job(kernel.fn.__module__, kernel.fn.__name__, tuple(map(_arg_spec, args)),
                           tuple(sorted(kwargs.items())), target.name, tuned)
                 jobs.setdefault(job, []).append(case)

@@ -131,3 +131,13 @@ def test_compiles_the_merge_kernels_for_sm80(tmp_path):
     again = _aot("--targets", "sm_80", "--kernels", "^_merge_fwd_kernel$", "--cache-dir", str(tmp_path / "cache"),
                  "--out", str(out))
     assert again.returncode == 0 and "15 compiles (15 cached, 0 to do)" in again.stdout
+
+
+@needs_triton
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="needs the interpreter's kernels")
+def test_capture_refuses_kernels_built_for_the_interpreter():
+    # Interpreted kernels launch without JITFunction.run: the check would record nothing and pass.
+    from triton_aot_capture import capture
+
+    with pytest.raises(RuntimeError, match="interpreter"):
+        capture(TARGETS["sm_80"], all_cases())
