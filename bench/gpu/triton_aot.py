@@ -17,16 +17,19 @@ Usage::
     python bench/gpu/triton_aot.py --targets sm_90 --list   # the jobs, without compiling
 
 Results are cached in ``~/.cache/attn_ext/triton_aot`` (``--cache-dir``), keyed by the kernel's source
-hash, the job and the Triton version; Triton's own cache lives there too.
+hash, the job and the Triton version.
 """
 from __future__ import annotations
 
 import argparse
+import atexit
 import dataclasses
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,7 +47,7 @@ def _parse(argv):
     p.add_argument("--jobs", type=int, default=2, help="compiles at a time (default 2)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one compile may take (default 600)")
     p.add_argument("--cache-dir", type=Path, default=CACHE, help=f"default {CACHE}")
-    p.add_argument("--no-cache", action="store_true", help="compile everything (Triton's cache in a temp dir)")
+    p.add_argument("--no-cache", action="store_true", help="compile everything, read and write no cached result")
     p.add_argument("--out", type=Path, default=OUT, help=f"the Markdown table (default {OUT.relative_to(ROOT)})")
     p.add_argument("--list", action="store_true", help="print the jobs and exit without compiling")
     args = p.parse_args(argv)
@@ -56,19 +59,14 @@ def _parse(argv):
     return args
 
 
-def _setup_environment(args) -> None:
+def _setup_environment() -> None:
     # The kernels must be decorated as compiled kernels, not interpreter objects: before any import
     # of attn_ext. Spawned compile workers inherit this environment.
     os.environ.pop("TRITON_INTERPRET", None)
-    if args.no_cache:
-        import atexit
-        import shutil
-        import tempfile
-
-        os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="attn_ext_triton_aot_")
-        atexit.register(shutil.rmtree, os.environ["TRITON_CACHE_DIR"], ignore_errors=True)
-    else:
-        os.environ["TRITON_CACHE_DIR"] = str(args.cache_dir / "triton")
+    # Triton's own cache (every IR of every compile, ~1 MB each) would only repeat the result cache: a
+    # scratch directory for this run.
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="attn_ext_triton_aot_")
+    atexit.register(shutil.rmtree, os.environ["TRITON_CACHE_DIR"], ignore_errors=True)
     # This checkout's attn_ext, whatever else is installed.
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
@@ -79,7 +77,7 @@ def main(argv=None) -> int:
     if here not in sys.path:
         sys.path.insert(0, here)
     args = _parse(argv)
-    _setup_environment(args)
+    _setup_environment()
     try:
         import triton
     except Exception as exc:  # noqa: BLE001 - any broken install
