@@ -117,7 +117,9 @@ def attention_backward(grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor,
         allowed, bias = chunk_rules(attn_mask, key_padding_mask, is_causal, n0, n1, L, acc, q.device)
         k_chunk, v_chunk = kx[:, :, n0:n1].to(acc), vx[:, :, n0:n1].to(acc)
         scores = masked_scores(qf, k_chunk, scale, allowed, bias)
-        probs = torch.where(empty_row, torch.zeros_like(scores), torch.exp((scores - shift) - log_sum))
+        # Zero outside too: a NaN row's lse would make exp(−inf − NaN) = NaN on its masked pairs.
+        probs = zero_outside(torch.where(empty_row, torch.zeros_like(scores), torch.exp((scores - shift) - log_sum)),
+                             allowed)
         dropped = _dropout_scale(dropout_seed, dropout_p, (B, Hq, L, S), n0, n1, acc, q.device)
         kept = probs if dropped is None else probs * dropped
         grad_v[:, :, n0:n1] = weighted_columns(kept, allowed, dout)

@@ -86,7 +86,8 @@ def _as_4d(t: Tensor) -> Tensor:
         return t[None, None]
     if t.dim() == 3:
         return t[None]
-    return t.reshape((-1,) + _shape(t)[-3:])
+    batch = math.prod(_shape(t)[:-3])
+    return t.reshape((batch,) + _shape(t)[-3:])
 
 
 def scaled_dot_product_attention(
