@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -95,7 +96,7 @@ def grid(quick: bool, env: Mapping[str, str] = os.environ) -> Grid:
     if env.get(TINY_ENV, "") not in ("", "0"):
         return Grid("tiny", TINY_LS, MASK_TINY_LS, tr.TINY_LS, tr.TINY_BATCH)
     if quick:
-        return Grid("quick", QUICK_LS, MASK_QUICK_LS, tr.QUICK_LS, tr.BATCH)
+        return Grid("quick", QUICK_LS, MASK_QUICK_LS, tr.QUICK_LS, tr.QUICK_BATCH)
     return Grid("full", FULL_LS, MASK_FULL_LS, tr.FULL_LS, tr.BATCH)
 
 
@@ -339,7 +340,8 @@ def run(options: BenchOptions) -> int:
         "config": {"B": B, "H": H, "D": D, "dtype": "fp32", "device": "cpu", "causal_Ls": list(grid_.causal_ls),
                    "mask_Ls": list(grid_.mask_ls), "pad_fraction": PAD_FRACTION, "backend": options.backend,
                    "quick": options.quick, "repeats": options.repeats, "large_L": LARGE_L,
-                   "large_repeats": LARGE_REPEATS, "sdpa_noncausal_max_L": SDPA_NONCAUSAL_MAX_L},
+                   "large_repeats": LARGE_REPEATS, "sdpa_noncausal_max_L": SDPA_NONCAUSAL_MAX_L,
+                   "min_timed_s": QUICK_MIN_TIMED_S if options.quick else MIN_TIMED_S},
         "machine": machine, "sdpa_kernels": sdpa_kernel_names(), "check_max_abs_diff": check, "rows": rows,
         "goals": goals, "transformer": train, "warnings": warnings,
     }
@@ -349,3 +351,24 @@ def run(options: BenchOptions) -> int:
                for i, t in r["impls"].items() if t.get("error")]
     notes = ["tiny debug grid (set by the environment): not the benchmark's sizes."] if grid_.name == "tiny" else []
     return publish_run(NAME, result, report.tables, report.summary, options, report.plot, failed, notes)
+
+
+# ------------------------------------------------------------------------------ pytest-benchmark
+# Defined only under pytest (bench/conftest.py collects bench_*.py), so `python -m bench` needs no pytest.
+if "pytest" in sys.modules:
+    import pytest
+
+    @pytest.fixture(scope="module", params=QUICK_LS, ids=lambda n: f"L={n}")
+    def inputs(request: pytest.FixtureRequest):
+        return request.param, make_inputs(request.param)
+
+    @pytest.mark.parametrize("pass_", PASSES)
+    @pytest.mark.parametrize("impl", ["ours_causal", "sdpa_causal", "ours_full"])
+    def test_sdpa_causal(benchmark, request: pytest.FixtureRequest, inputs, impl: str, pass_: str, backend: str):
+        length, (q, k, v) = inputs
+        if impl.startswith("ours") and (error := check_sdpa(backend, length=32)[0]):
+            pytest.skip(error)
+        benchmark.group = f"sdpa causal L=S={length} {pass_}"
+        benchmark.extra_info.update(L=length, impl=LABELS[impl], backend=backend, shape=f"B={B} H={H} D={D} fp32")
+        benchmark.pedantic(make_call(implementation(impl, backend), pass_, q, k, v),
+                           rounds=request.config.getoption("--bench-rounds"), warmup_rounds=1, iterations=1)

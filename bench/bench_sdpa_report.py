@@ -60,13 +60,15 @@ def goal_lines(result: dict) -> list[str]:
     for goal, g in result["goals"].items():
         again = [f"L={r['L']:,} {r['pass']} " + confirmed_text(r["judged"][goal], lambda v: f"{v:.2f}x")
                  for r in result["rows"] if goal in r.get("judged", {}) and r["judged"][goal]["remeasured"]]
-        lines.append(f"- Goal{g['grid_note']}: {GOAL_TEXT[goal]}: met in {g['rows_met']} of {g['rows']} rows, "
-                     f"**{g['verdict']}**." + (f" Re-measured before judging: {'; '.join(again)}." if again else ""))
+        counted = f"met in {g['rows_met']} of {g['rows']} rows, " if g["rows"] else ""
+        lines.append(f"- Goal{g['grid_note']}: {GOAL_TEXT[goal]}: {counted}**{g['verdict']}**."
+                     + (f" Re-measured before judging: {'; '.join(again)}." if again else ""))
     return lines
 
 
 def _timing_text(cfg: dict) -> str:
-    return (f"Median of {cfg['repeats']} samples (taken over at least a few seconds per row) after {WARMUP_TEXT}, "
+    return (f"Median of at least {cfg['repeats']} samples, spread over at least {cfg['min_timed_s']:g} s per row, after "
+            f"{WARMUP_TEXT}, "
             f"the implementations' samples interleaved; from L = {cfg['large_L']:,} on, {cfg['large_repeats']} "
             "samples without a warm-up round (calls of tens of seconds). **fwd+bwd**: forward, then "
             "`torch.autograd.grad(out, (q, k, v), grad_out)`.")

@@ -3,7 +3,8 @@
 
 Model: ``torch.nn.TransformerEncoder`` of :data:`LAYERS` ``TransformerEncoderLayer(d_model=D_MODEL,
 nhead=NHEAD, dim_feedforward=FFN, dropout=DROPOUT, batch_first=True)``, fp32, CPU, no mask (plain
-self-attention). One step: forward on ``x [BATCH, L, D_MODEL]``, mean squared error to a fixed target,
+self-attention). One step: forward on ``x [batch, L, D_MODEL]`` (batch :data:`BATCH`, :data:`QUICK_BATCH`
+on the quick grid), mean squared error to a fixed target,
 backward, ``torch.optim.AdamW.step()``, ``zero_grad``. **torch** is the model as built; **swapped** is a
 deep copy (the same weights) after ``ae.nn.swap_attention(copy, backend=...)``, with its own optimizer.
 Before timing, both models' outputs and parameter gradients on the same batch are compared
@@ -27,7 +28,8 @@ from bench.harness.timing import time_interleaved
 
 D_MODEL, NHEAD, LAYERS, FFN = 256, 8, 4, 1024
 DROPOUT = 0.0
-BATCH, TINY_BATCH = 8, 2
+#: Batch of the full grid; the quick grid halves it so that ``make bench`` stays short.
+BATCH, QUICK_BATCH, TINY_BATCH = 8, 4, 2
 FULL_LS: tuple[int, ...] = (256, 1024)
 QUICK_LS: tuple[int, ...] = (256,)
 TINY_LS: tuple[int, ...] = (32,)

@@ -25,6 +25,7 @@ def test_grids():
     full, quick = sd.grid(False, {}), sd.grid(True, {})
     assert full.causal_ls == (1024, 4096, 16384) and full.mask_ls == (1024, 4096) and full.name == "full"
     assert quick.name == "quick" and max(quick.causal_ls) < sd.LARGE_L and quick.mask_ls == (1024,)
+    assert quick.transformer_batch < full.transformer_batch == tr.BATCH
     assert sd.CAUSAL_GOAL_L in full.causal_ls and sd.CAUSAL_GOAL_L not in quick.causal_ls
     tiny = sd.grid(False, {sd.TINY_ENV: "1"})
     assert tiny.name == "tiny" and max(tiny.causal_ls) <= 128 and tiny.transformer_batch == tr.TINY_BATCH
@@ -121,7 +122,8 @@ def _result(train):
     rows = _full_rows(ours_causal_16k=70.0)
     rows[0]["impls"]["sdpa_full"] = {"median_ms": 80.0, "samples_ms": [80.0]}
     return {"config": {"B": 4, "H": 8, "D": 64, "backend": "cpp", "repeats": 5, "large_L": sd.LARGE_L,
-                       "large_repeats": sd.LARGE_REPEATS, "sdpa_noncausal_max_L": 4096, "pad_fraction": 0.25},
+                       "large_repeats": sd.LARGE_REPEATS, "sdpa_noncausal_max_L": 4096, "pad_fraction": 0.25,
+                       "min_timed_s": 3.0},
             "sdpa_kernels": {"causal": "flash (CPU)", "mask": "flash (CPU)"}, "rows": rows,
             "goals": sd.judge_goals(rows, sd.grid(False, {})), "transformer": train,
             "check_max_abs_diff": {"causal": 1e-6},
