@@ -30,7 +30,10 @@ def _ms(row: dict, impl: str) -> str | None:
 
 def _verdict(row: dict, goal: str) -> str:
     judged = row.get("judged", {}).get(goal)
-    return "—" if judged is None else judged["verdict"]
+    if judged is None:
+        return "—"
+    again = judged["values"][1] if judged["remeasured"] else None
+    return judged["verdict"] + (f" (re-measured {again:.2f}x)" if again is not None else "")
 
 
 def causal_table(rows: list[dict]) -> str:

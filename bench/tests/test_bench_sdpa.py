@@ -169,5 +169,5 @@ def test_transformer_check_compares_outputs_and_gradients():
     assert tr.check_swapped(reference, same, x, target) == 0.0
     with torch.no_grad():
         same.layers[0].linear1.weight.mul_(1.1)
-    assert tr.check_swapped(reference, same, x, target) >= 1e-3
+    assert tr.check_swapped(reference, same, x, target) >= 1e-2
     assert all(p.grad is None for p in reference.parameters())
