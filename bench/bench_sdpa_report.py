@@ -129,7 +129,7 @@ def summary(result: dict) -> tuple[str, str]:
              *(cell("mask", n, p, "ours_mask", "sdpa_mask") for p in PASSES)] for n in lengths]
     table = markdown_table(["L = S", "causal ours / SDPA fwd", "fwd+bwd", "ours causal / non-causal fwd", "fwd+bwd",
                             "mask ours / SDPA fwd", "fwd+bwd"], body)
-    goals = " ".join(f"{GOAL_TEXT[g].capitalize()}{v['grid_note']}: **{v['verdict']}**."
+    goals = " ".join(f"{GOAL_TEXT[g][0].upper()}{GOAL_TEXT[g][1:]}{v['grid_note']}: **{v['verdict']}**."
                      for g, v in result["goals"].items())
     return (table, f"`ae.scaled_dot_product_attention` ({cfg['backend']}) vs SDPA, B={cfg['B']}, H={cfg['H']}, "
                    f"D={cfg['D']}, fp32, {result['machine']['torch_threads']} threads, time ratios (below 1 = ours "

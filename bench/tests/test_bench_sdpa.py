@@ -144,7 +144,7 @@ def test_report_tables_and_summary():
     assert "| 256 | 100.0 | 90.0 | 0.90x | 1e-07 |" in text and "replaced 4" in text and "test cpu" in text
     table, sentence = rep.summary(result)
     assert "| 16,384 | 1.40x | 1.40x | 0.70x | 0.70x | — | — |" in table
-    assert "**NOT met**" in sentence and "0.90x at L=256" in sentence
+    assert "**NOT met**" in sentence and "0.90x at L=256" in sentence and "SDPA `is_causal=True`" in sentence
 
 
 def test_report_without_swap_attention():
