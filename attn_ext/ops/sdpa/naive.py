@@ -110,7 +110,7 @@ def attention_backward(grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor,
     empty_row = (lse == -math.inf)[..., None]
     shift, log_sum = _normaliser(qf, kx, attn_mask, key_padding_mask, is_causal, lse, scale, chunk_size)
     delta_minus_dlse = (dout * out.to(acc)).sum(dim=-1) - grad_lse.to(acc)
-    grad_q = torch.zeros_like(qf)
+    grad_q = torch.zeros_like(qf, memory_format=torch.contiguous_format)  # as the fake kernel declares
     grad_k = torch.zeros((B, Hq) + tuple(k.shape[2:]), dtype=acc, device=q.device)
     grad_v = torch.zeros((B, Hq) + tuple(v.shape[2:]), dtype=acc, device=q.device)
     for n0, n1 in _key_chunks(S, L, chunk_size, is_causal):
