@@ -220,6 +220,7 @@ def test_bad_inputs_are_rejected_with_shapes(args, kwargs, error, match):
         MultiheadAttention(E, H)(*args, **kwargs)
 
 
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
 def test_nested_tensors_are_rejected_clearly():
     x = torch.nested.nested_tensor([torch.randn(3, E), torch.randn(5, E)])
     with pytest.raises(ValueError, match="nested tensors are not supported"):
