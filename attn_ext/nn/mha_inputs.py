@@ -71,6 +71,22 @@ def _check_mask_dtype(name: str, mask) -> None:
                         f"torch.nn.MultiheadAttention) or a float tensor (added to the scores), got {got}")
 
 
+def as_bool_padding(key_padding_mask: Optional[Tensor]) -> Optional[Tensor]:
+    """A float ``key_padding_mask`` holding only 0 and -inf as the equivalent bool mask (True = padding).
+
+    ``nn.TransformerEncoder`` and ``nn.TransformerEncoderLayer`` turn a bool padding mask into such a
+    float one before calling their attention; kept float, it would rule out the causal hint and the
+    op's per-key padding (a float one has to be added to the scores as a mask). Finding out reads the
+    mask (a device sync on GPU), so it is skipped under ``torch.compile``, where it would break the
+    graph, and for a mask that requires grad; the result is the same either way.
+    """
+    if (key_padding_mask is None or key_padding_mask.dtype == torch.bool or key_padding_mask.requires_grad
+            or torch.compiler.is_compiling()):
+        return key_padding_mask
+    padding = key_padding_mask == float("-inf")
+    return padding if bool(((key_padding_mask == 0) | padding).all()) else key_padding_mask
+
+
 class Prepared(NamedTuple):
     """Projected heads and masks in the functional op's convention.
 

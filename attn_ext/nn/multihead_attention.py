@@ -217,6 +217,7 @@ class MultiheadAttention(nn.Module):
             raise RuntimeError("attn_ext.nn.MultiheadAttention: is_causal=True is a hint that attn_mask is the causal "
                                "mask and needs attn_mask (as in torch); build it with "
                                "torch.nn.Transformer.generate_square_subsequent_mask(L)")
+        key_padding_mask = mha_inputs.as_bool_padding(key_padding_mask)
         dropout_p = self.dropout if self.training else 0.0
         padding_is_bool = key_padding_mask is None or key_padding_mask.dtype == torch.bool
         mask_needs_grad = torch.is_grad_enabled() and any(

@@ -5,6 +5,7 @@ import doctest
 import pytest
 import torch
 
+import attn_ext
 import attn_ext.nn.multihead_attention as mha_module
 from attn_ext.nn import MultiheadAttention, MultiheadCrossAttention
 
@@ -103,6 +104,28 @@ def test_is_causal_follows_torch_rules():
                               ours(x, x, x, attn_mask=not_causal, need_weights=False)[0])
     torch.testing.assert_close(ours(x, x, x, attn_mask=not_causal, is_causal=True, need_weights=False)[0],
                                ours(x, x, x, attn_mask=causal, need_weights=False)[0], **TOL)
+
+
+def test_float_padding_of_zeros_and_minus_inf_runs_as_bool_padding(monkeypatch):
+    """nn.TransformerEncoder hands its attention a 0/-inf float padding mask: it must still reach the op
+    as per-key padding with the causal hint, not as a materialised [B, L, S] additive mask."""
+    _, ours = _pair(0.0)
+    x = torch.randn(2, 6, E, dtype=F64)
+    causal = torch.nn.Transformer.generate_square_subsequent_mask(6, dtype=F64)
+    padding = torch.tensor([[False] * 6, [False] * 4 + [True] * 2])
+    additive = torch.zeros(2, 6, dtype=F64).masked_fill(padding, float("-inf"))
+    expected = ours(x, x, x, attn_mask=causal, key_padding_mask=padding, is_causal=True, need_weights=False)[0]
+    calls = []
+    op = attn_ext.scaled_dot_product_attention
+    monkeypatch.setattr(attn_ext, "scaled_dot_product_attention", lambda *a, **kw: calls.append(kw) or op(*a, **kw))
+    got = ours(x, x, x, attn_mask=causal, key_padding_mask=additive, is_causal=True, need_weights=False)[0]
+    torch.testing.assert_close(got, expected, **TOL)
+    assert calls[0]["is_causal"] and calls[0]["attn_mask"] is None
+    assert torch.equal(calls[0]["key_padding_mask"], padding)
+    # Any other value keeps the float mask additive (and the hint unused).
+    ours(x, x, x, attn_mask=causal, key_padding_mask=additive.masked_fill(~padding, 0.5), is_causal=True,
+         need_weights=False)
+    assert calls[1]["key_padding_mask"] is None and calls[1]["attn_mask"].shape == (2, 1, 6, 6)
 
 
 # ----------------------------------------------------------------------------------------------
