@@ -26,6 +26,8 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 HEAD_DIMS = (16, 64, 128, 256, 40)
 #: (D, Dv) of Intention, whose factor tile limits D to 128 (Dv to 256).
 INTENTION_DIMS = ((16, 16), (64, 64), (128, 128), (128, 256), (40, 40))
+#: Head dims of the causal variant of the attention op (the common decoder ones), to bound the compiles.
+ATTENTION_CAUSAL_DIMS = (64, 128)
 B, H, M, N = 1, 2, 136, 136
 TREE = dict(branching=4, height=2, group_size=16)  # 21 inner nodes, 16 groups of 16 leaves
 TREE_HEADS = 4
@@ -60,6 +62,23 @@ def _cross_attention(dtype, d: int) -> None:
     # backward takes its Triton path.
     out, lse = torch.zeros_like(q), torch.zeros(B, H, M)
     cross_attention_backward(torch.ones_like(out), torch.ones(B, H, M), q, k, v, mask, out, lse, scale, chunk)
+
+
+def _attention(dtype, d: int, causal: bool) -> None:
+    """The general attention op with grouped key/value heads (2 query heads per key/value head) and
+    dropout: either an additive float mask (broadcast over heads, stride 0) with key padding, or the
+    causal rule alone (the two ways the public API combines them)."""
+    from attn_ext.ops.sdpa.triton_bwd import attention_backward
+    from attn_ext.ops.sdpa.triton_fwd import attention_forward
+
+    hq = 2 * H
+    q, k, v = _randn(B, hq, M, d, dtype=dtype), _randn(B, H, N, d, dtype=dtype), _randn(B, H, N, d, dtype=dtype)
+    mask = None if causal else _randn(B, 1, M, N, dtype=dtype).expand(B, hq, M, N)
+    padding = None if causal else _key_mask(N)
+    args = (mask, padding, d ** -0.5, causal, 0.1, torch.tensor([1234]), 128)
+    attention_forward(q, k, v, *args)
+    out, lse = torch.zeros_like(q), torch.zeros(B, hq, M)
+    attention_backward(torch.ones_like(out), torch.ones(B, hq, M), q, k, v, mask, padding, out, lse, *args[2:])
 
 
 def _merge(dtype, dv: int) -> None:
@@ -109,6 +128,10 @@ def all_cases() -> list[Case]:
         for d in HEAD_DIMS:
             dims = f"D={d}"
             cases.append(Case("cross_attention", name, dims, lambda dtype=dtype, d=d: _cross_attention(dtype, d)))
+            cases.append(Case("attention", name, dims + " mask", lambda dtype=dtype, d=d: _attention(dtype, d, False)))
+            if d in ATTENTION_CAUSAL_DIMS:
+                cases.append(Case("attention", name, dims + " causal",
+                                  lambda dtype=dtype, d=d: _attention(dtype, d, True)))
             cases.append(Case("merge", name, f"Dv={d}", lambda dtype=dtype, d=d: _merge(dtype, d)))
             for sample in (False, True):
                 cases.append(Case("tree", name, dims + (" sample" if sample else " greedy"),
