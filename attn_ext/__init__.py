@@ -35,6 +35,7 @@ from attn_ext.ops.intention import (
     sigma_intention,
     update_intention_state,
 )
+from attn_ext.ops.sdpa import scaled_dot_product_attention
 from attn_ext.ops.tree import Tree, TreeAttentionResult, build_tree, tree_aggregate, tree_cross_attention, tree_num_selected
 from attn_ext.ops.utils.dispatch import BACKENDS, available_backends
 
@@ -76,6 +77,7 @@ __all__ = [
     "ops",
     "remove_from_intention_state",
     "remove_from_state",
+    "scaled_dot_product_attention",
     "sigma_intention",
     "stream_attention",
     "tree_aggregate",

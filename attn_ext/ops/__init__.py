@@ -10,6 +10,6 @@
 The compiled kernels (C++ for CPU, CUDA) live in ``csrc/`` and register under the same op names.
 Shared pieces are in :mod:`attn_ext.ops.utils`.
 """
-from attn_ext.ops import cross_attention, intention, tree  # noqa: F401  (registers every op)
+from attn_ext.ops import cross_attention, intention, sdpa, tree  # noqa: F401  (registers every op)
 
-__all__ = ["cross_attention", "intention", "tree"]
+__all__ = ["cross_attention", "intention", "sdpa", "tree"]

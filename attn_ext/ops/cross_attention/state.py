@@ -48,12 +48,24 @@ def empty_state(q: Tensor, dv: int) -> AttentionState:
 
 
 def attention_state(
-    q: Tensor, k: Tensor, v: Tensor, *, key_padding_mask: Optional[Tensor] = None, scale: Optional[float] = None,
-    chunk_size: Optional[int] = None, backend: Optional[str] = None,
+    q: Tensor, k: Tensor, v: Tensor, *, key_padding_mask: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
+    scale: Optional[float] = None, chunk_size: Optional[int] = None, backend: Optional[str] = None,
 ) -> AttentionState:
-    """The state of ``q`` over the keys ``k, v``: :func:`attn_ext.cross_attention` with its LSE."""
-    out, lse = cross_attention(q, k, v, key_padding_mask=key_padding_mask, scale=scale, chunk_size=chunk_size,
-                               return_lse=True, backend=backend)
+    """The state of ``q`` over the keys ``k, v``: :func:`attn_ext.cross_attention` with its LSE.
+
+    ``attn_mask`` (optional) is a per-pair mask of these keys, broadcastable to ``[B, H, M, N]``, with
+    :func:`attn_ext.scaled_dot_product_attention`'s convention (bool: **True = takes part**; float:
+    added to the scores), next to ``key_padding_mask`` (True = padding). A row for which no key takes
+    part is the empty state (0, −inf), so masked states merge like any other.
+    """
+    if attn_mask is None:
+        out, lse = cross_attention(q, k, v, key_padding_mask=key_padding_mask, scale=scale, chunk_size=chunk_size,
+                                   return_lse=True, backend=backend)
+    else:
+        from attn_ext.ops.sdpa.scaled_dot_product import scaled_dot_product_attention  # (sdpa builds on this family)
+
+        out, lse = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                                                scale=scale, chunk_size=chunk_size, return_lse=True, backend=backend)
     return AttentionState(out, lse)
 
 
@@ -110,21 +122,23 @@ def merge_states(
 
 def update_state(
     state: AttentionState, q: Tensor, k_new: Tensor, v_new: Tensor, *, key_padding_mask: Optional[Tensor] = None,
-    scale: Optional[float] = None, chunk_size: Optional[int] = None, backend: Optional[str] = None,
+    attn_mask: Optional[Tensor] = None, scale: Optional[float] = None, chunk_size: Optional[int] = None,
+    backend: Optional[str] = None,
 ) -> AttentionState:
     """Add keys to a state in O(new keys · M): the seeds' UPDATE (CMANP §3.1.1).
 
     ``state`` must be the state of the same ``q`` (and ``scale``) over keys disjoint from ``k_new``.
+    ``attn_mask``: the new keys' per-pair mask, as in :func:`attention_state`.
     """
     _check_state(state)
-    new = attention_state(q, k_new, v_new, key_padding_mask=key_padding_mask, scale=scale, chunk_size=chunk_size,
-                          backend=backend)
+    new = attention_state(q, k_new, v_new, key_padding_mask=key_padding_mask, attn_mask=attn_mask, scale=scale,
+                          chunk_size=chunk_size, backend=backend)
     return _merge_pair(AttentionState(*state), new, backend)
 
 
 def remove_from_state(
     state: AttentionState, q: Tensor, k_old: Tensor, v_old: Tensor, *, key_padding_mask: Optional[Tensor] = None,
-    scale: Optional[float] = None, min_remaining: float = DEFAULT_MIN_REMAINING, chunk_size: Optional[int] = None,
+    attn_mask: Optional[Tensor] = None, scale: Optional[float] = None, min_remaining: float = DEFAULT_MIN_REMAINING, chunk_size: Optional[int] = None,
     backend: Optional[str] = None,
 ) -> AttentionState:
     """Remove keys from a state (downdate): the inverse of :func:`update_state`.
@@ -137,13 +151,14 @@ def remove_from_state(
 
     The keys must have been added to ``state`` before (with the same ``q`` and ``scale``): the
     function cannot tell, and removing keys that were never added returns a meaningless state.
+    ``attn_mask`` must be the mask the keys were added with.
     NaN cannot be removed: a NaN row of ``state`` or of the removed keys' state stays NaN.
     """
     _check_state(state)
     if not (0.0 < min_remaining <= 1.0):
         raise ValueError(f"attn_ext: min_remaining must be in (0, 1], got {min_remaining}")
-    removed = attention_state(q, k_old, v_old, key_padding_mask=key_padding_mask, scale=scale, chunk_size=chunk_size,
-                              backend=backend)
+    removed = attention_state(q, k_old, v_old, key_padding_mask=key_padding_mask, attn_mask=attn_mask, scale=scale,
+                              chunk_size=chunk_size, backend=backend)
     out, lse = state
     # Only the empty marker −inf means "nothing removed": a NaN removed state (NaN keys) must not
     # pass the row through as if nothing had happened, and a NaN share makes the result NaN.
@@ -171,7 +186,8 @@ def remove_from_state(
     return AttentionState(new_out.to(out.dtype), new_lse)
 
 
-ChunkLike = Union[Tuple[Tensor, Tensor], Tuple[Tensor, Tensor, Optional[Tensor]]]
+ChunkLike = Union[Tuple[Tensor, Tensor], Tuple[Tensor, Tensor, Optional[Tensor]],
+                  Tuple[Tensor, Tensor, Optional[Tensor], Optional[Tensor]]]
 
 
 def stream_attention(
@@ -180,7 +196,8 @@ def stream_attention(
 ) -> AttentionState:
     """Attention of ``q`` over keys delivered by an iterator, holding only the state and one chunk.
 
-    ``chunks`` yields ``(k, v)`` or ``(k, v, key_padding_mask)``; peak memory is that of one chunk
+    ``chunks`` yields ``(k, v)``, ``(k, v, key_padding_mask)`` or ``(k, v, key_padding_mask, attn_mask)``
+    (the chunk's per-pair mask, as in :func:`attention_state`); peak memory is that of one chunk
     plus the state, however many chunks come (CMANP §3.1.2). Differentiable, but under autograd
     each chunk's inputs stay alive for the backward pass like any other saved tensor.
 
@@ -200,14 +217,17 @@ def stream_attention(
     i = -1
     for chunk in chunks:
         i += 1
-        if not isinstance(chunk, (tuple, list)) or len(chunk) not in (2, 3):
-            raise TypeError(f"attn_ext: stream_attention chunk {i} must be (k, v) or (k, v, key_padding_mask)")
+        if not isinstance(chunk, (tuple, list)) or len(chunk) not in (2, 3, 4):
+            raise TypeError(f"attn_ext: stream_attention chunk {i} must be (k, v), (k, v, key_padding_mask) or "
+                            "(k, v, key_padding_mask, attn_mask)")
         k, v = chunk[0], chunk[1]
-        mask = chunk[2] if len(chunk) == 3 else None
-        new = attention_state(q, k, v, key_padding_mask=mask, scale=scale, chunk_size=chunk_size, backend=backend)
+        mask = chunk[2] if len(chunk) >= 3 else None
+        pair_mask = chunk[3] if len(chunk) == 4 else None
+        new = attention_state(q, k, v, key_padding_mask=mask, attn_mask=pair_mask, scale=scale, chunk_size=chunk_size,
+                              backend=backend)
         state = new if state is None else _merge_pair(state, new, backend)
         # Drop this chunk before the iterator makes the next one, so at most one chunk is alive.
-        del chunk, k, v, mask, new
+        del chunk, k, v, mask, pair_mask, new
     if state is None:
         raise ValueError("attn_ext: stream_attention got no chunks; the value dim Dv is unknown (use empty_state)")
     return state

@@ -1,0 +1,86 @@
+"""Which (query, key) pairs take part in a masked attention call, and products that never read the rest.
+
+A pair takes part (is *allowed*) iff every rule allows it: the bool ``attn_mask`` is True there, the
+additive ``attn_mask`` is not −inf there, the key is not padding, and (``is_causal``) the key index is
+at most the query index. A pair that is not allowed is **never read**: NaN or inf in its key's ``k``
+or ``v`` row, or in its query row, reaches neither that pair's output nor any gradient through it.
+The GEMMs of a chunk would break that rule only through ``0 · NaN``, so :func:`weighted_rows` and
+:func:`weighted_columns` switch to an exact per-pair product when the operand holds a non-finite value
+— the same test the compiled kernels make per tile.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+
+def chunk_rules(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], is_causal: bool, n0: int, n1: int,
+                queries: int, acc: torch.dtype, device) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """``(allowed, bias)`` of the keys ``[n0, n1)``: a bool tensor broadcastable to ``[B, Hq, L, n1 − n0]``
+    (None: every pair takes part) and the additive float mask of the chunk in ``acc`` (None: none)."""
+    allowed: Optional[Tensor] = None
+    bias: Optional[Tensor] = None
+
+    def both(a: Optional[Tensor], b: Tensor) -> Tensor:
+        return b if a is None else a & b
+
+    if attn_mask is not None:
+        chunk = attn_mask[..., n0:n1]
+        if chunk.dtype == torch.bool:
+            allowed = chunk
+        else:
+            bias = chunk.to(acc)
+            allowed = bias != -math.inf
+    if key_padding_mask is not None:
+        allowed = both(allowed, ~key_padding_mask[:, None, None, n0:n1])
+    if is_causal:
+        m = torch.arange(queries, device=device).view(queries, 1)
+        n = torch.arange(n0, n1, device=device).view(1, n1 - n0)
+        allowed = both(allowed, n <= m)
+    return allowed, bias
+
+
+def masked_scores(q: Tensor, k_chunk: Tensor, scale: float, allowed: Optional[Tensor], bias: Optional[Tensor]) -> Tensor:
+    """``scale · q kᵀ + bias`` on allowed pairs, −inf elsewhere (whatever ``q kᵀ`` holds there)."""
+    scores = torch.matmul(q, k_chunk.transpose(-1, -2)) * scale
+    if bias is not None:
+        scores = scores + bias
+    if allowed is not None:
+        scores = torch.where(allowed, scores, torch.full_like(scores, -math.inf))
+    return scores
+
+
+def weighted_rows(weights: Tensor, allowed: Optional[Tensor], x: Tensor) -> Tensor:
+    """``Σ_n weights[m, n] · x[n]`` over allowed pairs: ``[..., L, n] × [..., n, d] -> [..., L, d]``."""
+    if allowed is None or bool(torch.isfinite(x).all()):
+        return torch.matmul(weights, x)
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    return (weights[..., None] * torch.where(allowed[..., None], x[..., None, :, :], zero)).sum(dim=-2)
+
+
+def weighted_columns(weights: Tensor, allowed: Optional[Tensor], y: Tensor) -> Tensor:
+    """``Σ_m weights[m, n] · y[m]`` over allowed pairs: ``[..., L, n] × [..., L, d] -> [..., n, d]``."""
+    if allowed is None or bool(torch.isfinite(y).all()):
+        return torch.matmul(weights.transpose(-1, -2), y)
+    zero = torch.zeros((), dtype=y.dtype, device=y.device)
+    return (weights[..., None] * torch.where(allowed[..., None], y[..., :, None, :], zero)).sum(dim=-3)
+
+
+def zero_outside(x: Tensor, allowed: Optional[Tensor]) -> Tensor:
+    """``x`` with the pairs that do not take part set to exactly 0 (NaN there included)."""
+    return x if allowed is None else torch.where(allowed, x, torch.zeros_like(x))
+
+
+def expand_heads(x: Tensor, query_heads: int) -> Tensor:
+    """``[B, Hkv, S, d]`` as ``[B, Hq, S, d]``: query head h reads key/value head ``h // (Hq // Hkv)``."""
+    group = query_heads // x.shape[1]
+    return x if group == 1 else x.repeat_interleave(group, dim=1)
+
+
+def sum_heads(grad: Tensor, kv_heads: int) -> Tensor:
+    """The gradient of :func:`expand_heads`: ``[B, Hq, S, d]`` summed over each group to ``[B, Hkv, S, d]``."""
+    B, Hq, S, d = grad.shape
+    return grad if Hq == kv_heads else grad.view(B, kv_heads, Hq // kv_heads, S, d).sum(dim=2)
