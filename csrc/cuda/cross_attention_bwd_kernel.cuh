@@ -96,9 +96,9 @@ __device__ __forceinline__ void bwd_tile_scores(float* smem, const CrossAttentio
                                                          : negative_infinity<float>();
       const bool masked = is_negative_infinity(bias);
       const float prob = softmax_probability(fmaf(dot, scale, bias), smem[s.lse + i]);
+      const float ds = score_gradient(prob, grad_prob, smem[s.delta + i], smem[s.dlse + i]);
       smem[s.p + e] = masked ? masked_coefficient() : prob;
-      smem[s.ds + e] =
-          masked ? masked_coefficient() : score_gradient(prob, grad_prob, smem[s.delta + i], smem[s.dlse + i]);
+      smem[s.ds + e] = masked ? masked_coefficient() : allowed_coefficient<float>(ds);
     } else {
       const float prob = softmax_probability(fmaf(dot, scale, smem[s.bias + j]), smem[s.lse + i]);
       smem[s.p + e] = prob;

@@ -171,8 +171,13 @@ __device__ __forceinline__ void cross_attention_bwd_wmma_block(const CrossAttent
         }
         const float prob = softmax_probability(fmaf(s_rows[r * L::score_stride + t], p.scale, key_bias), stats[query]);
         const float ds = score_gradient(prob, dp_rows[r * L::score_stride + t], stats[64 + query], stats[128 + query]);
-        p_rows[r * L::coef_stride + t] = from_float<scalar_t>(masked ? masked_coefficient() : prob);
-        ds_rows[r * L::coef_stride + t] = from_float<scalar_t>(masked ? masked_coefficient() : ds);
+        if (kPairMasks) {
+          p_rows[r * L::coef_stride + t] = masked ? from_float<scalar_t>(masked_coefficient()) : allowed_coefficient<scalar_t>(prob);
+          ds_rows[r * L::coef_stride + t] = masked ? from_float<scalar_t>(masked_coefficient()) : allowed_coefficient<scalar_t>(ds);
+        } else {
+          p_rows[r * L::coef_stride + t] = from_float<scalar_t>(prob);
+          ds_rows[r * L::coef_stride + t] = from_float<scalar_t>(ds);
+        }
       }
       __syncwarp();
       if (kPairMasks && nonfinite) {  // masked pairs must not touch the streamed tile's inf / NaN

@@ -76,6 +76,15 @@ __device__ __forceinline__ float masked_score(float s, float bias) {
 __device__ __forceinline__ float masked_coefficient() { return -0.0f; }
 __device__ __forceinline__ bool is_masked_coefficient(float c) { return c == 0.0f && signbit(c); }
 
+/// An allowed pair's coefficient as stored in scalar_t: a zero (+0.0 or −0.0, e.g. a probability that
+/// underflowed times a negative factor, or a tiny negative dS rounded to 16 bits) is stored as +0.0,
+/// so that only masked pairs carry the marker and an allowed pair keeps IEEE products (0 · inf = NaN).
+template <typename scalar_t>
+__device__ __forceinline__ scalar_t allowed_coefficient(float x) {
+  const scalar_t stored = from_float<scalar_t>(x);
+  return to_float(stored) == 0.0f ? from_float<scalar_t>(0.0f) : stored;
+}
+
 /// acc + c·x, except that a masked pair's coefficient contributes nothing whatever x holds.
 __device__ __forceinline__ float masked_fma(float c, float x, float acc) {
   return is_masked_coefficient(c) ? acc : fmaf(c, x, acc);
