@@ -23,6 +23,15 @@ TORCH_LIBRARY(attn_ext, m) {
   m.def("cross_attention_bwd(Tensor grad_out, Tensor grad_lse, Tensor q, Tensor k, Tensor v, "
         "Tensor? key_padding_mask, Tensor out, Tensor lse, float scale, int chunk_size) "
         "-> (Tensor grad_q, Tensor grad_k, Tensor grad_v)");
+  // Scaled dot-product attention (SDPA's semantics): attn_mask a [B, Hq, L, S] view, bool (True = take
+  // part) or additive in q's dtype; key_padding_mask [B, S] (True = padding); causal = key n <= query m;
+  // Hq a multiple of Hkv (grouped heads); Philox dropout from dropout_seed (int64, one element) when
+  // dropout_p > 0; lse of the undropped scores. Empty rows: out 0, lse -inf.
+  m.def("attention_fwd(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, Tensor? key_padding_mask, float scale, "
+        "bool is_causal, float dropout_p, Tensor? dropout_seed, int chunk_size) -> (Tensor out, Tensor lse)");
+  m.def("attention_bwd(Tensor grad_out, Tensor grad_lse, Tensor q, Tensor k, Tensor v, Tensor? attn_mask, "
+        "Tensor? key_padding_mask, Tensor out, Tensor lse, float scale, bool is_causal, float dropout_p, "
+        "Tensor? dropout_seed, int chunk_size) -> (Tensor grad_q, Tensor grad_k, Tensor grad_v)");
   m.def("merge_states_fwd(Tensor out_a, Tensor lse_a, Tensor out_b, Tensor lse_b) -> (Tensor out, Tensor lse)");
   m.def("merge_states_bwd(Tensor grad_out, Tensor grad_lse, Tensor out_a, Tensor lse_a, Tensor out_b, "
         "Tensor lse_b, Tensor out, Tensor lse) -> (Tensor grad_out_a, Tensor grad_lse_a, Tensor grad_out_b, "

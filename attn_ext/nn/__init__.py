@@ -1,18 +1,22 @@
-"""Drop-in attention modules on the fused kernels: ``MultiheadCrossAttention``, ``CMAB``,
+"""Drop-in attention modules on the fused kernels: ``MultiheadAttention`` (``torch.nn.MultiheadAttention``;
+``MultiheadCrossAttention`` is its earlier name, with batch-first defaults), ``swap_attention`` (every
+``torch.nn.MultiheadAttention`` of a model replaced), ``CMAB``,
 ``TreeCrossAttention`` (with ``tca_loss``), ``PreNormBlock`` (and the official LBANP code's
 ``PerceiverBlock``) and ``Intention`` (with ``InformerLayer``, ``Informer``).
 
 >>> import torch, attn_ext as ae
->>> mha = ae.nn.MultiheadCrossAttention(16, 2)
->>> mha(torch.randn(1, 3, 16), torch.randn(1, 50, 16), torch.randn(1, 50, 16))[0].shape
-torch.Size([1, 3, 16])
+>>> mha = ae.nn.MultiheadAttention(16, 2)
+>>> mha(torch.randn(3, 1, 16), torch.randn(50, 1, 16), torch.randn(50, 1, 16), need_weights=False)[0].shape
+torch.Size([3, 1, 16])
 """
 from attn_ext.nn.cmab import CMAB, CMABState
 from attn_ext.nn.intention import Informer, InformerLayer, Intention
 from attn_ext.nn.latents import learned_latents
+from attn_ext.nn.multihead_attention import MultiheadAttention
 from attn_ext.nn.multihead_cross_attention import MultiheadCrossAttention
 from attn_ext.nn.perceiver_block import OfficialPerceiverBlock, PerceiverBlock
 from attn_ext.nn.prenorm_block import PreNormBlock
+from attn_ext.nn.swap import SwapReport, swap_attention
 from attn_ext.nn.tca_loss import TCALoss, tca_loss
 from attn_ext.nn.tree_cross_attention import TreeCrossAttention, TreeCrossAttentionOutput, TreeState
 
@@ -22,14 +26,17 @@ __all__ = [
     "Informer",
     "InformerLayer",
     "Intention",
+    "MultiheadAttention",
     "MultiheadCrossAttention",
     "OfficialPerceiverBlock",
     "PerceiverBlock",
     "PreNormBlock",
+    "SwapReport",
     "TCALoss",
     "TreeCrossAttention",
     "TreeCrossAttentionOutput",
     "TreeState",
     "learned_latents",
+    "swap_attention",
     "tca_loss",
 ]

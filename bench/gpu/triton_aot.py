@@ -15,6 +15,7 @@ Usage::
     python bench/gpu/triton_aot.py                  # the CI scope, both targets
     python bench/gpu/triton_aot.py --scope full     # every kept config of every case (long when cold)
     python bench/gpu/triton_aot.py --targets sm_90 --list   # the jobs, without compiling
+    python bench/gpu/triton_aot.py --targets sm_90 --cases '^attention .*D=128'   # a subset of the cases
 
 Results are cached in ``~/.cache/attn_ext/triton_aot`` (``--cache-dir``), keyed by the kernel's source
 hash, the job and the Triton version.
@@ -44,6 +45,9 @@ def _parse(argv):
     p.add_argument("--scope", choices=("ci", "full"), default="ci",
                    help="ci: every kept config per element size and tile width, every case once; full: all")
     p.add_argument("--kernels", default="", help="only the kernels whose name matches this regular expression")
+    p.add_argument("--cases", default="",
+                   help="only the cases whose 'family dtype dims' matches this regular expression (e.g. "
+                        "'^attention .* D=128'); the check for kernels without a case is then skipped")
     p.add_argument("--jobs", type=int, default=2, help="compiles at a time (default 2)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one compile may take (default 600)")
     p.add_argument("--cache-dir", type=Path, default=CACHE, help=f"default {CACHE}")
@@ -92,11 +96,11 @@ def main(argv=None) -> int:
 
     start = time.perf_counter()
     targets = [TARGETS[name] for name in args.targets]
-    cases = all_cases()
+    cases = [c for c in all_cases() if re.search(args.cases, f"{c.family} {c.dtype} {c.dims}")]
     captured = {}
     for target in targets:
         captured.update(capture(target, cases))
-    missing = uncovered_kernels(captured)
+    missing = [] if args.cases else uncovered_kernels(captured)
     jobs = select(captured, args.scope, dot_kernels())
     if args.kernels:
         jobs = {job: c for job, c in jobs.items() if re.search(args.kernels, job.kernel)}

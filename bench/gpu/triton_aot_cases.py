@@ -26,6 +26,12 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 HEAD_DIMS = (16, 64, 128, 256, 40)
 #: (D, Dv) of Intention, whose factor tile limits D to 128 (Dv to 256).
 INTENTION_DIMS = ((16, 16), (64, 64), (128, 128), (128, 256), (40, 40))
+#: Head dims of the causal variant of the attention op (the common decoder ones), to bound the compiles.
+ATTENTION_CAUSAL_DIMS = (64, 128)
+#: Constexprs of the attention kernels that select the per-pair rules (mask kind, causal order, dropout).
+#: They add no shared memory, so the CI scope checks every tile config once without them and compiles
+#: each flagged case with one config (step 2 of select): 1681 compiles would otherwise be ~700.
+PAIR_FLAGS = frozenset({"HAS_MASK", "ATTN_MASK", "IS_CAUSAL", "HAS_DROPOUT", "PAIR_MASKS"})
 B, H, M, N = 1, 2, 136, 136
 TREE = dict(branching=4, height=2, group_size=16)  # 21 inner nodes, 16 groups of 16 leaves
 TREE_HEADS = 4
@@ -60,6 +66,23 @@ def _cross_attention(dtype, d: int) -> None:
     # backward takes its Triton path.
     out, lse = torch.zeros_like(q), torch.zeros(B, H, M)
     cross_attention_backward(torch.ones_like(out), torch.ones(B, H, M), q, k, v, mask, out, lse, scale, chunk)
+
+
+def _attention(dtype, d: int, causal: bool) -> None:
+    """The general attention op with grouped key/value heads (2 query heads per key/value head) and
+    dropout: either an additive float mask (broadcast over heads, stride 0) with key padding, or the
+    causal rule alone (the two ways the public API combines them)."""
+    from attn_ext.ops.sdpa.triton_bwd import attention_backward
+    from attn_ext.ops.sdpa.triton_fwd import attention_forward
+
+    hq = 2 * H
+    q, k, v = _randn(B, hq, M, d, dtype=dtype), _randn(B, H, N, d, dtype=dtype), _randn(B, H, N, d, dtype=dtype)
+    mask = None if causal else _randn(B, 1, M, N, dtype=dtype).expand(B, hq, M, N)
+    padding = None if causal else _key_mask(N)
+    args = (mask, padding, d ** -0.5, causal, 0.1, torch.tensor([1234]), 128)
+    attention_forward(q, k, v, *args)
+    out, lse = torch.zeros_like(q), torch.zeros(B, hq, M)
+    attention_backward(torch.ones_like(out), torch.ones(B, hq, M), q, k, v, mask, padding, out, lse, *args[2:])
 
 
 def _merge(dtype, dv: int) -> None:
@@ -109,6 +132,10 @@ def all_cases() -> list[Case]:
         for d in HEAD_DIMS:
             dims = f"D={d}"
             cases.append(Case("cross_attention", name, dims, lambda dtype=dtype, d=d: _cross_attention(dtype, d)))
+            cases.append(Case("attention", name, dims + " mask", lambda dtype=dtype, d=d: _attention(dtype, d, False)))
+            if d in ATTENTION_CAUSAL_DIMS:
+                cases.append(Case("attention", name, dims + " causal",
+                                  lambda dtype=dtype, d=d: _attention(dtype, d, True)))
             cases.append(Case("merge", name, f"Dv={d}", lambda dtype=dtype, d=d: _merge(dtype, d)))
             for sample in (False, True):
                 cases.append(Case("tree", name, dims + (" sample" if sample else " greedy"),
@@ -129,7 +156,7 @@ def select(jobs: dict, scope: str, dot_kernels=frozenset()) -> dict:
        first case in order stands for the others (fp32 for all dtypes of a kernel without
        ``tl.dot``, fp16 for bf16, D = 64 for D = 40);
     2. every case (dtype × dims) of every kernel and target at least once: one config each, so that
-       every dtype and the unaligned D = 40 are compiled too.
+       every dtype, the unaligned D = 40 and every per-pair rule (:data:`PAIR_FLAGS`) are compiled too.
     """
     if scope == "full":
         return dict(jobs)
@@ -138,7 +165,9 @@ def select(jobs: dict, scope: str, dot_kernels=frozenset()) -> dict:
     chosen, configs, covered = {}, set(), set()
     for job, cases in jobs.items():
         size = DTYPES[cases[0].dtype].itemsize if job.kernel in dot_kernels else 0
-        config = (job.kernel, job.target, size, job.options)  # options: the fixed ones and the config's
+        # options: the fixed ones and the config's, less the per-pair rule flags (see PAIR_FLAGS)
+        options = tuple((k, v) for k, v in job.options if k not in PAIR_FLAGS)
+        config = (job.kernel, job.target, size, options)
         if config not in configs:
             configs.add(config)
             chosen[job] = cases

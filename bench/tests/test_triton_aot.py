@@ -65,11 +65,13 @@ def test_ci_scope_keeps_each_target_and_kernel():
 
 def test_cases_cover_every_dtype_and_head_dim():
     cases = all_cases()
-    assert {c.family for c in cases} == {"cross_attention", "merge", "tree", "intention"}
-    for family in ("cross_attention", "merge", "tree", "intention"):
+    assert {c.family for c in cases} == {"cross_attention", "attention", "merge", "tree", "intention"}
+    for family in ("cross_attention", "attention", "merge", "tree", "intention"):
         assert {c.dtype for c in cases if c.family == family} == {"fp32", "fp16", "bf16"}
     head_dims = {c.dims for c in cases if c.family == "cross_attention"}
     assert head_dims == {f"D={d}" for d in (16, 40, 64, 128, 256)}
+    attention_dims = {c.dims for c in cases if c.family == "attention"}
+    assert attention_dims == {f"D={d} mask" for d in (16, 40, 64, 128, 256)} | {"D=64 causal", "D=128 causal"}
 
 
 def test_resource_usage_reads_the_named_function():

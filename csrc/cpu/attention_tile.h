@@ -1,6 +1,7 @@
 // One tile of query rows attending over a range of key chunks (docs/spec.md §1): scores by GEMM, the
 // online-softmax row update of the shared header, the value GEMM into an fp32 accumulator. Used by
-// the cross-attention forward and by σIntention's fused forward, which feeds it transformed queries.
+// the attention forward (cross attention is its unmasked case) and by σIntention's fused forward,
+// which feeds it transformed queries.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "attention_masking.h"
 #include "attn_ext/online_softmax.h"
 #include "blas.h"
 #include "tile.h"
@@ -35,45 +37,51 @@ struct KeyValueRows {
 /// Per-thread buffers of attend_tile for tiles of up to `tile_m` rows and chunks of `chunk` keys.
 template <typename acc_t>
 struct AttentionTileScratch {
-  std::vector<acc_t> scores, acc, k_tile, v_tile;
+  std::vector<acc_t> scores, acc, k_tile, v_tile, v_fix;
   std::vector<OnlineSoftmaxRow<acc_t>> rows;
+  std::vector<int64_t> bad;  ///< value rows of the chunk holding inf/NaN
   AttentionTileScratch(int64_t tile_m, int64_t chunk, int64_t D, int64_t Dv)
-      : scores(tile_m * chunk), acc(tile_m * Dv), k_tile(chunk * D), v_tile(chunk * Dv), rows(tile_m) {}
+      : scores(tile_m * chunk), acc(tile_m * Dv), k_tile(chunk * D), v_tile(chunk * Dv), v_fix(chunk * Dv),
+        rows(tile_m) {}
 };
 
-/// Streams key chunks [c_first, c_last) (of `chunk` keys) for the `mt` query rows `qt` (acc_t,
+/// Streams key chunks [c_first, c_last) (of `chunk` keys) for the `mt` query rows m0.. `qt` (acc_t,
 /// leading dimension ldq). Leaves the unnormalised accumulator in `w.acc` [mt, Dv] and the row
-/// states in `w.rows`; store_tile finishes the rows.
+/// states in `w.rows`; store_tile finishes the rows. `rule` says which pairs take part (its padding,
+/// not kv.padding, is used), `dropout` which of them are dropped from P·V.
 ///
+/// Causal: the keys after the tile's last query never take part, so the chunks stop there and the
+/// last one is cut short (only the triangle of the tile's own diagonal block is computed in vain).
 /// NaN needs no work here (see attn_ext/online_softmax.h): a NaN score makes that row's sum and
-/// accumulator NaN, which store_tile reports. Padded keys are never read: their scores are replaced
-/// by −inf and non-finite value rows by zeros, so NaN there does not reach any row.
-template <typename scalar_t, typename acc_t>
-void attend_tile(const acc_t* qt, int64_t ldq, int64_t mt, acc_t scale, const KeyValueRows<scalar_t>& kv,
-                 int64_t chunk, int64_t c_first, int64_t c_last, AttentionTileScratch<acc_t>& w) {
-  const int64_t N = kv.N, D = kv.D, Dv = kv.Dv;
+/// accumulator NaN, which store_tile reports. Masked pairs are never read: their scores are replaced
+/// by −inf, and when a value row holding inf/NaN meets a masked pair (probability 0, 0 · inf = NaN)
+/// the row goes through the GEMM as zeros and its allowed products are added one by one.
+template <typename scalar_t, typename acc_t, typename Plane>
+void attend_tile(const acc_t* qt, int64_t ldq, int64_t m0, int64_t mt, acc_t scale, const KeyValueRows<scalar_t>& kv,
+                 const PairRule<Plane>& rule, const DropoutRule& dropout, int64_t chunk, int64_t c_first,
+                 int64_t c_last, AttentionTileScratch<acc_t>& w) {
+  const int64_t D = kv.D, Dv = kv.Dv;
+  const int64_t n_end = rule.causal ? std::min(kv.N, m0 + mt) : kv.N;
   std::fill(w.acc.begin(), w.acc.begin() + mt * Dv, acc_t(0));
   std::fill(w.rows.begin(), w.rows.begin() + mt, online_softmax_empty<acc_t>());
-  for (int64_t c = c_first; c < c_last; ++c) {
-    const int64_t n0 = c * chunk, nc = std::min(chunk, N - n0);
-    const int64_t valid = count_valid_keys(kv.padding, n0, nc);
-    if (valid == 0) continue;  // a fully padded chunk changes nothing
+  for (int64_t c = c_first; c < c_last && c * chunk < n_end; ++c) {
+    const int64_t n0 = c * chunk, nc = std::min(chunk, n_end - n0);
+    const TileStatus st = scan_tile(rule, m0, mt, n0, nc);
+    if (st.all_masked) continue;  // changes nothing
     int64_t ldk, ldv;
     const acc_t* kt = rows_as_acc<acc_t>(kv.k + n0 * kv.k_row_stride, kv.k_row_stride, nc, D, w.k_tile.data(), &ldk);
-    const scalar_t* v_rows = kv.v + n0 * kv.v_row_stride;
-    // Padded value rows meet probability 0 in the P·V GEMM: harmless unless they hold inf/NaN.
-    const bool zero_padded = valid < nc && !padded_rows_finite<acc_t>(v_rows, kv.v_row_stride, nc, Dv, kv.padding + n0);
-    const acc_t* vt = zero_padded ? rows_as_acc_unpadded<acc_t>(v_rows, kv.v_row_stride, nc, Dv, kv.padding + n0,
-                                                                w.v_tile.data(), &ldv)
-                                  : rows_as_acc<acc_t>(v_rows, kv.v_row_stride, nc, Dv, w.v_tile.data(), &ldv);
+    const acc_t* vt = rows_as_acc<acc_t>(kv.v + n0 * kv.v_row_stride, kv.v_row_stride, nc, Dv, w.v_tile.data(), &ldv);
+    const acc_t* v_gemm = vt;
+    int64_t ldv_gemm = ldv;
+    w.bad.clear();
+    if (st.any_masked) {
+      nonfinite_rows(vt, ldv, nc, Dv, w.bad);
+      if (!w.bad.empty()) v_gemm = without_rows(vt, ldv, nc, Dv, w.bad, w.v_fix.data()), ldv_gemm = Dv;
+    }
     acc_t* scores = w.scores.data();
     gemm(Transpose::kNo, Transpose::kYes, mt, nc, D, scale, qt, ldq, kt, ldk, acc_t(0), scores, nc);
-    if (valid < nc) {
-      for (int64_t j = 0; j < nc; ++j) {
-        if (!kv.padding[n0 + j]) continue;
-        for (int64_t r = 0; r < mt; ++r) scores[r * nc + j] = negative_infinity<acc_t>();
-      }
-    }
+    add_mask_values(rule, scores, nc, m0, mt, n0, nc);
+    if (st.any_masked) fill_masked(rule, st, scores, nc, m0, mt, n0, nc, negative_infinity<acc_t>());
     for (int64_t r = 0; r < mt; ++r) {
       acc_t* row_scores = scores + r * nc;
       const acc_t factor = online_softmax_advance(w.rows[r], row_max(row_scores, nc));
@@ -82,8 +90,25 @@ void attend_tile(const acc_t* qt, int64_t ldq, int64_t mt, acc_t scale, const Ke
         for (int64_t d = 0; d < Dv; ++d) w.acc[r * Dv + d] *= factor;
       }
     }
-    gemm(Transpose::kNo, Transpose::kNo, mt, Dv, nc, acc_t(1), scores, nc, vt, ldv, acc_t(1), w.acc.data(), Dv);
+    if (dropout.active) apply_dropout(dropout, scores, nc, m0, mt, n0, nc);  // the sums above are undropped
+    gemm(Transpose::kNo, Transpose::kNo, mt, Dv, nc, acc_t(1), scores, nc, v_gemm, ldv_gemm, acc_t(1), w.acc.data(), Dv);
+    for (int64_t j : w.bad) {
+      for (int64_t r = 0; r < mt; ++r) {
+        if (!pair_allowed(rule, m0 + r, n0 + j)) continue;
+        const acc_t p = scores[r * nc + j];
+        for (int64_t d = 0; d < Dv; ++d) w.acc[r * Dv + d] += p * vt[j * ldv + d];
+      }
+    }
   }
+}
+
+/// Cross attention's tile (key padding of kv only): σIntention's fused forward.
+template <typename scalar_t, typename acc_t>
+void attend_tile(const acc_t* qt, int64_t ldq, int64_t mt, acc_t scale, const KeyValueRows<scalar_t>& kv,
+                 int64_t chunk, int64_t c_first, int64_t c_last, AttentionTileScratch<acc_t>& w) {
+  const PairRule<NoMask> rule{kv.padding, NoMask{}, false};
+  const DropoutRule no_dropout{false, 0, 0, 1.0, 0, 0};
+  attend_tile(qt, ldq, 0, mt, scale, kv, rule, no_dropout, chunk, c_first, c_last, w);
 }
 
 /// Normalises the tile's rows and writes them: out rows [mt, Dv] (row stride Dv) and lse [mt].

@@ -12,7 +12,24 @@
 
 namespace attn_ext::cpu {
 
-// ---- chunked cross attention (cross_attention_fwd.cpp, cross_attention_bwd.cpp, merge_states.cpp)
+// ---- attention (attention_ops.cpp, attention_fwd.cpp, attention_bwd.cpp, merge_states.cpp)
+
+/// Scaled dot-product attention with an optional attn_mask [B, Hq, L, S] view (bool, True = take part,
+/// or additive in q's dtype), key padding [B, S] (True = padding), causal (key n ≤ query m), grouped
+/// heads (query head h reads kv head h / (Hq / Hkv)) and Philox dropout: (out [B, Hq, L, Dv], lse [B, Hq, L]).
+std::tuple<at::Tensor, at::Tensor> attention_fwd_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                     const std::optional<at::Tensor>& attn_mask,
+                                                     const std::optional<at::Tensor>& key_padding_mask, double scale,
+                                                     bool is_causal, double dropout_p,
+                                                     const std::optional<at::Tensor>& dropout_seed, int64_t chunk_size);
+
+/// Its backward: (grad_q, grad_k, grad_v), the dropout regenerated from the seed.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_cpu(
+    const at::Tensor& grad_out, const at::Tensor& grad_lse, const at::Tensor& q, const at::Tensor& k,
+    const at::Tensor& v, const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_padding_mask,
+    const at::Tensor& out, const at::Tensor& lse, double scale, bool is_causal, double dropout_p,
+    const std::optional<at::Tensor>& dropout_seed, int64_t chunk_size);
+
 
 /// Forward: (out [B,H,M,Dv] in q's dtype, lse [B,H,M]).
 std::tuple<at::Tensor, at::Tensor> cross_attention_fwd_cpu(const at::Tensor& q, const at::Tensor& k,

@@ -5,6 +5,8 @@
 #include "ops.h"
 
 TORCH_LIBRARY_IMPL(attn_ext, CPU, m) {
+  m.impl("attention_fwd", &attn_ext::cpu::attention_fwd_cpu);
+  m.impl("attention_bwd", &attn_ext::cpu::attention_bwd_cpu);
   m.impl("cross_attention_fwd", &attn_ext::cpu::cross_attention_fwd_cpu);
   m.impl("cross_attention_bwd", &attn_ext::cpu::cross_attention_bwd_cpu);
   m.impl("merge_states_fwd", &attn_ext::cpu::merge_states_fwd_cpu);

@@ -29,36 +29,6 @@ const acc_t* rows_as_acc(const scalar_t* base, int64_t row_stride, int64_t rows,
   return scratch;
 }
 
-/// Whether every row flagged in `padding` (true = padded key) is finite. A padded key's weight is
-/// exactly 0 and 0 · x = 0 for finite x, so finite padding may go through the GEMMs as it is; only
-/// inf/NaN there (0 · NaN = NaN in every query row) needs rows_as_acc_unpadded. Reads the padded
-/// rows only, and stops at the first non-finite value.
-template <typename acc_t, typename scalar_t>
-bool padded_rows_finite(const scalar_t* base, int64_t row_stride, int64_t rows, int64_t cols, const bool* padding) {
-  for (int64_t r = 0; r < rows; ++r) {
-    if (!padding[r]) continue;
-    for (int64_t c = 0; c < cols; ++c) {
-      if (!std::isfinite(static_cast<acc_t>(base[r * row_stride + c]))) return false;
-    }
-  }
-  return true;
-}
-
-/// Like rows_as_acc, but always copies, and rows flagged in `padding` (true = padded key; may be
-/// null) become zeros: a padded key is never read, whatever it holds.
-template <typename acc_t, typename scalar_t>
-const acc_t* rows_as_acc_unpadded(const scalar_t* base, int64_t row_stride, int64_t rows, int64_t cols,
-                                  const bool* padding, acc_t* scratch, int64_t* ld) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const bool skip = padding != nullptr && padding[r];
-    for (int64_t c = 0; c < cols; ++c) {
-      scratch[r * cols + c] = skip ? acc_t(0) : static_cast<acc_t>(base[r * row_stride + c]);
-    }
-  }
-  *ld = cols;
-  return scratch;
-}
-
 /// Below this many multiply-adds (~40 µs on one core) a call costs less than waking the other
 /// OpenMP threads can (milliseconds when the machine is oversubscribed; measured: a 16-key state
 /// update took 4-20 ms threaded on a loaded machine, 0.2 ms on one thread): run it on one thread.
@@ -83,14 +53,6 @@ inline int64_t key_splits_for(int64_t units, int64_t key_chunks, int64_t total_m
 inline void split_range(int64_t chunks, int64_t splits, int64_t split, int64_t* first, int64_t* last) {
   *first = chunks * split / splits;
   *last = chunks * (split + 1) / splits;
-}
-
-/// Padded-key flags of one batch entry's chunk: returns how many keys of [n0, n0 + nc) are valid.
-inline int64_t count_valid_keys(const bool* padding_row, int64_t n0, int64_t nc) {
-  if (padding_row == nullptr) return nc;
-  int64_t valid = 0;
-  for (int64_t j = 0; j < nc; ++j) valid += padding_row[n0 + j] ? 0 : 1;
-  return valid;
 }
 
 }  // namespace attn_ext::cpu

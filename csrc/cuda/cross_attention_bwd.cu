@@ -13,16 +13,24 @@ namespace attn_ext {
 namespace cuda {
 namespace {
 
-template <int kTile>
-cudaError_t launch_simt_tile(const CrossAttentionBwdParams& p, const CrossAttentionBwdPlan& plan, cudaStream_t stream) {
+template <int kTile, bool kPairMasks>
+cudaError_t launch_simt_kernels(const CrossAttentionBwdParams& p, const CrossAttentionBwdPlan& plan,
+                                cudaStream_t stream) {
   if (plan.dkdv_grid.x > 0) {
-    const cudaError_t err = detail::launch_with_smem(detail::cross_attention_bwd_dkdv_kernel<float, kTile>,
+    const cudaError_t err = detail::launch_with_smem(detail::cross_attention_bwd_dkdv_kernel<float, kTile, kPairMasks>,
                                                      plan.dkdv_grid, plan.block, plan.dkdv_smem_bytes, stream, p);
     if (err != cudaSuccess) return err;
   }
   if (plan.dq_grid.x == 0) return cudaSuccess;
-  return detail::launch_with_smem(detail::cross_attention_bwd_dq_kernel<float, kTile>, plan.dq_grid, plan.block,
-                                  plan.dq_smem_bytes, stream, p);
+  return detail::launch_with_smem(detail::cross_attention_bwd_dq_kernel<float, kTile, kPairMasks>, plan.dq_grid,
+                                  plan.block, plan.dq_smem_bytes, stream, p);
+}
+
+/// attention_bwd with causal / attn_mask takes the pair-mask instantiations.
+template <int kTile>
+cudaError_t launch_simt_tile(const CrossAttentionBwdParams& p, const CrossAttentionBwdPlan& plan, cudaStream_t stream) {
+  return p.has_pair_masks() ? launch_simt_kernels<kTile, true>(p, plan, stream)
+                            : launch_simt_kernels<kTile, false>(p, plan, stream);
 }
 
 cudaError_t launch_simt_gradients(const CrossAttentionBwdParams& p, const CrossAttentionBwdPlan& plan,
@@ -58,8 +66,9 @@ cudaError_t launch_cross_attention_bwd(const CrossAttentionBwdParams& p, cudaStr
   if (err == cudaSuccess) err = current_compute_capability(&capability);
   if (err != cudaSuccess) return err;
   const CrossAttentionBwdPlan plan = plan_cross_attention_bwd(p.B, p.H, p.M, p.N, p.D, p.Dv, p.dtype, smem_limit,
-                                                              capability);
+                                                              capability, p.kv_group);
   if (!plan.supported) return cudaErrorInvalidValue;
+  if (p.attn_mask != nullptr && p.attn_mask_kind == AttnMaskKind::kNone) return cudaErrorInvalidValue;
   const bool has_rows = p.B * p.H * p.M > 0, has_keys = p.B * p.H * p.N > 0;
   if ((has_rows && (p.q == nullptr || p.out == nullptr || p.grad_out == nullptr || p.lse == nullptr ||
                     p.grad_lse == nullptr || p.delta == nullptr || p.grad_q == nullptr)) ||

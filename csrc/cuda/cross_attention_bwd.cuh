@@ -6,6 +6,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/attention_mask.h"
 #include "common/qkv_layout.h"
 #include "cross_attention_bwd_plan.h"
 
@@ -13,8 +14,10 @@ namespace attn_ext {
 namespace cuda {
 
 /// Raw pointers and element strides (innermost stride 1) of one backward call. q, k, v, out,
-/// grad_out and the gradients share `dtype`; lse, grad_lse and the workspace are fp32.
-struct CrossAttentionBwdParams : QkvLayout {
+/// grad_out and the gradients share `dtype`; lse, grad_lse and the workspace are fp32. The
+/// AttentionMaskLayout part as in the forward; with GQA, k, v, grad_k and grad_v have H / kv_group
+/// heads (dK/dV sum over each group's query heads, in one block: no atomics).
+struct CrossAttentionBwdParams : QkvLayout, AttentionMaskLayout {
   const void* q = nullptr;         ///< [B,H,M,D]
   const void* k = nullptr;         ///< [B,H,N,D]
   const void* v = nullptr;         ///< [B,H,N,Dv]

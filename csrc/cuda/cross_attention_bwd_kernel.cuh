@@ -18,6 +18,7 @@
 
 #include "attn_ext/online_softmax.h"
 #include "common/dtypes.cuh"
+#include "common/pair_mask.cuh"
 #include "common/warp.cuh"
 #include "cross_attention_bwd.cuh"
 
@@ -28,14 +29,17 @@ namespace detail {
 /// Loads `rows` rows of `cols` elements as fp32 into a tile with row stride cols + 1, zero past
 /// `rows_valid` and in rows flagged by `padding` (null, or a flag per row: padded keys are never
 /// read, so dP = dO·v and dQ += dS·K stay 0 for them whatever they hold; the pad column is never read).
+/// `nonfinite` (null, or this thread's flag) as in load_tile (common/tile.cuh).
 template <typename scalar_t>
 __device__ __forceinline__ void load_rows(float* __restrict__ dst, const scalar_t* __restrict__ src,
                                           int64_t row_stride, int rows, int rows_valid, int cols,
-                                          const uint8_t* __restrict__ padding = nullptr) {
+                                          const uint8_t* __restrict__ padding = nullptr, bool* nonfinite = nullptr) {
   for (int idx = threadIdx.x; idx < rows * cols; idx += kCrossAttentionBwdThreads) {
     const int r = idx / cols, c = idx % cols;
     const bool read = r < rows_valid && (padding == nullptr || padding[r] == 0);
-    dst[r * (cols + 1) + c] = read ? to_float(src[r * row_stride + c]) : 0.0f;
+    const float value = read ? to_float(src[r * row_stride + c]) : 0.0f;
+    if (nonfinite != nullptr && !isfinite(value)) *nonfinite = true;
+    dst[r * (cols + 1) + c] = value;
   }
 }
 
@@ -61,10 +65,21 @@ __device__ __forceinline__ void load_key_bias(float* smem, const CrossAttentionB
   }
 }
 
+/// Where the current (query tile, key tile) pair sits, for the pair masks: the tiles' first query
+/// and key, the query tile's valid rows, and the (batch, query head)'s masks.
+template <typename scalar_t>
+struct BwdPairTile {
+  PairMaskHead<scalar_t> mask;
+  int64_t m0, n0;
+  int m_valid;
+};
+
 /// P and dS of the current (query tile, key tile) pair, [kTile][kTile] row-major in shared memory.
-template <int kTile>
+/// kPairMasks: a pair masked by causal / attn_mask (or padding) gets the −0.0 marker in both
+/// (common/pair_mask.cuh), whatever its rows hold.
+template <int kTile, bool kPairMasks = false, typename scalar_t = float>
 __device__ __forceinline__ void bwd_tile_scores(float* smem, const CrossAttentionBwdSmem& s, int D, int Dv,
-                                                float scale) {
+                                                float scale, const BwdPairTile<scalar_t>* pair = nullptr) {
   constexpr int BN = kTile;
   for (int e = threadIdx.x; e < kTile * BN; e += kCrossAttentionBwdThreads) {
     const int i = e / BN, j = e % BN;
@@ -75,23 +90,41 @@ __device__ __forceinline__ void bwd_tile_scores(float* smem, const CrossAttentio
     float dot = 0.0f, grad_prob = 0.0f;
     for (int c = 0; c < D; ++c) dot = fmaf(q[c], k[c], dot);
     for (int c = 0; c < Dv; ++c) grad_prob = fmaf(dout[c], v[c], grad_prob);
-    const float prob = softmax_probability(fmaf(dot, scale, smem[s.bias + j]), smem[s.lse + i]);
-    smem[s.p + e] = prob;
-    smem[s.ds + e] = score_gradient(prob, grad_prob, smem[s.delta + i], smem[s.dlse + i]);
+    if (kPairMasks) {
+      const bool key_valid = smem[s.bias + j] == 0.0f;
+      const float bias = key_valid && i < pair->m_valid ? pair->mask.bias(pair->m0 + i, pair->n0 + j)
+                                                         : negative_infinity<float>();
+      const bool masked = is_negative_infinity(bias);
+      const float prob = softmax_probability(fmaf(dot, scale, bias), smem[s.lse + i]);
+      const float ds = score_gradient(prob, grad_prob, smem[s.delta + i], smem[s.dlse + i]);
+      smem[s.p + e] = masked ? masked_coefficient() : prob;
+      smem[s.ds + e] = masked ? masked_coefficient() : allowed_coefficient<float>(ds);
+    } else {
+      const float prob = softmax_probability(fmaf(dot, scale, smem[s.bias + j]), smem[s.lse + i]);
+      smem[s.p + e] = prob;
+      smem[s.ds + e] = score_gradient(prob, grad_prob, smem[s.delta + i], smem[s.dlse + i]);
+    }
   }
 }
 
 /// acc[r][c] += mul · Σ_t coef(t, r) · rows[t][c] over the kTile rows of the other tile: coef is P
-/// or dS, read transposed (dK/dV) or not (dQ) through the strides.
+/// or dS, read transposed (dK/dV) or not (dQ) through the strides. `exact`: `rows` holds inf or NaN,
+/// and masked pairs (coefficient −0.0) must not touch it (common/pair_mask.cuh).
 template <int kTile>
 __device__ __forceinline__ void accumulate_tile(float* __restrict__ acc, int acc_rows, int cols,
                                                 const float* __restrict__ coef, int coef_stride_r, int coef_stride_t,
-                                                const float* __restrict__ rows, float mul) {
+                                                const float* __restrict__ rows, float mul, bool exact = false) {
   for (int e = threadIdx.x; e < acc_rows * cols; e += kCrossAttentionBwdThreads) {
     const int r = e / cols, c = e % cols;
     float sum = 0.0f;
+    if (exact) {
+      for (int t = 0; t < kTile; ++t)
+        sum = masked_fma(coef[r * coef_stride_r + t * coef_stride_t], rows[t * (cols + 1) + c], sum);
+    } else {
 #pragma unroll
-    for (int t = 0; t < kTile; ++t) sum = fmaf(coef[r * coef_stride_r + t * coef_stride_t], rows[t * (cols + 1) + c], sum);
+      for (int t = 0; t < kTile; ++t)
+        sum = fmaf(coef[r * coef_stride_r + t * coef_stride_t], rows[t * (cols + 1) + c], sum);
+    }
     acc[e] = fmaf(mul, sum, acc[e]);
   }
 }
@@ -115,34 +148,37 @@ __global__ void __launch_bounds__(kCrossAttentionBwdThreads) cross_attention_bwd
   if (valid && lane == 0) p.delta[row] = delta;
 }
 
-/// Loads query tile `m0` of head (b, h): Q, dO and the row statistics.
+/// Loads query tile `m0` of query head (b, h) (bh = b·H + h): Q, dO and the row statistics.
 template <typename scalar_t, int kTile>
 __device__ __forceinline__ void load_query_tile(float* smem, const CrossAttentionBwdSmem& s,
-                                                const CrossAttentionBwdParams& p, int64_t bh, int64_t m0) {
+                                                const CrossAttentionBwdParams& p, int64_t bh, int64_t m0,
+                                                bool* nonfinite = nullptr) {
   const int64_t b = bh / p.H, h = bh % p.H;
   const int rows = static_cast<int>(p.M - m0 < kTile ? p.M - m0 : kTile);
   const int D = static_cast<int>(p.D), Dv = static_cast<int>(p.Dv);
   load_rows(smem + s.q, static_cast<const scalar_t*>(p.q) + b * p.q_stride_b + h * p.q_stride_h + m0 * p.q_stride_m,
-            p.q_stride_m, kTile, rows, D);
+            p.q_stride_m, kTile, rows, D, nullptr, nonfinite);
   load_rows(smem + s.dout,
             static_cast<const scalar_t*>(p.grad_out) + b * p.dout_stride_b + h * p.dout_stride_h + m0 * p.dout_stride_m,
-            p.dout_stride_m, kTile, rows, Dv);
+            p.dout_stride_m, kTile, rows, Dv, nullptr, nonfinite);
   load_row_stats<kTile>(smem, s, p, bh * p.M + m0, rows);
 }
 
-/// Loads key tile `n0` of head (b, h): K, V and the key biases.
+/// Loads key tile `n0` of batch b's key/value head `kv_head`: K, V and the key biases.
 template <typename scalar_t, int kTile>
 __device__ __forceinline__ void load_key_tile(float* smem, const CrossAttentionBwdSmem& s,
-                                              const CrossAttentionBwdParams& p, int64_t bh, int64_t n0) {
-  const int64_t b = bh / p.H, h = bh % p.H;
+                                              const CrossAttentionBwdParams& p, int64_t b, int64_t kv_head, int64_t n0,
+                                              bool* nonfinite = nullptr) {
   const int rows = static_cast<int>(p.N - n0 < kTile ? p.N - n0 : kTile);
   const int D = static_cast<int>(p.D), Dv = static_cast<int>(p.Dv);
   const uint8_t* mask = p.key_padding_mask == nullptr ? nullptr : p.key_padding_mask + b * p.mask_stride_b;
   const uint8_t* tile_padding = mask == nullptr ? nullptr : mask + n0;
-  load_rows(smem + s.k, static_cast<const scalar_t*>(p.k) + b * p.k_stride_b + h * p.k_stride_h + n0 * p.k_stride_n,
-            p.k_stride_n, kTile, rows, D, tile_padding);
-  load_rows(smem + s.v, static_cast<const scalar_t*>(p.v) + b * p.v_stride_b + h * p.v_stride_h + n0 * p.v_stride_n,
-            p.v_stride_n, kTile, rows, Dv, tile_padding);
+  load_rows(smem + s.k,
+            static_cast<const scalar_t*>(p.k) + b * p.k_stride_b + kv_head * p.k_stride_h + n0 * p.k_stride_n,
+            p.k_stride_n, kTile, rows, D, tile_padding, nonfinite);
+  load_rows(smem + s.v,
+            static_cast<const scalar_t*>(p.v) + b * p.v_stride_b + kv_head * p.v_stride_h + n0 * p.v_stride_n,
+            p.v_stride_n, kTile, rows, Dv, tile_padding, nonfinite);
   load_key_bias<kTile>(smem, s, mask, n0, rows);
 }
 
@@ -159,24 +195,43 @@ __device__ __forceinline__ void store_rows(scalar_t* __restrict__ dst, const flo
 }
 
 /// One step of either gradient kernel: once every thread is done with the previous step's tiles,
-/// loads the moving tile (query tile `t0` for dK/dV, key tile `t0` for dQ) and computes P and dS.
-template <typename scalar_t, int kTile, bool kKeyTileKernel>
-__device__ __forceinline__ void bwd_step(float* smem, const CrossAttentionBwdSmem& s, const CrossAttentionBwdParams& p,
-                                         int64_t bh, int64_t t0) {
+/// loads the moving tile (query tile `t0` of query head (b, h) for dK/dV, key tile `t0` of key/value
+/// head kv_head for dQ) and computes P and dS. Returns (kPairMasks only) whether the moving tile,
+/// the one the products then read, holds inf or NaN.
+template <typename scalar_t, int kTile, bool kKeyTileKernel, bool kPairMasks>
+__device__ __forceinline__ bool bwd_step(float* smem, const CrossAttentionBwdSmem& s, const CrossAttentionBwdParams& p,
+                                         int64_t b, int64_t h, int64_t kv_head, int64_t m0, int64_t n0) {
   __syncthreads();
+  bool nonfinite = false;
+  bool* check = kPairMasks ? &nonfinite : nullptr;
   if (kKeyTileKernel) {
-    load_query_tile<scalar_t, kTile>(smem, s, p, bh, t0);
+    load_query_tile<scalar_t, kTile>(smem, s, p, b * p.H + h, m0, check);
   } else {
-    load_key_tile<scalar_t, kTile>(smem, s, p, bh, t0);
+    load_key_tile<scalar_t, kTile>(smem, s, p, b, kv_head, n0, check);
+  }
+  if (kPairMasks) {
+    nonfinite = __syncthreads_or(nonfinite) != 0;
+    const BwdPairTile<scalar_t> pair{pair_mask_head<scalar_t>(p, b, h), m0, n0,
+                                     static_cast<int>(p.M - m0 < kTile ? p.M - m0 : kTile)};
+    bwd_tile_scores<kTile, true>(smem, s, static_cast<int>(p.D), static_cast<int>(p.Dv), p.scale, &pair);
+  } else {
+    __syncthreads();
+    bwd_tile_scores<kTile>(smem, s, static_cast<int>(p.D), static_cast<int>(p.Dv), p.scale);
   }
   __syncthreads();
-  bwd_tile_scores<kTile>(smem, s, static_cast<int>(p.D), static_cast<int>(p.Dv), p.scale);
-  __syncthreads();
+  return nonfinite;
 }
 
-/// dK and dV of one key tile; grid.x = B·H·ceil(N/kTile), key tile fastest.
-template <typename scalar_t, int kTile>
-__global__ void __launch_bounds__(kCrossAttentionBwdThreads) cross_attention_bwd_dkdv_kernel(
+/// dK and dV of one key tile of one key/value head, summed over its query heads (GQA: kv_group of
+/// them, in this block: no atomics); grid.x = B·(H / kv_group)·ceil(N/kTile), key tile fastest.
+/// kPairMasks: the attention_bwd instantiation (causal / attn_mask; a causal block starts at the
+/// first query tile that sees its keys).
+///
+/// The minimum of 8 blocks per SM (≤ 64 registers, the whole register file at 8 × 128 threads, about
+/// the occupancy the tiles' shared memory allows anyway): with the key/value-head loop, ptxas (CUDA 13)
+/// squeezed the 8-row instantiation to 32 registers and spilled 192 bytes without it.
+template <typename scalar_t, int kTile, bool kPairMasks = false>
+__global__ void __launch_bounds__(kCrossAttentionBwdThreads, 8) cross_attention_bwd_dkdv_kernel(
     const CrossAttentionBwdParams p) {
   constexpr int BM = kTile, BN = kTile;
   extern __shared__ float4 smem_raw[];
@@ -184,25 +239,35 @@ __global__ void __launch_bounds__(kCrossAttentionBwdThreads) cross_attention_bwd
   const int D = static_cast<int>(p.D), Dv = static_cast<int>(p.Dv);
   const CrossAttentionBwdSmem s = cross_attention_bwd_smem(D, Dv, true, kTile);
   const unsigned int n_tiles = static_cast<unsigned int>((p.N + BN - 1) / BN);
-  const int64_t bh = blockIdx.x / n_tiles, n0 = static_cast<int64_t>(blockIdx.x % n_tiles) * BN;
+  // 32-bit divisions: the 64-bit division subroutine costs registers (see the forward kernel).
+  const unsigned int kv_heads = static_cast<unsigned int>(p.H) / static_cast<unsigned int>(p.kv_group);
+  const unsigned int bkv = blockIdx.x / n_tiles;
+  const int64_t b = bkv / kv_heads, kv_head = bkv % kv_heads;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x % n_tiles) * BN;
 
-  load_key_tile<scalar_t, kTile>(smem, s, p, bh, n0);
+  load_key_tile<scalar_t, kTile>(smem, s, p, b, kv_head, n0);
   for (int e = threadIdx.x; e < BN * D; e += kCrossAttentionBwdThreads) smem[s.acc_a + e] = 0.0f;
   for (int e = threadIdx.x; e < BN * Dv; e += kCrossAttentionBwdThreads) smem[s.acc_b + e] = 0.0f;
-  for (int64_t m0 = 0; m0 < p.M; m0 += BM) {
-    bwd_step<scalar_t, kTile, true>(smem, s, p, bh, m0);
-    accumulate_tile<kTile>(smem + s.acc_b, BN, Dv, smem + s.p, 1, BN, smem + s.dout, 1.0f);   // dV += Pᵀ dO
-    accumulate_tile<kTile>(smem + s.acc_a, BN, D, smem + s.ds, 1, BN, smem + s.q, p.scale);  // dK += scale·dSᵀ Q
+  const int64_t m_begin = kPairMasks ? causal_query_begin(p.causal, n0) / BM * BM : 0;
+  for (int64_t g = 0; g < p.kv_group; ++g) {
+    const int64_t h = kv_head * p.kv_group + g;
+    for (int64_t m0 = m_begin; m0 < p.M; m0 += BM) {
+      const bool exact = bwd_step<scalar_t, kTile, true, kPairMasks>(smem, s, p, b, h, kv_head, m0, n0);
+      accumulate_tile<kTile>(smem + s.acc_b, BN, Dv, smem + s.p, 1, BN, smem + s.dout, 1.0f, exact);   // dV += Pᵀ dO
+      accumulate_tile<kTile>(smem + s.acc_a, BN, D, smem + s.ds, 1, BN, smem + s.q, p.scale, exact);  // dK += scale·dSᵀ Q
+    }
   }
   // Each thread stores the accumulator elements it alone updated: no barrier needed.
   const int rows = static_cast<int>(p.N - n0 < BN ? p.N - n0 : BN);
-  store_rows(static_cast<scalar_t*>(p.grad_k) + (bh * p.N + n0) * p.D, smem + s.acc_a, rows, D, smem + s.bias);
-  store_rows(static_cast<scalar_t*>(p.grad_v) + (bh * p.N + n0) * p.Dv, smem + s.acc_b, rows, Dv, smem + s.bias);
+  store_rows(static_cast<scalar_t*>(p.grad_k) + (bkv * p.N + n0) * p.D, smem + s.acc_a, rows, D, smem + s.bias);
+  store_rows(static_cast<scalar_t*>(p.grad_v) + (bkv * p.N + n0) * p.Dv, smem + s.acc_b, rows, Dv, smem + s.bias);
 }
 
-/// dQ of one query tile; grid.x = B·H·ceil(M/kTile), query tile fastest.
-template <typename scalar_t, int kTile>
-__global__ void __launch_bounds__(kCrossAttentionBwdThreads) cross_attention_bwd_dq_kernel(
+/// dQ of one query tile; grid.x = B·H·ceil(M/kTile), query tile fastest. kPairMasks as above (a
+/// causal block stops at the last key tile its rows see). Minimum of 8 blocks per SM as above: without
+/// it ptxas spilled 152 bytes in the sm_80 16-row instantiation.
+template <typename scalar_t, int kTile, bool kPairMasks = false>
+__global__ void __launch_bounds__(kCrossAttentionBwdThreads, 8) cross_attention_bwd_dq_kernel(
     const CrossAttentionBwdParams p) {
   constexpr int BM = kTile, BN = kTile;
   extern __shared__ float4 smem_raw[];
@@ -211,12 +276,15 @@ __global__ void __launch_bounds__(kCrossAttentionBwdThreads) cross_attention_bwd
   const CrossAttentionBwdSmem s = cross_attention_bwd_smem(D, static_cast<int>(p.Dv), false, kTile);
   const unsigned int m_tiles = static_cast<unsigned int>((p.M + BM - 1) / BM);
   const int64_t bh = blockIdx.x / m_tiles, m0 = static_cast<int64_t>(blockIdx.x % m_tiles) * BM;
+  const int64_t b = bh / p.H, h = bh % p.H;
+  const int64_t kv_head = static_cast<unsigned int>(h) / static_cast<unsigned int>(p.kv_group);
 
   load_query_tile<scalar_t, kTile>(smem, s, p, bh, m0);
   for (int e = threadIdx.x; e < BM * D; e += kCrossAttentionBwdThreads) smem[s.acc_a + e] = 0.0f;
-  for (int64_t n0 = 0; n0 < p.N; n0 += BN) {
-    bwd_step<scalar_t, kTile, false>(smem, s, p, bh, n0);
-    accumulate_tile<kTile>(smem + s.acc_a, BM, D, smem + s.ds, BN, 1, smem + s.k, p.scale);  // dQ += scale·dS K
+  const int64_t n_end = kPairMasks ? causal_key_end(p.causal, m0 + BM, p.N) : p.N;
+  for (int64_t n0 = 0; n0 < n_end; n0 += BN) {
+    const bool exact = bwd_step<scalar_t, kTile, false, kPairMasks>(smem, s, p, b, h, kv_head, m0, n0);
+    accumulate_tile<kTile>(smem + s.acc_a, BM, D, smem + s.ds, BN, 1, smem + s.k, p.scale, exact);  // dQ += scale·dS K
   }
   const int rows = static_cast<int>(p.M - m0 < BM ? p.M - m0 : BM);
   store_rows(static_cast<scalar_t*>(p.grad_q) + (bh * p.M + m0) * p.D, smem + s.acc_a, rows, D);

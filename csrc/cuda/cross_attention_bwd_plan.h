@@ -127,13 +127,18 @@ struct CrossAttentionBwdPlan {
 /// Plans the backward of q [B,H,M,D], k [B,H,N,D], v [B,H,N,Dv] on a device with `smem_limit` bytes
 /// of opt-in shared memory per block and compute capability `compute_capability` (major·10 + minor;
 /// bf16 is refused below 8.0, as in the forward). An empty M still launches dK/dV (which write zeros),
-/// an empty N still launches dQ.
+/// an empty N still launches dQ. `kv_group` query heads share each key/value head (GQA): the dK/dV
+/// kernel has a block per key tile of each of the H / kv_group key/value heads.
 inline CrossAttentionBwdPlan plan_cross_attention_bwd(int64_t B, int64_t H, int64_t M, int64_t N, int64_t D,
                                                       int64_t Dv, ScalarType dtype, std::size_t smem_limit,
-                                                      int compute_capability) {
+                                                      int compute_capability, int64_t kv_group = 1) {
   CrossAttentionBwdPlan plan;
   plan.error = attention_dtype_and_size_error(dtype, B, H, M, N);
   if (plan.error != nullptr) return plan;
+  if (kv_group < 1 || H % kv_group != 0) {
+    plan.error = "the query heads must be a multiple of the key/value heads";
+    return plan;
+  }
   if (D < 1 || D > kCrossAttentionFwdMaxHeadDim || Dv < 1 || Dv > kCrossAttentionFwdMaxHeadDim) {
     plan.error = "head dimension D and Dv must be in [1, 256] for the CUDA kernel";
     return plan;
@@ -180,7 +185,7 @@ inline CrossAttentionBwdPlan plan_cross_attention_bwd(int64_t B, int64_t H, int6
   plan.block.x = static_cast<unsigned int>(plan.tensor_cores ? 32 * plan.warps : kCrossAttentionBwdThreads);
   plan.delta_grid.x = static_cast<unsigned int>((B * H * M + kCrossAttentionDeltaRowsPerBlock - 1) /
                                                 kCrossAttentionDeltaRowsPerBlock);
-  plan.dkdv_grid.x = static_cast<unsigned int>(B * H * n_tiles);
+  plan.dkdv_grid.x = static_cast<unsigned int>(B * (H / kv_group) * n_tiles);
   plan.dq_grid.x = static_cast<unsigned int>(B * H * m_tiles);
   plan.supported = true;
   return plan;

@@ -13,7 +13,7 @@ namespace attn_ext {
 namespace cuda {
 namespace detail {
 
-template <typename scalar_t, int kDim, int kWarps>
+template <typename scalar_t, int kDim, int kWarps, bool kPairMasks>
 cudaError_t launch_bwd_wmma_tile(const CrossAttentionBwdParams& p, const CrossAttentionBwdPlan& plan,
                                  cudaStream_t stream) {
   static_assert(kWarps != cross_attention_bwd_wmma_preferred_warps(kDim) ||
@@ -23,13 +23,13 @@ cudaError_t launch_bwd_wmma_tile(const CrossAttentionBwdParams& p, const CrossAt
                     cross_attention_bwd_wmma_smem(kDim, kWarps, true).bytes,
                 "the plan sizes the warps by the dK/dV kernel, the larger");
   if (plan.dkdv_grid.x > 0) {
-    const cudaError_t err = launch_with_smem(cross_attention_bwd_wmma_kernel<scalar_t, kDim, kWarps, true>,
+    const cudaError_t err = launch_with_smem(cross_attention_bwd_wmma_kernel<scalar_t, kDim, kWarps, true, kPairMasks>,
                                              plan.dkdv_grid, plan.block, plan.dkdv_smem_bytes, stream, p);
     if (err != cudaSuccess) return err;
   }
   if (plan.dq_grid.x == 0) return cudaSuccess;
-  return launch_with_smem(cross_attention_bwd_wmma_kernel<scalar_t, kDim, kWarps, false>, plan.dq_grid, plan.block,
-                          plan.dq_smem_bytes, stream, p);
+  return launch_with_smem(cross_attention_bwd_wmma_kernel<scalar_t, kDim, kWarps, false, kPairMasks>, plan.dq_grid,
+                          plan.block, plan.dq_smem_bytes, stream, p);
 }
 
 template <typename scalar_t>
@@ -40,7 +40,10 @@ cudaError_t launch_cross_attention_bwd_wmma(const CrossAttentionBwdParams& p, co
     constexpr int kDim = decltype(bucket)::value;
     return dispatch_tile(plan.warps, [](int warps) { return cross_attention_bwd_wmma_warps_compiled(kDim, warps); },
                          [&](auto warps) {
-                           return launch_bwd_wmma_tile<scalar_t, kDim, decltype(warps)::value>(p, plan, stream);
+                           constexpr int kWarps = decltype(warps)::value;
+                           // attention_bwd with causal / attn_mask takes the pair-mask instantiations.
+                           return p.has_pair_masks() ? launch_bwd_wmma_tile<scalar_t, kDim, kWarps, true>(p, plan, stream)
+                                                     : launch_bwd_wmma_tile<scalar_t, kDim, kWarps, false>(p, plan, stream);
                          });
   });
 }

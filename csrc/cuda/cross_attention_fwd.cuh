@@ -10,6 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "common/attention_mask.h"
 #include "common/qkv_layout.h"
 #include "cross_attention_fwd_plan.h"
 
@@ -20,8 +21,9 @@ namespace cuda {
 ///
 /// Layout as docs/spec.md §0: q [B,H,M,D], k [B,H,N,D], v [B,H,N,Dv]. Batch, head and row strides are free
 /// (in elements, may be 0 for broadcast or anything a view produces); the innermost (feature) stride
-/// must be 1. q, k, v and out share `dtype`.
-struct CrossAttentionFwdParams : QkvLayout {
+/// must be 1. q, k, v and out share `dtype`. The AttentionMaskLayout part (attention_fwd: causal,
+/// attn_mask, GQA) stays at its defaults for cross_attention_fwd; with GQA, k and v have H / kv_group heads.
+struct CrossAttentionFwdParams : QkvLayout, AttentionMaskLayout {
   const void* q = nullptr;  ///< [B,H,M,D] of `dtype`
   const void* k = nullptr;  ///< [B,H,N,D] of `dtype`
   const void* v = nullptr;  ///< [B,H,N,Dv] of `dtype`
@@ -34,7 +36,11 @@ struct CrossAttentionFwdParams : QkvLayout {
   int64_t B = 0, H = 0, M = 0, N = 0, D = 0, Dv = 0;
 };
 
-/// Enqueues the forward pass on `stream`: out = softmax(scale·q kᵀ, keys masked) v, and lse.
+/// Enqueues the forward pass on `stream`: out = softmax(scale·q kᵀ + masks) v, and lse.
+///
+/// With pair masks (causal or attn_mask: p.has_pair_masks()) the kernels' pair-mask instantiations run
+/// (fp32: one head-dim bucket for D and Dv, like the tensor-core kernel); a causal block stops at the
+/// last key tile its rows can see, so causal self-attention does about half the work.
 ///
 /// The kernels stream the keys in tiles of 32 with the online softmax of attn_ext/online_softmax.h,
 /// so no [M, N] matrix exists and memory is O(tile) whatever N is. fp32 runs on CUDA cores (SIMT);

@@ -23,6 +23,7 @@
 
 #include "attn_ext/online_softmax.h"
 #include "common/dtypes.cuh"
+#include "common/pair_mask.cuh"
 #include "common/tile.cuh"
 #include "common/warp.cuh"
 #include "cross_attention_fwd.cuh"
@@ -45,11 +46,11 @@ struct FwdSmemLayout {
   static constexpr int kFloats = kVOffset + kBlockN * kVStride;
 };
 
-/// What a forward block works on: its (batch·head) row-block index, first query row, and the
-/// head's q/k/v/mask base pointers.
+/// What a forward block works on: its (batch·head) row-block index, first query row, batch and
+/// query head, and the head's q/k/v/mask base pointers (k and v of its key/value head under GQA).
 template <typename scalar_t>
 struct FwdBlock {
-  int64_t bh, m0;
+  int64_t bh, m0, b, h;
   const scalar_t* q;
   const scalar_t* k;
   const scalar_t* v;
@@ -65,14 +66,35 @@ __device__ __forceinline__ FwdBlock<scalar_t> fwd_block(const CrossAttentionFwdP
   const unsigned int heads = static_cast<unsigned int>(p.H);
   const unsigned int bh = blockIdx.x / num_m_tiles;
   const int64_t b = bh / heads, h = bh % heads;
+  const int64_t kv_head = static_cast<unsigned int>(h) / static_cast<unsigned int>(p.kv_group);
   FwdBlock<scalar_t> blk;
-  blk.bh = bh;
+  blk.bh = bh, blk.b = b, blk.h = h;
   blk.m0 = static_cast<int64_t>(blockIdx.x % num_m_tiles) * block_m;
   blk.q = static_cast<const scalar_t*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
-  blk.k = static_cast<const scalar_t*>(p.k) + b * p.k_stride_b + h * p.k_stride_h;
-  blk.v = static_cast<const scalar_t*>(p.v) + b * p.v_stride_b + h * p.v_stride_h;
+  blk.k = static_cast<const scalar_t*>(p.k) + b * p.k_stride_b + kv_head * p.k_stride_h;
+  blk.v = static_cast<const scalar_t*>(p.v) + b * p.v_stride_b + kv_head * p.v_stride_h;
   blk.mask = p.key_padding_mask == nullptr ? nullptr : p.key_padding_mask + b * p.mask_stride_b;
   return blk;
+}
+
+/// The P·V phase of one key tile: lane owns columns lane, lane + 32, ...; V rows are read
+/// conflict-free; the probabilities come by shuffle from the lane that scored the key. kExact: the
+/// tile's V holds a non-finite value and masked pairs (probability −0.0) must not touch it.
+template <bool kExact, int kRowsPerWarp, int kColsPerLane, int kBlockN, int kVStride>
+__device__ __forceinline__ void fwd_pv_phase(float (&acc)[kRowsPerWarp][kColsPerLane], const float (&s)[kRowsPerWarp],
+                                             const float* __restrict__ v_tile, int lane) {
+#pragma unroll 2
+  for (int j = 0; j < kBlockN; ++j) {
+    float vv[kColsPerLane];
+#pragma unroll
+    for (int t = 0; t < kColsPerLane; ++t) vv[t] = v_tile[j * kVStride + t * 32 + lane];
+#pragma unroll
+    for (int r = 0; r < kRowsPerWarp; ++r) {
+      const float pj = __shfl_sync(kFullWarpMask, s[r], j);
+#pragma unroll
+      for (int t = 0; t < kColsPerLane; ++t) acc[r][t] = kExact ? masked_fma(pj, vv[t], acc[r][t]) : fmaf(pj, vv[t], acc[r][t]);
+    }
+  }
 }
 
 /// The forward kernel for one (dtype, D instantiation, Dv instantiation). Launched with
@@ -82,7 +104,12 @@ __device__ __forceinline__ FwdBlock<scalar_t> fwd_block(const CrossAttentionFwdP
 /// The explicit minimum of 2 blocks per SM matters: with `__launch_bounds__(threads)` alone, ptxas
 /// (CUDA 13) squeezed some instantiations to ~72–80 registers and spilled; with a minimum of 2 it
 /// may use up to 255 and settles at ~110–145 with no spills (checked with -Xptxas -v).
-template <typename scalar_t, int kHeadDim, int kHeadDimV, int kRowsPerWarp, int kWarps>
+///
+/// kPairMasks (attention_fwd with causal or attn_mask): each pair's mask joins the key padding in
+/// the score phase (common/pair_mask.cuh: selected −inf score, −0.0 probability), a causal block
+/// stops at its last visible key tile, and a V tile holding a non-finite value takes the exact P·V
+/// loop. Without it, this is the cross_attention_fwd kernel as before.
+template <typename scalar_t, int kHeadDim, int kHeadDimV, int kRowsPerWarp, int kWarps, bool kPairMasks = false>
 __global__ void __launch_bounds__(kWarps * 32, 2)
     cross_attention_fwd_kernel(const CrossAttentionFwdParams p) {
   constexpr int kThreads = kWarps * 32;
@@ -129,15 +156,23 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     for (int t = 0; t < kColsPerLane; ++t) acc[r][t] = 0.0f;
   }
 
-  for (int64_t n0 = 0; n0 < p.N; n0 += kBlockN) {
+  const PairMaskHead<scalar_t> pair_mask = pair_mask_head<scalar_t>(p, blk.b, blk.h);
+  const int64_t n_end = kPairMasks ? causal_key_end(p.causal, m0 + kBlockM, p.N) : p.N;
+  for (int64_t n0 = 0; n0 < n_end; n0 += kBlockN) {
     const int n_rows = static_cast<int>(p.N - n0 < kBlockN ? p.N - n0 : kBlockN);
     __syncthreads();  // the previous K/V tile has been consumed by every warp
     load_tile<kThreads, kBlockN, kHeadDim, Layout::kKStride>(k_tile, k + n0 * p.k_stride_n, p.k_stride_n, n_rows,
                                                              d, 1.0f);
     // Padded keys' value rows are zeros (their scores are replaced below, so K needs no such care).
+    bool v_nonfinite = false;
     load_tile<kThreads, kBlockN, kHeadDimV, Layout::kVStride>(v_tile, v + n0 * p.v_stride_n, p.v_stride_n,
-                                                              n_rows, dv, 1.0f, mask == nullptr ? nullptr : mask + n0);
-    __syncthreads();
+                                                              n_rows, dv, 1.0f, mask == nullptr ? nullptr : mask + n0,
+                                                              kPairMasks ? &v_nonfinite : nullptr);
+    if (kPairMasks) {
+      v_nonfinite = __syncthreads_or(v_nonfinite) != 0;
+    } else {
+      __syncthreads();
+    }
 
     // Score phase: lane j scores key n0 + j against the warp's rows.
     float s[kRowsPerWarp];
@@ -157,27 +192,26 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     // Online softmax: s[r] becomes the lane's unnormalised probability exp(s − running max).
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
-      const float score = key_valid ? s[r] : negative_infinity<float>();
+      bool masked = !key_valid;
+      float score = key_valid ? s[r] : negative_infinity<float>();
+      if (kPairMasks) {
+        const int64_t m = m0 + warp * kRowsPerWarp + r;
+        const float bias = key_valid && m < p.M ? pair_mask.bias(m, n0 + lane) : negative_infinity<float>();
+        masked = is_negative_infinity(bias);
+        score = masked_score(s[r], bias);
+      }
       const float factor = online_softmax_advance(row[r], warp_max(score));
       const float prob = math_exp(score - online_softmax_shift(row[r]));
       row[r].sum += prob;
-      s[r] = prob;
+      s[r] = kPairMasks && masked ? masked_coefficient() : prob;
 #pragma unroll
       for (int t = 0; t < kColsPerLane; ++t) acc[r][t] *= factor;
     }
 
-    // P·V phase: lane owns columns lane, lane + 32, ...; V rows are read conflict-free.
-#pragma unroll 2
-    for (int j = 0; j < kBlockN; ++j) {
-      float vv[kColsPerLane];
-#pragma unroll
-      for (int t = 0; t < kColsPerLane; ++t) vv[t] = v_tile[j * Layout::kVStride + t * 32 + lane];
-#pragma unroll
-      for (int r = 0; r < kRowsPerWarp; ++r) {
-        const float pj = __shfl_sync(kFullWarpMask, s[r], j);
-#pragma unroll
-        for (int t = 0; t < kColsPerLane; ++t) acc[r][t] = fmaf(pj, vv[t], acc[r][t]);
-      }
+    if (kPairMasks && v_nonfinite) {
+      fwd_pv_phase<true, kRowsPerWarp, kColsPerLane, kBlockN, Layout::kVStride>(acc, s, v_tile, lane);
+    } else {
+      fwd_pv_phase<false, kRowsPerWarp, kColsPerLane, kBlockN, Layout::kVStride>(acc, s, v_tile, lane);
     }
   }
 

@@ -135,9 +135,13 @@ inline const char* attention_dtype_and_size_error(ScalarType dtype, int64_t B, i
 /// `compute_capability` (major·10 + minor; common/device_limits.h): the largest compiled tile that
 /// fits, or unsupported with `smem` saying what the smallest one needs, or with the reason the
 /// device's tensor cores cannot take the dtype (bf16 below 8.0).
+///
+/// `pair_masks` (causal or attn_mask, AttentionMaskLayout::has_pair_masks()): the fp32 kernel's
+/// pair-mask instantiations exist for one head-dim bucket only (D and Dv rounded up to the larger,
+/// as the tensor-core kernel always does), which keeps them at 4 (+1 fall-back) instead of 16 (+3).
 inline CrossAttentionLaunchPlan plan_cross_attention_fwd(int64_t B, int64_t H, int64_t M, int64_t N, int64_t D,
                                                          int64_t Dv, ScalarType dtype, std::size_t smem_limit,
-                                                         int compute_capability) {
+                                                         int compute_capability, bool pair_masks = false) {
   CrossAttentionLaunchPlan plan;
   plan.error = attention_dtype_and_size_error(dtype, B, H, M, N);
   if (plan.error != nullptr) return plan;
@@ -149,12 +153,15 @@ inline CrossAttentionLaunchPlan plan_cross_attention_fwd(int64_t B, int64_t H, i
   }
   plan.tensor_cores = dtype != ScalarType::kFloat32;
   plan.block_n = plan.tensor_cores ? kCrossAttentionWmmaBlockN : kCrossAttentionFwdBlockN;
-  if (plan.tensor_cores) {
-    plan.error = tensor_core_dtype_error(dtype, compute_capability);
-    if (plan.error != nullptr) return plan;
+  if (plan.tensor_cores || pair_masks) {
     const int dim = plan.head_dim_instantiation > plan.head_dim_v_instantiation ? plan.head_dim_instantiation
                                                                                 : plan.head_dim_v_instantiation;
     plan.head_dim_instantiation = plan.head_dim_v_instantiation = dim;
+  }
+  if (plan.tensor_cores) {
+    plan.error = tensor_core_dtype_error(dtype, compute_capability);
+    if (plan.error != nullptr) return plan;
+    const int dim = plan.head_dim_instantiation;
     const CrossAttentionWmmaSmemOfWarps bytes{dim};
     plan.warps = compiled_tile_within(kCrossAttentionWmmaWarps, smem_limit, bytes);
     if (plan.warps == 0) {

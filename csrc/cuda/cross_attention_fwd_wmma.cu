@@ -11,13 +11,13 @@ namespace cuda {
 namespace detail {
 namespace {
 
-template <typename scalar_t, int kDim, int kWarps>
+template <typename scalar_t, int kDim, int kWarps, bool kPairMasks>
 cudaError_t launch_wmma(const CrossAttentionFwdParams& p, const CrossAttentionLaunchPlan& plan, cudaStream_t stream) {
   static_assert(WmmaFwdSmemLayout<kDim, kWarps>::kBytes == cross_attention_wmma_smem_bytes(kDim, kWarps),
                 "kernel shared-memory layout and launch plan disagree");
   static_assert(kWarps != kCrossAttentionWmmaWarps || cross_attention_wmma_smem_bytes(kDim, kWarps) <= kSmemSm80Bytes,
                 "the preferred tile fits sm_80");
-  return launch_with_smem(cross_attention_fwd_wmma_kernel<scalar_t, kDim, kWarps>, plan.grid, plan.block,
+  return launch_with_smem(cross_attention_fwd_wmma_kernel<scalar_t, kDim, kWarps, kPairMasks>, plan.grid, plan.block,
                           plan.shared_memory_bytes, stream, p);
 }
 
@@ -25,7 +25,12 @@ cudaError_t launch_wmma(const CrossAttentionFwdParams& p, const CrossAttentionLa
 template <typename scalar_t, int kDim>
 cudaError_t launch_warps(const CrossAttentionFwdParams& p, const CrossAttentionLaunchPlan& plan, cudaStream_t stream) {
   return dispatch_tile(plan.warps, [](int warps) { return cross_attention_wmma_warps_compiled(kDim, warps); },
-                       [&](auto warps) { return launch_wmma<scalar_t, kDim, decltype(warps)::value>(p, plan, stream); });
+                       [&](auto warps) {
+                         constexpr int kWarps = decltype(warps)::value;
+                         // attention_fwd with causal / attn_mask takes the pair-mask instantiation.
+                         return p.has_pair_masks() ? launch_wmma<scalar_t, kDim, kWarps, true>(p, plan, stream)
+                                                   : launch_wmma<scalar_t, kDim, kWarps, false>(p, plan, stream);
+                       });
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 // the device's shared memory needs it); warp w owns rows 16w..16w+15, i.e. one row of 16×16
 // fragments, so everything after the K/V tile load is warp-local. Per key tile of 32:
 //  1. S = Q Kᵀ with wmma (K stored row-major [key][d] is Kᵀ in column-major), stored to shared memory;
-//  2. lanes 0..15 each own one row: scale, mask (a per-key flag: 0 valid, −inf padded), online-softmax update
+//  2. lanes 0..15 each own one row: scale, mask (a per-key flag: 0 valid, −inf padded; with kPairMasks
+//     also the pair's causal / attn_mask term, common/pair_mask.cuh), online-softmax update
 //     from attn_ext/online_softmax.h, P = exp(s − shift) written as 16-bit, and the row's rescale
 //     factor for the accumulator;
 //  3. the warp rescales its rows of O (fp32, shared memory) by those factors, then O += P V with
@@ -50,7 +51,7 @@ struct WmmaFwdSmemLayout {
 };
 
 /// One block of the kernel below, for the architectures whose WMMA takes scalar_t.
-template <typename scalar_t, int kDim, int kWarps>
+template <typename scalar_t, int kDim, int kWarps, bool kPairMasks>
 __device__ __forceinline__ void cross_attention_fwd_wmma_block(const CrossAttentionFwdParams& p) {
   using L = WmmaFwdSmemLayout<kDim, kWarps>;
   constexpr int kThreads = kWarps * 32;
@@ -83,7 +84,9 @@ __device__ __forceinline__ void cross_attention_fwd_wmma_block(const CrossAttent
   for (int idx = lane; idx < 16 * kDim; idx += 32) o_tile[(row0 + idx / kDim) * L::kOStride + idx % kDim] = 0.0f;
 
   OnlineSoftmaxRow<float> row = online_softmax_empty<float>();  // meaningful in lanes 0..15 (row row0 + lane)
-  for (int64_t n0 = 0; n0 < p.N; n0 += kBlockN) {
+  const PairMaskHead<scalar_t> pair_mask = pair_mask_head<scalar_t>(p, blk.b, blk.h);
+  const int64_t n_end = kPairMasks ? causal_key_end(p.causal, m0 + kBlockM, p.N) : p.N;
+  for (int64_t n0 = 0; n0 < n_end; n0 += kBlockN) {
     const int n_rows = static_cast<int>(p.N - n0 < kBlockN ? p.N - n0 : kBlockN);
     __syncthreads();  // every warp is done with the previous K/V tile (and the Q tile is complete)
     // Padded keys are zero rows: the P·V product would take 0 · NaN from a padded value, and the
@@ -91,13 +94,18 @@ __device__ __forceinline__ void cross_attention_fwd_wmma_block(const CrossAttent
     const uint8_t* tile_padding = blk.mask == nullptr ? nullptr : blk.mask + n0;
     copy_tile<kThreads, kBlockN, kDim, L::kHalfStride>(k_tile, blk.k + n0 * p.k_stride_n, p.k_stride_n, n_rows, d,
                                                        tile_padding);
+    bool v_nonfinite = false;
     copy_tile<kThreads, kBlockN, kDim, L::kHalfStride>(v_tile, blk.v + n0 * p.v_stride_n, p.v_stride_n, n_rows, dv,
-                                                       tile_padding);
+                                                       tile_padding, kPairMasks ? &v_nonfinite : nullptr);
     for (int j = threadIdx.x; j < kBlockN; j += kThreads) {
       const bool valid = j < n_rows && (blk.mask == nullptr || blk.mask[n0 + j] == 0);
       key_bias[j] = valid ? 0.0f : negative_infinity<float>();
     }
-    __syncthreads();
+    if (kPairMasks) {
+      v_nonfinite = __syncthreads_or(v_nonfinite) != 0;  // block-uniform: the P·V branch below
+    } else {
+      __syncthreads();
+    }
 
     // 1. S (unscaled) = Q Kᵀ for the warp's 16 rows.
     warp_gemm_abt<scalar_t, kDim, kBlockN>(s_tile + row0 * L::kSStride, L::kSStride, q_tile + row0 * L::kHalfStride,
@@ -108,12 +116,19 @@ __device__ __forceinline__ void cross_attention_fwd_wmma_block(const CrossAttent
     // the scores as exact as the fp32 accumulation.
     if (lane < 16) {
       float* s_row = s_tile + (row0 + lane) * L::kSStride;
+      const int64_t m = m0 + row0 + lane;
       float block_max = negative_infinity<float>();
+      uint32_t masked_keys = 0;  // pair masks: bit j = key n0 + j is masked for this row (kBlockN = 32)
 #pragma unroll 8
       for (int j = 0; j < kBlockN; ++j) {
         // Selected, not added: a NaN query row times a padded (zeroed) key is NaN, and NaN + (−inf)
         // would make a row without valid keys NaN instead of empty.
-        const float score = key_bias[j] == 0.0f ? s_row[j] * p.scale : negative_infinity<float>();
+        float score = key_bias[j] == 0.0f ? s_row[j] * p.scale : negative_infinity<float>();
+        if (kPairMasks) {
+          const float bias = key_bias[j] == 0.0f && m < p.M ? pair_mask.bias(m, n0 + j) : negative_infinity<float>();
+          if (is_negative_infinity(bias)) masked_keys |= 1u << j;
+          score = masked_score(score, bias);
+        }
         s_row[j] = score;
         block_max = fmaxf(block_max, score);
       }
@@ -124,7 +139,8 @@ __device__ __forceinline__ void cross_attention_fwd_wmma_block(const CrossAttent
       for (int j = 0; j < kBlockN; ++j) {
         const float prob = math_exp(s_row[j] - shift);
         sum += prob;
-        p_tile[(row0 + lane) * L::kPStride + j] = from_float<scalar_t>(prob);
+        const bool masked = kPairMasks && ((masked_keys >> j) & 1u) != 0;
+        p_tile[(row0 + lane) * L::kPStride + j] = from_float<scalar_t>(masked ? masked_coefficient() : prob);
       }
       row.sum += sum;
       row_factor[row0 + lane] = factor;
@@ -137,8 +153,14 @@ __device__ __forceinline__ void cross_attention_fwd_wmma_block(const CrossAttent
       o_tile[r * L::kOStride + idx % kDim] *= row_factor[r];
     }
     __syncwarp();
-    warp_gemm_acc<scalar_t, kDim, kBlockN>(o_tile + row0 * L::kOStride, L::kOStride, p_tile + row0 * L::kPStride,
-                                           L::kPStride, v_tile, L::kHalfStride);
+    if (kPairMasks && v_nonfinite) {
+      warp_gemm_acc_exact<scalar_t, kDim, kBlockN>(o_tile + row0 * L::kOStride, L::kOStride,
+                                                   p_tile + row0 * L::kPStride, L::kPStride, v_tile, L::kHalfStride,
+                                                   lane);
+    } else {
+      warp_gemm_acc<scalar_t, kDim, kBlockN>(o_tile + row0 * L::kOStride, L::kOStride, p_tile + row0 * L::kPStride,
+                                             L::kPStride, v_tile, L::kHalfStride);
+    }
   }
 
   // Epilogue: normalise and write out (input dtype) and lse (fp32); an empty row gets 0 and −inf.
@@ -158,11 +180,12 @@ __device__ __forceinline__ void cross_attention_fwd_wmma_block(const CrossAttent
 }
 
 /// Launched with kWarps·32 threads, WmmaFwdSmemLayout<kDim, kWarps>::kBytes of dynamic shared memory,
-/// over the 1-D grid of cross_attention_fwd_plan.h. kDim ≥ max(D, Dv).
-template <typename scalar_t, int kDim, int kWarps>
+/// over the 1-D grid of cross_attention_fwd_plan.h. kDim ≥ max(D, Dv). kPairMasks: the attention_fwd
+/// instantiation (causal / attn_mask read per pair, exact P·V for a V tile with inf or NaN).
+template <typename scalar_t, int kDim, int kWarps, bool kPairMasks = false>
 __global__ void __launch_bounds__(kWarps * 32, 1) cross_attention_fwd_wmma_kernel(const CrossAttentionFwdParams p) {
   if constexpr (kWmmaHasFragments<scalar_t>) {
-    cross_attention_fwd_wmma_block<scalar_t, kDim, kWarps>(p);
+    cross_attention_fwd_wmma_block<scalar_t, kDim, kWarps, kPairMasks>(p);
   } else {
     __trap();  // bf16 below sm_80: the plans refuse it before launching (wmma_tiles.cuh)
   }

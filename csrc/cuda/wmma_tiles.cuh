@@ -11,6 +11,9 @@
 #include <cuda_bf16.h>
 #include <mma.h>
 
+#include "common/dtypes.cuh"
+#include "common/pair_mask.cuh"
+
 namespace attn_ext {
 namespace cuda {
 namespace detail {
@@ -66,6 +69,20 @@ __device__ __forceinline__ void warp_gemm_acc(float* acc, int acc_ld, const scal
       wmma::mma_sync(c, fa, fb, c);
     }
     wmma::store_matrix_sync(acc + 16 * j, c, acc_ld, wmma::mem_row_major);
+  }
+}
+
+/// warp_gemm_acc's product in fp32 scalar arithmetic, with masked pairs' coefficients (−0.0,
+/// common/pair_mask.cuh) contributing nothing whatever `rows` holds: the pair-mask kernels take it
+/// for a streamed tile that holds inf or NaN. The warp's lanes split the [16][kDim] accumulator.
+template <typename scalar_t, int kDim, int kOther>
+__device__ __forceinline__ void warp_gemm_acc_exact(float* acc, int acc_ld, const scalar_t* coef, int coef_ld,
+                                                    const scalar_t* rows, int rows_ld, int lane) {
+  for (int idx = lane; idx < 16 * kDim; idx += 32) {
+    const int r = idx / kDim, c = idx % kDim;
+    float sum = acc[r * acc_ld + c];
+    for (int t = 0; t < kOther; ++t) sum = masked_fma(to_float(coef[r * coef_ld + t]), to_float(rows[t * rows_ld + c]), sum);
+    acc[r * acc_ld + c] = sum;
   }
 }
 

@@ -41,12 +41,19 @@ float as_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 
 using cuda_emu::scalar_type;
 
+/// attn_mask of a case: none, bool (True = take part) or additive in the inputs' dtype.
+enum AttnMask { kNoAttnMask, kBoolMask, kAdditiveMask };
+
 struct Case {
   const char* name;
   int64_t B, H, M, N, D, Dv;
   bool mask;          // random padding, and the last batch fully padded
   bool broadcast_k;   // k's batch stride 0
   float score_scale;  // multiplies the default 1/sqrt(D), large values stress the running max
+  // attention_fwd's additions (the pair-mask instantiations run when causal or attn_mask is set).
+  bool causal = false;
+  AttnMask attn_mask = kNoAttnMask;
+  int64_t kv_group = 1;  // query heads per key/value head
 };
 
 void fail(const Case& c, const char* what, int64_t index, double got, double want) {
@@ -71,9 +78,13 @@ constexpr int preferred_tile() {
 
 /// Runs one case with the (kD, kDv, kTile) instantiation, which must be the one the plan picks for a
 /// device with `smem_limit` bytes of shared memory per block. kTile: warps per block (WMMA) or rows
-/// per warp (fp32).
-template <typename scalar_t, int kD, int kDv, int kTile = preferred_tile<scalar_t, kDv>()>
+/// per warp (fp32). kPair: the pair-mask instantiation (the case must have causal or attn_mask).
+template <typename scalar_t, int kD, int kDv, int kTile = preferred_tile<scalar_t, kDv>(), bool kPair = false>
 void run_case(const Case& c, uint32_t seed, std::size_t smem_limit = kSm90) {
+  if (kPair != (c.causal || c.attn_mask != kNoAttnMask)) {
+    fail(c, "kPair must be set exactly for causal / attn_mask cases", 0, 0, 0);
+    return;
+  }
   const int64_t B = c.B, H = c.H, M = c.M, N = c.N, D = c.D, Dv = c.Dv;
   std::mt19937 gen(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -81,15 +92,18 @@ void run_case(const Case& c, uint32_t seed, std::size_t smem_limit = kSm90) {
 
   // q stored as [B, M, H, D + 3] (a transposed view with padded rows); k as [B or 1, H, N + 2, D + 1]
   // with two NaN rows past N; v as [B, H, N, Dv + 5]. Everything not part of the logical tensor is NaN.
+  // k and v have Hkv = H / kv_group heads (GQA); query head h reads head h / kv_group.
+  const int64_t Hkv = H / c.kv_group, group = c.kv_group;
   const int64_t qd = D + 3, kd = D + 1, vd = Dv + 5, kn = N + 2, kb = c.broadcast_k ? 1 : B;
   std::vector<scalar_t> q(B * M * H * qd, from_float<scalar_t>(kNaN));
-  std::vector<scalar_t> k(kb * H * kn * kd + 1, from_float<scalar_t>(kNaN));
-  std::vector<scalar_t> v(B * H * N * vd + 1, from_float<scalar_t>(kNaN));
+  std::vector<scalar_t> k(kb * Hkv * kn * kd + 1, from_float<scalar_t>(kNaN));
+  std::vector<scalar_t> v(B * Hkv * N * vd + 1, from_float<scalar_t>(kNaN));
   CrossAttentionFwdParams p;
   p.B = B, p.H = H, p.M = M, p.N = N, p.D = D, p.Dv = Dv;
   p.q_stride_b = M * H * qd, p.q_stride_h = qd, p.q_stride_m = H * qd;
-  p.k_stride_b = c.broadcast_k ? 0 : H * kn * kd, p.k_stride_h = kn * kd, p.k_stride_n = kd;
-  p.v_stride_b = H * N * vd, p.v_stride_h = N * vd, p.v_stride_n = vd;
+  p.k_stride_b = c.broadcast_k ? 0 : Hkv * kn * kd, p.k_stride_h = kn * kd, p.k_stride_n = kd;
+  p.v_stride_b = Hkv * N * vd, p.v_stride_h = N * vd, p.v_stride_n = vd;
+  p.kv_group = group, p.causal = c.causal;
   const auto qi = [&](int64_t b, int64_t h, int64_t m, int64_t d) {
     return b * p.q_stride_b + h * p.q_stride_h + m * p.q_stride_m + d;
   };
@@ -100,14 +114,15 @@ void run_case(const Case& c, uint32_t seed, std::size_t smem_limit = kSm90) {
     return b * p.v_stride_b + h * p.v_stride_h + n * p.v_stride_n + d;
   };
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h) {
+    for (int64_t h = 0; h < H; ++h)
       for (int64_t m = 0; m < M; ++m)
         for (int64_t d = 0; d < D; ++d) q[qi(b, h, m, d)] = rnd();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hkv; ++h)
       for (int64_t n = 0; n < N; ++n) {
         for (int64_t d = 0; d < D; ++d) k[ki(b, h, n, d)] = rnd();  // rewritten per b when broadcast
         for (int64_t d = 0; d < Dv; ++d) v[vi(b, h, n, d)] = rnd();
       }
-    }
   std::vector<uint8_t> mask;
   if (c.mask) {
     p.mask_stride_b = N + 7;
@@ -122,13 +137,66 @@ void run_case(const Case& c, uint32_t seed, std::size_t smem_limit = kSm90) {
     for (int64_t b = 0; b < B && !c.broadcast_k; ++b)
       for (int64_t n = 0; n < N; ++n) {
         if (mask[b * p.mask_stride_b + n] == 0) continue;
-        for (int64_t h = 0; h < H; ++h) {
+        for (int64_t h = 0; h < Hkv; ++h) {
           for (int64_t d = 0; d < D; ++d) k[ki(b, h, n, d)] = from_float<scalar_t>(kNaN);
           for (int64_t d = 0; d < Dv; ++d) v[vi(b, h, n, d)] = from_float<scalar_t>(kNaN);
         }
       }
     if (M > 0) q[qi(0, 0, M - 1, 0)] = from_float<scalar_t>(kNaN);
   }
+  // attn_mask as a strided view that is never copied: bool [1 → B, H, M, N] stored transposed
+  // ([H][N][M + 1], batch broadcast), additive [B, 1 → H, M, N + 2] (head broadcast). Each masks
+  // ~30% of the pairs at random, all of query row 1 (an empty row, unless it is the NaN row) and,
+  // for batch 0's first key/value head, all of key N / 2 — whose k and v rows then hold NaN, which
+  // must not reach any output (the tile takes the exact P·V path).
+  std::vector<uint8_t> bool_mask;
+  std::vector<scalar_t> add_mask;
+  const int64_t nan_key = c.attn_mask != kNoAttnMask && N > 0 && !c.broadcast_k ? N / 2 : -1;
+  if (c.attn_mask != kNoAttnMask) {
+    std::bernoulli_distribution dropped(0.3);
+    const bool is_bool = c.attn_mask == kBoolMask;
+    if (is_bool) {
+      p.attn_mask_stride_b = 0, p.attn_mask_stride_h = N * (M + 1), p.attn_mask_stride_m = 1, p.attn_mask_stride_n = M + 1;
+      bool_mask.assign(H * N * (M + 1) + 1, 7);  // nonzero padding bytes: a stray read would unmask
+    } else {
+      p.attn_mask_stride_b = M * (N + 2), p.attn_mask_stride_h = 0, p.attn_mask_stride_m = N + 2, p.attn_mask_stride_n = 1;
+      add_mask.assign(B * M * (N + 2) + 1, from_float<scalar_t>(kNaN));
+    }
+    for (int64_t b = 0; b < (is_bool ? 1 : B); ++b)
+      for (int64_t h = 0; h < (is_bool ? H : 1); ++h)
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < N; ++n) {
+            const bool off = dropped(gen) || m == 1 || (n == nan_key && (is_bool ? h < group : true));
+            const int64_t at = b * p.attn_mask_stride_b + h * p.attn_mask_stride_h + m * p.attn_mask_stride_m +
+                               n * p.attn_mask_stride_n;
+            if (is_bool) {
+              bool_mask[at] = off ? 0 : 1;
+            } else {
+              add_mask[at] = from_float<scalar_t>(off ? -std::numeric_limits<float>::infinity() : 0.5f * normal(gen));
+            }
+          }
+    p.attn_mask = is_bool ? static_cast<const void*>(bool_mask.data()) : static_cast<const void*>(add_mask.data());
+    p.attn_mask_kind = is_bool ? attn_ext::cuda::AttnMaskKind::kBool : attn_ext::cuda::AttnMaskKind::kAdditive;
+    if (nan_key >= 0) {
+      for (int64_t d = 0; d < D; ++d) k[ki(0, 0, nan_key, d)] = from_float<scalar_t>(kNaN);
+      for (int64_t d = 0; d < Dv; ++d) v[vi(0, 0, nan_key, d)] = from_float<scalar_t>(kNaN);
+    }
+  }
+  // Whether pair (b, h, m, n) takes part, and its additive term.
+  const auto allowed = [&](int64_t b, int64_t h, int64_t m, int64_t n) {
+    if (c.mask && mask[b * p.mask_stride_b + n] != 0) return false;
+    if (c.causal && n > m) return false;
+    const int64_t at = b * p.attn_mask_stride_b + h * p.attn_mask_stride_h + m * p.attn_mask_stride_m +
+                       n * p.attn_mask_stride_n;
+    if (c.attn_mask == kBoolMask) return bool_mask[at] != 0;
+    if (c.attn_mask == kAdditiveMask) return !std::isinf(as_float(add_mask[at]));
+    return true;
+  };
+  const auto additive = [&](int64_t b, int64_t h, int64_t m, int64_t n) {
+    if (c.attn_mask != kAdditiveMask) return 0.0;
+    return double(as_float(add_mask[b * p.attn_mask_stride_b + h * p.attn_mask_stride_h + m * p.attn_mask_stride_m +
+                                     n * p.attn_mask_stride_n]));
+  };
   p.scale = c.score_scale / std::sqrt(static_cast<float>(D));
   p.dtype = scalar_type<scalar_t>();
 
@@ -139,8 +207,9 @@ void run_case(const Case& c, uint32_t seed, std::size_t smem_limit = kSm90) {
   p.q = q.data(), p.k = k.data(), p.v = v.data();
   p.out = out.data() + kGuard, p.lse = lse.data() + kGuard;
 
-  const CrossAttentionLaunchPlan plan =
-      attn_ext::cuda::plan_cross_attention_fwd(B, H, M, N, D, Dv, p.dtype, smem_limit, kEveryDtypeCapability);
+  const CrossAttentionLaunchPlan plan = attn_ext::cuda::plan_cross_attention_fwd(
+      B, H, M, N, D, Dv, p.dtype, smem_limit, kEveryDtypeCapability, p.has_pair_masks());
+  constexpr bool kPairMasks = kPair;
   const int tile = sizeof(scalar_t) == 2 ? plan.warps : plan.rows_per_warp;
   if (!plan.supported || plan.head_dim_instantiation != kD || plan.head_dim_v_instantiation != kDv || tile != kTile) {
     fail(c, "plan does not select the tested instantiation", 0, tile, kTile);
@@ -156,11 +225,12 @@ void run_case(const Case& c, uint32_t seed, std::size_t smem_limit = kSm90) {
       if constexpr (sizeof(scalar_t) == 2) {
         static_assert(kD == kDv, "the tensor-core kernel has one head-dim instantiation");
         static_assert(attn_ext::cuda::cross_attention_wmma_warps_compiled(kD, kTile), "a compiled tile");
-        attn_ext::cuda::detail::cross_attention_fwd_wmma_kernel<scalar_t, kD, kTile>(p);
+        attn_ext::cuda::detail::cross_attention_fwd_wmma_kernel<scalar_t, kD, kTile, kPairMasks>(p);
       } else {
         static_assert(attn_ext::cuda::cross_attention_fwd_rows_compiled(kD, kDv, kTile), "a compiled tile");
+        static_assert(!kPairMasks || kD == kDv, "the pair-mask fp32 kernel has one head-dim bucket");
         attn_ext::cuda::detail::cross_attention_fwd_kernel<scalar_t, kD, kDv, kTile,
-                                                           attn_ext::cuda::kCrossAttentionFwdWarps>(p);
+                                                           attn_ext::cuda::kCrossAttentionFwdWarps, kPairMasks>(p);
       }
     });
     for (size_t i = plan.shared_memory_bytes; i < smem_total; ++i) {
@@ -182,13 +252,14 @@ void run_case(const Case& c, uint32_t seed, std::size_t smem_limit = kSm90) {
     for (int64_t h = 0; h < H; ++h)
       for (int64_t m = 0; m < M; ++m) {
         double mx = -std::numeric_limits<double>::infinity();
+        const int64_t hk = h / group;
         for (int64_t n = 0; n < N; ++n) {
           s[n] = -std::numeric_limits<double>::infinity();
-          if (c.mask && mask[b * p.mask_stride_b + n] != 0) continue;
+          if (!allowed(b, h, m, n)) continue;  // masked pairs are never read
           double dot = 0;
-          for (int64_t d = 0; d < D; ++d) dot += double(as_float(q[qi(b, h, m, d)])) * as_float(k[ki(b, h, n, d)]);
+          for (int64_t d = 0; d < D; ++d) dot += double(as_float(q[qi(b, h, m, d)])) * as_float(k[ki(b, hk, n, d)]);
           // The kernel pre-scales q in fp32; mirror that rounding so the check stays tight.
-          s[n] = dot * double(p.scale);
+          s[n] = dot * double(p.scale) + additive(b, h, m, n);
           mx = std::isnan(s[n]) || std::isnan(mx) ? s[n] + mx : std::max(mx, s[n]);  // NaN-propagating max
         }
         double want_lse = -std::numeric_limits<double>::infinity();
@@ -198,9 +269,9 @@ void run_case(const Case& c, uint32_t seed, std::size_t smem_limit = kSm90) {
           for (int64_t n = 0; n < N; ++n) sum += std::exp(s[n] - mx);
           want_lse = mx + std::log(sum);
           for (int64_t n = 0; n < N; ++n) {
-            if (c.mask && mask[b * p.mask_stride_b + n] != 0) continue;  // padded: never read
+            if (!allowed(b, h, m, n)) continue;  // masked (or padded): never read
             const double w = std::exp(s[n] - want_lse);
-            for (int64_t d = 0; d < Dv; ++d) o[d] += w * as_float(v[vi(b, h, n, d)]);
+            for (int64_t d = 0; d < Dv; ++d) o[d] += w * as_float(v[vi(b, hk, n, d)]);
           }
         }
         const int64_t row = (b * H + h) * M + m;
@@ -255,6 +326,30 @@ int main() {
                               kSm75);
   run_case<float, 256, 128, 2>({"fp32 D=256 Dv=100 masked, 64 KiB: 2 rows/warp", 2, 1, 13, 37, 256, 100, true, false, 1.0f},
                                seed++, kSm75);
+  // attention_fwd: causal (top-left, M ≠ N too), bool / additive attn_mask views with broadcast dims,
+  // GQA, combined with key padding; NaN in a key masked for every row that could see it.
+  // name, B, H, M, N, D, Dv, mask, broadcast_k, score_scale, causal, attn_mask, kv_group
+  run_case<float, 64, 64, 8, true>({"fp32 causal M=N=70 D=40 Dv=59 padded", 2, 3, 70, 70, 40, 59, true, false, 1.0f, true},
+                                   seed++);
+  run_case<float, 64, 64, 8, true>(
+      {"fp32 bool attn_mask, GQA 4/2", 2, 4, 37, 45, 40, 40, false, false, 1.0f, false, kBoolMask, 2}, seed++);
+  run_case<float, 32, 32, 8, true>(
+      {"fp32 additive + causal + padded, M=50 N=33", 2, 2, 50, 33, 32, 32, true, false, 1.0f, true, kAdditiveMask}, seed++);
+  run_case<float, 32, 32, 8, true>({"fp32 causal M=20 N=90 (keys past M)", 1, 1, 20, 90, 16, 16, false, false, 4.0f, true},
+                                   seed++);
+  run_case<float, 256, 256, 4, true>({"fp32 causal D=200 Dv=30", 1, 1, 33, 40, 200, 30, false, false, 1.0f, true}, seed++);
+  run_case<float, 32, 32>({"fp32 GQA 6/3, no pair mask", 1, 6, 20, 40, 32, 32, true, false, 1.0f, false, kNoAttnMask, 3},
+                          seed++);
+  run_case<__half, 64, 64, 4, true>(
+      {"fp16 causal + bool + padded, GQA 4/2", 2, 4, 70, 70, 40, 59, true, false, 1.0f, true, kBoolMask, 2}, seed++);
+  run_case<__half, 32, 32, 4, true>(
+      {"fp16 additive attn_mask", 2, 2, 37, 50, 32, 16, false, false, 1.0f, false, kAdditiveMask}, seed++);
+  run_case<__nv_bfloat16, 128, 128, 4, true>(
+      {"bf16 additive + causal M=N=100, GQA 2/1", 1, 2, 100, 100, 96, 96, true, false, 1.0f, true, kAdditiveMask, 2},
+      seed++);
+  run_case<__nv_bfloat16, 128, 128, 2, true>(
+      {"bf16 bool attn_mask, 64 KiB: 2 warps", 2, 1, 40, 50, 96, 128, false, false, 1.0f, false, kBoolMask}, seed++,
+      kSm75);
   if (g_failures != 0) {
     std::fprintf(stderr, "attn_ext_cuda_emulation_tests: %d mismatch(es)\n", g_failures);
     return 1;

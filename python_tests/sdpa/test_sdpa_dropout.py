@@ -30,7 +30,7 @@ def test_philox_known_answers():
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
 def test_keep_rate(p):
-    keep = keep_mask(12345, p, (4, 8, 64, 128))
+    keep = keep_mask(12345, p, (2, 4, 32, 64))
     n = keep.numel()
     rate = keep.double().mean().item()
     sigma = math.sqrt(p * (1 - p) / n)
@@ -101,10 +101,10 @@ def test_dropout_gradcheck(backend):
 def test_mean_output_is_unbiased():
     # E[dropout(P)] = P: averaged over many seeds the output approaches the undropped one.
     g = torch.Generator().manual_seed(2)
-    q, k, v = (torch.randn(1, 1, 4, 8, generator=g, dtype=F64), torch.randn(1, 1, 32, 8, generator=g, dtype=F64),
-               torch.randn(1, 1, 32, 4, generator=g, dtype=F64))
+    q, k, v = (torch.randn(1, 1, 2, 8, generator=g, dtype=F64), torch.randn(1, 1, 16, 8, generator=g, dtype=F64),
+               torch.randn(1, 1, 16, 4, generator=g, dtype=F64))
     torch.manual_seed(0)
-    runs = torch.stack([ae.scaled_dot_product_attention(q, k, v, dropout_p=0.5, backend="reference") for _ in range(400)])
+    runs = torch.stack([ae.scaled_dot_product_attention(q, k, v, dropout_p=0.5, backend="reference") for _ in range(200)])
     full = ae.scaled_dot_product_attention(q, k, v, backend="reference")
     stderr = runs.std(0) / math.sqrt(runs.shape[0])
     assert bool(((runs.mean(0) - full).abs() < 5 * stderr + 1e-12).all())

@@ -56,8 +56,14 @@ def cross_attention_forward(
         running_sum = running_sum * factor + probs.sum(dim=-1)
         out = out * factor[..., None] + torch.matmul(probs, v_chunk)
         running_max = new_max
-    # No key with weight (all padded, none, or every score −inf: exp(−inf) = 0 as for padding) is
-    # the empty state (0, −inf); a NaN sum (a NaN score, +inf − +inf) is NaN, never empty.
+    out, lse = finish_rows(out, running_max, running_sum)
+    return out.to(q.dtype), lse
+
+
+def finish_rows(out: Tensor, running_max: Tensor, running_sum: Tensor) -> Tuple[Tensor, Tensor]:
+    """``(out / sum, max + log sum)`` of the online softmax's rows. No key with weight (all padded, none,
+    or every score −inf: exp(−inf) = 0 as for padding) is the empty state (0, −inf); a NaN sum (a NaN
+    score, +inf − +inf) is NaN, never empty."""
     empty = running_sum == 0
     positive = running_sum > 0
     safe_sum = torch.where(positive, running_sum, torch.ones_like(running_sum))
@@ -65,8 +71,7 @@ def cross_attention_forward(
     lse = torch.where(positive, running_max + torch.log(safe_sum), nan)
     lse = torch.where(empty, torch.full_like(lse, -math.inf), lse)
     out = torch.where(positive[..., None], out / safe_sum[..., None], nan[..., None])
-    out = torch.where(empty[..., None], torch.zeros_like(out), out)
-    return out.to(q.dtype), lse
+    return torch.where(empty[..., None], torch.zeros_like(out), out), lse
 
 
 def cross_attention_backward(

@@ -1,4 +1,7 @@
-"""Triton forward kernel for chunked cross attention (docs/spec.md §1).
+"""Triton forward kernel for chunked cross attention (docs/spec.md §1) and for the general attention op
+behind ``scaled_dot_product_attention``: the same kernel, whose constexpr flags add an attention mask,
+the causal rule, dropout and grouped key/value heads (all off for cross attention, which then
+compiles exactly the code it had; see :mod:`.triton_pairs`).
 
 One program per (query block, batch*head) streams over the keys in blocks of
 ``BLOCK_N`` with an online softmax, so no ``[M, N]`` matrix ever exists.
@@ -12,6 +15,8 @@ backward does not round trip: with a huge finite score (~1e30) the backward's
 (non-finite gradients), and with ordinary scores the extra roundings cost the
 backward accuracy.
 
+With the causal rule a query block stops at the diagonal, about half the work at L = S.
+
 Tiles and autotuning are those of :mod:`attn_ext.ops.cross_attention.triton_tiles`, shared with
 the backward kernels.
 """
@@ -22,28 +27,31 @@ import torch
 import triton
 import triton.language as tl
 
+from attn_ext.ops.cross_attention.triton_pairs import attn_mask_arg, dropout_arg, dropout_keep, masked_scores, pair_dot
 from attn_ext.ops.cross_attention.triton_tiles import autotuned, block_d, launch
 from attn_ext.ops.utils.triton import check_device, check_dtypes, interpreting, mask_arg
 from attn_ext.ops.utils.triton_jit import load_tile, valid_rows
 from attn_ext.ops.utils.validation import check_cross_attention_args
 
-__all__ = ["cross_attention_forward"]
+__all__ = ["cross_attention_forward", "launch_forward"]
 
 
 # --------------------------------------------------------------------------- kernel
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, MASK, OUT, LSE,
+    Q, K, V, MASK, ATTN, SEED, OUT, LSE,
     sqb, sqh, sqm, sqd,
     skb, skh, skn, skd,
     svb, svh, svn, svd,
     smb, smn,
+    sab, sah, sam, san,
     sob, soh, som, sod,
     slb, slh, slm,
-    H, M, N, D, DV,
-    scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
-    HAS_MASK: tl.constexpr, UPCAST: tl.constexpr,
+    H, GROUP, M, N, D, DV,
+    scale, drop_threshold, drop_scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
+    HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    PAIR_MASKS: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -51,6 +59,7 @@ def _fwd_kernel(
     # int64 batch/head offsets: B*H*L*D can exceed 2**31 elements.
     off_b = (pid_bh // H).to(tl.int64)
     off_h = (pid_bh % H).to(tl.int64)
+    off_kvh = off_h // GROUP  # GQA: GROUP query heads share a key/value head
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -60,29 +69,38 @@ def _fwd_kernel(
     dv_ok = offs_dv < DV
 
     q = load_tile(Q + off_b * sqb + off_h * sqh, offs_m, offs_d, sqm, sqd, m_ok, d_ok, UPCAST)
-    k_base = K + off_b * skb + off_h * skh
-    v_base = V + off_b * svb + off_h * svh
+    k_base = K + off_b * skb + off_kvh * skh
+    v_base = V + off_b * svb + off_kvh * svh
+    attn_base = ATTN + off_b * sab + off_h * sah
+    rows = pid_bh.to(tl.int64) * M + offs_m  # (b·H + h)·M + m: dropout's counter row
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
 
-    for start_n in range(0, N, BLOCK_N):
+    hi = N
+    if IS_CAUSAL:
+        hi = tl.minimum(N, (pid_m + 1) * BLOCK_M)  # later key blocks lie wholly above the diagonal
+    for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = valid_rows(MASK, off_b * smb, smn, offs_n, N, HAS_MASK)
         kt = load_tile(k_base, offs_d, offs_n, skd, skn, d_ok, n_ok, UPCAST)  # Kᵀ: padded keys never loaded
         v = load_tile(v_base, offs_n, offs_dv, svn, svd, n_ok, dv_ok, UPCAST)
 
         s = tl.dot(q, kt, input_precision="ieee") * scale
-        s = tl.where(n_ok[None, :], s, float("-inf"))
+        s, allowed = masked_scores(s, attn_base, sam, san, offs_m[:, None], offs_n[None, :],
+                                   m_ok[:, None] & n_ok[None, :], ATTN_MASK, IS_CAUSAL)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # While a row has seen no valid key its max is -inf; shift by 0 instead
         # so that no (-inf) - (-inf) = NaN appears.
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        l_i = l_i * alpha + tl.sum(p, 1)  # lse and the normaliser are of the undropped weights
+        if HAS_DROPOUT:
+            keep = dropout_keep(SEED, rows[:, None], offs_n[None, :], N, drop_threshold)
+            p = tl.where(keep, p * drop_scale, 0.0)
+        acc = acc * alpha[:, None] + pair_dot(p, v, allowed, m_ok, n_ok, PAIR_MASKS, BLOCK_M, BLOCK_N, BLOCK_DV)
         m_i = m_new
 
     # l_i = 0: no key carries weight (all padded, or every score -inf): the empty row (0, -inf).
@@ -150,9 +168,19 @@ def cross_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     # Shapes, mask and scale as for every backend; then what is particular to Triton.
     check_cross_attention_args(q, k, v, key_padding_mask, scale, chunk_size)
-    check_device(_fwd_kernel, q, k, v)
+    return launch_forward(q, k, v, key_padding_mask, scale, chunk_size)
+
+
+def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None,
+                   scale: float, chunk_size: int, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                   dropout_p: float = 0.0, dropout_seed: torch.Tensor | None = None):
+    """The forward kernel on checked arguments: ``k``, ``v`` may have fewer heads than ``q`` (GQA),
+    ``attn_mask`` is a ``[B, Hq, L, S]`` view (bool or q's dtype); see the sdpa Triton backend."""
+    check_device(_fwd_kernel, q, k, v, *(t for t in (key_padding_mask, attn_mask) if t is not None))
     check_dtypes(q=q, k=k, v=v)
     mask, smb, smn, has_mask = mask_arg(key_padding_mask, q)
+    attn, attn_strides, attn_kind = attn_mask_arg(attn_mask, q)
+    seed, threshold, drop_scale, has_dropout = dropout_arg(dropout_p, dropout_seed, q)
 
     B, H, M, D = q.shape
     N, DV = k.shape[2], v.shape[3]
@@ -161,10 +189,12 @@ def cross_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if lse.numel() == 0:
         return out, lse  # an empty launch grid is an error in Triton
 
-    args = (q, k, v, mask, out, lse,
-            *q.stride(), *k.stride(), *v.stride(), smb, smn, *out.stride(), *lse.stride(),
-            H, M, N, D, DV, float(scale))
-    meta = dict(HAS_MASK=has_mask, UPCAST=interpreting(), BLOCK_D=block_d(D), BLOCK_DV=block_d(DV))
+    args = (q, k, v, mask, attn, seed, out, lse,
+            *q.stride(), *k.stride(), *v.stride(), smb, smn, *attn_strides, *out.stride(), *lse.stride(),
+            H, H // k.shape[1], M, N, D, DV, float(scale), threshold, drop_scale)
+    meta = dict(HAS_MASK=has_mask, ATTN_MASK=attn_kind, IS_CAUSAL=bool(is_causal), HAS_DROPOUT=has_dropout,
+                PAIR_MASKS=attn_kind != 0 or bool(is_causal), UPCAST=interpreting(),
+                BLOCK_D=block_d(D), BLOCK_DV=block_d(DV))
     launch(_fwd_kernel, _fwd_kernel_tuned, lambda bm, bn: (triton.cdiv(M, bm), B * H),
            args, meta, M, N, chunk_size)
     return out, lse

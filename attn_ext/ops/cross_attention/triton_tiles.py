@@ -1,4 +1,5 @@
-"""Tiles and autotuning of the cross-attention Triton kernels (forward, and the backward's two kernels).
+"""Tiles and autotuning of the attention Triton kernels (forward, and the backward's two kernels), shared
+by cross attention and the general attention op.
 
 Under the interpreter the tiles are fixed and small (each interpreted op is a numpy call); on a GPU
 ``BLOCK_M``/``BLOCK_N``/warps/stages are autotuned per padded head dims, the chunk-size hint and
@@ -76,7 +77,9 @@ def _prune_configs(configs, named_args, **kwargs):
     return kept or [min(configs, key=lambda c: _smem_estimate(c, elem, d, dv))]
 
 
-_TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "BLOCK_N_MAX", "M_BUCKET", "N_BUCKET"]
+# The per-pair flags too: causal halves the work per program and the masks and dropout add to it, so
+# their best tiles may differ from cross attention's.
+_TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "BLOCK_N_MAX", "M_BUCKET", "N_BUCKET", "ATTN_MASK", "IS_CAUSAL", "HAS_DROPOUT"]
 
 
 def autotuned(kernel):

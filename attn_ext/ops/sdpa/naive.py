@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from attn_ext.ops.cross_attention.naive import PRECISE_NORMALISER_LSE
+from attn_ext.ops.cross_attention.naive import PRECISE_NORMALISER_LSE, finish_rows
 from attn_ext.ops.sdpa.dropout import keep_mask
 from attn_ext.ops.sdpa.pairs import (chunk_rules, expand_heads, masked_scores, sum_heads, weighted_columns,
                                      weighted_rows, zero_outside)
@@ -61,14 +61,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tenso
         weights = probs if dropped is None else probs * dropped
         out = out * factor[..., None] + weighted_rows(weights, allowed, vx[:, :, n0:n1].to(acc))
         running_max = new_max
-    empty = running_sum == 0
-    positive = running_sum > 0
-    safe_sum = torch.where(positive, running_sum, torch.ones_like(running_sum))
-    nan = torch.full_like(running_sum, math.nan)
-    lse = torch.where(positive, running_max + torch.log(safe_sum), nan)
-    lse = torch.where(empty, torch.full_like(lse, -math.inf), lse)
-    out = torch.where(positive[..., None], out / safe_sum[..., None], nan[..., None])
-    out = torch.where(empty[..., None], torch.zeros_like(out), out)
+    out, lse = finish_rows(out, running_max, running_sum)
     return out.to(q.dtype), lse
 
 
@@ -110,7 +103,7 @@ def attention_backward(grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor,
     empty_row = (lse == -math.inf)[..., None]
     shift, log_sum = _normaliser(qf, kx, attn_mask, key_padding_mask, is_causal, lse, scale, chunk_size)
     delta_minus_dlse = (dout * out.to(acc)).sum(dim=-1) - grad_lse.to(acc)
-    grad_q = torch.zeros_like(qf)
+    grad_q = torch.zeros_like(qf, memory_format=torch.contiguous_format)  # as the fake kernel declares
     grad_k = torch.zeros((B, Hq) + tuple(k.shape[2:]), dtype=acc, device=q.device)
     grad_v = torch.zeros((B, Hq) + tuple(v.shape[2:]), dtype=acc, device=q.device)
     for n0, n1 in _key_chunks(S, L, chunk_size, is_causal):

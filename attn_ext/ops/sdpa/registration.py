@@ -122,11 +122,9 @@ if _COMPILED_KERNELS:
 
 
 def _cuda_supports_call(x: Tensor, context: Mapping[str, Any]) -> Optional[str]:
-    """What the hand-written CUDA attention kernels do not take: dropout and grouped heads."""
+    """What the hand-written CUDA attention kernels do not take: dropout (the Triton kernels have it)."""
     if context.get("dropout_p", 0.0) > 0.0:
         return "the CUDA kernels have no attention dropout (the Triton kernels have)"
-    if context.get("grouped_heads", False):
-        return "the CUDA kernels take as many key/value heads as query heads (no GQA; the Triton kernels take it)"
     return None
 
 

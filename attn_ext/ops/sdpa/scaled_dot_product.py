@@ -192,8 +192,7 @@ def scaled_dot_product_attention(
         mask = attn_mask.expand(_shape(query)[:-1] + (keys,)).reshape(B, Hq, L, keys)
     padding = None if key_padding_mask is None else key_padding_mask.reshape(B, keys)
     seed = draw_seed() if dropout_p > 0.0 else None
-    name = dispatch.select_backend("scaled_dot_product_attention", backend, q, dropout_p=dropout_p,
-                                   grouped_heads=k.shape[1] != Hq)
+    name = dispatch.select_backend("scaled_dot_product_attention", backend, q, dropout_p=dropout_p)
     out, lse = dispatch.kernel("scaled_dot_product_attention", name)(q, k, v, mask, padding, scale, is_causal,
                                                                      dropout_p, seed, chunk_size)
     out = out.reshape(_shape(query)[:-1] + (value.shape[-1],))

@@ -31,6 +31,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> merge_states_bwd_cuda
     const at::Tensor& grad_out, const at::Tensor& grad_lse, const at::Tensor& out_a, const at::Tensor& lse_a,
     const at::Tensor& out_b, const at::Tensor& lse_b, const at::Tensor& out, const at::Tensor& lse);
 
+// ---- attention with causal / attn_mask / grouped-query heads (attention.cpp); dropout_p > 0 raises
+// NotImplementedError (no dropout in the CUDA kernels).
+
+std::tuple<at::Tensor, at::Tensor> attention_fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                      const std::optional<at::Tensor>& attn_mask,
+                                                      const std::optional<at::Tensor>& key_padding_mask, double scale,
+                                                      bool is_causal, double dropout_p,
+                                                      const std::optional<at::Tensor>& dropout_seed,
+                                                      int64_t chunk_size);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_cuda(
+    const at::Tensor& grad_out, const at::Tensor& grad_lse, const at::Tensor& q, const at::Tensor& k,
+    const at::Tensor& v, const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_padding_mask,
+    const at::Tensor& out, const at::Tensor& lse, double scale, bool is_causal, double dropout_p,
+    const std::optional<at::Tensor>& dropout_seed, int64_t chunk_size);
+
 // ---- tree (tree.cpp)
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> tree_cross_attention_fwd_cuda(

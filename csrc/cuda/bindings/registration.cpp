@@ -8,6 +8,8 @@
 TORCH_LIBRARY_IMPL(attn_ext, CUDA, m) {
   m.impl("cross_attention_fwd", &attn_ext::cuda::cross_attention_fwd_cuda);
   m.impl("cross_attention_bwd", &attn_ext::cuda::cross_attention_bwd_cuda);
+  m.impl("attention_fwd", &attn_ext::cuda::attention_fwd_cuda);
+  m.impl("attention_bwd", &attn_ext::cuda::attention_bwd_cuda);
   m.impl("merge_states_fwd", &attn_ext::cuda::merge_states_fwd_cuda);
   m.impl("merge_states_bwd", &attn_ext::cuda::merge_states_bwd_cuda);
   m.impl("tree_cross_attention_fwd", &attn_ext::cuda::tree_cross_attention_fwd_cuda);

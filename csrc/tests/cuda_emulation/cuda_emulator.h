@@ -86,6 +86,7 @@ struct Fiber {
   unsigned int linear_id = 0;
   Sync sync = Sync::kRunning;
   unsigned int shuffle_generation = 0;
+  unsigned int or_generation = 0;  ///< __syncthreads_or calls so far
 };
 
 struct Block {
@@ -99,6 +100,8 @@ struct Block {
   // Shuffle mailboxes [generation parity][warp][lane]: a value written in generation g is read
   // after the barrier of g, and the slot is rewritten only in g + 2, after everyone has read it.
   uint32_t mailbox[2][32][32];
+  // __syncthreads_or's predicates [generation parity][thread], reused like the mailboxes.
+  unsigned char or_slots[2][1024];
 };
 
 inline Block& block() {
@@ -184,6 +187,20 @@ T shuffle(T value, unsigned int mask, int src_lane) {
 inline void __trap() { ::cuda_emu::fail("__trap() reached"); }
 
 inline void __syncthreads() { ::cuda_emu::yield(::cuda_emu::Sync::kSyncThreads); }
+/// __syncthreads() that also returns whether `predicate` was nonzero in any thread of the block: each
+/// fiber posts its predicate in a slot of the current generation's parity before the barrier (a slot
+/// is rewritten two barriers later, after every fiber has read it), then all read every slot.
+inline int __syncthreads_or(int predicate) {
+  ::cuda_emu::Block& b = ::cuda_emu::block();
+  ::cuda_emu::Fiber& f = ::cuda_emu::self();
+  const unsigned int parity = f.or_generation++ & 1u;
+  b.or_slots[parity][f.linear_id] = predicate != 0;
+  ::cuda_emu::yield(::cuda_emu::Sync::kSyncThreads);
+  const unsigned int n = b.block_dim.x * b.block_dim.y * b.block_dim.z;
+  int any = 0;
+  for (unsigned int i = 0; i < n; ++i) any |= b.or_slots[parity][i];
+  return any;
+}
 template <typename T>
 T __shfl_sync(unsigned int mask, T value, int src_lane) {
   return ::cuda_emu::shuffle(value, mask, src_lane);

@@ -1,0 +1,380 @@
+"""``MultiheadAttention``: ``torch.nn.MultiheadAttention`` on the fused kernels, with an incremental path.
+
+Same constructor, defaults, parameter names, shapes and initialisation as ``torch.nn.MultiheadAttention``
+(so ``load_state_dict`` works both ways) and the same ``forward`` semantics. The attention runs on
+:func:`attn_ext.scaled_dot_product_attention` (masks, causal, dropout) or, without any of those, on
+:func:`attn_ext.attention_state` — neither forms the ``[L, S]`` score matrix. Only ``need_weights=True``
+forms it, because the weights *are* that matrix.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
+
+import attn_ext
+import attn_ext.ops.cross_attention.state as st
+from attn_ext.nn import mha_inputs
+from attn_ext.ops.cross_attention.state import AttentionState
+
+
+class MultiheadAttention(nn.Module):
+    """A drop-in for ``torch.nn.MultiheadAttention`` computed by attn_ext's fused, exact kernels.
+
+    Identical constructor arguments (order and defaults), parameters (``in_proj_weight`` or
+    ``q/k/v_proj_weight``, ``in_proj_bias``, ``out_proj``, ``bias_k``, ``bias_v``) and
+    initialisation, so a checkpoint of one loads into the other; ``forward(query, key, value,
+    key_padding_mask=None, need_weights=True, attn_mask=None, average_attn_weights=True,
+    is_causal=False)`` takes what torch's takes — batched (``batch_first`` or not) or unbatched
+    inputs, self or cross attention, ``kdim``/``vdim``, bool (True = may **not** attend) or float
+    (additive) ``attn_mask`` ``[L, S]`` or ``[B * num_heads, L, S]`` and ``key_padding_mask``
+    ``[B, S]``, ``add_bias_kv``, ``add_zero_attn``, attention dropout in training mode — and gives
+    torch's outputs and gradients (equal in fp64).
+
+    How each call runs:
+
+    * ``need_weights=False`` (what ``nn.TransformerEncoderLayer`` and ``DecoderLayer`` pass): on
+      :func:`attn_ext.scaled_dot_product_attention`, which never forms the ``[L, S]`` matrix; a
+      ``[L, S]`` mask is read in place, ``is_causal=True`` is trusted as torch's hint (the mask is
+      then not read and key chunks above the diagonal are skipped), dropout uses the op's
+      counter-based generator (reproducible under ``torch.manual_seed``, not torch's random stream);
+    * ``need_weights=True`` (torch's default): computed the plain way, as PyTorch's own slow path
+      does (score matrix, softmax, ``torch.nn.functional.dropout``, weights ``[B, L, S]`` averaged
+      over heads or ``[B, num_heads, L, S]``), so pass ``need_weights=False`` whenever the weights
+      are not used;
+    * a float ``attn_mask`` that requires grad also takes the plain way (the fused op gives no mask
+      gradient).
+
+    Differences from ``torch.nn.MultiheadAttention``:
+
+    * a query with no attended key (all masked) gives a zero attention vector, i.e. ``out_proj.bias``,
+      zero weights and zero gradients, where torch gives NaN;
+    * with ``add_bias_kv`` or ``add_zero_attn``, the extra keys are attended by every query under
+      ``is_causal=True`` too (torch attends them when it reads the mask, but not on its causal hint
+      path, where they fall above the diagonal);
+    * shape errors raise ``ValueError`` (torch: ``AssertionError``), mask dtype errors ``TypeError``;
+    * nested tensors are not accepted (torch's inference fast path takes them);
+    * ``nn.TransformerEncoderLayer``'s inference fast path (evaluation mode, no gradient) reads
+      this module's weights and runs PyTorch's own fused layer instead of calling it — as it does
+      for ``torch.nn.MultiheadAttention`` (:meth:`merge_masks` is there for it).
+
+    The incremental path keeps the per-head attention state *before* ``out_proj``:
+    :meth:`state`, :meth:`update`, :meth:`remove`, :meth:`stream` and :meth:`query`, with
+    ``forward(q, k, v)[0] == query(state(q, k, v))`` for a bool ``key_padding_mask`` and no
+    ``attn_mask``; it takes batched inputs and refuses dropout in training, ``add_bias_kv`` and
+    ``add_zero_attn``.
+
+    Parameters
+    ----------
+    embed_dim, num_heads, dropout, bias, add_bias_kv, add_zero_attn, kdim, vdim, batch_first, device, dtype
+        As in ``torch.nn.MultiheadAttention``.
+    chunk_size : int, optional
+        Keyword only: keys per chunk of the fused kernels.
+    backend : str, optional
+        Keyword only: kernel backend (``"cpp"``, ``"triton"``, ``"reference"``; default automatic).
+
+    Examples
+    --------
+    >>> import torch, attn_ext as ae
+    >>> torch_mha = torch.nn.MultiheadAttention(32, 4)
+    >>> mha = ae.nn.MultiheadAttention(32, 4)
+    >>> _ = mha.load_state_dict(torch_mha.state_dict())
+    >>> x = torch.randn(10, 2, 32)                                   # [L, B, E]: batch_first=False
+    >>> causal = torch.nn.Transformer.generate_square_subsequent_mask(10)
+    >>> out, _ = mha(x, x, x, attn_mask=causal, is_causal=True, need_weights=False)
+    >>> expected, _ = torch_mha(x, x, x, attn_mask=causal, is_causal=True, need_weights=False)
+    >>> bool(torch.allclose(out, expected, atol=1e-5))
+    True
+    >>> out, weights = mha(x, x, x, attn_mask=causal)                # need_weights=True: weights [B, L, S]
+    >>> weights.shape, bool(torch.allclose(out, expected, atol=1e-5))
+    (torch.Size([2, 10, 10]), True)
+    """
+
+    __constants__ = ["batch_first"]
+
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        bias: bool = True,
+        add_bias_kv: bool = False,
+        add_zero_attn: bool = False,
+        kdim: Optional[int] = None,
+        vdim: Optional[int] = None,
+        batch_first: bool = False,
+        device=None,
+        dtype=None,
+        *,
+        chunk_size: Optional[int] = None,
+        backend: Optional[str] = None,
+    ) -> None:
+        if embed_dim <= 0 or num_heads <= 0:
+            raise ValueError(f"embed_dim and num_heads must be positive, got embed_dim={embed_dim}, num_heads={num_heads}")
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}")
+        if not 0.0 <= dropout <= 1.0:
+            raise ValueError(f"dropout must be in [0, 1], got {dropout}")
+        factory_kwargs = {"device": device, "dtype": dtype}
+        super().__init__()
+        self.embed_dim = embed_dim
+        self.kdim = kdim if kdim is not None else embed_dim
+        self.vdim = vdim if vdim is not None else embed_dim
+        # The attribute names are torch's: code that inspects an nn.MultiheadAttention reads them.
+        self._qkv_same_embed_dim = self.kdim == embed_dim and self.vdim == embed_dim
+        self.num_heads = num_heads
+        self.dropout = dropout
+        self.batch_first = batch_first
+        self.head_dim = embed_dim // num_heads
+        self.chunk_size = chunk_size
+        self.backend = backend
+
+        # Created in torch's order, so that the same seed gives the same parameters as torch's module.
+        if self._qkv_same_embed_dim:
+            self.in_proj_weight = nn.Parameter(torch.empty((3 * embed_dim, embed_dim), **factory_kwargs))
+            self.register_parameter("q_proj_weight", None)
+            self.register_parameter("k_proj_weight", None)
+            self.register_parameter("v_proj_weight", None)
+        else:
+            self.q_proj_weight = nn.Parameter(torch.empty((embed_dim, embed_dim), **factory_kwargs))
+            self.k_proj_weight = nn.Parameter(torch.empty((embed_dim, self.kdim), **factory_kwargs))
+            self.v_proj_weight = nn.Parameter(torch.empty((embed_dim, self.vdim), **factory_kwargs))
+            self.register_parameter("in_proj_weight", None)
+        if bias:
+            self.in_proj_bias = nn.Parameter(torch.empty(3 * embed_dim, **factory_kwargs))
+        else:
+            self.register_parameter("in_proj_bias", None)
+        self.out_proj = NonDynamicallyQuantizableLinear(embed_dim, embed_dim, bias=bias, **factory_kwargs)
+        if add_bias_kv:
+            self.bias_k = nn.Parameter(torch.empty((1, 1, embed_dim), **factory_kwargs))
+            self.bias_v = nn.Parameter(torch.empty((1, 1, embed_dim), **factory_kwargs))
+        else:
+            self.bias_k = self.bias_v = None
+        self.add_zero_attn = add_zero_attn
+        self._reset_parameters()
+
+    def _reset_parameters(self) -> None:
+        if self._qkv_same_embed_dim:
+            nn.init.xavier_uniform_(self.in_proj_weight)
+        else:
+            nn.init.xavier_uniform_(self.q_proj_weight)
+            nn.init.xavier_uniform_(self.k_proj_weight)
+            nn.init.xavier_uniform_(self.v_proj_weight)
+        if self.in_proj_bias is not None:
+            nn.init.constant_(self.in_proj_bias, 0.0)
+            nn.init.constant_(self.out_proj.bias, 0.0)
+        if self.bias_k is not None:
+            nn.init.xavier_normal_(self.bias_k)
+        if self.bias_v is not None:
+            nn.init.xavier_normal_(self.bias_v)
+
+    def extra_repr(self) -> str:
+        return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, kdim={self.kdim}, vdim={self.vdim}, "
+                f"dropout={self.dropout}, batch_first={self.batch_first}")
+
+    @classmethod
+    def from_torch(cls, module: nn.MultiheadAttention, *, chunk_size: Optional[int] = None,
+                   backend: Optional[str] = None) -> "MultiheadAttention":
+        """The drop-in for one ``torch.nn.MultiheadAttention``, holding that module's own parameters and
+        ``out_proj`` (shared, not copied) and its training mode; see :func:`attn_ext.nn.swap_attention`."""
+        from attn_ext.nn.swap import from_torch  # here, because swap.py imports this module
+
+        return from_torch(module, chunk_size=chunk_size, backend=backend)
+
+    # torch's TransformerEncoderLayer calls it on its inference fast path; it only reads num_heads.
+    merge_masks = nn.MultiheadAttention.merge_masks
+
+    # ------------------------------------------------------------------------------------------
+    # torch.nn.MultiheadAttention interface
+    # ------------------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        key_padding_mask: Optional[Tensor] = None,
+        need_weights: bool = True,
+        attn_mask: Optional[Tensor] = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Attention of ``query`` over ``key, value``: ``(out, weights)`` as ``torch.nn.MultiheadAttention``.
+
+        ``query [B, L, E]``, ``key [B, S, kdim]``, ``value [B, S, vdim]`` (``[L, B, ·]`` if not
+        ``batch_first``) or unbatched ``[L, E]``, ``[S, kdim]``, ``[S, vdim]``; ``key_padding_mask``
+        ``[B, S]`` (``[S]``), bool (True = padding) or float (added); ``attn_mask`` ``[L, S]`` or
+        ``[B * num_heads, L, S]`` (``[num_heads, L, S]``), bool (True = may not attend) or float;
+        ``is_causal`` is a hint that ``attn_mask`` is the causal mask (which must be given, as in
+        torch). ``weights`` is None unless ``need_weights``: then ``[B, L, S]`` averaged over heads
+        (``average_attn_weights``) or ``[B, num_heads, L, S]`` (S counting the extra keys).
+        """
+        batched = mha_inputs.check_inputs(self, query, key, value, key_padding_mask, attn_mask)
+        if is_causal and attn_mask is None:
+            raise RuntimeError("attn_ext.nn.MultiheadAttention: is_causal=True is a hint that attn_mask is the causal "
+                               "mask and needs attn_mask (as in torch); build it with "
+                               "torch.nn.Transformer.generate_square_subsequent_mask(L)")
+        key_padding_mask = mha_inputs.as_bool_padding(key_padding_mask)
+        dropout_p = self.dropout if self.training else 0.0
+        padding_is_bool = key_padding_mask is None or key_padding_mask.dtype == torch.bool
+        mask_needs_grad = torch.is_grad_enabled() and any(
+            m is not None and m.requires_grad for m in (attn_mask, key_padding_mask))
+        plain = need_weights or dropout_p >= 1.0 or mask_needs_grad
+        if (not plain and attn_mask is None and padding_is_bool and dropout_p == 0.0
+                and mha_inputs.extra_keys(self) == 0):
+            # The state path: what the incremental methods compute (and where they can be observed).
+            if not batched:
+                query, key, value, key_padding_mask = self._batch_of_one(query, key, value, key_padding_mask)
+            out = self.query(self.state(query, key, value, key_padding_mask))
+            return (out if batched else out.squeeze(0 if self.batch_first else 1)), None
+
+        seq_first = batched and not self.batch_first
+        if not batched:
+            query, key, value = query[None], key[None], value[None]
+            key_padding_mask = None if key_padding_mask is None else key_padding_mask[None]
+        elif seq_first:
+            query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
+        use_hint = not plain and is_causal and padding_is_bool and mha_inputs.extra_keys(self) == 0
+        p = mha_inputs.prepare(self, query, key, value, key_padding_mask, attn_mask, is_causal, use_hint)
+        weights = None
+        if plain:
+            out, weights = mha_inputs.plain_attention(p, dropout_p)
+            if average_attn_weights:
+                weights = weights.mean(dim=1)
+            if not need_weights:
+                weights = None
+            elif not batched:
+                weights = weights.squeeze(0)
+        else:
+            out = attn_ext.scaled_dot_product_attention(
+                p.q, p.k, p.v, attn_mask=p.attn_mask, dropout_p=dropout_p, is_causal=p.is_causal,
+                key_padding_mask=p.key_padding_mask, chunk_size=self.chunk_size, backend=self.backend)
+        out = self.out_proj(out.transpose(1, 2).flatten(2))
+        out = out.squeeze(0) if not batched else (out.transpose(0, 1) if seq_first else out)
+        return out, weights
+
+    def _batch_of_one(self, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor]):
+        """Unbatched ``[L, E]``, ``[S, kdim]``, ``[S, vdim]``, mask ``[S]`` as a batch of one in the module layout."""
+        batch_dim = 0 if self.batch_first else 1
+        mask = key_padding_mask.unsqueeze(0) if isinstance(key_padding_mask, Tensor) else key_padding_mask
+        return query.unsqueeze(batch_dim), key.unsqueeze(batch_dim), value.unsqueeze(batch_dim), mask
+
+    # ------------------------------------------------------------------------------------------
+    # Projections between the module layout [B, L, E] and the kernel layout [B, H, L, E/H]
+    # ------------------------------------------------------------------------------------------
+
+    def _projection_weights(self) -> Tuple[Tuple[Tensor, Tensor, Tensor], Tuple[Optional[Tensor], ...]]:
+        if self._qkv_same_embed_dim:
+            weights = tuple(self.in_proj_weight.chunk(3))
+        else:
+            weights = (self.q_proj_weight, self.k_proj_weight, self.v_proj_weight)
+        biases = (None, None, None) if self.in_proj_bias is None else tuple(self.in_proj_bias.chunk(3))
+        return weights, biases
+
+    def _to_batch_first(self, x: Tensor, name: str, width: int) -> Tensor:
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != width:
+            seq = "L" if name == "query" else "S"
+            layout = f"[B, {seq}, {width}]" if self.batch_first else f"[{seq}, B, {width}]"
+            shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"attn_ext.nn: {name} must be {layout} (batch_first={self.batch_first}); got {shape}")
+        return x if self.batch_first else x.transpose(0, 1)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        return x.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)
+
+    def _heads_q(self, query: Tensor) -> Tensor:
+        """Projected queries ``[B, H, L, E/H]`` of ``query`` in the module layout."""
+        (w_q, _, _), (b_q, _, _) = self._projection_weights()
+        return self._split_heads(F.linear(self._to_batch_first(query, "query", self.embed_dim), w_q, b_q))
+
+    def _heads_kv(self, key: Tensor, value: Tensor) -> Tuple[Tensor, Tensor]:
+        """Projected keys and values ``[B, H, S, E/H]`` of ``key, value`` in the module layout."""
+        (_, w_k, w_v), (_, b_k, b_v) = self._projection_weights()
+        key = self._to_batch_first(key, "key", self.kdim)
+        value = self._to_batch_first(value, "value", self.vdim)
+        if key.shape[:2] != value.shape[:2]:
+            raise ValueError(f"attn_ext.nn: key {tuple(key.shape)} and value {tuple(value.shape)} must have the same "
+                             "batch and sequence sizes (batch_first layout)")
+        return self._split_heads(F.linear(key, w_k, b_k)), self._split_heads(F.linear(value, w_v, b_v))
+
+    def _merge_heads(self, out: Tensor) -> Tensor:
+        merged = self.out_proj(out.transpose(1, 2).flatten(2))
+        return merged if self.batch_first else merged.transpose(0, 1)
+
+    def _check_runnable(self, key_padding_mask: Optional[Tensor]) -> None:
+        """What the incremental path cannot do (the state of a set of keys must not depend on the call)."""
+        if self.training and self.dropout > 0.0:
+            raise NotImplementedError(
+                f"attn_ext.nn: the incremental path (state/update/remove/stream) has no attention dropout; "
+                f"dropout={self.dropout} in training mode: use forward, dropout=0.0 or call .eval()")
+        if mha_inputs.extra_keys(self):
+            raise NotImplementedError(
+                "attn_ext.nn: the incremental path (state/update/remove/stream) does not support add_bias_kv or "
+                "add_zero_attn (their extra keys would be counted again at every update); use forward")
+        if isinstance(key_padding_mask, Tensor) and key_padding_mask.dtype != torch.bool:
+            raise TypeError(
+                f"attn_ext.nn: the incremental path takes a bool key_padding_mask (True = ignore that key), got "
+                f"{key_padding_mask.dtype}; for a 0/-inf mask pass `mask == float('-inf')`, or use forward")
+
+    # ------------------------------------------------------------------------------------------
+    # Incremental path (per-head state before out_proj)
+    # ------------------------------------------------------------------------------------------
+
+    def state(self, query: Tensor, key: Tensor, value: Tensor,
+              key_padding_mask: Optional[Tensor] = None) -> AttentionState:
+        """Per-head :class:`attn_ext.AttentionState` ``(out [B, H, L, E/H], lse [B, H, L])`` of the
+        projected ``query`` over ``key, value``, before ``out_proj``; :meth:`query` finishes it."""
+        self._check_runnable(key_padding_mask)
+        q = self._heads_q(query)
+        k, v = self._heads_kv(key, value)
+        return st.attention_state(q, k, v, key_padding_mask=key_padding_mask,
+                                  chunk_size=self.chunk_size, backend=self.backend)
+
+    def empty_state(self, query: Tensor) -> AttentionState:
+        """The state of ``query`` over no keys, to be grown by :meth:`update`."""
+        return st.empty_state(self._heads_q(query), self.head_dim)
+
+    def update(self, state: AttentionState, query: Tensor, key_new: Tensor, value_new: Tensor,
+               key_padding_mask: Optional[Tensor] = None) -> AttentionState:
+        """Add keys to ``state`` (which must be of the same ``query``) in O(new keys)."""
+        self._check_runnable(key_padding_mask)
+        q = self._heads_q(query)
+        k, v = self._heads_kv(key_new, value_new)
+        return st.update_state(state, q, k, v, key_padding_mask=key_padding_mask,
+                               chunk_size=self.chunk_size, backend=self.backend)
+
+    def remove(self, state: AttentionState, query: Tensor, key_old: Tensor, value_old: Tensor,
+               key_padding_mask: Optional[Tensor] = None, *,
+               min_remaining: float = st.DEFAULT_MIN_REMAINING) -> AttentionState:
+        """Remove keys previously added to ``state``; raises ``ValueError`` where less than
+        ``min_remaining`` of the softmax mass would remain (see :func:`attn_ext.remove_from_state`)."""
+        self._check_runnable(key_padding_mask)
+        q = self._heads_q(query)
+        k, v = self._heads_kv(key_old, value_old)
+        return st.remove_from_state(state, q, k, v, key_padding_mask=key_padding_mask,
+                                    min_remaining=min_remaining, chunk_size=self.chunk_size, backend=self.backend)
+
+    def stream(self, query: Tensor, chunks: Iterable) -> AttentionState:
+        """State of ``query`` over key chunks from an iterator (``(key, value)`` or ``(key, value,
+        key_padding_mask)`` in the module layout), projecting one chunk at a time."""
+        q = self._heads_q(query)
+
+        def projected():
+            for chunk in chunks:
+                mask = chunk[2] if len(chunk) == 3 else None
+                self._check_runnable(mask)
+                yield (*self._heads_kv(chunk[0], chunk[1]), mask)
+
+        return st.stream_attention(q, projected(), chunk_size=self.chunk_size, backend=self.backend)
+
+    def query(self, state: AttentionState) -> Tensor:
+        """Output ``[B, L, E]`` (``[L, B, E]`` if not ``batch_first``) of a per-head state: merge
+        the heads and apply ``out_proj``."""
+        out = state[0]
+        if out.dim() != 4 or out.shape[1] != self.num_heads or out.shape[3] != self.head_dim:
+            raise ValueError(f"attn_ext.nn: state.out must be [B, {self.num_heads}, L, {self.head_dim}], "
+                             f"got {tuple(out.shape)}")
+        return self._merge_heads(out)

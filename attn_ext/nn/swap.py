@@ -1,0 +1,126 @@
+"""``swap_attention``: every ``torch.nn.MultiheadAttention`` of a model replaced by :class:`MultiheadAttention`.
+
+The replacement takes over the original's parameter objects and ``out_proj`` module themselves (not
+copies), so weights, ``requires_grad``, device, dtype, tied parameters and an optimizer built before
+the swap all stay valid; the training mode and every option are carried over.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from torch import nn
+from torch.nn.utils import parametrize
+
+from attn_ext.nn.multihead_attention import MultiheadAttention
+
+_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks", "_state_dict_hooks",
+          "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+
+
+@dataclass
+class SwapReport:
+    """What :func:`swap_attention` did: ``replaced`` names the replaced modules (every name of a
+    module registered under several), ``left`` pairs each ``torch.nn.MultiheadAttention`` it kept
+    with the reason."""
+
+    replaced: List[str] = field(default_factory=list)
+    left: List[Tuple[str, str]] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"replaced {len(self.replaced)} torch.nn.MultiheadAttention module(s): {', '.join(self.replaced)}"]
+        lines += [f"left {name}: {reason}" for name, reason in self.left]
+        return "\n".join(lines)
+
+
+def why_not_swappable(module: nn.Module) -> Optional[str]:
+    """Why ``module`` (a ``torch.nn.MultiheadAttention``) cannot be replaced faithfully, or None."""
+    if type(module) is not nn.MultiheadAttention:
+        return (f"{type(module).__module__}.{type(module).__qualname__} subclasses torch.nn.MultiheadAttention; "
+                "its forward may differ from torch's, so it is not replaced")
+    hooks = [name.strip("_") for name in _HOOKS if getattr(module, name, None)]
+    if hooks:
+        return f"has {', '.join(hooks)} registered on it, which the replacement would not run"
+    if parametrize.is_parametrized(module):
+        return "has parametrized parameters (torch.nn.utils.parametrize)"
+    if set(module._modules) != {"out_proj"} or not isinstance(module.out_proj, nn.Linear):
+        return f"has submodules {sorted(module._modules)} where torch's has only out_proj (a Linear)"
+    return None
+
+
+def from_torch(module: nn.MultiheadAttention, *, chunk_size: Optional[int] = None,
+               backend: Optional[str] = None) -> MultiheadAttention:
+    """A :class:`MultiheadAttention` computing what ``module`` computes, holding ``module``'s own
+    parameters and ``out_proj`` (shared, not copied), in its training mode. ``ValueError`` if
+    :func:`why_not_swappable` gives a reason."""
+    reason = why_not_swappable(module)
+    if reason is not None:
+        raise ValueError(f"attn_ext.nn.swap_attention: cannot replace this module: it {reason}")
+    # Built on the meta device (no memory, no initialisation work), then given the original's tensors.
+    new = MultiheadAttention(
+        module.embed_dim, module.num_heads, dropout=module.dropout, bias=module.in_proj_bias is not None,
+        add_bias_kv=module.bias_k is not None, add_zero_attn=module.add_zero_attn, kdim=module.kdim,
+        vdim=module.vdim, batch_first=module.batch_first, device="meta", chunk_size=chunk_size, backend=backend)
+    if set(new._parameters) != set(module._parameters):
+        raise ValueError(f"attn_ext.nn.swap_attention: parameters {sorted(module._parameters)} differ from the "
+                         f"expected {sorted(new._parameters)}")
+    for name in new._parameters:
+        new._parameters[name] = module._parameters[name]
+    new._modules["out_proj"] = module.out_proj
+    new.train(module.training)
+    return new
+
+
+def swap_attention(model: nn.Module, *, chunk_size: Optional[int] = None,
+                   backend: Optional[str] = None) -> SwapReport:
+    """Replace, in place, every ``torch.nn.MultiheadAttention`` inside ``model`` by an
+    :class:`attn_ext.nn.MultiheadAttention` that computes the same thing on the fused kernels.
+
+    Works at any depth, including the ``self_attn`` / ``multihead_attn`` of
+    ``nn.TransformerEncoderLayer``, ``nn.TransformerDecoderLayer`` and ``nn.Transformer``. A module
+    registered in several places is replaced by one module in all of them. Left in place, with the
+    reason in the report: subclasses of ``torch.nn.MultiheadAttention`` (their forward may differ),
+    modules with hooks or parametrizations, and ``model`` itself when it is one (use
+    :meth:`MultiheadAttention.from_torch` for a single module).
+
+    ``nn.TransformerEncoderLayer`` keeps its inference fast path: in evaluation mode without
+    gradients it runs PyTorch's fused layer from the same weights without calling ``self_attn``,
+    before and after the swap alike.
+
+    Returns a :class:`SwapReport`.
+
+    Examples
+    --------
+    >>> import torch, attn_ext as ae
+    >>> model = torch.nn.Transformer(d_model=32, nhead=4, num_encoder_layers=1, num_decoder_layers=1,
+    ...                              dim_feedforward=64, dropout=0.0)
+    >>> src, tgt = torch.randn(7, 2, 32), torch.randn(5, 2, 32)
+    >>> tgt_mask = torch.nn.Transformer.generate_square_subsequent_mask(5)
+    >>> expected = model(src, tgt, tgt_mask=tgt_mask, tgt_is_causal=True)
+    >>> report = ae.nn.swap_attention(model)
+    >>> report.replaced
+    ['encoder.layers.0.self_attn', 'decoder.layers.0.self_attn', 'decoder.layers.0.multihead_attn']
+    >>> out = model(src, tgt, tgt_mask=tgt_mask, tgt_is_causal=True)
+    >>> bool(torch.allclose(out, expected, atol=1e-5))
+    True
+    """
+    report = SwapReport()
+    if isinstance(model, nn.MultiheadAttention):
+        report.left.append(("", "is the model itself (it cannot be replaced in place); use "
+                                "attn_ext.nn.MultiheadAttention.from_torch(model)"))
+    new: Dict[int, nn.Module] = {}  # id of the original -> its replacement, so that sharing stays sharing
+    for parent_name, parent in list(model.named_modules()):
+        for child_name, child in list(parent._modules.items()):
+            if not isinstance(child, nn.MultiheadAttention):
+                continue
+            if id(child) not in new:
+                reason = why_not_swappable(child)
+                if reason is not None:
+                    report.left.append((f"{parent_name}.{child_name}" if parent_name else child_name, reason))
+                    continue
+                new[id(child)] = from_torch(child, chunk_size=chunk_size, backend=backend)
+            parent._modules[child_name] = new[id(child)]
+    replacements = {id(m) for m in new.values()}
+    report.replaced = [name for name, m in model.named_modules(remove_duplicate=False) if id(m) in replacements]
+    return report
+

@@ -1,0 +1,109 @@
+// Argument checks of attn_ext::attention_fwd/bwd (scaled dot-product attention with masks, causal,
+// grouped heads and dropout), shared by the CPU ops and the CUDA bindings so that a direct
+// torch.ops.attn_ext call fails with the same messages on every device. Same style as
+// cross_attention_checks.h; every message names the op and the shapes it got.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <optional>
+#include <vector>
+
+#include "checks/common.h"
+
+namespace attn_ext {
+
+/// Sizes of one attention problem: q [B, Hq, L, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv].
+struct AttentionShape {
+  int64_t batch, q_heads, kv_heads, queries, keys, head_dim, value_dim;
+};
+
+inline AttentionShape check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                             const std::optional<at::Tensor>& attn_mask,
+                                             const std::optional<at::Tensor>& key_padding_mask, double scale,
+                                             double dropout_p, const std::optional<at::Tensor>& dropout_seed,
+                                             int64_t chunk_size) {
+  TORCH_CHECK_VALUE(q.dim() == 4 && k.dim() == 4 && v.dim() == 4,
+                    "attn_ext.attention: q, k, v must be 4-D [B, Hq, L, D], [B, Hkv, S, D], [B, Hkv, S, Dv]; got q ",
+                    q.sizes(), ", k ", k.sizes(), ", v ", v.sizes());
+  TORCH_CHECK_VALUE(q.size(0) == k.size(0) && k.size(0) == v.size(0) && k.size(1) == v.size(1),
+                    "attn_ext.attention: batch sizes of q ", q.sizes(), ", k ", k.sizes(), " and v ", v.sizes(),
+                    " and head counts of k and v must match");
+  TORCH_CHECK_VALUE(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "attn_ext.attention: q's heads Hq = ", q.size(1),
+                    " must be a multiple of k's and v's heads Hkv = ", k.size(1), " (grouped-query attention); got q ",
+                    q.sizes(), ", k ", k.sizes());
+  TORCH_CHECK_VALUE(q.size(3) == k.size(3), "attn_ext.attention: q ", q.sizes(), " and k ", k.sizes(),
+                    " must have the same head dim D");
+  TORCH_CHECK_VALUE(k.size(2) == v.size(2), "attn_ext.attention: k ", k.sizes(), " and v ", v.sizes(),
+                    " must have the same number of keys S");
+  TORCH_CHECK_TYPE(q.scalar_type() == k.scalar_type() && k.scalar_type() == v.scalar_type(),
+                   "attn_ext.attention: q, k, v must share a dtype; got ", q.scalar_type(), ", ", k.scalar_type(),
+                   ", ", v.scalar_type());
+  const at::ScalarType dtype = q.scalar_type();
+  TORCH_CHECK_TYPE(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat || dtype == at::kDouble,
+                   "attn_ext.attention: dtype ", dtype, " is not supported; use float16, bfloat16, float32 or float64");
+  TORCH_CHECK_VALUE(std::isfinite(scale), "attn_ext.attention: scale must be a finite float, got ", scale);
+  TORCH_CHECK(q.device() == k.device() && k.device() == v.device(),
+              "attn_ext.attention: q, k, v must be on one device; got ", q.device(), ", ", k.device(), ", ",
+              v.device());
+  TORCH_CHECK_VALUE(chunk_size > 0, "attn_ext.attention: chunk_size must be positive, got ", chunk_size);
+  const int64_t B = q.size(0), Hq = q.size(1), L = q.size(2), S = k.size(2);
+  if (attn_mask.has_value()) {
+    const at::Tensor& mask = *attn_mask;
+    TORCH_CHECK_TYPE(mask.scalar_type() == at::kBool || mask.scalar_type() == dtype,
+                     "attn_ext.attention: attn_mask must be bool (True = take part) or q's dtype ", dtype,
+                     " (added to the scores); got ", mask.scalar_type());
+    TORCH_CHECK_VALUE(mask.dim() == 4 && mask.size(0) == B && mask.size(1) == Hq && mask.size(2) == L &&
+                          mask.size(3) == S,
+                      "attn_ext.attention: attn_mask must be [B, Hq, L, S] = [", B, ", ", Hq, ", ", L, ", ", S,
+                      "] (expand a broadcastable mask to it); got ", mask.sizes());
+    TORCH_CHECK(mask.device() == q.device(), "attn_ext.attention: attn_mask is on ", mask.device(),
+                " but q is on ", q.device());
+  }
+  if (key_padding_mask.has_value()) {
+    const at::Tensor& mask = *key_padding_mask;
+    TORCH_CHECK_TYPE(mask.scalar_type() == at::kBool,
+                     "attn_ext.attention: key_padding_mask must be bool (True = padding), got ", mask.scalar_type());
+    TORCH_CHECK_VALUE(mask.dim() == 2 && mask.size(0) == B && mask.size(1) == S,
+                      "attn_ext.attention: key_padding_mask must be [B, S] = [", B, ", ", S, "], got ", mask.sizes());
+    TORCH_CHECK(mask.device() == k.device(), "attn_ext.attention: key_padding_mask is on ", mask.device(),
+                " but k is on ", k.device());
+  }
+  TORCH_CHECK_VALUE(dropout_p >= 0.0 && dropout_p < 1.0, "attn_ext.attention: dropout_p must be in [0, 1), got ",
+                    dropout_p);
+  if (dropout_p > 0.0) {
+    TORCH_CHECK_VALUE(dropout_seed.has_value(), "attn_ext.attention: dropout_p = ", dropout_p,
+                      " > 0 needs a dropout_seed (an int64 tensor with one element)");
+    TORCH_CHECK_TYPE(dropout_seed->scalar_type() == at::kLong && dropout_seed->numel() == 1,
+                     "attn_ext.attention: dropout_seed must be an int64 tensor with one element; got ",
+                     dropout_seed->scalar_type(), " of shape ", dropout_seed->sizes());
+  }
+  return AttentionShape{B, Hq, k.size(1), L, S, q.size(3), v.size(3)};
+}
+
+/// The backward's extra inputs: grad_out and out [B, Hq, L, Dv] in q's dtype, grad_lse and lse
+/// [B, Hq, L] in the accumulation dtype.
+inline void check_attention_grads(const AttentionShape& s, const at::Tensor& q, const at::Tensor& grad_out,
+                                  const at::Tensor& grad_lse, const at::Tensor& out, const at::Tensor& lse) {
+  const std::vector<int64_t> out_shape{s.batch, s.q_heads, s.queries, s.value_dim};
+  const std::vector<int64_t> lse_shape{s.batch, s.q_heads, s.queries};
+  TORCH_CHECK_VALUE(out.sizes() == out_shape && grad_out.sizes() == out_shape, "attn_ext.attention: out ",
+                    out.sizes(), " and grad_out ", grad_out.sizes(), " must be [B, Hq, L, Dv] = ",
+                    at::IntArrayRef(out_shape));
+  TORCH_CHECK_VALUE(lse.sizes() == lse_shape && grad_lse.sizes() == lse_shape, "attn_ext.attention: lse ",
+                    lse.sizes(), " and grad_lse ", grad_lse.sizes(), " must be [B, Hq, L] = ",
+                    at::IntArrayRef(lse_shape));
+  TORCH_CHECK_TYPE(out.scalar_type() == q.scalar_type() && grad_out.scalar_type() == q.scalar_type(),
+                   "attn_ext.attention: out and grad_out must have q's dtype ", q.scalar_type(), "; got ",
+                   out.scalar_type(), " and ", grad_out.scalar_type());
+  const auto lse_dtype = accumulation_dtype(q.scalar_type());
+  TORCH_CHECK_TYPE(lse.scalar_type() == lse_dtype && grad_lse.scalar_type() == lse_dtype,
+                   "attn_ext.attention: lse and grad_lse must be ", lse_dtype, " for ", q.scalar_type(),
+                   " inputs; got ", lse.scalar_type(), " and ", grad_lse.scalar_type());
+  TORCH_CHECK(out.device() == q.device() && grad_out.device() == q.device() && lse.device() == q.device() &&
+                  grad_lse.device() == q.device(),
+              "attn_ext.attention: out, lse and their gradients must be on q's device ", q.device());
+}
+
+}  // namespace attn_ext

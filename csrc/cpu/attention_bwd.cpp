@@ -1,0 +1,306 @@
+// CPU backward of attention (docs/spec.md §1 backward, as in FlashAttention): probabilities are
+// recomputed per (query tile, key chunk) from the saved log-sum-exp, so no [L, S] matrix exists.
+//
+// Work is split over (batch, key/value head, part of the keys). Each unit owns the key/value
+// gradients of its keys outright, summing them over the query heads of its group (GQA) without
+// atomics, and writes a partial query gradient that is summed in a fixed order at the end: the
+// result is bit-identical run to run. Causal: a key chunk only meets the query tiles from its
+// diagonal on, and each tile only the chunk's keys up to its last query.
+//
+// Masked pairs are never read (attention_masking.h): their P and dS are exactly 0, and a row of
+// Q, K or dO holding inf/NaN that meets a masked pair goes through its GEMM as zeros, its allowed
+// products being added one pair at a time (0 · inf would otherwise be NaN).
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <tuple>
+#include <vector>
+
+#include "attention_kernels.h"
+#include "attn_ext/online_softmax.h"
+#include "blas.h"
+#include "checks/common.h"
+#include "tile.h"
+#include "vectorized_rows.h"
+
+namespace attn_ext::cpu {
+namespace {
+
+constexpr int64_t kQueryTile = 64;
+
+// P = exp(s − lse) loses relative accuracy |lse|·u to the rounding of lse itself: beyond ~2^24 the
+// log Σ exp(s − max) ∈ [0, log N] part vanishes entirely (two tied keys get P = 1 each, not ½, and
+// every gradient of the row doubles). Rows with |lse| at least this large (relative error of P up
+// to 2^-15 otherwise) get their normaliser recomputed exactly as (max, log sum) by a pre-pass over
+// the keys. Such scores mean a saturated softmax, so ordinary inputs never pay for the pass.
+constexpr float kPreciseNormaliserLse = 512.0f;
+
+template <typename scalar_t>
+const scalar_t* matrix_at(const at::Tensor& t, int64_t b, int64_t h, int64_t row) {
+  return t.const_data_ptr<scalar_t>() + b * t.stride(0) + h * t.stride(1) + row * t.stride(2);
+}
+
+/// The keys of chunk [n0, n0 + nc) that query tile [m0, m0 + mt) may meet: causal cuts them at its
+/// last query (≤ 0: none).
+inline int64_t tile_keys(bool causal, int64_t m0, int64_t mt, int64_t n0, int64_t nc) {
+  return causal ? std::min(nc, m0 + mt - n0) : nc;
+}
+
+/// Scaled, masked scores [mt, nc] (leading dim nc) of a tile: masked pairs −inf. The pre-pass and the
+/// main loop both call this with the same operands, so their scores are bit-identical.
+template <typename acc_t, typename Plane>
+void masked_scores(const PairRule<Plane>& rule, const TileStatus& st, const acc_t* qt, int64_t ldq, const acc_t* kt,
+                   int64_t ldk, acc_t scale, int64_t m0, int64_t mt, int64_t n0, int64_t nc, int64_t D, acc_t* s) {
+  gemm(Transpose::kNo, Transpose::kYes, mt, nc, D, scale, qt, ldq, kt, ldk, acc_t(0), s, nc);
+  add_mask_values(rule, s, nc, m0, mt, n0, nc);
+  if (st.any_masked) fill_masked(rule, st, s, nc, m0, mt, n0, nc, negative_infinity<acc_t>());
+}
+
+template <typename scalar_t, typename Plane>
+struct Backward {
+  using acc_t = acc_type<scalar_t>;
+  const AttentionCall& call;
+  const at::Tensor &q, &k, &v;
+  int64_t B, Hq, Hkv, M, N, D, Dv, group, tile_m, chunk, n_chunks;
+  acc_t scale;
+  const bool* padding;
+  const acc_t* lse;
+  // Per query row [B·Hq·L]: Δ − dlse, and the exact normaliser (max, log sum) of rows with a huge lse.
+  std::vector<acc_t> delta_minus_dlse, row_shift, row_log_sum;
+  std::vector<char> precise;
+
+  Backward(const AttentionCall& c, const at::Tensor& lse_t)
+      : call(c), q(c.q), k(c.k), v(c.v), B(q.size(0)), Hq(q.size(1)), Hkv(k.size(1)), M(q.size(2)), N(k.size(2)),
+        D(q.size(3)), Dv(v.size(3)), group(Hq / Hkv), tile_m(std::min<int64_t>(kQueryTile, std::max<int64_t>(M, 1))),
+        chunk(std::min<int64_t>(c.chunk, std::max<int64_t>(N, 1))), n_chunks((N + chunk - 1) / chunk),
+        scale(static_cast<acc_t>(c.scale)), padding(c.padding.defined() ? c.padding.const_data_ptr<bool>() : nullptr),
+        lse(lse_t.const_data_ptr<acc_t>()) {}
+
+  PairRule<Plane> rule(int64_t b, int64_t h) const {
+    return PairRule<Plane>{padding ? padding + b * N : nullptr, mask_plane<Plane>(call.attn_mask, b, h), call.causal};
+  }
+
+  void row_deltas(const at::Tensor& out, const at::Tensor& grad_out, const at::Tensor& grad_lse) {
+    const acc_t* grad_lse_data = grad_lse.const_data_ptr<acc_t>();
+    delta_minus_dlse.resize(B * Hq * M);
+    at::parallel_for(0, B * Hq * M, 256, [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        const int64_t bh = row / M, m = row % M;
+        const scalar_t* o = matrix_at<scalar_t>(out, bh / Hq, bh % Hq, m);
+        const scalar_t* dout = matrix_at<scalar_t>(grad_out, bh / Hq, bh % Hq, m);
+        acc_t delta = 0;
+        for (int64_t d = 0; d < Dv; ++d) delta += static_cast<acc_t>(o[d]) * static_cast<acc_t>(dout[d]);
+        delta_minus_dlse[row] = delta - grad_lse_data[row];
+      }
+    });
+  }
+
+  // Exact normaliser of rows with a huge lse (kPreciseNormaliserLse), from the main loop's tiles.
+  void precise_normalisers() {
+    const int64_t n_tiles = (M + tile_m - 1) / tile_m;
+    precise.assign(B * Hq * M, 0);
+    row_shift.resize(B * Hq * M), row_log_sum.resize(B * Hq * M);
+    at::parallel_for(0, B * Hq * n_tiles, 1, [&](int64_t begin, int64_t end) {
+      std::vector<acc_t> scores, q_tile, k_tile;
+      std::vector<OnlineSoftmaxRow<acc_t>> rows;
+      for (int64_t unit = begin; unit < end; ++unit) {
+        const int64_t bh = unit / n_tiles, b = bh / Hq, h = bh % Hq, m0 = (unit % n_tiles) * tile_m;
+        const int64_t mt = std::min(tile_m, M - m0);
+        bool any = false;
+        for (int64_t r = 0; r < mt; ++r) {
+          const acc_t l = lse[bh * M + m0 + r];
+          any = any || (std::isfinite(l) && std::abs(l) >= acc_t(kPreciseNormaliserLse));
+        }
+        if (!any) continue;
+        scores.resize(tile_m * chunk), q_tile.resize(tile_m * D), k_tile.resize(chunk * D), rows.resize(tile_m);
+        const PairRule<Plane> pr = rule(b, h);
+        int64_t ldq, ldk;
+        const acc_t* qt = rows_as_acc<acc_t>(matrix_at<scalar_t>(q, b, h, m0), q.stride(2), mt, D, q_tile.data(), &ldq);
+        std::fill(rows.begin(), rows.begin() + mt, online_softmax_empty<acc_t>());
+        for (int64_t c = 0; c < n_chunks; ++c) {
+          const int64_t n0 = c * chunk, nc = std::min(chunk, N - n0), ncc = tile_keys(call.causal, m0, mt, n0, nc);
+          if (ncc <= 0) break;
+          const TileStatus st = scan_tile(pr, m0, mt, n0, ncc);
+          if (st.all_masked) continue;
+          const acc_t* kt = rows_as_acc<acc_t>(matrix_at<scalar_t>(k, b, h / group, n0), k.stride(2), nc, D,
+                                               k_tile.data(), &ldk);
+          masked_scores(pr, st, qt, ldq, kt, ldk, scale, m0, mt, n0, ncc, D, scores.data());
+          for (int64_t r = 0; r < mt; ++r) {
+            acc_t* row_s = scores.data() + r * ncc;
+            online_softmax_advance(rows[r], row_max(row_s, ncc));
+            rows[r].sum += exp_shifted_inplace_sum(row_s, ncc, online_softmax_shift(rows[r]));
+          }
+        }
+        for (int64_t r = 0; r < mt; ++r) {
+          const int64_t row = bh * M + m0 + r;
+          const acc_t l = lse[row];
+          // Only rows the forward found finite; a sum that is not > 0 (NaN) keeps the lse path.
+          if (!(std::isfinite(l) && std::abs(l) >= acc_t(kPreciseNormaliserLse) && rows[r].sum > acc_t(0))) continue;
+          precise[row] = 1, row_shift[row] = rows[r].max, row_log_sum[row] = std::log(rows[r].sum);
+        }
+      }
+    });
+  }
+
+  void run(const at::Tensor& grad_out, at::Tensor& grad_q, at::Tensor& grad_k, at::Tensor& grad_v) {
+    const int64_t total_macs = 2 * B * Hq * M * N * (D + Dv) / (call.causal ? 2 : 1);
+    const int64_t splits = key_splits_for(B * Hkv, n_chunks, total_macs);
+    std::vector<acc_t> partial_grad_q(splits * B * Hq * M * D, acc_t(0));
+    scalar_t* grad_k_data = grad_k.mutable_data_ptr<scalar_t>();
+    scalar_t* grad_v_data = grad_v.mutable_data_ptr<scalar_t>();
+    const bool dropout = call.dropout_p > 0;
+
+    at::parallel_for(0, B * Hkv * splits, grain_size_for(B * Hkv * splits, total_macs), [&](int64_t begin, int64_t end) {
+      const int64_t tc = tile_m * chunk;
+      std::vector<acc_t> p(tc), dp(tc), z(dropout ? tc : 0), pz(dropout ? tc : 0), q_tile(tile_m * D),
+          do_tile(tile_m * Dv), k_tile(chunk * D), v_tile(chunk * Dv), dk(chunk * D), dv(chunk * Dv),
+          q_fix(tile_m * D), do_fix(tile_m * Dv), k_fix(chunk * D);
+      std::vector<int64_t> bad_q, bad_do, bad_k;
+      for (int64_t unit = begin; unit < end; ++unit) {
+        const int64_t split = unit % splits, bkv = unit / splits, b = bkv / Hkv, hkv = bkv % Hkv;
+        int64_t c_first, c_last;
+        split_range(n_chunks, splits, split, &c_first, &c_last);
+        for (int64_t c = c_first; c < c_last; ++c) {
+          const int64_t n0 = c * chunk, nc = std::min(chunk, N - n0);
+          std::fill(dk.begin(), dk.begin() + nc * D, acc_t(0));
+          std::fill(dv.begin(), dv.begin() + nc * Dv, acc_t(0));
+          int64_t ldk, ldv, ldq, lddo;
+          const acc_t* kt = rows_as_acc<acc_t>(matrix_at<scalar_t>(k, b, hkv, n0), k.stride(2), nc, D, k_tile.data(), &ldk);
+          const acc_t* vt = rows_as_acc<acc_t>(matrix_at<scalar_t>(v, b, hkv, n0), v.stride(2), nc, Dv, v_tile.data(), &ldv);
+          nonfinite_rows(kt, ldk, nc, D, bad_k);
+          for (int64_t h = hkv * group; h < (hkv + 1) * group; ++h) {
+            const PairRule<Plane> pr = rule(b, h);
+            const DropoutRule drop = dropout_rule(call, b, h, Hq, M, N);
+            const int64_t bh = b * Hq + h;
+            acc_t* grad_q_part = partial_grad_q.data() + (split * B * Hq + bh) * M * D;
+            for (int64_t m0 = call.causal ? n0 / tile_m * tile_m : 0; m0 < M; m0 += tile_m) {
+              const int64_t mt = std::min(tile_m, M - m0), ncc = tile_keys(call.causal, m0, mt, n0, nc);
+              if (ncc <= 0) break;  // causal, and the chunk lies past the last query
+              const TileStatus st = scan_tile(pr, m0, mt, n0, ncc);
+              if (st.all_masked) continue;
+              const acc_t* qt = rows_as_acc<acc_t>(matrix_at<scalar_t>(q, b, h, m0), q.stride(2), mt, D, q_tile.data(), &ldq);
+              const acc_t* dot = rows_as_acc<acc_t>(matrix_at<scalar_t>(grad_out, b, h, m0), grad_out.stride(2), mt, Dv,
+                                                    do_tile.data(), &lddo);
+              // P = exp(s − lse), 0 for masked pairs and for rows without any allowed key.
+              masked_scores(pr, st, qt, ldq, kt, ldk, scale, m0, mt, n0, ncc, D, p.data());
+              bool nan_row = false;
+              for (int64_t r = 0; r < mt; ++r) {
+                acc_t* row_p = p.data() + r * ncc;
+                const int64_t row = bh * M + m0 + r;
+                if (is_negative_infinity(lse[row])) {
+                  std::fill(row_p, row_p + ncc, acc_t(0));
+                } else if (precise[row]) {  // exp((s − max) − log sum): s − max is exact near the max
+                  for (int64_t j = 0; j < ncc; ++j) row_p[j] -= row_shift[row];
+                  exp_shifted_inplace_sum(row_p, ncc, row_log_sum[row]);
+                } else {
+                  nan_row = nan_row || std::isnan(lse[row]);
+                  exp_shifted_inplace_sum(row_p, ncc, lse[row]);
+                }
+              }
+              // A NaN row (lse NaN) has P NaN everywhere; its masked pairs still are not read.
+              if (nan_row && st.any_masked) fill_masked(pr, st, p.data(), ncc, m0, mt, n0, ncc, acc_t(0));
+              const acc_t* pd = p.data();  // P ∘ Z with dropout
+              if (dropout) {
+                std::fill(z.begin(), z.begin() + mt * ncc, acc_t(1));
+                apply_dropout(drop, z.data(), ncc, m0, mt, n0, ncc);
+                for (int64_t i = 0; i < mt * ncc; ++i) pz[i] = p[i] * z[i];
+                pd = pz.data();
+              }
+              const acc_t *q_gemm = qt, *do_gemm = dot, *k_gemm = kt;
+              int64_t ldq_gemm = ldq, lddo_gemm = lddo, ldk_gemm = ldk;
+              bad_q.clear(), bad_do.clear();
+              const bool k_fixup = st.any_masked && !bad_k.empty() && bad_k.front() < ncc;
+              if (st.any_masked) {
+                nonfinite_rows(qt, ldq, mt, D, bad_q);
+                nonfinite_rows(dot, lddo, mt, Dv, bad_do);
+                if (!bad_q.empty()) q_gemm = without_rows(qt, ldq, mt, D, bad_q, q_fix.data()), ldq_gemm = D;
+                if (!bad_do.empty()) do_gemm = without_rows(dot, lddo, mt, Dv, bad_do, do_fix.data()), lddo_gemm = Dv;
+                if (k_fixup) k_gemm = without_rows(kt, ldk, ncc, D, bad_k, k_fix.data()), ldk_gemm = D;
+              }
+              // dV += (P∘Z)ᵀ·dO ; dP = (dO·Vᵀ)∘Z ; dS = P ⊙ (dP − Δ + dlse) ; dK += scale·dSᵀ·Q ; dQ += scale·dS·K
+              gemm(Transpose::kYes, Transpose::kNo, ncc, Dv, mt, acc_t(1), pd, ncc, do_gemm, lddo_gemm, acc_t(1),
+                   dv.data(), Dv);
+              gemm(Transpose::kNo, Transpose::kYes, mt, ncc, Dv, acc_t(1), dot, lddo, vt, ldv, acc_t(0), dp.data(), ncc);
+              if (dropout) {
+                for (int64_t i = 0; i < mt * ncc; ++i) dp[i] *= z[i];
+              }
+              for (int64_t r = 0; r < mt; ++r) {
+                score_gradient_row(p.data() + r * ncc, dp.data() + r * ncc, dp.data() + r * ncc, ncc,
+                                   delta_minus_dlse[bh * M + m0 + r]);
+              }
+              // P = 0 there, but 0 · (dP − Δ) is NaN when dP or Δ is not finite.
+              if (st.any_masked) fill_masked(pr, st, dp.data(), ncc, m0, mt, n0, ncc, acc_t(0));
+              gemm(Transpose::kYes, Transpose::kNo, ncc, D, mt, scale, dp.data(), ncc, q_gemm, ldq_gemm, acc_t(1),
+                   dk.data(), D);
+              gemm(Transpose::kNo, Transpose::kNo, mt, D, ncc, scale, dp.data(), ncc, k_gemm, ldk_gemm, acc_t(1),
+                   grad_q_part + m0 * D, D);
+              for (int64_t r : bad_do) {
+                for (int64_t j = 0; j < ncc; ++j) {
+                  if (!pair_allowed(pr, m0 + r, n0 + j)) continue;
+                  for (int64_t d = 0; d < Dv; ++d) dv[j * Dv + d] += pd[r * ncc + j] * dot[r * lddo + d];
+                }
+              }
+              for (int64_t r : bad_q) {
+                for (int64_t j = 0; j < ncc; ++j) {
+                  if (!pair_allowed(pr, m0 + r, n0 + j)) continue;
+                  for (int64_t d = 0; d < D; ++d) dk[j * D + d] += scale * dp[r * ncc + j] * qt[r * ldq + d];
+                }
+              }
+              for (int64_t j : bad_k) {
+                if (!k_fixup || j >= ncc) break;
+                for (int64_t r = 0; r < mt; ++r) {
+                  if (!pair_allowed(pr, m0 + r, n0 + j)) continue;
+                  for (int64_t d = 0; d < D; ++d) grad_q_part[(m0 + r) * D + d] += scale * dp[r * ncc + j] * kt[j * ldk + d];
+                }
+              }
+            }
+          }
+          for (int64_t j = 0; j < nc; ++j) {
+            scalar_t* gk = grad_k_data + ((b * Hkv + hkv) * N + n0 + j) * D;
+            scalar_t* gv = grad_v_data + ((b * Hkv + hkv) * N + n0 + j) * Dv;
+            // A padded key takes no part in the attention, so its gradients are 0 even beside a NaN query
+            // row, whose dS·Q would otherwise put 0 · NaN = NaN there.
+            const bool padded = padding != nullptr && padding[b * N + n0 + j];
+            for (int64_t d = 0; d < D; ++d) gk[d] = static_cast<scalar_t>(padded ? acc_t(0) : dk[j * D + d]);
+            for (int64_t d = 0; d < Dv; ++d) gv[d] = static_cast<scalar_t>(padded ? acc_t(0) : dv[j * Dv + d]);
+          }
+        }
+      }
+    });
+
+    scalar_t* grad_q_data = grad_q.mutable_data_ptr<scalar_t>();
+    at::parallel_for(0, B * Hq * M, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        for (int64_t d = 0; d < D; ++d) {
+          acc_t sum = 0;
+          for (int64_t split = 0; split < splits; ++split) sum += partial_grad_q[(split * B * Hq * M + row) * D + d];
+          grad_q_data[row * D + d] = static_cast<scalar_t>(sum);
+        }
+      }
+    });
+  }
+};
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const AttentionCall& call, const at::Tensor& grad_out,
+                                                                  const at::Tensor& grad_lse, const at::Tensor& out,
+                                                                  const at::Tensor& lse) {
+  const at::Tensor &q = call.q, &k = call.k, &v = call.v;
+  at::Tensor grad_q = at::empty(q.sizes(), q.options());
+  at::Tensor grad_k = at::empty(k.sizes(), k.options());
+  at::Tensor grad_v = at::empty(v.sizes(), v.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ext::attention_bwd", [&] {
+    dispatch_mask_kind<scalar_t>(call, [&]<typename Plane>() {
+      Backward<scalar_t, Plane> bwd(call, lse);
+      bwd.row_deltas(out, grad_out, grad_lse);
+      bwd.precise_normalisers();
+      bwd.run(grad_out, grad_q, grad_k, grad_v);
+    });
+  });
+  return {grad_q, grad_k, grad_v};
+}
+
+}  // namespace attn_ext::cpu

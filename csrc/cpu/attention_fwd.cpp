@@ -1,0 +1,96 @@
+// CPU forward of attention (docs/spec.md §1): for every (batch, query head, tile of query rows) the
+// keys of its key/value head are streamed in chunks by attend_tile (attention_tile.h), so that no
+// buffer larger than tile × chunk exists. Grouped heads (GQA): query head h reads kv head
+// h / (Hq / Hkv), with no copy of k or v. Cross attention is the case Hq = Hkv without masks.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
+#include <tuple>
+#include <vector>
+
+#include "attention_kernels.h"
+#include "attention_tile.h"
+#include "checks/common.h"
+#include "tile.h"
+
+namespace attn_ext::cpu {
+namespace {
+
+template <typename scalar_t, typename Plane>
+void forward_kernel(const AttentionCall& call, at::Tensor& out, at::Tensor& lse) {
+  using acc_t = acc_type<scalar_t>;
+  const at::Tensor &q = call.q, &k = call.k, &v = call.v;
+  const acc_t scale = static_cast<acc_t>(call.scale);
+  const int64_t B = q.size(0), Hq = q.size(1), Hkv = k.size(1), M = q.size(2), N = k.size(2), D = q.size(3),
+                Dv = v.size(3);
+  const int64_t group = Hq / Hkv;
+  const int64_t tile_m = std::min<int64_t>(kQueryTile, std::max<int64_t>(M, 1));
+  const int64_t chunk = std::min<int64_t>(call.chunk, std::max<int64_t>(N, 1));
+  const int64_t q_tiles = (M + tile_m - 1) / tile_m;
+  const int64_t n_chunks = (N + chunk - 1) / chunk;
+  const int64_t units = B * Hq * q_tiles;
+  const int64_t total_macs = B * Hq * M * N * (D + Dv) / (call.causal ? 2 : 1);
+  const int64_t splits = key_splits_for(units, n_chunks, total_macs);
+
+  const scalar_t* q_data = q.const_data_ptr<scalar_t>();
+  const scalar_t* k_data = k.const_data_ptr<scalar_t>();
+  const scalar_t* v_data = v.const_data_ptr<scalar_t>();
+  const bool* padding = call.padding.defined() ? call.padding.const_data_ptr<bool>() : nullptr;
+  scalar_t* out_data = out.mutable_data_ptr<scalar_t>();
+  acc_t* lse_data = lse.mutable_data_ptr<acc_t>();
+
+  // With key splits each part writes a normalised partial state; they are merged below (docs/spec.md §1 merge).
+  std::vector<acc_t> partial_out(splits > 1 ? splits * B * Hq * M * Dv : 0);
+  std::vector<acc_t> partial_lse(splits > 1 ? splits * B * Hq * M : 0);
+
+  at::parallel_for(0, units * splits, grain_size_for(units * splits, total_macs), [&](int64_t begin, int64_t end) {
+    AttentionTileScratch<acc_t> scratch(tile_m, chunk, D, Dv);
+    std::vector<acc_t> q_tile(tile_m * D);
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t split = unit % splits, tile = (unit / splits) % q_tiles, bh = unit / (splits * q_tiles);
+      const int64_t b = bh / Hq, h = bh % Hq, hkv = h / group;
+      const int64_t m0 = tile * tile_m, mt = std::min(tile_m, M - m0);
+      // Causal: only the chunks up to the tile's last query are split among the parts.
+      const int64_t tile_chunks = call.causal ? (std::min(N, m0 + mt) + chunk - 1) / chunk : n_chunks;
+      int64_t c_first, c_last;
+      split_range(tile_chunks, splits, split, &c_first, &c_last);
+      const KeyValueRows<scalar_t> kv{k_data + b * k.stride(0) + hkv * k.stride(1),
+                                      v_data + b * v.stride(0) + hkv * v.stride(1),
+                                      k.stride(2), v.stride(2), nullptr, N, D, Dv};
+      const PairRule<Plane> rule{padding ? padding + b * N : nullptr, mask_plane<Plane>(call.attn_mask, b, h),
+                                 call.causal};
+      int64_t ldq;
+      const acc_t* qt = rows_as_acc<acc_t>(q_data + b * q.stride(0) + h * q.stride(1) + m0 * q.stride(2),
+                                           q.stride(2), mt, D, q_tile.data(), &ldq);
+      attend_tile(qt, ldq, m0, mt, scale, kv, rule, dropout_rule(call, b, h, Hq, M, N), chunk, c_first, c_last,
+                  scratch);
+      const int64_t row = bh * M + m0;
+      if (splits == 1) {
+        store_tile(scratch, mt, Dv, out_data + row * Dv, lse_data + row);
+      } else {  // each part writes a normalised partial state, merged below
+        store_tile(scratch, mt, Dv, partial_out.data() + (split * B * Hq * M + row) * Dv,
+                   partial_lse.data() + split * B * Hq * M + row);
+      }
+    }
+  });
+
+  if (splits > 1) {
+    merge_partial_states(partial_out.data(), partial_lse.data(), splits, B * Hq * M, Dv, out_data, lse_data);
+  }
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> attention_forward(const AttentionCall& call) {
+  const at::Tensor& q = call.q;
+  at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), call.v.size(3)}, q.options());
+  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(accumulation_dtype(q.scalar_type())));
+  if (out.numel() == 0 && lse.numel() == 0) return {out, lse};
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ext::attention_fwd", [&] {
+    dispatch_mask_kind<scalar_t>(call, [&]<typename Plane>() { forward_kernel<scalar_t, Plane>(call, out, lse); });
+  });
+  return {out, lse};
+}
+
+}  // namespace attn_ext::cpu

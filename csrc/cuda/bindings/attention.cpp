@@ -1,0 +1,135 @@
+// Typed wrappers of attention_fwd / attention_bwd for CUDA tensors (declared in ops.h, registered in
+// registration.cpp): the cross-attention kernels with their per-pair masks (causal, attn_mask) and
+// grouped-query heads (AttentionMaskLayout). Inputs are validated by the checks the CPU ops use
+// (csrc/checks/attention_checks.h, same messages); outputs have the CPU ops' shapes and dtypes.
+//
+// What the CUDA kernels do not take raises here, naming the op and the reason, so that the Python
+// dispatch can route such calls elsewhere: dropout (dropout_p > 0: NotImplementedError), float64.
+// attn_mask is read in place through its strides (a broadcast mask is an expand()ed view with
+// stride 0, never materialised); chunk_size is validated but unused, as in cross_attention.cpp.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include <optional>
+#include <tuple>
+
+#include "checks/attention_checks.h"
+#include "cuda/cross_attention_bwd.cuh"
+#include "cuda/cross_attention_fwd.cuh"
+#include "ops.h"
+#include "tensor_checks.h"
+
+namespace attn_ext {
+namespace cuda {
+namespace {
+
+using namespace bindings;  // tensor_checks.h
+
+/// The unpacked inputs of a call (kept alive while the kernel's params point at them).
+struct Inputs {
+  at::Tensor q, k, v, padding, attn_mask;
+  AttentionShape s;
+  ScalarType dtype;
+};
+
+Inputs prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+               const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_padding_mask,
+               double scale, double dropout_p, const std::optional<at::Tensor>& dropout_seed, int64_t chunk_size,
+               const char* op) {
+  Inputs in;
+  in.s = check_attention_inputs(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size);
+  check_is_cuda(q, "tensors", op);
+  in.dtype = kernel_scalar_type(q.scalar_type(), op);
+  TORCH_CHECK_NOT_IMPLEMENTED(dropout_p == 0.0, "attn_ext.", op, " (CUDA): dropout (dropout_p = ", dropout_p,
+                              " > 0) is not implemented by the CUDA kernels; use dropout_p = 0 or another backend");
+  in.q = with_unit_inner_stride(q), in.k = with_unit_inner_stride(k), in.v = with_unit_inner_stride(v);
+  if (key_padding_mask.has_value()) in.padding = mask_bytes(*key_padding_mask);
+  if (attn_mask.has_value()) in.attn_mask = *attn_mask;  // a view; the kernels read it through its strides
+  return in;
+}
+
+/// Fills the fields the forward and backward params share.
+template <typename Params>
+void fill_inputs(Params& p, const Inputs& in, double scale, bool is_causal) {
+  const AttentionShape& s = in.s;
+  p.B = s.batch, p.H = s.q_heads, p.M = s.queries, p.N = s.keys, p.D = s.head_dim, p.Dv = s.value_dim;
+  p.q = in.q.data_ptr(), p.k = in.k.data_ptr(), p.v = in.v.data_ptr();
+  if (in.padding.defined()) p.key_padding_mask = in.padding.const_data_ptr<uint8_t>();
+  fill_qkv_layout(p, in.q, in.k, in.v, in.padding, scale, in.dtype);
+  p.kv_group = s.q_heads / s.kv_heads;
+  p.causal = is_causal;
+  if (in.attn_mask.defined()) {
+    const at::Tensor& m = in.attn_mask;
+    p.attn_mask = m.data_ptr();  // bool is one byte per element, as the kernels read it
+    p.attn_mask_kind = m.scalar_type() == at::kBool ? AttnMaskKind::kBool : AttnMaskKind::kAdditive;
+    p.attn_mask_stride_b = m.stride(0), p.attn_mask_stride_h = m.stride(1);
+    p.attn_mask_stride_m = m.stride(2), p.attn_mask_stride_n = m.stride(3);
+  }
+}
+
+std::string describe(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return c10::str("q ", q.sizes(), " ", q.scalar_type(), ", k ", k.sizes(), ", v ", v.sizes());
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> attention_fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                      const std::optional<at::Tensor>& attn_mask,
+                                                      const std::optional<at::Tensor>& key_padding_mask, double scale,
+                                                      bool is_causal, double dropout_p,
+                                                      const std::optional<at::Tensor>& dropout_seed,
+                                                      int64_t chunk_size) {
+  const char* op = "attention_fwd";
+  const Inputs in = prepare(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size, op);
+  const AttentionShape& s = in.s;
+  CrossAttentionFwdParams p;
+  fill_inputs(p, in, scale, is_causal);
+  const CrossAttentionLaunchPlan plan =
+      plan_cross_attention_fwd(s.batch, s.q_heads, s.queries, s.keys, s.head_dim, s.value_dim, in.dtype,
+                               smem_limit_of(q.device(), op), capability_of(q.device(), op), p.has_pair_masks());
+  check_plan(plan, op, describe(q, k, v));
+  at::Tensor out = at::empty({s.batch, s.q_heads, s.queries, s.value_dim}, q.options());
+  at::Tensor lse = at::empty({s.batch, s.q_heads, s.queries}, q.options().dtype(accumulation_dtype(q.scalar_type())));
+  if (plan.empty) return {out, lse};
+  p.out = out.data_ptr(), p.lse = lse.data_ptr<float>();
+  const c10::cuda::CUDAGuard guard(q.device());
+  check_launch(launch_cross_attention_fwd(p, at::cuda::getCurrentCUDAStream()), op);
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_cuda(
+    const at::Tensor& grad_out, const at::Tensor& grad_lse, const at::Tensor& q, const at::Tensor& k,
+    const at::Tensor& v, const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_padding_mask,
+    const at::Tensor& out, const at::Tensor& lse, double scale, bool is_causal, double dropout_p,
+    const std::optional<at::Tensor>& dropout_seed, int64_t chunk_size) {
+  const char* op = "attention_bwd";
+  const Inputs in = prepare(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size, op);
+  const AttentionShape& s = in.s;
+  check_attention_grads(s, q, grad_out, grad_lse, out, lse);
+  CrossAttentionBwdParams p;
+  fill_inputs(p, in, scale, is_causal);
+  const CrossAttentionBwdPlan plan =
+      plan_cross_attention_bwd(s.batch, s.q_heads, s.queries, s.keys, s.head_dim, s.value_dim, in.dtype,
+                               smem_limit_of(q.device(), op), capability_of(q.device(), op), p.kv_group);
+  check_plan(plan, op, describe(q, k, v));
+  const at::Tensor o = with_unit_inner_stride(out), go = with_unit_inner_stride(grad_out);
+  const at::Tensor lse_c = lse.contiguous(), glse_c = grad_lse.contiguous();
+  at::Tensor grad_q = at::empty({s.batch, s.q_heads, s.queries, s.head_dim}, q.options());
+  at::Tensor grad_k = at::empty({s.batch, s.kv_heads, s.keys, s.head_dim}, k.options());
+  at::Tensor grad_v = at::empty({s.batch, s.kv_heads, s.keys, s.value_dim}, v.options());
+  at::Tensor delta =
+      at::empty({s.batch, s.q_heads, s.queries}, q.options().dtype(accumulation_dtype(q.scalar_type())));
+  p.out = o.data_ptr(), p.grad_out = go.data_ptr();
+  p.out_stride_b = o.stride(0), p.out_stride_h = o.stride(1), p.out_stride_m = o.stride(2);
+  p.dout_stride_b = go.stride(0), p.dout_stride_h = go.stride(1), p.dout_stride_m = go.stride(2);
+  p.lse = lse_c.const_data_ptr<float>(), p.grad_lse = glse_c.const_data_ptr<float>();
+  p.delta = delta.data_ptr<float>();
+  p.grad_q = grad_q.data_ptr(), p.grad_k = grad_k.data_ptr(), p.grad_v = grad_v.data_ptr();
+  const c10::cuda::CUDAGuard guard(q.device());
+  check_launch(launch_cross_attention_bwd(p, at::cuda::getCurrentCUDAStream()), op);
+  return {grad_q, grad_k, grad_v};
+}
+
+}  // namespace cuda
+}  // namespace attn_ext
