@@ -22,6 +22,7 @@ BENCHMARKS: dict[str, str] = {
     "tree_attention": "bench.bench_tree_attention",
     "intention": "bench.bench_intention",
     "batched_cholesky": "bench.bench_batched_cholesky",
+    "sdpa": "bench.bench_sdpa",
     "np_demo": "bench.np.demo",
     "np_memory": "bench.np.np_memory",
     "gp_quick": "bench.np.gp_report",
@@ -30,7 +31,7 @@ BENCHMARKS: dict[str, str] = {
 #: ``np_memory`` (about an hour at the full grid) and ``gp_quick`` (hours) run only when named.
 DEFAULT_BENCHMARKS: tuple[str, ...] = (
     "cross_attention", "state_update", "streaming_memory", "tree_attention", "intention", "batched_cholesky",
-    "np_demo",
+    "sdpa", "np_demo",
 )
 
 
