@@ -84,7 +84,8 @@ def training_step(model: torch.nn.Module, x: torch.Tensor, target: torch.Tensor)
 
 def check_swapped(reference: torch.nn.Module, swapped: torch.nn.Module, x: torch.Tensor,
                   target: torch.Tensor) -> float:
-    """Max difference of the two models' outputs and parameter gradients on one batch, each relative to
+    """Max difference of the two models' outputs and parameter gradients on one batch (measure passes fp64
+    copies), each relative to
     the reference tensor's largest entry (before any
     optimizer step, so the weights are still equal); the gradients are cleared again."""
     outs, grads = [], []
@@ -110,7 +111,10 @@ def measure(options: BenchOptions, lengths: tuple[int, ...], batch: int) -> dict
     result = {"config": config, "swap_report": report, "rows": [], "warnings": []}
     for length in lengths:
         x, target = make_batch(length, batch)
-        diff = check_swapped(reference, swapped, x, target)
+        # In fp64 on fp64 copies, one sequence: in fp32 a ReLU pre-activation within rounding of 0 may flip
+        # and move a feed-forward weight's gradient by a percent, which says nothing about the attention.
+        diff = check_swapped(copy.deepcopy(reference).double(), copy.deepcopy(swapped).double(), x[:1].double(),
+                             target[:1].double())
         if not diff <= CHECK_ATOL:
             result["warnings"].append(f"the swapped Transformer differs from torch's by {diff:.3g} relative (> {CHECK_ATOL:g}) "
                                       f"at L={length:,} (outputs or gradients)")
