@@ -107,9 +107,11 @@ def measure(options: BenchOptions, lengths: tuple[int, ...], batch: int) -> dict
     """Time the training step of both models at each length, after checking that they agree."""
     config = {"d_model": D_MODEL, "nhead": NHEAD, "layers": LAYERS, "dim_feedforward": FFN, "dropout": DROPOUT,
               "batch": batch, "Ls": list(lengths), "optimizer": f"AdamW(lr={LR:g})", "loss": "mse", "mask": None}
-    reference, swapped, report = models(options.backend)
-    result = {"config": config, "swap_report": report, "rows": [], "warnings": []}
+    result = {"config": config, "rows": [], "warnings": []}
     for length in lengths:
+        # Fresh models per length: the timed steps train each model, and their weights drift apart by
+        # rounding, so a later length's check would compare different models.
+        reference, swapped, result["swap_report"] = models(options.backend)
         x, target = make_batch(length, batch)
         # In fp64 on fp64 copies, one sequence: in fp32 a ReLU pre-activation within rounding of 0 may flip
         # and move a feed-forward weight's gradient by a percent, which says nothing about the attention.
