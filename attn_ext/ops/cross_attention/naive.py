@@ -124,23 +124,12 @@ PRECISE_NORMALISER_LSE = 512.0
 
 def _normaliser(qf: Tensor, k: Tensor, key_padding_mask: Optional[Tensor], lse: Tensor, scale: float,
                 chunk_size: int) -> Tuple[Tensor, Tensor]:
-    """``(shift [..., 1], log_sum [..., 1])`` with ``P = exp((s − shift) − log_sum)`` for every row."""
-    precise = torch.isfinite(lse) & (lse.abs() >= PRECISE_NORMALISER_LSE)
-    if not bool(precise.any()):
-        return lse[..., None], torch.zeros_like(lse)[..., None]
-    acc = qf.dtype
-    row_max = torch.full_like(lse, -math.inf)
-    total = torch.zeros_like(lse)
-    for n0 in range(0, k.shape[2], chunk_size):
-        padding = None if key_padding_mask is None else key_padding_mask[:, n0 : n0 + chunk_size]
-        scores = _chunk_scores(qf, _unpadded_rows(k[:, :, n0 : n0 + chunk_size].to(acc), padding), padding, scale)
-        new_max = torch.maximum(row_max, scores.amax(dim=-1))
-        safe = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
-        total = total * torch.exp(row_max - safe) + torch.exp(scores - safe[..., None]).sum(dim=-1)
-        row_max = new_max
-    shift = torch.where(precise, row_max, lse)
-    log_sum = torch.where(precise, torch.log(total), torch.zeros_like(lse))
-    return shift[..., None], log_sum[..., None]
+    """``(shift [..., 1], log_sum [..., 1])`` with ``P = exp((s − shift) − log_sum)`` for every row: the
+    masked reference's, with key padding as the only rule."""
+    # Imported here: the masked reference builds on this module, which loads first.
+    from attn_ext.ops.sdpa.naive import row_normaliser
+
+    return row_normaliser(qf, k, None, key_padding_mask, False, lse, scale, chunk_size)
 
 
 def _merge_weights(lse_a: Tensor, lse_b: Tensor, lse: Tensor) -> Tuple[Tensor, Tensor]:

@@ -65,7 +65,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tenso
     return out.to(q.dtype), lse
 
 
-def _normaliser(qf: Tensor, kx: Tensor, attn_mask, key_padding_mask, is_causal: bool, lse: Tensor, scale: float,
+def row_normaliser(qf: Tensor, kx: Tensor, attn_mask, key_padding_mask, is_causal: bool, lse: Tensor, scale: float,
                 chunk_size: int) -> Tuple[Tensor, Tensor]:
     """``(shift, log_sum)`` with ``P = exp((s − shift) − log_sum)``: the saved lse, except rows with
     |lse| ≥ 512, whose exact (max, log Σ) are recomputed (the fp32 lse has rounded log Σ away there)."""
@@ -101,7 +101,7 @@ def attention_backward(grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor,
     lse = lse.to(acc)
     kx, vx = expand_heads(k, Hq), expand_heads(v, Hq)
     empty_row = (lse == -math.inf)[..., None]
-    shift, log_sum = _normaliser(qf, kx, attn_mask, key_padding_mask, is_causal, lse, scale, chunk_size)
+    shift, log_sum = row_normaliser(qf, kx, attn_mask, key_padding_mask, is_causal, lse, scale, chunk_size)
     delta_minus_dlse = (dout * out.to(acc)).sum(dim=-1) - grad_lse.to(acc)
     grad_q = torch.zeros_like(qf, memory_format=torch.contiguous_format)  # as the fake kernel declares
     grad_k = torch.zeros((B, Hq) + tuple(k.shape[2:]), dtype=acc, device=q.device)
