@@ -14,9 +14,9 @@ import subprocess
 import sys
 import sysconfig
 
-from build_support import cuda_arch, layout
+from build_support import cuda_arch, cxx_runtime, layout
 from build_support.cuda_toolkit import probe_toolkit
-from build_support.plan import BuildPlan, TorchInfo, plan_build
+from build_support.plan import BuildConfigError, BuildPlan, TorchInfo, plan_build
 
 # -g0: debug info triples the compile time of the ATen headers and is not shipped. No -std flag:
 # BuildExtension adds the standard this torch needs (C++17 for older torch, C++20 for recent ones, whose
@@ -40,6 +40,12 @@ def configure(environ=os.environ) -> tuple:
     """(plan, torch version): decides the build, logs it and exports ``CUDA_HOME`` for torch."""
     info = _torch_info()
     plan = plan_build(environ, info, lambda: probe_toolkit(environ, shutil.which("nvcc")))
+    chosen, notes, error = cxx_runtime.choose_compiler(environ)
+    if error:
+        raise BuildConfigError(error)
+    environ.update(chosen)  # torch's builder reads CXX (and CC, nvcc's host compiler) when it compiles
+    for note in notes:
+        layout.log(note)
     if plan.cuda_home:
         environ["CUDA_HOME"] = plan.cuda_home
         if "torch.utils.cpp_extension" in sys.modules:  # imported before us: it has its own guess already
@@ -125,7 +131,14 @@ def build_command(plan: BuildPlan, torch_version: str, root: str):
                 self._fall_back(f"compiling the CUDA part failed ({type(exc).__name__}: {exc}); the compiler's "
                                 "messages are above in the build log (`pip install -v` shows them)")
                 super().run()
+            self._check_runtime()
             self._record()
+
+        def _check_runtime(self):
+            for ext in self.extensions:
+                problem = cxx_runtime.check_built_extension(self.get_ext_fullpath(ext.name))
+                if problem:
+                    raise BuildConfigError(problem)
 
         def _fall_back(self, reason):
             self._plan = self._plan.fallback(reason)  # raises under ATTN_EXT_REQUIRE_CUDA=1

@@ -6,6 +6,7 @@ on any machine, with or without CUDA.
 """
 import os
 import pathlib
+import shutil
 import sys
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # build_support/ is part of the source tree, not of the installed package
 
-from build_support import cuda_arch, cuda_toolkit, layout  # noqa: E402
+from build_support import cuda_arch, cuda_toolkit, cxx_runtime, layout  # noqa: E402
 from build_support.cuda_arch import Arch, ArchError  # noqa: E402
 from build_support.cuda_toolkit import HeaderSearch, RootChoice, Toolkit  # noqa: E402
 from build_support.plan import BuildConfigError, TorchInfo, plan_build  # noqa: E402
@@ -281,3 +282,64 @@ def test_ccache_note_says_whether_compiles_are_cached():
     assert "torch runs the compilers through it" in layout.ccache_note("/usr/bin/ccache", True, False)
     assert "does not use it" in layout.ccache_note("/usr/bin/ccache", False, False)
     assert "TORCH_NO_COMPILER_WRAPPER" in layout.ccache_note("/usr/bin/ccache", True, True)
+
+
+# --- the C++ runtime the extension links (build_support/cxx_runtime.py) ---------------------------------------
+
+SYSTEM_CXX = shutil.which(os.environ.get("CXX") or "c++")
+needs_cxx = pytest.mark.skipif(SYSTEM_CXX is None, reason="no C++ compiler on PATH to probe")
+
+
+@needs_cxx
+def test_probe_accepts_a_compiler_that_links_the_shared_runtime():
+    ok, why = cxx_runtime.probe_compiler(SYSTEM_CXX)
+    assert ok is True, why
+
+
+@needs_cxx
+def test_probe_rejects_a_compiler_that_embeds_the_runtime(tmp_path):
+    # The wrapper of a GPU machine's image did this: every shared object got its own libstdc++.
+    wrapper = tmp_path / "static-g++"
+    wrapper.write_text(f'#!/bin/sh\nexec {SYSTEM_CXX} -static-libstdc++ "$@"\n')
+    wrapper.chmod(0o755)
+    ok, why = cxx_runtime.probe_compiler(str(wrapper))
+    assert ok is False and "statically" in why and "libstdc++" in why
+
+
+def test_probe_cannot_tell_without_a_compiler(tmp_path):
+    ok, why = cxx_runtime.probe_compiler(str(tmp_path / "no-such-g++"))
+    assert ok is None and "could not run" in why
+
+
+def _fake_probe(verdicts):
+    return lambda cxx: (verdicts[cxx], "" if verdicts[cxx] else f"{cxx} embeds the runtime")
+
+
+def test_a_compiler_that_embeds_the_runtime_is_replaced_by_one_that_does_not():
+    probe = _fake_probe({"/opt/gcc/bin/g++": False, "/usr/bin/g++": True})
+    chosen, notes, error = cxx_runtime.choose_compiler({"CXX": "/opt/gcc/bin/g++"}, probe,
+                                                       lambda: ["/opt/gcc/bin/g++", "/usr/bin/g++"])
+    assert error is None and chosen["CXX"] == "/usr/bin/g++"
+    assert "/opt/gcc/bin/g++ embeds the runtime" in notes[0] and "/usr/bin/g++ instead" in notes[0]
+
+
+def test_no_usable_compiler_is_an_error_that_says_what_to_set():
+    probe = _fake_probe({"/opt/gcc/bin/g++": False, "/other/g++": False})
+    chosen, _, error = cxx_runtime.choose_compiler({"CXX": "/opt/gcc/bin/g++"}, probe, lambda: ["/other/g++"])
+    assert chosen == {} and "set CXX" in error
+
+
+def test_a_good_or_unknown_compiler_is_kept():
+    for verdict in (True, None):
+        chosen, _, error = cxx_runtime.choose_compiler({}, lambda cxx: (verdict, "?"), lambda: ["/usr/bin/g++"])
+        assert chosen == {} and error is None
+
+
+def test_the_built_extension_links_the_shared_runtime():
+    import attn_ext
+
+    library = attn_ext._C.__file__ if hasattr(attn_ext, "_C") else None
+    if library is None or not library.endswith(".so"):
+        pytest.skip("attn_ext._C is not a compiled ELF extension in this install")
+    assert cxx_runtime.links_shared_runtime(cxx_runtime.needed_libraries(library))
+    assert cxx_runtime.check_built_extension(library) is None

@@ -17,14 +17,14 @@ import attn_ext as ae
 from attn_ext.ops.sdpa.dropout import keep_mask
 
 
-def allowed_pairs(attn_mask, key_padding_mask, is_causal, B, H, L, S) -> Tensor:
-    allowed = torch.ones(B, H, L, S, dtype=torch.bool)
+def allowed_pairs(attn_mask, key_padding_mask, is_causal, B, H, L, S, device=None) -> Tensor:
+    allowed = torch.ones(B, H, L, S, dtype=torch.bool, device=device)
     if attn_mask is not None:
         allowed = allowed & (attn_mask if attn_mask.dtype == torch.bool else attn_mask != -math.inf)
     if key_padding_mask is not None:
         allowed = allowed & ~key_padding_mask.reshape(B, 1, 1, S)
     if is_causal:
-        allowed = allowed & torch.ones(L, S, dtype=torch.bool).tril()
+        allowed = allowed & torch.ones(L, S, dtype=torch.bool, device=allowed.device).tril()
     return allowed
 
 
@@ -40,7 +40,7 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor]
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         scores = scores + torch.where(torch.isneginf(attn_mask), torch.zeros_like(attn_mask), attn_mask)
-    allowed = allowed_pairs(attn_mask, key_padding_mask, is_causal, B, H, L, S)
+    allowed = allowed_pairs(attn_mask, key_padding_mask, is_causal, B, H, L, S, device=q.device)
     scores = torch.where(allowed, scores, torch.full_like(scores, -math.inf))
     empty = ~allowed.any(dim=-1)
     safe = torch.where(empty[..., None], torch.zeros_like(scores), scores)

@@ -11,21 +11,11 @@ import pytest
 import torch
 
 from _helpers import assert_within_flash_rule
+from _sdpa_ref import allowed_pairs
 from attn_ext.ops.sdpa.dropout import keep_mask
 
 ops = torch.ops.attn_ext
 SEED = 0x5DEECE66D12345
-
-
-def allowed_pairs(B, Hq, L, S, attn_mask, key_padding_mask, is_causal):
-    allowed = torch.ones(B, Hq, L, S, dtype=torch.bool)
-    if attn_mask is not None:
-        allowed = allowed & (attn_mask if attn_mask.dtype == torch.bool else attn_mask != -math.inf)
-    if key_padding_mask is not None:
-        allowed = allowed & ~key_padding_mask[:, None, None, :]
-    if is_causal:
-        allowed = allowed & torch.ones(L, S, dtype=torch.bool).tril()
-    return allowed
 
 
 def dense(q, k, v, attn_mask=None, key_padding_mask=None, scale=None, is_causal=False, dropout_p=0.0, seed=SEED):
@@ -35,7 +25,7 @@ def dense(q, k, v, attn_mask=None, key_padding_mask=None, scale=None, is_causal=
     scale = D ** -0.5 if scale is None else scale
     group = Hq // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    allowed = allowed_pairs(B, Hq, L, S, attn_mask, key_padding_mask, is_causal)
+    allowed = allowed_pairs(attn_mask, key_padding_mask, is_causal, B, Hq, L, S)
     scores = torch.matmul(q, k.transpose(-1, -2)) * scale
     if attn_mask is not None and attn_mask.dtype != torch.bool:
         scores = scores + torch.where(allowed, attn_mask, torch.zeros_like(attn_mask))
@@ -160,7 +150,7 @@ def test_matches_dense_formula(name):
             assert ours.dtype == dtype and ours.is_contiguous()
             assert_within_flash_rule(ours, ref, pt, grad=True, name=f"{name} {label}")
     # Rows without pairs: exactly (0, −inf) and zero dq; keys no query of their group attends: zero dk, dv.
-    allowed = allowed_pairs(B, Hq, L, S, mask, kpm, causal)
+    allowed = allowed_pairs(mask, kpm, causal, B, Hq, L, S)
     empty = ~allowed.any(dim=-1)
     assert bool((out[empty] == 0).all()) and bool((lse[empty] == -math.inf).all())
     assert bool((grads[0][empty] == 0).all())

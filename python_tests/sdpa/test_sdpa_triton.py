@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from _helpers import assert_within_flash_rule, worse_of
+from _sdpa_ref import allowed_pairs
 from attn_ext.ops.utils.triton import triton_unavailable_reason
 
 pytestmark = pytest.mark.skipif(triton_unavailable_reason("cpu") is not None,
@@ -29,17 +30,6 @@ def keep_mask(seed: int, p: float, B: int, H: int, L: int, S: int) -> torch.Tens
     from attn_ext.ops.sdpa.dropout import keep_mask as library_keep_mask
 
     return library_keep_mask(seed, p, (B, H, L, S))
-
-
-def allowed_pairs(attn_mask, kpm, causal, B, H, L, S):
-    allowed = torch.ones(B, H, L, S, dtype=torch.bool)
-    if attn_mask is not None:
-        allowed &= attn_mask if attn_mask.dtype == torch.bool else attn_mask != -math.inf
-    if kpm is not None:
-        allowed &= ~kpm[:, None, None, :]
-    if causal:
-        allowed &= torch.ones(L, S, dtype=torch.bool).tril()
-    return allowed
 
 
 def dense(q, k, v, attn_mask, kpm, scale, causal, p, keep, dtype):

@@ -53,7 +53,7 @@ def cross_attention(
     backend : {"cpp", "cuda", "triton", "reference", "auto"}, optional
         Kernel to use; default: the ``ATTN_EXT_BACKEND`` environment variable, else automatic
         (CPU: ``cpp``; CUDA: ``triton``, then ``cuda``, the hand-written CUDA kernels of CUDA builds,
-        which have not yet run on a GPU). A backend that cannot run raises ``RuntimeError`` listing why.
+        tested on a GPU only in part so far). A backend that cannot run raises ``RuntimeError`` listing why.
 
     Returns
     -------

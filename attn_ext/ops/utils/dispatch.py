@@ -17,7 +17,8 @@ reason, and :func:`select_backend` is the only place a backend is chosen:
 ``cpp`` and ``cuda`` are the same compiled ``torch.ops.attn_ext`` kernels, which dispatch on the
 device: the C++ kernels for CPU tensors, the hand-written CUDA kernels (present only when the
 extension was built against a CUDA build of torch) for CUDA tensors. The CUDA kernels have been
-compiled and emulated on the host but never run on a GPU, so on CUDA the automatic order prefers Triton.
+compiled, emulated on the host and tested on a GPU only in part so far, so on CUDA the automatic
+order prefers Triton.
 """
 from __future__ import annotations
 

@@ -88,7 +88,7 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_cuda(const at::Tensor& q, const
   const CrossAttentionLaunchPlan plan =
       plan_cross_attention_fwd(s.batch, s.q_heads, s.queries, s.keys, s.head_dim, s.value_dim, in.dtype,
                                smem_limit_of(q.device(), op), capability_of(q.device(), op), p.has_pair_masks());
-  check_plan(plan, op, describe(q, k, v));
+  check_plan(plan, op, [&] { return describe(q, k, v); });
   at::Tensor out = at::empty({s.batch, s.q_heads, s.queries, s.value_dim}, q.options());
   at::Tensor lse = at::empty({s.batch, s.q_heads, s.queries}, q.options().dtype(accumulation_dtype(q.scalar_type())));
   if (plan.empty) return {out, lse};
@@ -112,7 +112,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_cuda(
   const CrossAttentionBwdPlan plan =
       plan_cross_attention_bwd(s.batch, s.q_heads, s.queries, s.keys, s.head_dim, s.value_dim, in.dtype,
                                smem_limit_of(q.device(), op), capability_of(q.device(), op), p.kv_group);
-  check_plan(plan, op, describe(q, k, v));
+  check_plan(plan, op, [&] { return describe(q, k, v); });
   const at::Tensor o = with_unit_inner_stride(out), go = with_unit_inner_stride(grad_out);
   const at::Tensor lse_c = lse.contiguous(), glse_c = grad_lse.contiguous();
   at::Tensor grad_q = at::empty({s.batch, s.q_heads, s.queries, s.head_dim}, q.options());

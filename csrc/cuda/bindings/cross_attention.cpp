@@ -66,7 +66,7 @@ std::tuple<at::Tensor, at::Tensor> cross_attention_fwd_cuda(const at::Tensor& q,
   const CrossAttentionLaunchPlan plan = plan_cross_attention_fwd(s.batch, s.heads, s.queries, s.keys, s.head_dim,
                                                                  s.value_dim, in.dtype, smem_limit_of(q.device(), op),
                                                                  capability_of(q.device(), op));
-  check_plan(plan, op, c10::str("q ", q.sizes(), " ", q.scalar_type(), ", v ", v.sizes()));
+  check_plan(plan, op, [&] { return c10::str("q ", q.sizes(), " ", q.scalar_type(), ", v ", v.sizes()); });
   at::Tensor out = at::empty({s.batch, s.heads, s.queries, s.value_dim}, q.options());
   at::Tensor lse = at::empty({s.batch, s.heads, s.queries}, q.options().dtype(accumulation_dtype(q.scalar_type())));
   if (plan.empty) return {out, lse};
@@ -93,7 +93,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_attention_bwd_cuda(
   const CrossAttentionBwdPlan plan = plan_cross_attention_bwd(s.batch, s.heads, s.queries, s.keys, s.head_dim,
                                                               s.value_dim, in.dtype, smem_limit_of(q.device(), op),
                                                               capability_of(q.device(), op));
-  check_plan(plan, op, c10::str("q ", q.sizes(), " ", q.scalar_type(), ", v ", v.sizes()));
+  check_plan(plan, op, [&] { return c10::str("q ", q.sizes(), " ", q.scalar_type(), ", v ", v.sizes()); });
   const at::Tensor o = with_unit_inner_stride(out), go = with_unit_inner_stride(grad_out);
   const at::Tensor lse_c = lse.contiguous(), glse_c = grad_lse.contiguous();
   at::Tensor grad_q = at::empty({s.batch, s.heads, s.queries, s.head_dim}, q.options());

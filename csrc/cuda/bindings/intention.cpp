@@ -82,7 +82,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> intention_fwd_cuda(const at::Tens
   fill_inputs(p.in, s, qc, kc, vc, mask, scale);
   p.alpha = alpha_c.const_data_ptr<float>(), p.out = out.data_ptr(), p.factor = factor.data_ptr<float>();
   p.weights = weights.data_ptr<float>(), p.stats = stats.data_ptr<float>(), p.info = info.data_ptr<int32_t>();
-  check_plan(plan_intention_fwd(p, smem_limit_of(q.device(), op)), op, c10::str("q ", q.sizes(), ", k ", k.sizes()));
+  check_plan(plan_intention_fwd(p, smem_limit_of(q.device(), op)), op,
+             [&] { return c10::str("q ", q.sizes(), ", k ", k.sizes()); });
   const c10::cuda::CUDAGuard guard(q.device());
   check_launch(launch_intention_fwd(p, at::cuda::getCurrentCUDAStream()), op);
   // The CPU op's rules (csrc/cpu/intention_head.h) in ATen ops on the device. A head whose statistics
@@ -141,7 +142,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> intention_bwd_cuda(
   p.grad_out = go.data_ptr(), p.factor = fc.const_data_ptr<float>(), p.weights = wc.const_data_ptr<float>();
   p.grad_q = dq.data_ptr(), p.grad_k = dk.data_ptr(), p.grad_v = v.has_value() ? dv.data_ptr() : nullptr;
   p.grad_alpha = dalpha.data_ptr<float>(), p.db = db.data_ptr<float>(), p.e = e.data_ptr<float>();
-  check_plan(plan_intention_bwd(p, smem_limit_of(q.device(), op)), op, c10::str("q ", q.sizes(), ", k ", k.sizes()));
+  check_plan(plan_intention_bwd(p, smem_limit_of(q.device(), op)), op,
+             [&] { return c10::str("q ", q.sizes(), ", k ", k.sizes()); });
   const c10::cuda::CUDAGuard guard(q.device());
   check_launch(launch_intention_bwd(p, at::cuda::getCurrentCUDAStream()), op);
   return {dq, dk, dv, dalpha};
@@ -166,7 +168,7 @@ std::tuple<at::Tensor, at::Tensor> batched_cholesky_cuda(const at::Tensor& a) {
   p.a = as_matrices(a, batch, a3);
   p.l = l.data_ptr(), p.info = info.data_ptr<int32_t>(), p.batch = batch, p.n = n, p.dtype = dtype;
   check_plan(plan_batched_cholesky(batch, n, -1, dtype, smem_limit_of(a.device(), op)), op,
-             c10::str("A ", a.sizes(), " ", a.scalar_type()));
+             [&] { return c10::str("A ", a.sizes(), " ", a.scalar_type()); });
   const c10::cuda::CUDAGuard guard(a.device());
   check_launch(launch_batched_cholesky(p, at::cuda::getCurrentCUDAStream()), op);
   return {l, info};
@@ -185,7 +187,7 @@ at::Tensor batched_cholesky_solve_cuda(const at::Tensor& l, const at::Tensor& b)
   const int64_t batch = x.numel() == 0 ? 0 : x.numel() / (n * r);
   if (batch == 0) return x;
   check_plan(plan_batched_cholesky(batch, n, r, dtype, smem_limit_of(l.device(), op)), op,
-             c10::str("L ", l.sizes(), " ", l.scalar_type(), ", B ", b.sizes()));
+             [&] { return c10::str("L ", l.sizes(), " ", l.scalar_type(), ", B ", b.sizes()); });
   BatchedCholeskySolveParams p;
   at::Tensor l3, b3;
   p.l = as_matrices(l, batch, l3);

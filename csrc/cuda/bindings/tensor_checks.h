@@ -78,12 +78,13 @@ inline int capability_of(const at::Device& device, const char* op) {
 /// Raises for a plan that is not supported: RuntimeError when no tile of the kernel fits this GPU's
 /// shared memory or its tensor cores lack the dtype (limits of the device, not of the arguments: the
 /// message names the kernel, the bytes it needs and the device's limit, or the capability the dtype
-/// needs and the device's), ValueError for a shape the kernels do not take. `got` describes the
-/// call's arguments.
-template <typename Plan>
-void check_plan(const Plan& plan, const char* op, const std::string& got) {
+/// needs and the device's), ValueError for a shape the kernels do not take. `describe()` returns the
+/// text naming the call's arguments: called only on failure, so a supported call formats nothing.
+template <typename Plan, typename Describe>
+void check_plan(const Plan& plan, const char* op, Describe&& describe) {
   if (plan.supported) return;
   const std::string message = plan_error_message(plan.error, plan.smem);
+  const std::string got = describe();
   TORCH_CHECK(plan.smem.kernel == nullptr && !is_capability_error(plan.error), "attn_ext.", op, " (CUDA): ", message, "; got ", got);
   TORCH_CHECK_VALUE(false, "attn_ext.", op, " (CUDA): ", message, "; got ", got);
 }

@@ -47,8 +47,10 @@ TreeInputs prepare_tree(const at::Tensor& q, const at::Tensor& node_k, const at:
   fill_qkv_layout(s, in.q, in.k, in.v, in.mask, scale, kernel_scalar_type(q.scalar_type(), op));
   const TreeLaunchPlan plan = plan_tree_cross_attention(s.B, s.M, s.H, s.D, s.Dv, s.branching, s.group_size, s.height,
                                                         backward, smem_limit_of(q.device(), op));
-  check_plan(plan, op, c10::str("q ", q.sizes(), ", node_v ", node_v.sizes(), ", branching ", branching,
-                                ", group_size ", group_size, ", height ", height));
+  check_plan(plan, op, [&] {
+    return c10::str("q ", q.sizes(), ", node_v ", node_v.sizes(), ", branching ", branching, ", group_size ",
+                    group_size, ", height ", height);
+  });
   return in;
 }
 
