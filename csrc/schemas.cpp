@@ -1,17 +1,10 @@
-// The operator schemas of attn_ext, in one place, and the extension module whose import runs every
-// registration of this library. Each device registers its kernels for these schemas in one file:
-// csrc/cpu/registration.cpp, and csrc/cuda/bindings/registration.cpp when built against a CUDA torch.
-// Python adds the fake (meta) kernels and autograd formulas.
-#include <Python.h>
+// The operator schemas of attn_ext, in one place. Each device registers its kernels for these schemas in
+// one file: csrc/cpu/registration.cpp, and csrc/cuda/bindings/registration.cpp when built against a CUDA
+// torch. Python adds the fake (meta) kernels and autograd formulas. Importing the extension module
+// (python_module.cpp) runs these static registrations.
 #include <torch/library.h>
 
 #include "cpu/blas.h"
-
-// Importing attn_ext._C runs the static registrations below; the module itself has no functions.
-extern "C" PyObject* PyInit__C(void) {
-  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module_def);
-}
 
 namespace {
 std::string cpu_gemm_implementation() { return attn_ext::cpu::gemm_implementation(); }

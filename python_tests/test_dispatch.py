@@ -82,13 +82,13 @@ def test_environment_preference_is_ignored_by_ops_without_that_backend(monkeypat
 
 def test_public_functions_ask_about_their_own_op(monkeypatch):
     seen = []
-    real = dispatch.rejection_reasons
+    real = dispatch._reason
 
-    def recording(op, x, **context):
+    def recording(op, backend, x, context):
         seen.append(op)
-        return real(op, x, **context)
+        return real(op, backend, x, context)
 
-    monkeypatch.setattr(dispatch, "rejection_reasons", recording)
+    monkeypatch.setattr(dispatch, "_reason", recording)
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, n, 8, generator=g) for n in (3, 10, 10))
 

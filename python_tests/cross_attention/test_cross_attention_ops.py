@@ -116,14 +116,14 @@ def test_cpp_is_deterministic(dtype, B, H, M, N):
 def used_backends(monkeypatch):
     """Names of the backends whose forward op ae.cross_attention called."""
     calls = []
-    real = dispatch.kernel
+    real = dispatch.entry
 
     def spy(op, name):
         if op == "cross_attention":
             calls.append(name)
         return real(op, name)
 
-    monkeypatch.setattr(dispatch, "kernel", spy)
+    monkeypatch.setattr(dispatch, "entry", spy)
     return calls
 
 

@@ -75,5 +75,5 @@ def cross_attention(
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     chunk_size = DEFAULT_CHUNK_SIZE if chunk_size is None else int(chunk_size)  # NumPy integers too
     name = dispatch.select_backend("cross_attention", backend, q)
-    out, lse = dispatch.kernel("cross_attention", name)(q, k, v, key_padding_mask, scale, chunk_size)
+    out, lse = dispatch.entry("cross_attention", name)(q, k, v, key_padding_mask, scale, chunk_size)
     return (out, lse) if return_lse else out

@@ -85,7 +85,7 @@ def _merge_pair(a: AttentionState, b: AttentionState, backend: Optional[str]) ->
         raise ValueError(f"attn_ext: cannot merge states with out {tuple(a.out.shape)} {a.out.dtype} {a.out.device} "
                          f"and {tuple(b.out.shape)} {b.out.dtype} {b.out.device}")
     name = dispatch.select_backend("merge_states", backend, a.out)
-    out, lse = dispatch.kernel("merge_states", name)(a.out, a.lse, b.out, b.lse)
+    out, lse = dispatch.entry("merge_states", name)(a.out, a.lse, b.out, b.lse)
     return AttentionState(out, lse)
 
 

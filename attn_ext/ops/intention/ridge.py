@@ -89,7 +89,7 @@ def intention(
         form = "primal"  # the dual identity needs α > 0 (see naive.intention_dual); the primal kernel raises
     name = dispatch.select_backend("intention", backend, q, value_dim=v.shape[-1])
     if form == "primal" and name != "reference":
-        return dispatch.kernel("intention", name)(q, k, v, key_padding_mask, alpha_t, float(scale))[0]
+        return dispatch.entry("intention", name)(q, k, v, key_padding_mask, alpha_t, float(scale))[0]
     fn = reference.intention_dual if form == "dual" else reference.intention_primal
     q_, k_, v_, alpha_ = _upcast(q, k, v, alpha_t)
     return fn(q_, k_, v_, alpha_, key_padding_mask, float(scale)).to(q.dtype)
@@ -135,10 +135,10 @@ def sigma_intention(
     alpha_t = _alpha_tensor(alpha, q)
     name = dispatch.select_backend("sigma_intention", backend, q)
     if name == "cpp":  # fused on the CPU: Q̃ is made per query tile where the attention consumes it
-        return dispatch.kernel("sigma_intention", name)(q, k, v, key_padding_mask, alpha_t, float(scale),
+        return dispatch.entry("sigma_intention", name)(q, k, v, key_padding_mask, alpha_t, float(scale),
                                                         DEFAULT_CHUNK_SIZE)[0]
     if name == "cuda":  # the Intention kernel without values (C = I) gives Q̃ with its backward
-        q_tilde = dispatch.kernel("sigma_intention", name)(q, k, None, key_padding_mask, alpha_t, float(scale))[0]
+        q_tilde = dispatch.entry("sigma_intention", name)(q, k, None, key_padding_mask, alpha_t, float(scale))[0]
     else:
         q_, k_, _, alpha_ = _upcast(q, k, v, alpha_t)
         q_tilde = reference.transformed_queries(q_, k_, alpha_, key_padding_mask, float(scale)).to(q.dtype)

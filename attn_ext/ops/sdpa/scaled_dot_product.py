@@ -193,7 +193,7 @@ def scaled_dot_product_attention(
     padding = None if key_padding_mask is None else key_padding_mask.reshape(B, keys)
     seed = draw_seed() if dropout_p > 0.0 else None
     name = dispatch.select_backend("scaled_dot_product_attention", backend, q, dropout_p=dropout_p)
-    out, lse = dispatch.kernel("scaled_dot_product_attention", name)(q, k, v, mask, padding, scale, is_causal,
+    out, lse = dispatch.entry("scaled_dot_product_attention", name)(q, k, v, mask, padding, scale, is_causal,
                                                                      dropout_p, seed, chunk_size)
     out = out.reshape(_shape(query)[:-1] + (value.shape[-1],))
     return (out, lse.reshape(_shape(query)[:-1])) if return_lse else out

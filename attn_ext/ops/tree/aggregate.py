@@ -62,7 +62,7 @@ def tree_aggregate(
     _check_leaf_values(tree, leaf_values)
     name = dispatch.select_backend("tree_aggregate", backend, leaf_values, reduce=reduce)
     if name != "reference":
-        return dispatch.kernel("tree_aggregate", name)(leaf_values, tree.leaf_token, tree.node_padding_mask,
+        return dispatch.entry("tree_aggregate", name)(leaf_values, tree.leaf_token, tree.node_padding_mask,
                                                        tree.branching, tree.height, tree.group_size)
     return tree_aggregate_reference(tree, leaf_values, reducer)
 

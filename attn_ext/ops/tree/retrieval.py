@@ -113,7 +113,7 @@ def _tree_cross_attention_fused(backend, q, node_k, node_v, tree, policy, scale,
                               scale=scale, backend=backend)
         zero = q.new_zeros(B, M, dtype=acc_dtype)
         return TreeAttentionResult(out, selected, zero, zero)
-    op = dispatch.kernel("tree_cross_attention", backend)
+    op = dispatch.entry("tree_cross_attention", backend)
     out, _, selected, log_prob, entropy = op(
         q, node_k, node_v, tree.node_padding_mask, tree.branching, tree.height, tree.group_size, scale, uniforms
     )

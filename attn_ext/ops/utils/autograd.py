@@ -31,9 +31,16 @@ from torch.autograd import forward_ad
 
 from attn_ext.ops.utils.vmap import register_batch_folding_vmap
 
+try:
+    from attn_ext import _C
+except ImportError:  # no compiled extension: the Python backends still work (utils/extension.py says why)
+    _C = None
+
 LIBRARY = torch.library.Library("attn_ext", "FRAGMENT")
 # The functorch-aware Function of each forward op, by the op's short name, for functorch_entry.
 _FUNCTIONS: Dict[str, type] = {}
+# Calls the kernels below the Autograd dispatch key, skipping the Python autograd kernel registered there.
+_BELOW_AUTOGRAD = torch._C._AutoDispatchBelowAutograd
 
 
 @dataclass(frozen=True)
@@ -78,17 +85,26 @@ def _float_zeros_like(t: Tensor) -> Tensor:
 
 
 def _make_function(name: str, op, spec: Derivatives) -> type:
+    below = below_autograd_call(name)
+
     def forward(*args):
-        return op(*args)
+        if torch._C._are_functorch_transforms_active():  # the transforms' layers sit at the Autograd key
+            return op(*args)
+        return below(*args)  # grad mode is off in here: the Autograd kernel would only redispatch
 
     def setup_context(ctx, inputs, output):
         outputs = output if isinstance(output, tuple) else (output,)
         tensors = [x if isinstance(x, Tensor) else None for x in inputs] + list(outputs)
         ctx.save_for_backward(*tensors)
-        ctx.save_for_forward(*tensors)
+        # jvp runs only for inputs with tangents, which need a dual level or a torch.func transform; saving
+        # for it otherwise costs a third of a small call's autograd overhead.
+        if forward_ad._current_level >= 0 or torch._C._are_functorch_transforms_active():
+            ctx.save_for_forward(*tensors)
         ctx.constants = tuple(None if isinstance(x, Tensor) else x for x in inputs)
         ctx.set_materialize_grads(False)  # None marks an output no gradient reached (see exact_first_order)
-        ctx.mark_non_differentiable(*(o for i, o in enumerate(outputs) if i not in spec.differentiable_outputs))
+        non_differentiable = [o for i, o in enumerate(outputs) if i not in spec.differentiable_outputs]
+        if non_differentiable:
+            ctx.mark_non_differentiable(*non_differentiable)
 
     def restore(ctx):
         saved = ctx.saved_tensors
@@ -102,7 +118,8 @@ def _make_function(name: str, op, spec: Derivatives) -> type:
         grads = [(_float_zeros_like(outputs[i]) if grads[i] is None else grads[i]) for i in spec.differentiable_outputs]
         if _needs_graph([*inputs, *outputs, *grads]) or not exact:
             return composite_vjp(spec, inputs, outputs, grads, ctx.needs_input_grad)
-        return tuple(spec.backward(inputs, outputs, grads))
+        with _BELOW_AUTOGRAD():  # no graph of the backward is wanted: its refusing Autograd kernel can be skipped
+            return tuple(spec.backward(inputs, outputs, grads))
 
     def jvp(ctx, *tangents):
         inputs, outputs = restore(ctx)
@@ -211,6 +228,70 @@ def register_not_differentiable(qualname: str, reason: str) -> None:
 
     LIBRARY.impl(name, autograd_kernel, "Autograd", with_keyset=True)
     register_batch_folding_vmap(qualname)
+
+
+def fast_entry(name: str):
+    """The entry point of forward op ``torch.ops.attn_ext.<name>`` for the public functions: the op called
+    below the Autograd key when no derivative is wanted, its Function applied directly when one is, and
+    :func:`functorch_entry`'s choice under ``torch.func`` transforms and ``torch.compile``. The same
+    results as calling the op, without the dispatcher's round trip through the Python autograd kernel
+    (the fixed cost of every small call)."""
+    entry = _ENTRIES.get(name)
+    if entry is None:
+        entry = _ENTRIES[name] = _make_entry(name)
+    return entry
+
+
+_ENTRIES: Dict[str, Callable] = {}
+
+
+def below_autograd_call(name: str) -> Callable:
+    """``torch.ops.attn_ext.<name>`` called below the Autograd keys: through the extension's ``call_op``
+    (the dispatcher entered from C++, without torch.ops' generic argument matching: the larger part of a
+    small call's fixed cost) when it converts the arguments, else through torch.ops."""
+    overload = getattr(torch.ops.attn_ext, name).default
+    index = _op_index(name)
+
+    def call(*args):
+        if index is not None:
+            result = _C.call_op(index, True, *args)
+            if result is not NotImplemented:
+                return result
+        with _BELOW_AUTOGRAD():
+            return overload(*args)
+
+    return call
+
+
+def _op_index(name: str) -> Optional[int]:
+    """The extension's index of op ``name`` for ``call_op``, None where it has none (no compiled extension,
+    an older build, an op whose arguments call_op does not convert)."""
+    if _C is None or not hasattr(_C, "op_index"):
+        return None
+    try:
+        return _C.op_index(f"attn_ext::{name}")
+    except RuntimeError:
+        return None
+
+
+def _make_entry(name: str) -> Callable:
+    packet = getattr(torch.ops.attn_ext, name)
+    overload = packet.default
+    function = _FUNCTIONS.get(name)
+    apply = None if function is None else super(torch.autograd.Function, function).apply
+    below = below_autograd_call(name)
+
+    def entry(*args):
+        if torch._C._are_functorch_transforms_active() or torch.compiler.is_compiling():
+            return functorch_entry(packet)(*args)
+        if _has_tangent(args):
+            return overload(*args)
+        if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+            # apply: what the op's Autograd kernel would do; an op without derivatives raises there.
+            return overload(*args) if apply is None else apply(*args)
+        return below(*args)
+
+    return entry
 
 
 def functorch_entry(op):

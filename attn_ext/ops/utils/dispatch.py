@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import torch
 
-from attn_ext.ops.utils.autograd import functorch_entry
+from attn_ext.ops.utils.autograd import fast_entry, functorch_entry
 from torch import Tensor
 
 from attn_ext.ops.utils import extension
@@ -80,6 +80,15 @@ def kernel(op: str, backend: str):
     if name is None:
         raise RuntimeError(f"attn_ext: {op} on backend {backend!r} is PyTorch code, not a kernel")
     return functorch_entry(getattr(torch.ops.attn_ext, name))
+
+
+def entry(op: str, backend: str):
+    """What the public functions call: :func:`kernel`'s op with its autograd, the cheapest way each call
+    allows (:func:`~attn_ext.ops.utils.autograd.fast_entry`). Same results as calling the op."""
+    name = OPS[op][backend].kernel
+    if name is None:
+        raise RuntimeError(f"attn_ext: {op} on backend {backend!r} is PyTorch code, not a kernel")
+    return fast_entry(name)
 
 
 def backward_kernel(op: str, backend: str):
@@ -138,22 +147,23 @@ def _resolve_op(op: str) -> str:
     raise ValueError(f"attn_ext: unknown op {op!r}; ops with backends: {', '.join(sorted(OPS))}")
 
 
+def _reason(op: str, backend: str, x: Tensor, context: Mapping[str, Any]) -> Optional[str]:
+    """None if ``backend`` can run ``op`` (a resolved public name) on inputs like ``x``, else why not."""
+    implementation = OPS[op].get(backend)
+    if implementation is None:
+        return f"attn_ext has no {backend} implementation of {op}"
+    reason = _backend_reason(backend, x, implementation)
+    for requirement in implementation.requires:
+        if reason is not None:
+            break
+        reason = requirement(x, context)
+    return reason
+
+
 def rejection_reasons(op: str, x: Tensor, **context: Any) -> Dict[str, Optional[str]]:
     """For each backend, None if it can run ``op`` on inputs like ``x`` (and ``context``), else why not."""
     op = _resolve_op(op)
-    reasons: Dict[str, Optional[str]] = {}
-    for backend in BACKENDS:
-        implementation = OPS[op].get(backend)
-        if implementation is None:
-            reasons[backend] = f"attn_ext has no {backend} implementation of {op}"
-            continue
-        reason = _backend_reason(backend, x, implementation)
-        for requirement in implementation.requires:
-            if reason is not None:
-                break
-            reason = requirement(x, context)
-        reasons[backend] = reason
-    return reasons
+    return {backend: _reason(op, backend, x, context) for backend in BACKENDS}
 
 
 def available_backends(q: Tensor, op: str = "cross_attention", **context: Any) -> Dict[str, Optional[str]]:
@@ -165,24 +175,45 @@ def available_backends(q: Tensor, op: str = "cross_attention", **context: Any) -
     return rejection_reasons(op, q, **context)
 
 
+# os.environ.get costs close to a microsecond (it encodes the key and decodes the value), a tenth of a
+# small call's whole budget; the mapping under it is read directly where it has the POSIX layout.
+_ENVIRON_DATA = getattr(os.environ, "_data", None)
+_ENVIRON_KEY = os.environ.encodekey(ENVIRONMENT_VARIABLE) if hasattr(os.environ, "encodekey") else None
+
+
+def _environment_backend() -> Optional[str]:
+    """The value of ``ATTN_EXT_BACKEND`` now (it may change while Python runs), or None."""
+    if isinstance(_ENVIRON_DATA, dict) and _ENVIRON_KEY is not None:
+        value = _ENVIRON_DATA.get(_ENVIRON_KEY)
+        return None if value is None else os.environ.decodevalue(value)
+    return os.environ.get(ENVIRONMENT_VARIABLE)
+
+
 def select_backend(op: str, requested: Optional[str], x: Tensor, **context: Any) -> str:
     """The backend that runs this call of ``op``; raises RuntimeError if a requested one cannot."""
-    op = _resolve_op(op)
+    if op not in OPS:
+        op = _resolve_op(op)
     from_environment = requested is None or requested == "auto"
     if from_environment:
-        requested = os.environ.get(ENVIRONMENT_VARIABLE) or "auto"
+        requested = _environment_backend() or "auto"
+    return _choose(op, requested, from_environment, x, context)
+
+
+def _choose(op: str, requested: str, from_environment: bool, x: Tensor, context: Mapping[str, Any]) -> str:
     if requested != "auto" and requested not in BACKENDS:
         raise ValueError(f"attn_ext: unknown backend {requested!r}; choose one of {', '.join(BACKENDS)} or 'auto'")
     if from_environment and requested != "auto" and requested not in OPS[op]:
         requested = "auto"  # the process-wide preference names a backend this op does not have
-    reasons = rejection_reasons(op, x, **context)
+    # Only the backends the choice needs are asked; every reason is formatted only for an error.
     if requested != "auto":
-        if reasons[requested] is None:
+        if _reason(op, requested, x, context) is None:
             return requested
+        reasons = rejection_reasons(op, x, **context)
         listing = "; ".join(f"{name}: {reason or 'available'}" for name, reason in reasons.items())
         raise RuntimeError(f"attn_ext.{op}: backend {requested!r} cannot run on {x.device} {x.dtype} inputs ({listing})")
     for name in AUTOMATIC_ORDER.get(x.device.type, ()) + ("reference",):
-        if reasons[name] is None:
+        if _reason(op, name, x, context) is None:
             return name
+    reasons = rejection_reasons(op, x, **context)
     listing = "; ".join(f"{name}: {reason}" for name, reason in reasons.items())
     raise RuntimeError(f"attn_ext.{op}: no backend can run on {x.device} {x.dtype} inputs ({listing})")

@@ -11,7 +11,7 @@ from typing import Callable
 
 import torch
 
-from attn_ext.ops.utils.autograd import (LIBRARY, Derivatives, register_derivatives,
+from attn_ext.ops.utils.autograd import (LIBRARY, Derivatives, below_autograd_call, register_derivatives,
                                          register_not_differentiable)
 
 
@@ -29,10 +29,11 @@ def define_op(qualname: str) -> Callable[[Callable], Callable]:
 def register_op_pair(forward_name: str, backward_name: str, fake_forward: Callable, fake_backward: Callable,
                      derivatives: Callable[[Callable], Derivatives], public: str) -> None:
     """Fakes for both ops; the forward's autograd ``derivatives(backward op)``; a backward op that refuses
-    to be differentiated (its derivatives are the forward's composite's)."""
+    to be differentiated (its derivatives are the forward's composite's). ``derivatives`` gets the backward
+    op called below the Autograd keys: the first-order rule runs only where no graph of it is wanted."""
     torch.library.register_fake(forward_name)(fake_forward)
     torch.library.register_fake(backward_name)(fake_backward)
-    backward_op = getattr(torch.ops.attn_ext, backward_name.split("::")[1])
+    backward_op = below_autograd_call(backward_name.split("::")[1])
     register_derivatives(forward_name, derivatives(backward_op), public)
     register_not_differentiable(backward_name, f"it is the first-order backward kernel of {public}; derivatives of "
                                 f"any order come from differentiating {public} itself")

@@ -1,0 +1,137 @@
+"""The public functions' fast way into the ops (``attn_ext.ops.utils.autograd.fast_entry`` and the
+extension's ``call_op``) must behave exactly as calling ``torch.ops.attn_ext`` would: same results, same
+errors, every dispatch key still honoured (modes, subclasses, fake tensors, the profiler), and the
+ordinary path taken for whatever the fast one does not convert."""
+import numpy as np
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import attn_ext as ae
+from attn_ext.ops.utils import extension
+
+pytestmark = pytest.mark.skipif(extension.extension_error() is not None, reason=str(extension.extension_error()))
+
+
+def _qkv(requires_grad=False):
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, m, 8, generator=g) for m in (4, 7, 7))
+    return [t.requires_grad_(requires_grad) for t in (q, k, v)]
+
+
+def _index(name):
+    from attn_ext import _C
+
+    return _C, _C.op_index(f"attn_ext::{name}")
+
+
+def test_call_op_matches_torch_ops():
+    _C, index = _index("cross_attention_fwd")
+    q, k, v = _qkv()
+    mask = torch.zeros(2, 7, dtype=torch.bool)
+    mask[1, 3:] = True
+    for key_padding_mask in (None, mask):
+        got = _C.call_op(index, True, q, k, v, key_padding_mask, 0.3, 4)
+        expected = torch.ops.attn_ext.cross_attention_fwd(q, k, v, key_padding_mask, 0.3, 4)
+        assert isinstance(got, tuple) and len(got) == 2
+        for a, b in zip(got, expected):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bad", ["subclass", "numpy_scalar", "bool_for_int", "int_for_float", "too_few", "list"])
+def test_call_op_declines_what_it_does_not_convert(bad):
+    _C, index = _index("cross_attention_fwd")
+    q, k, v = _qkv()
+    args = [q, k, v, None, 0.3, 4]
+    if bad == "subclass":
+        args[0] = q.as_subclass(_Logged)
+    elif bad == "numpy_scalar":
+        args[5] = np.int64(4)
+    elif bad == "bool_for_int":
+        args[5] = True
+    elif bad == "int_for_float":
+        args[4] = 1
+    elif bad == "too_few":
+        args = args[:5]
+    elif bad == "list":
+        args[1] = k.tolist()
+    assert _C.call_op(index, True, *args) is NotImplemented
+
+
+def test_call_op_raises_the_kernels_errors_with_their_python_types():
+    _C, index = _index("cross_attention_fwd")
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"^attn_ext: q .* and k .* must have the same head dim D"):
+        _C.call_op(index, True, q, k[..., :5], v, None, 0.3, 4)
+    with pytest.raises(RuntimeError, match="no op"):
+        _C.call_op(10**6, True, q, k, v, None, 0.3, 4)
+
+
+class _Logged(torch.Tensor):
+    """A tensor subclass whose __torch_function__ records what reached it."""
+
+    seen = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.seen.append(str(func))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_subclasses_and_modes_still_see_the_op():
+    q, k, v = _qkv()
+    _Logged.seen.clear()
+    out = ae.cross_attention(q.as_subclass(_Logged), k, v)
+    assert any("cross_attention_fwd" in name for name in _Logged.seen)
+    torch.testing.assert_close(out.as_subclass(torch.Tensor), ae.cross_attention(q, k, v))
+
+    for mode_class in (TorchFunctionMode, TorchDispatchMode):  # above and below the Python arguments
+        with _recording(mode_class) as recorder:
+            ae.cross_attention(q, k, v)
+        assert any("cross_attention_fwd" in name for name in recorder.seen), mode_class
+
+
+def _recording(mode_class):
+    """A mode of ``mode_class`` that records the name of every call it sees."""
+    hook = "__torch_function__" if mode_class is TorchFunctionMode else "__torch_dispatch__"
+
+    def record(self, func, types, args=(), kwargs=None):
+        self.seen.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+    mode = type("Recorder", (mode_class,), {hook: record})()
+    mode.seen = []
+    return mode
+
+
+def test_fake_tensors_and_the_profiler():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        q, k, v = (mode.from_tensor(t) for t in _qkv())
+        out, lse = ae.cross_attention(q, k, v, return_lse=True)
+        assert out.shape == (2, 3, 4, 8) and lse.shape == (2, 3, 4)
+    q, k, v = _qkv()
+    with torch.profiler.profile() as prof:
+        with torch.no_grad():
+            ae.cross_attention(q, k, v)
+    assert any(e.name == "attn_ext::cross_attention_fwd" for e in prof.events())
+
+
+def test_every_path_gives_the_same_values_and_gradients():
+    q, k, v = _qkv()
+    with torch.no_grad():
+        no_grad = ae.cross_attention(q, k, v)
+    qg, kg, vg = _qkv(requires_grad=True)
+    out = ae.cross_attention(qg, kg, vg)
+    torch.testing.assert_close(out.detach(), no_grad, rtol=0, atol=0)
+    out.square().sum().backward()
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (qg, kg, vg))
+    torch.nn.functional.scaled_dot_product_attention(q64, k64, v64).square().sum().backward()
+    for ours, ref in ((qg, q64), (kg, k64), (vg, v64)):
+        torch.testing.assert_close(ours.grad.double(), ref.grad, rtol=1e-4, atol=1e-5)
+    # A graph of the backward (create_graph) still goes through the composite: second derivatives exist.
+    qg.grad = None
+    (grad_q,) = torch.autograd.grad(ae.cross_attention(qg, kg, vg).square().sum(), qg, create_graph=True)
+    assert grad_q.requires_grad
