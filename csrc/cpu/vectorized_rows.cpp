@@ -1,6 +1,7 @@
 #include "vectorized_rows.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "simd_vector.h"
@@ -47,15 +48,46 @@ ATTN_EXT_ALWAYS_INLINE FloatVec<VB> exp_nonpositive(FloatVec<VB> x) {
   return select<float, VB>(underflow, zero, p * (V)two_n_bits);
 }
 
+// The lower and upper halves of a vector, as vectors of half its width.
 template <int VB>
-ATTN_EXT_ALWAYS_INLINE float lane_sum(const FloatVec<VB>& v) {
-  float s = 0.0f;
-  for (int j = 0; j < kLanes<float, VB>; ++j) s += v[j];
-  return s;
+ATTN_EXT_ALWAYS_INLINE FloatVec<VB / 2> low_half(const FloatVec<VB>& v) {
+  FloatVec<VB / 2> h;
+  std::memcpy(&h, &v, VB / 2);
+  return h;
 }
 
-// The last n % W elements are processed as one whole vector padded with `fill`, so that the tail
-// goes through the same arithmetic as the body.
+template <int VB>
+ATTN_EXT_ALWAYS_INLINE FloatVec<VB / 2> high_half(const FloatVec<VB>& v) {
+  FloatVec<VB / 2> h;
+  std::memcpy(&h, reinterpret_cast<const char*>(&v) + VB / 2, VB / 2);
+  return h;
+}
+
+// Sum and max of the lanes by halving: log2(lanes) vector steps instead of one scalar step per lane
+// (lane_max takes vectors without NaN).
+template <int VB>
+ATTN_EXT_ALWAYS_INLINE float lane_sum(const FloatVec<VB>& v) {
+  if constexpr (VB > 16) {
+    return lane_sum<VB / 2>(low_half<VB>(v) + high_half<VB>(v));
+  } else {
+    return (v[0] + v[1]) + (v[2] + v[3]);
+  }
+}
+
+template <int VB>
+ATTN_EXT_ALWAYS_INLINE float lane_max(const FloatVec<VB>& v) {
+  if constexpr (VB > 16) {
+    const FloatVec<VB / 2> lo = low_half<VB>(v), hi = high_half<VB>(v);
+    return lane_max<VB / 2>(select<float, VB / 2>(hi > lo, hi, lo));
+  } else {
+    const float a = v[0] > v[1] ? v[0] : v[1], b = v[2] > v[3] ? v[2] : v[3];
+    return a > b ? a : b;
+  }
+}
+
+// The last n % W elements of a row: a vector of half the width while at least that many remain, down to
+// 4 lanes, whose last partial vector is padded with `fill`. Score rows are short in Neural Processes
+// (tens of keys): a tail built lane by lane at the full width cost as much as the rest of the row.
 template <int VB>
 ATTN_EXT_ALWAYS_INLINE FloatVec<VB> load_tail(const float* x, int64_t count, float fill) {
   FloatVec<VB> v;
@@ -68,6 +100,48 @@ ATTN_EXT_ALWAYS_INLINE void store_tail(float* x, int64_t count, const FloatVec<V
   for (int64_t j = 0; j < count; ++j) x[j] = v[j];
 }
 
+// NaN lanes as −inf: the row maximum ignores NaN, as the body's `v > m` selection does (a NaN score
+// reaches its row through the exponential instead).
+template <int VB>
+ATTN_EXT_ALWAYS_INLINE FloatVec<VB> without_nan(const FloatVec<VB>& v) {
+  return select<float, VB>(v == v, v, FloatVec<VB>{} - kInf);
+}
+
+template <int VB>
+ATTN_EXT_ALWAYS_INLINE float tail_max(const float* x, int64_t count) {
+  if constexpr (VB > 16) {
+    constexpr int H = kLanes<float, VB / 2>;
+    if (count >= H) {
+      const float here = lane_max<VB / 2>(without_nan<VB / 2>(simd::load<float, VB / 2>(x)));
+      const float rest = tail_max<VB / 2>(x + H, count - H);
+      return rest > here ? rest : here;
+    }
+    return tail_max<VB / 2>(x, count);
+  } else {
+    return count > 0 ? lane_max<VB>(without_nan<VB>(load_tail<VB>(x, count, -kInf))) : -kInf;
+  }
+}
+
+template <int VB>
+ATTN_EXT_ALWAYS_INLINE float exp_shifted_tail_sum(float* x, int64_t count, float shift) {
+  if constexpr (VB > 16) {
+    constexpr int H = kLanes<float, VB / 2>;
+    float sum = 0.0f;
+    if (count >= H) {
+      const FloatVec<VB / 2> e = exp_nonpositive<VB / 2>(simd::load<float, VB / 2>(x) - shift);
+      simd::store<float, VB / 2>(x, e);
+      sum = lane_sum<VB / 2>(e);
+      x += H, count -= H;
+    }
+    return sum + exp_shifted_tail_sum<VB / 2>(x, count, shift);
+  } else {
+    if (count <= 0) return 0.0f;
+    const FloatVec<VB> e = exp_nonpositive<VB>(load_tail<VB>(x, count, -kInf) - shift);  // −inf lanes give 0
+    store_tail<VB>(x, count, e);
+    return lane_sum<VB>(e);
+  }
+}
+
 template <int VB>
 ATTN_EXT_ALWAYS_INLINE float row_max_impl(const float* x, int64_t n) {
   constexpr int W = kLanes<float, VB>;
@@ -77,13 +151,8 @@ ATTN_EXT_ALWAYS_INLINE float row_max_impl(const float* x, int64_t n) {
     const FloatVec<VB> v = simd::load<float, VB>(x + i);
     m = select<float, VB>(v > m, v, m);
   }
-  if (i < n) {
-    const FloatVec<VB> v = load_tail<VB>(x + i, n - i, -kInf);
-    m = select<float, VB>(v > m, v, m);
-  }
-  float best = -kInf;
-  for (int j = 0; j < W; ++j) best = m[j] > best ? m[j] : best;
-  return best;
+  const float body = lane_max<VB>(m), tail = tail_max<VB>(x + i, n - i);
+  return tail > body ? tail : body;
 }
 
 template <int VB>
@@ -96,12 +165,7 @@ ATTN_EXT_ALWAYS_INLINE float exp_shifted_inplace_sum_impl(float* x, int64_t n, f
     simd::store<float, VB>(x + i, e);
     sum += e;
   }
-  if (i < n) {  // −inf padding lanes contribute exp = 0 to the sum
-    const FloatVec<VB> e = exp_nonpositive<VB>(load_tail<VB>(x + i, n - i, -kInf) - shift);
-    store_tail<VB>(x + i, n - i, e);
-    sum += e;
-  }
-  return lane_sum<VB>(sum);
+  return lane_sum<VB>(sum) + exp_shifted_tail_sum<VB>(x + i, n - i, shift);
 }
 
 template <int VB>

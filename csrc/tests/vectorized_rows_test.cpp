@@ -81,6 +81,20 @@ void check_level(IsaLevel level) {
     k.score_gradient_row(p.data(), dp.data(), dp.data(), n, 0.25f);  // in place, as the backward calls it
     for (int64_t i = 0; i < n; ++i) CHECK(dp[i] == ds[i]);
   }
+  // A NaN score, in the body or in any part of the tail: the maximum ignores it, the sum is NaN.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t n = 1; n <= 40; ++n) {
+    for (int64_t at = 0; at < n; ++at) {
+      std::vector<float> x(n);
+      for (int64_t i = 0; i < n; ++i) x[i] = -static_cast<float>((i * 7) % 11);
+      x[at] = nan;
+      float expect_max = -kInf;
+      for (int64_t i = 0; i < n; ++i) expect_max = x[i] > expect_max ? x[i] : expect_max;
+      CHECK(k.row_max(x.data(), n) == expect_max);
+      CHECK(std::isnan(k.exp_shifted_inplace_sum(x.data(), n, 0.0f)));
+      CHECK(std::isnan(x[at]));
+    }
+  }
 }
 
 }  // namespace
