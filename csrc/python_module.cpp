@@ -12,11 +12,9 @@
 // wanted), so every dispatch key (Autograd, Python modes, Fake, Meta, CUDA) behaves as with torch.ops.
 // Whatever it does not convert — a tensor subclass, a NumPy scalar, an active __torch_function__ mode —
 // returns NotImplemented and the caller takes torch.ops' path.
-#include <Python.h>
+#include "python_module.h"
 
 #include <ATen/PythonTorchFunctionTLS.h>
-#include <ATen/core/dispatch/Dispatcher.h>
-#include <ATen/core/stack.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
@@ -25,19 +23,14 @@
 #include <string>
 #include <vector>
 
-namespace {
+namespace attn_ext::python {
 
-enum class ArgKind { kTensor, kOptionalTensor, kFloat, kInt, kBool };
-
-struct OpEntry {
-  c10::OperatorHandle handle;
-  std::vector<ArgKind> args;
-};
-
-std::vector<OpEntry>& op_entries() {
-  static std::vector<OpEntry> entries;  // never shrinks: indexes handed to Python stay valid
+std::deque<OpEntry>& op_entries() {
+  static std::deque<OpEntry> entries;  // never shrinks: indexes and references handed out stay valid
   return entries;
 }
+
+namespace {
 
 ArgKind kind_of(const c10::Argument& argument, const std::string& op) {
   const c10::TypePtr& type = argument.type();
@@ -69,7 +62,8 @@ PyObject* op_index(PyObject* /*module*/, PyObject* name) {
   END_HANDLE_TH_ERRORS
 }
 
-/// Appends `object` to `stack` as `kind`; false when it is not plainly of that kind.
+}  // namespace
+
 bool push_argument(PyObject* object, ArgKind kind, torch::jit::Stack& stack) {
   switch (kind) {
     case ArgKind::kOptionalTensor:
@@ -105,13 +99,34 @@ bool push_argument(PyObject* object, ArgKind kind, torch::jit::Stack& stack) {
   return false;
 }
 
+const OpEntry& op_entry(PyObject* index_object) {
+  TORCH_CHECK(PyLong_CheckExact(index_object), "attn_ext._C: an op index must be an int");
+  const Py_ssize_t index = PyLong_AsSsize_t(index_object);
+  TORCH_CHECK(index >= 0 && index < static_cast<Py_ssize_t>(op_entries().size()), "attn_ext._C: no op ", index);
+  return op_entries()[index];
+}
+
+PyObject* wrap_results(torch::jit::Stack& stack) {
+  if (stack.size() == 1) return THPVariable_Wrap(std::move(stack[0]).toTensor());
+  PyObject* results = PyTuple_New(static_cast<Py_ssize_t>(stack.size()));
+  if (results == nullptr) return nullptr;
+  for (size_t i = 0; i < stack.size(); ++i) {
+    PyObject* tensor = THPVariable_Wrap(std::move(stack[i]).toTensor());
+    if (tensor == nullptr) {
+      Py_DECREF(results);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(results, static_cast<Py_ssize_t>(i), tensor);
+  }
+  return results;
+}
+
+namespace {
+
 PyObject* call_op(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs) {
   HANDLE_TH_ERRORS
-  TORCH_CHECK(nargs >= 2 && PyLong_CheckExact(args[0]), "attn_ext._C.call_op(index, below_autograd, *args)");
-  const Py_ssize_t index = PyLong_AsSsize_t(args[0]);
-  TORCH_CHECK(index >= 0 && index < static_cast<Py_ssize_t>(op_entries().size()), "attn_ext._C.call_op: no op ",
-              index);
-  const OpEntry& entry = op_entries()[index];
+  TORCH_CHECK(nargs >= 2, "attn_ext._C.call_op(index, below_autograd, *args)");
+  const OpEntry& entry = op_entry(args[0]);
   const bool below_autograd = args[1] == Py_True;
   if (static_cast<size_t>(nargs - 2) != entry.args.size() || at::impl::torch_function_mode_enabled()) {
     Py_RETURN_NOTIMPLEMENTED;
@@ -127,18 +142,7 @@ PyObject* call_op(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs)
     if (below_autograd) below.emplace();
     entry.handle.callBoxed(stack);
   }
-  if (stack.size() == 1) return THPVariable_Wrap(std::move(stack[0]).toTensor());
-  PyObject* results = PyTuple_New(static_cast<Py_ssize_t>(stack.size()));
-  if (results == nullptr) return nullptr;
-  for (size_t i = 0; i < stack.size(); ++i) {
-    PyObject* tensor = THPVariable_Wrap(std::move(stack[i]).toTensor());
-    if (tensor == nullptr) {
-      Py_DECREF(results);
-      return nullptr;
-    }
-    PyTuple_SET_ITEM(results, static_cast<Py_ssize_t>(i), tensor);
-  }
-  return results;
+  return wrap_results(stack);
   END_HANDLE_TH_ERRORS
 }
 
@@ -146,12 +150,18 @@ PyMethodDef methods[] = {
     {"op_index", op_index, METH_O, "Index of an attn_ext op for call_op (torch.library name, default overload)."},
     {"call_op", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call_op)), METH_FASTCALL,
      "call_op(index, below_autograd, *args): the op's results, or NotImplemented for arguments it does not convert."},
+    {"register_autograd", register_autograd, METH_VARARGS,
+     "register_autograd(forward, backward, layout, differentiable_inputs, differentiable_outputs, fallback) -> int"},
+    {"call_op_autograd", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(call_op_autograd)), METH_FASTCALL,
+     "call_op_autograd(index, *args): the op with its C++ autograd node, or NotImplemented."},
     {nullptr, nullptr, 0, nullptr},
 };
 
 }  // namespace
+}  // namespace attn_ext::python
 
 extern "C" PyObject* PyInit__C(void) {
+  using attn_ext::python::methods;
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, methods};
   return PyModule_Create(&module_def);
 }

@@ -135,3 +135,46 @@ def test_every_path_gives_the_same_values_and_gradients():
     qg.grad = None
     (grad_q,) = torch.autograd.grad(ae.cross_attention(qg, kg, vg).square().sum(), qg, create_graph=True)
     assert grad_q.requires_grad
+
+
+# ------------------------------------------------------------------ the C++ autograd node of plain calls
+
+
+def test_plain_reverse_mode_calls_get_the_cpp_node_and_every_order_stays_exact():
+    q, k, v = (t.double().detach().requires_grad_() for t in _qkv())
+    out = ae.cross_attention(q, k, v)
+    assert "FusedOp" in out.grad_fn.name()  # the C++ node, not the Python Function
+    for fn in (lambda q, k, v: ae.cross_attention(q, k, v, return_lse=True),
+               lambda q, k, v: ae.scaled_dot_product_attention(q, k, v, is_causal=True)):
+        assert torch.autograd.gradcheck(fn, (q, k, v))
+        assert torch.autograd.gradgradcheck(fn, (q, k, v))
+
+
+def test_cpp_node_keeps_autograd_rules():
+    q, k, v = _qkv(requires_grad=True)
+    out = ae.cross_attention(q, k, v)
+    out.sum().backward(retain_graph=True)
+    first = q.grad.clone()
+    out.sum().backward()  # retained: a second backward gives the same gradient again
+    torch.testing.assert_close(q.grad, 2 * first)
+    out = ae.cross_attention(q, k, v)
+    out.sum().backward()
+    with pytest.raises(RuntimeError, match="Trying to backward through the graph a second time"):
+        out.sum().backward()
+    out = ae.cross_attention(q, k, v)
+    with torch.no_grad():
+        k.add_(1.0)  # a saved input changed in place: autograd's version check must catch it
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+def test_only_the_gradients_the_rule_gives_take_the_cpp_node():
+    q, k, v = _qkv(requires_grad=True)
+    mask = torch.zeros(2, 3, 4, 7, requires_grad=True)  # a float mask requiring grad: refused, not ignored
+    with pytest.raises(RuntimeError, match="no gradient with respect to"):
+        ae.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+    state_a, state_b = ae.attention_state(q, k, v), ae.attention_state(q, k[:, :, :3], v[:, :, :3])
+    merged = ae.merge_states(state_a, state_b)
+    assert "FusedOp" in merged.out.grad_fn.name()
+    merged.out.sum().backward()
+    assert q.grad is not None and torch.isfinite(q.grad).all()

@@ -56,19 +56,24 @@ def from_torch(module: nn.MultiheadAttention, *, chunk_size: Optional[int] = Non
     reason = why_not_swappable(module)
     if reason is not None:
         raise ValueError(f"attn_ext.nn.swap_attention: cannot replace this module: it {reason}")
+    return rebuilt_as(MultiheadAttention, module, "attn_ext.nn.swap_attention", chunk_size=chunk_size,
+                      backend=backend)
+
+
+def rebuilt_as(cls: type, module: nn.Module, who: str, **options) -> nn.Module:
+    """A ``cls`` (torch's or attn_ext's multi-head attention) with ``module``'s configuration, holding its
+    parameters and ``out_proj`` (shared, not copied), in its training mode; ``options`` go to ``cls``."""
     # Built on the meta device (no memory, no initialisation work), then given the original's tensors.
-    new = MultiheadAttention(
-        module.embed_dim, module.num_heads, dropout=module.dropout, bias=module.in_proj_bias is not None,
-        add_bias_kv=module.bias_k is not None, add_zero_attn=module.add_zero_attn, kdim=module.kdim,
-        vdim=module.vdim, batch_first=module.batch_first, device="meta", chunk_size=chunk_size, backend=backend)
+    new = cls(module.embed_dim, module.num_heads, dropout=module.dropout, bias=module.in_proj_bias is not None,
+              add_bias_kv=module.bias_k is not None, add_zero_attn=module.add_zero_attn, kdim=module.kdim,
+              vdim=module.vdim, batch_first=module.batch_first, device="meta", **options)
     if set(new._parameters) != set(module._parameters):
-        raise ValueError(f"attn_ext.nn.swap_attention: parameters {sorted(module._parameters)} differ from the "
-                         f"expected {sorted(new._parameters)}")
+        raise ValueError(f"{who}: parameters {sorted(module._parameters)} differ from the expected "
+                         f"{sorted(new._parameters)}")
     for name in new._parameters:
         new._parameters[name] = module._parameters[name]
     new._modules["out_proj"] = module.out_proj
-    new.train(module.training)
-    return new
+    return new.train(module.training)
 
 
 def swap_attention(model: nn.Module, *, chunk_size: Optional[int] = None,

@@ -98,7 +98,7 @@ def _derivatives(backward_op: Callable[..., _BwdResult]) -> Derivatives:
 
 def _register(forward_name: str, backward_name: str) -> None:
     register_op_pair(forward_name, backward_name, _fake_forward, _fake_backward, _derivatives,
-                     "attn_ext.cross_attention")
+                     "attn_ext.cross_attention", backward_layout="g0 g1 i0 i1 i2 i3 o0 o1 i4 i5")
 
 
 _register("attn_ext::cross_attention_fwd_reference", "attn_ext::cross_attention_bwd_reference")
@@ -160,7 +160,7 @@ def _merge_derivatives(backward_op: Callable[..., _MergeBwdResult]) -> Derivativ
 
 def _register_merge(forward_name: str, backward_name: str) -> None:
     register_op_pair(forward_name, backward_name, _fake_merge, _fake_merge_backward, _merge_derivatives,
-                     "attn_ext.merge_states")
+                     "attn_ext.merge_states", backward_layout="g0 g1 i0 i1 i2 i3 o0 o1")
 
 
 _register_merge("attn_ext::merge_states_fwd_reference", "attn_ext::merge_states_bwd_reference")

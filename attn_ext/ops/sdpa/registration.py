@@ -100,7 +100,7 @@ def _derivatives(backward_op: Callable[..., _BwdResult]) -> Derivatives:
 
 def _register(forward_name: str, backward_name: str) -> None:
     register_op_pair(forward_name, backward_name, _fake_forward, _fake_backward, _derivatives,
-                     "attn_ext.scaled_dot_product_attention")
+                     "attn_ext.scaled_dot_product_attention", backward_layout="g0 g1 i0 i1 i2 i3 i4 o0 o1 i5 i6 i7 i8 i9")
 
 
 def compiled_kernels_present() -> bool:

@@ -39,6 +39,8 @@ except ImportError:  # no compiled extension: the Python backends still work (ut
 LIBRARY = torch.library.Library("attn_ext", "FRAGMENT")
 # The functorch-aware Function of each forward op, by the op's short name, for functorch_entry.
 _FUNCTIONS: Dict[str, type] = {}
+# The extension's index of the C++ autograd of a forward op (Derivatives.fused_backward), by short name.
+_CPP_AUTOGRAD: Dict[str, int] = {}
 # Calls the kernels below the Autograd dispatch key, skipping the Python autograd kernel registered there.
 _BELOW_AUTOGRAD = torch._C._AutoDispatchBelowAutograd
 
@@ -66,6 +68,11 @@ class Derivatives:
     differentiable_outputs: Tuple[int, ...]
     jvp: Optional[Callable[[Sequence, Sequence[Tensor], Sequence[Optional[Tensor]]], Tuple[Tensor, ...]]] = None
     exact_first_order: Callable[[Sequence[Tensor]], bool] = field(default=lambda grads: True)
+    #: ``(backward op, layout)`` when ``backward`` is that op applied to the arguments ``layout`` names
+    #: ("g<j>": gradient of output j, "i<j>": input j, "o<j>": output j), giving one gradient per
+    #: differentiable input, exact for any gradients: then ordinary reverse-mode calls of the public
+    #: functions get the same rule as a C++ autograd node (csrc/python_autograd.cpp), much cheaper.
+    fused_backward: Optional[Tuple[str, str]] = None
 
 
 def _has_tangent(tensors) -> bool:
@@ -213,6 +220,24 @@ def register_derivatives(qualname: str, spec: Derivatives, public: str) -> None:
 
     LIBRARY.impl(name, autograd_kernel, "Autograd", with_keyset=True)
     register_batch_folding_vmap(qualname)
+    if spec.fused_backward is not None:
+        _register_cpp_autograd(name, spec)
+
+
+def _register_cpp_autograd(name: str, spec: Derivatives) -> None:
+    backward_name, layout = spec.fused_backward
+    forward_index, backward_index = _op_index(name), _op_index(backward_name)
+    if forward_index is None or backward_index is None or not hasattr(_C, "register_autograd"):
+        return
+
+    def higher_order(inputs, outputs, grads):
+        # The C++ node's backward when its own derivatives are wanted: the composite's, as Function.backward.
+        grads = [(_float_zeros_like(outputs[i]) if grads[i] is None else grads[i]) for i in spec.differentiable_outputs]
+        needs_input_grad = [isinstance(x, Tensor) and x.requires_grad for x in inputs]
+        return composite_vjp(spec, inputs, outputs, grads, needs_input_grad)
+
+    _CPP_AUTOGRAD[name] = _C.register_autograd(forward_index, backward_index, layout, spec.differentiable_inputs,
+                                               spec.differentiable_outputs, higher_order)
 
 
 def register_not_differentiable(qualname: str, reason: str) -> None:
@@ -280,6 +305,7 @@ def _make_entry(name: str) -> Callable:
     function = _FUNCTIONS.get(name)
     apply = None if function is None else super(torch.autograd.Function, function).apply
     below = below_autograd_call(name)
+    cpp_autograd = _CPP_AUTOGRAD.get(name)
 
     def entry(*args):
         if torch._C._are_functorch_transforms_active() or torch.compiler.is_compiling():
@@ -287,6 +313,10 @@ def _make_entry(name: str) -> Callable:
         if _has_tangent(args):
             return overload(*args)
         if torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+            if cpp_autograd is not None:
+                result = _C.call_op_autograd(cpp_autograd, *args)
+                if result is not NotImplemented:
+                    return result
             # apply: what the op's Autograd kernel would do; an op without derivatives raises there.
             return overload(*args) if apply is None else apply(*args)
         return below(*args)

@@ -7,7 +7,8 @@ it to one without forward mode, double backward or ``torch.func`` support (see
 """
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import replace
+from typing import Callable, Optional
 
 import torch
 
@@ -27,13 +28,19 @@ def define_op(qualname: str) -> Callable[[Callable], Callable]:
 
 
 def register_op_pair(forward_name: str, backward_name: str, fake_forward: Callable, fake_backward: Callable,
-                     derivatives: Callable[[Callable], Derivatives], public: str) -> None:
+                     derivatives: Callable[[Callable], Derivatives], public: str,
+                     backward_layout: Optional[str] = None) -> None:
     """Fakes for both ops; the forward's autograd ``derivatives(backward op)``; a backward op that refuses
     to be differentiated (its derivatives are the forward's composite's). ``derivatives`` gets the backward
-    op called below the Autograd keys: the first-order rule runs only where no graph of it is wanted."""
+    op called below the Autograd keys: the first-order rule runs only where no graph of it is wanted.
+    ``backward_layout``: the backward op's arguments as :attr:`Derivatives.fused_backward` names them, when
+    the first-order rule is just that call (then it also runs as a C++ autograd node)."""
     torch.library.register_fake(forward_name)(fake_forward)
     torch.library.register_fake(backward_name)(fake_backward)
     backward_op = below_autograd_call(backward_name.split("::")[1])
-    register_derivatives(forward_name, derivatives(backward_op), public)
+    spec = derivatives(backward_op)
+    if backward_layout is not None:
+        spec = replace(spec, fused_backward=(backward_name.split("::")[1], backward_layout))
+    register_derivatives(forward_name, spec, public)
     register_not_differentiable(backward_name, f"it is the first-order backward kernel of {public}; derivatives of "
                                 f"any order come from differentiating {public} itself")

@@ -1,0 +1,39 @@
+// What the two halves of the extension module share: the ops indexed for call_op (python_module.cpp)
+// and the C++ autograd path of the public functions (python_autograd.cpp).
+#pragma once
+
+#include <Python.h>
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <deque>
+#include <vector>
+
+namespace attn_ext::python {
+
+/// The argument kinds of our schemas that call_op converts from Python objects.
+enum class ArgKind { kTensor, kOptionalTensor, kFloat, kInt, kBool };
+
+struct OpEntry {
+  c10::OperatorHandle handle;
+  std::vector<ArgKind> args;
+};
+
+/// Every op indexed by op_index, by its index.
+std::deque<OpEntry>& op_entries();  // a deque: references stay valid as it grows
+
+/// The entry of a Python int index; raises for anything else.
+const OpEntry& op_entry(PyObject* index_object);
+
+/// Appends `object` to `stack` as `kind`; false when it is not plainly of that kind (a tensor subclass, a
+/// NumPy scalar, a bool for an int, ...), so that the caller leaves the call to torch.ops.
+bool push_argument(PyObject* object, ArgKind kind, torch::jit::Stack& stack);
+
+/// The tensors of `stack`: one Tensor, or a tuple of them.
+PyObject* wrap_results(torch::jit::Stack& stack);
+
+PyObject* register_autograd(PyObject* module, PyObject* args);
+PyObject* call_op_autograd(PyObject* module, PyObject* const* args, Py_ssize_t nargs);
+
+}  // namespace attn_ext::python
