@@ -23,15 +23,17 @@ BENCHMARKS: dict[str, str] = {
     "intention": "bench.bench_intention",
     "batched_cholesky": "bench.bench_batched_cholesky",
     "sdpa": "bench.bench_sdpa",
+    "call_overhead": "bench.bench_call_overhead",
+    "np_step": "bench.bench_np_step",
     "np_demo": "bench.np.demo",
     "np_memory": "bench.np.np_memory",
     "gp_quick": "bench.np.gp_report",
 }
-#: What ``python -m bench run`` runs when no names are given: the op benchmarks and the NP demo.
+#: What ``python -m bench run`` runs when no names are given: the op benchmarks, the NP training step and the NP demo.
 #: ``np_memory`` (about an hour at the full grid) and ``gp_quick`` (hours) run only when named.
 DEFAULT_BENCHMARKS: tuple[str, ...] = (
     "cross_attention", "state_update", "streaming_memory", "tree_attention", "intention", "batched_cholesky",
-    "sdpa", "np_demo",
+    "sdpa", "call_overhead", "np_step", "np_demo",
 )
 
 

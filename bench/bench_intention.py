@@ -27,7 +27,7 @@ import attn_ext as ae
 from bench.harness import BenchOptions
 from bench.harness.calls import PASSES, Attention, check_ours, make_call, start_run
 from bench.harness.goals import combined, confirm, confirmed_text, grid_note, sizes
-from bench.harness.machine import load_average, machine_markdown
+from bench.harness.machine import load_average, timing_footer
 from bench.harness.plot import Series, plot_panel
 from bench.harness.report import format_ms, markdown_table, progress, publish_run, timing_dict
 from bench.harness.timing import WARMUP_TEXT, time_interleaved
@@ -193,10 +193,7 @@ def _tables(result: dict) -> str:
         "Q̃ = Q (KᵀK + αI)⁻¹ (on the CPU one fused op makes each tile of Q̃ where the attention consumes it), so "
         "it costs softmax attention plus the Gram, the solve and Q·W.",
         "",
-        "The machine is shared with other jobs: absolute times are noisy (see the load averages); the "
-        "interleaving keeps the ratios fairer than the times.",
-        "",
-        machine_markdown(result["machine"]),
+        *timing_footer(result["machine"]),
     ])
 
 

@@ -7,7 +7,7 @@ from bench import bench_sdpa as sd
 from bench import bench_sdpa_transformer as tr
 from bench.harness.calls import PASSES
 from bench.harness.goals import confirmed_text
-from bench.harness.machine import machine_markdown
+from bench.harness.machine import timing_footer
 from bench.harness.plot import Series, plot_time_and_memory
 from bench.harness.report import format_ms, markdown_table
 from bench.harness.timing import WARMUP_TEXT
@@ -107,10 +107,7 @@ def tables(result: dict) -> str:
         "Checked before timing against SDPA on [2, 2, 96, 64] (outputs and q, k, v gradients), max abs difference: "
         + ", ".join(f"{case} {d:.2g}" for case, d in result["check_max_abs_diff"].items()) + ".",
         "",
-        "The machine is shared with other jobs: absolute times are noisy (see the load averages); the "
-        "interleaving keeps the ratios fairer than the times.",
-        "",
-        machine_markdown(result["machine"]),
+        *timing_footer(result["machine"]),
     ])
 
 

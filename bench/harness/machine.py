@@ -90,3 +90,13 @@ def machine_markdown(info: dict) -> str:
     if info.get("load_average_end") is not None:
         line += f", {info['load_average_end']} at end"
     return line + "."
+
+
+#: What a timing report says before its machine line: why its ratios deserve more trust than its times.
+SHARED_MACHINE_NOTE = ("The machine is shared with other jobs: absolute times are noisy (see the load averages); the "
+                       "interleaving keeps the ratios fairer than the times.")
+
+
+def timing_footer(info: dict) -> list[str]:
+    """The last lines of a timing report: :data:`SHARED_MACHINE_NOTE`, a blank line, :func:`machine_markdown`."""
+    return [SHARED_MACHINE_NOTE, "", machine_markdown(info)]

@@ -1,9 +1,11 @@
 """The benchmark timer: interleaved rounds, warm-up, and the minimum timed span."""
+import gc
 import time
+import weakref
 
 import pytest
 
-from bench.harness.timing import MAX_TIMED_ROUNDS, time_interleaved
+from bench.harness.timing import MAX_TIMED_ROUNDS, gc_frozen, time_interleaved
 
 
 def _counting(log: list, name: str, seconds: float = 0.0):
@@ -48,3 +50,18 @@ def test_a_failing_function_is_reported_and_dropped():
 def test_bad_counts_are_rejected(repeats, number):
     with pytest.raises(ValueError, match="repeats and number"):
         time_interleaved({"f": lambda: None}, repeats=repeats, number=number)
+
+
+def test_gc_frozen_hides_old_objects_and_still_collects_new_cycles():
+    class Node:
+        pass
+
+    with gc_frozen():
+        assert gc.get_freeze_count() > 0
+        node = Node()
+        node.self = node  # a cycle: only the collector frees it
+        alive = weakref.ref(node)
+        del node
+        gc.collect()
+        assert alive() is None
+    assert gc.get_freeze_count() == 0
