@@ -85,9 +85,10 @@ ATTN_EXT_ALWAYS_INLINE float lane_max(const FloatVec<VB>& v) {
   }
 }
 
-// The last n % W elements of a row: a vector of half the width while at least that many remain, down to
-// 4 lanes, whose last partial vector is padded with `fill`. Score rows are short in Neural Processes
-// (tens of keys): a tail built lane by lane at the full width cost as much as the rest of the row.
+// The last n % W elements of a row go through vectors of half the width while at least that many remain,
+// down to 4 lanes, then through the row's last four elements (see kLastLanes). Score rows are short in
+// Neural Processes (tens of keys): a tail built lane by lane at the full width cost as much as the rest
+// of the row. Rows shorter than four lanes are built lane by lane, padded with `fill`.
 template <int VB>
 ATTN_EXT_ALWAYS_INLINE FloatVec<VB> load_tail(const float* x, int64_t count, float fill) {
   FloatVec<VB> v;
@@ -107,23 +108,36 @@ ATTN_EXT_ALWAYS_INLINE FloatVec<VB> without_nan(const FloatVec<VB>& v) {
   return select<float, VB>(v == v, v, FloatVec<VB>{} - kInf);
 }
 
+// The four-lane vector of the last four elements of a row (n ≥ 4) covers its last partial vector: lanes
+// before the row's last n % 4 elements are ones already processed. Taken whole, it spares building a
+// vector lane by lane, which stalled on store forwarding (a quarter of the exponentials' time at
+// 50-key rows).
+constexpr int kLastLanes = 4;
+
+/// Lanes at or after `first` of a four-lane vector, the others 0.
+ATTN_EXT_ALWAYS_INLINE FloatVec<16> lanes_from(const FloatVec<16>& v, int64_t first) {
+  const IntVec<16> index{0, 1, 2, 3};
+  return select<float, 16>(index >= static_cast<int32_t>(first), v, FloatVec<16>{});
+}
+
+// The max over whole vectors of halving widths, down to four lanes, of x[0..count); the last
+// count % 4 elements are left to the caller.
 template <int VB>
-ATTN_EXT_ALWAYS_INLINE float tail_max(const float* x, int64_t count) {
+ATTN_EXT_ALWAYS_INLINE float halving_max(const float* x, int64_t count) {
   if constexpr (VB > 16) {
     constexpr int H = kLanes<float, VB / 2>;
-    if (count >= H) {
-      const float here = lane_max<VB / 2>(without_nan<VB / 2>(simd::load<float, VB / 2>(x)));
-      const float rest = tail_max<VB / 2>(x + H, count - H);
-      return rest > here ? rest : here;
-    }
-    return tail_max<VB / 2>(x, count);
+    float here = -kInf;
+    if (count >= H) here = lane_max<VB / 2>(without_nan<VB / 2>(simd::load<float, VB / 2>(x))), x += H, count -= H;
+    const float rest = halving_max<VB / 2>(x, count);
+    return rest > here ? rest : here;
   } else {
-    return count > 0 ? lane_max<VB>(without_nan<VB>(load_tail<VB>(x, count, -kInf))) : -kInf;
+    return count >= kLastLanes ? lane_max<VB>(without_nan<VB>(simd::load<float, VB>(x))) : -kInf;
   }
 }
 
+// Likewise for the exponentials and their sum.
 template <int VB>
-ATTN_EXT_ALWAYS_INLINE float exp_shifted_tail_sum(float* x, int64_t count, float shift) {
+ATTN_EXT_ALWAYS_INLINE float halving_exp_sum(float* x, int64_t count, float shift) {
   if constexpr (VB > 16) {
     constexpr int H = kLanes<float, VB / 2>;
     float sum = 0.0f;
@@ -133,11 +147,11 @@ ATTN_EXT_ALWAYS_INLINE float exp_shifted_tail_sum(float* x, int64_t count, float
       sum = lane_sum<VB / 2>(e);
       x += H, count -= H;
     }
-    return sum + exp_shifted_tail_sum<VB / 2>(x, count, shift);
+    return sum + halving_exp_sum<VB / 2>(x, count, shift);
   } else {
-    if (count <= 0) return 0.0f;
-    const FloatVec<VB> e = exp_nonpositive<VB>(load_tail<VB>(x, count, -kInf) - shift);  // −inf lanes give 0
-    store_tail<VB>(x, count, e);
+    if (count < kLastLanes) return 0.0f;
+    const FloatVec<VB> e = exp_nonpositive<VB>(simd::load<float, VB>(x) - shift);
+    simd::store<float, VB>(x, e);
     return lane_sum<VB>(e);
   }
 }
@@ -151,13 +165,25 @@ ATTN_EXT_ALWAYS_INLINE float row_max_impl(const float* x, int64_t n) {
     const FloatVec<VB> v = simd::load<float, VB>(x + i);
     m = select<float, VB>(v > m, v, m);
   }
-  const float body = lane_max<VB>(m), tail = tail_max<VB>(x + i, n - i);
-  return tail > body ? tail : body;
+  float best = lane_max<VB>(m);
+  const float tail = halving_max<VB>(x + i, n - i);
+  best = tail > best ? tail : best;
+  if (n % kLastLanes != 0) {  // overlapping what was seen already changes no maximum
+    const FloatVec<16> last = n >= kLastLanes ? simd::load<float, 16>(x + n - kLastLanes)
+                                              : load_tail<16>(x, n, -kInf);
+    const float m_last = lane_max<16>(without_nan<16>(last));
+    best = m_last > best ? m_last : best;
+  }
+  return best;
 }
 
 template <int VB>
 ATTN_EXT_ALWAYS_INLINE float exp_shifted_inplace_sum_impl(float* x, int64_t n, float shift) {
   constexpr int W = kLanes<float, VB>;
+  const int64_t rest = n % kLastLanes;
+  // Read before the loops overwrite the lanes it shares with them: its exponentials are recomputed
+  // from the same inputs (the same values), and only its last `rest` lanes enter the sum.
+  const FloatVec<16> last = n >= kLastLanes && rest != 0 ? simd::load<float, 16>(x + n - kLastLanes) : FloatVec<16>{};
   FloatVec<VB> sum{};
   int64_t i = 0;
   for (; i + W <= n; i += W) {
@@ -165,7 +191,17 @@ ATTN_EXT_ALWAYS_INLINE float exp_shifted_inplace_sum_impl(float* x, int64_t n, f
     simd::store<float, VB>(x + i, e);
     sum += e;
   }
-  return lane_sum<VB>(sum) + exp_shifted_tail_sum<VB>(x + i, n - i, shift);
+  float total = lane_sum<VB>(sum) + halving_exp_sum<VB>(x + i, n - i, shift);
+  if (rest != 0 && n >= kLastLanes) {
+    const FloatVec<16> e = exp_nonpositive<16>(last - shift);
+    simd::store<float, 16>(x + n - kLastLanes, e);
+    total += lane_sum<16>(lanes_from(e, kLastLanes - rest));
+  } else if (rest != 0) {  // a row shorter than four: −inf lanes give 0
+    const FloatVec<16> e = exp_nonpositive<16>(load_tail<16>(x, n, -kInf) - shift);
+    store_tail<16>(x, n, e);
+    total += lane_sum<16>(e);
+  }
+  return total;
 }
 
 template <int VB>
