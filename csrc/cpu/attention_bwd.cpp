@@ -154,7 +154,7 @@ struct Backward {
 
     at::parallel_for(0, B * Hkv * splits, grain_size_for(B * Hkv * splits, total_macs), [&](int64_t begin, int64_t end) {
       const int64_t tc = tile_m * chunk;
-      std::vector<acc_t> p(tc), dp(tc), z(dropout ? tc : 0), pz(dropout ? tc : 0), q_tile(tile_m * D),
+      ScratchBuffer<acc_t> p(tc), dp(tc), z(dropout ? tc : 0), pz(dropout ? tc : 0), q_tile(tile_m * D),
           do_tile(tile_m * Dv), k_tile(chunk * D), v_tile(chunk * Dv), dk(chunk * D), dv(chunk * Dv),
           q_fix(tile_m * D), do_fix(tile_m * Dv), k_fix(chunk * D);
       std::vector<int64_t> bad_q, bad_do, bad_k;

@@ -46,7 +46,7 @@ void forward_kernel(const AttentionCall& call, at::Tensor& out, at::Tensor& lse)
 
   at::parallel_for(0, units * splits, grain_size_for(units * splits, total_macs), [&](int64_t begin, int64_t end) {
     AttentionTileScratch<acc_t> scratch(tile_m, chunk, D, Dv);
-    std::vector<acc_t> q_tile(tile_m * D);
+    ScratchBuffer<acc_t> q_tile(tile_m * D);  // written by rows_as_acc before it is read, when used at all
     for (int64_t unit = begin; unit < end; ++unit) {
       const int64_t split = unit % splits, tile = (unit / splits) % q_tiles, bh = unit / (splits * q_tiles);
       const int64_t b = bh / Hq, h = bh % Hq, hkv = h / group;

@@ -37,7 +37,7 @@ struct KeyValueRows {
 /// Per-thread buffers of attend_tile for tiles of up to `tile_m` rows and chunks of `chunk` keys.
 template <typename acc_t>
 struct AttentionTileScratch {
-  std::vector<acc_t> scores, acc, k_tile, v_tile, v_fix;
+  ScratchBuffer<acc_t> scores, acc, k_tile, v_tile, v_fix;
   std::vector<OnlineSoftmaxRow<acc_t>> rows;
   std::vector<int64_t> bad;  ///< value rows of the chunk holding inf/NaN
   AttentionTileScratch(int64_t tile_m, int64_t chunk, int64_t D, int64_t Dv)
