@@ -178,3 +178,32 @@ def test_only_the_gradients_the_rule_gives_take_the_cpp_node():
     assert "FusedOp" in merged.out.grad_fn.name()
     merged.out.sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_cpp_node_with_one_tensor_as_q_k_v_checkpointing_and_threads():
+    import threading
+
+    from torch.utils.checkpoint import checkpoint
+
+    x = torch.randn(2, 3, 5, 8, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: ae.cross_attention(x, x, x), (x,))  # one edge taken three times
+    checkpoint(lambda x: ae.cross_attention(x, x, x).sin(), x, use_reentrant=False).sum().backward()
+    recomputed, x.grad = x.grad, None
+    ae.cross_attention(x, x, x).sin().sum().backward()
+    torch.testing.assert_close(recomputed, x.grad, rtol=0, atol=0)
+
+    def train(results, seed):
+        a = torch.randn(4, 2, 16, 8, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+        for _ in range(20):
+            ae.cross_attention(a, a, a).square().sum().backward()
+        expected = a.detach().clone().requires_grad_()
+        torch.nn.functional.scaled_dot_product_attention(expected, expected, expected).square().sum().backward()
+        results.append(torch.allclose(a.grad, 20 * expected.grad, rtol=1e-4, atol=1e-5))
+
+    results = []
+    threads = [threading.Thread(target=train, args=(results, seed)) for seed in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [True] * 4
