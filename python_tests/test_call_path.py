@@ -173,6 +173,12 @@ def test_only_the_gradients_the_rule_gives_take_the_cpp_node():
     mask = torch.zeros(2, 3, 4, 7, requires_grad=True)  # a float mask requiring grad: refused, not ignored
     with pytest.raises(RuntimeError, match="no gradient with respect to"):
         ae.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+    tree = ae.build_tree(torch.rand(2, 7, 1, generator=torch.Generator().manual_seed(1)), branching=2)
+    node_k = ae.tree_aggregate(tree, k.detach()[:, 0])[:, None].expand(2, 3, -1, -1).contiguous().requires_grad_()
+    result = ae.tree_cross_attention(q, node_k, node_k, tree)
+    assert "FusedOp" in result.out.grad_fn.name() and not result.selected.requires_grad
+    (result.out.sum() + result.log_prob.sum()).backward()
+    assert node_k.grad is not None and torch.isfinite(node_k.grad).all()
     state_a, state_b = ae.attention_state(q, k, v), ae.attention_state(q, k[:, :, :3], v[:, :, :3])
     merged = ae.merge_states(state_a, state_b)
     assert "FusedOp" in merged.out.grad_fn.name()

@@ -80,7 +80,7 @@ def _derivatives(backward_op: Callable[..., Tuple[Tensor, Tensor, Tensor]]) -> D
 
 def _register(forward_name: str, backward_name: str) -> None:
     register_op_pair(forward_name, backward_name, _fake_forward, _fake_backward, _derivatives,
-                     "attn_ext.tree_cross_attention")
+                     "attn_ext.tree_cross_attention", backward_layout="g0 g1 g3 g4 i0 i1 i2 i3 o2 o1 i4 i5 i6 i7")
 
 
 _register("attn_ext::tree_cross_attention_fwd_triton", "attn_ext::tree_cross_attention_bwd_triton")
