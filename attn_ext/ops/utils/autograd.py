@@ -3,7 +3,9 @@
 Each forward op gets one ``torch.autograd.Function`` built from a :class:`Derivatives`:
 
 * **first order** (``.backward()``, ``torch.autograd.grad``): the op's fused backward kernel, fed with the
-  saved inputs and outputs — the fast path training takes;
+  saved inputs and outputs — the fast path training takes. The public functions' plain reverse-mode
+  calls of the ops that declare :attr:`Derivatives.fused_backward` record the same rule as a C++ node
+  instead (``csrc/python_autograd.cpp``), which hands higher orders to the composite below;
 * **higher order** (``create_graph=True``: gradient penalties, MAML-style meta-learning; also reverse
   mode under ``torch.func`` transforms and forward-over-reverse): the vector-Jacobian product of the op's
   *composite*, a differentiable PyTorch composition of the same math, taken with ``torch.func.vjp`` so
@@ -257,10 +259,12 @@ def register_not_differentiable(qualname: str, reason: str) -> None:
 
 def fast_entry(name: str):
     """The entry point of forward op ``torch.ops.attn_ext.<name>`` for the public functions: the op called
-    below the Autograd key when no derivative is wanted, its Function applied directly when one is, and
-    :func:`functorch_entry`'s choice under ``torch.func`` transforms and ``torch.compile``. The same
-    results as calling the op, without the dispatcher's round trip through the Python autograd kernel
-    (the fixed cost of every small call)."""
+    below the Autograd key when no derivative is wanted; in reverse mode its C++ autograd node (see
+    :attr:`Derivatives.fused_backward`) where it has one, else its Function applied directly; the op itself
+    (its Autograd kernel) under forward mode; :func:`functorch_entry`'s choice under ``torch.func``
+    transforms and ``torch.compile``.
+    The same results as calling the op, without the dispatcher's round trip through the Python autograd
+    kernel (the fixed cost of every small call)."""
     entry = _ENTRIES.get(name)
     if entry is None:
         entry = _ENTRIES[name] = _make_entry(name)
@@ -288,15 +292,21 @@ def below_autograd_call(name: str) -> Callable:
     return call
 
 
+_OP_INDEXES: Dict[str, Optional[int]] = {}
+
+
 def _op_index(name: str) -> Optional[int]:
     """The extension's index of op ``name`` for ``call_op``, None where it has none (no compiled extension,
-    an older build, an op whose arguments call_op does not convert)."""
-    if _C is None or not hasattr(_C, "op_index"):
-        return None
-    try:
-        return _C.op_index(f"attn_ext::{name}")
-    except RuntimeError:
-        return None
+    an older build, an op whose arguments call_op does not convert). Asked once per op."""
+    if name not in _OP_INDEXES:
+        index = None
+        if _C is not None and hasattr(_C, "op_index"):
+            try:
+                index = _C.op_index(f"attn_ext::{name}")
+            except RuntimeError:
+                pass
+        _OP_INDEXES[name] = index
+    return _OP_INDEXES[name]
 
 
 def _make_entry(name: str) -> Callable:

@@ -191,15 +191,10 @@ def _environment_backend() -> Optional[str]:
 
 def select_backend(op: str, requested: Optional[str], x: Tensor, **context: Any) -> str:
     """The backend that runs this call of ``op``; raises RuntimeError if a requested one cannot."""
-    if op not in OPS:
-        op = _resolve_op(op)
+    op = _resolve_op(op)
     from_environment = requested is None or requested == "auto"
     if from_environment:
         requested = _environment_backend() or "auto"
-    return _choose(op, requested, from_environment, x, context)
-
-
-def _choose(op: str, requested: str, from_environment: bool, x: Tensor, context: Mapping[str, Any]) -> str:
     if requested != "auto" and requested not in BACKENDS:
         raise ValueError(f"attn_ext: unknown backend {requested!r}; choose one of {', '.join(BACKENDS)} or 'auto'")
     if from_environment and requested != "auto" and requested not in OPS[op]:
