@@ -213,3 +213,14 @@ def test_cpp_node_with_one_tensor_as_q_k_v_checkpointing_and_threads():
     for thread in threads:
         thread.join()
     assert results == [True] * 4
+
+
+def test_cpp_node_under_batched_gradients():
+    # torch.autograd.grad(is_grads_batched=True) runs the node's backward under vmap.
+    q, k, v = (t.double().detach().requires_grad_() for t in _qkv())
+    out = ae.cross_attention(q, k, v)
+    assert "FusedOp" in out.grad_fn.name()
+    grads = torch.randn(3, *out.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    (batched,) = torch.autograd.grad(out, q, grads, is_grads_batched=True, retain_graph=True)
+    one_by_one = torch.stack([torch.autograd.grad(out, q, g, retain_graph=True)[0] for g in grads])
+    torch.testing.assert_close(batched, one_by_one, rtol=1e-12, atol=1e-12)
