@@ -34,7 +34,8 @@ class NPConfig:
     num_latents : int
         Latents of LBANP and CMANP(-AND).
     chunk_size : int or None
-        Context points per chunk when CMANP conditions in constant memory (None: all at once).
+        Context points per chunk when CMANP(-AND) conditions, updates or removes points (None: its
+        default of 1024, which keeps conditioning in constant memory).
     """
 
     dim_x: int = 1

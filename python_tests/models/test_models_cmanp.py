@@ -40,6 +40,33 @@ def test_chunked_conditioning_equals_one_shot(model, data, chunk):
     assert torch.allclose(model.query(model.condition(xc, yc, chunk_size=chunk), xt).mean, one, **TOL)
 
 
+def test_remove_then_query_equals_conditioning_without_those_points(model, data):
+    xc, yc, xt = data
+    removed = model.remove(model.condition(xc, yc), xc[:, 25:], yc[:, 25:])
+    kept = model.query(model.condition(xc[:, :25], yc[:, :25]), xt)
+    got = model.query(removed, xt)
+    assert torch.allclose(got.mean, kept.mean, atol=1e-8, rtol=1e-7)
+    assert torch.allclose(got.scale, kept.scale, atol=1e-8, rtol=1e-7)
+    with pytest.raises(ValueError, match="batch"):
+        model.remove(model.condition(xc, yc), xc[:2, 25:], yc[:2, 25:])
+
+
+@pytest.mark.parametrize("model_class", [CMANP, CMANPAND])
+def test_default_conditioning_memory_is_flat_in_the_context_size(model_class):
+    from _helpers import peak_allocated_bytes
+
+    torch.manual_seed(0)
+    model = model_class(num_layers=2).eval()  # the default chunk size: nothing set
+    g = torch.Generator().manual_seed(0)
+    peaks = {}
+    for n in (1_000, 100_000):
+        xc, yc = torch.randn(1, n, 1, generator=g), torch.randn(1, n, 1, generator=g)
+        with torch.no_grad():
+            peaks[n] = peak_allocated_bytes(lambda: model.condition(xc, yc))
+    # All at once, N_c = 1e5 held 100x the embeddings of N_c = 1e3; in chunks the peak is one chunk's.
+    assert peaks[100_000] <= 1.5 * peaks[1_000], peaks
+
+
 def test_state_size_independent_of_context(model, data):
     xc, yc, _ = data
     small, large = model.condition(xc[:, :5], yc[:, :5]), model.condition(xc, yc, chunk_size=8)
