@@ -19,6 +19,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -215,15 +216,8 @@ PyObject* call_op_autograd(PyObject* /*module*/, PyObject* const* args, Py_ssize
   const Py_ssize_t index = PyLong_AsSsize_t(args[0]);
   TORCH_CHECK(index >= 0 && index < static_cast<Py_ssize_t>(specs().size()), "attn_ext._C: no autograd ", index);
   const AutogradSpec& spec = *specs()[index];
-  const std::vector<ArgKind>& kinds = spec.forward->args;
-  if (static_cast<size_t>(nargs - 1) != kinds.size() || at::impl::torch_function_mode_enabled()) {
-    Py_RETURN_NOTIMPLEMENTED;
-  }
   torch::jit::Stack stack;
-  stack.reserve(kinds.size());
-  for (size_t i = 0; i < kinds.size(); ++i) {
-    if (!push_argument(args[i + 1], kinds[i], stack)) Py_RETURN_NOTIMPLEMENTED;
-  }
+  if (!convert_arguments(*spec.forward, args + 1, nargs - 1, stack)) Py_RETURN_NOTIMPLEMENTED;
   variable_list inputs;
   for (size_t i = 0; i < stack.size(); ++i) {
     const bool differentiable = std::find(spec.differentiable_inputs.begin(), spec.differentiable_inputs.end(),

@@ -1,6 +1,6 @@
 // The extension module attn_ext._C. Importing it runs every registration of this library (the schemas of
-// schemas.cpp, the kernels of cpu/registration.cpp and cuda/bindings/registration.cpp). Its two functions
-// are the Python API's fast way into an op:
+// schemas.cpp, the kernels of cpu/registration.cpp and cuda/bindings/registration.cpp). Its functions are
+// the Python API's fast way into an op (and, in python_autograd.cpp, register_autograd / call_op_autograd):
 //
 //   op_index("attn_ext::cross_attention_fwd") -> int     once per op, at first use
 //   call_op(index, below_autograd, *args) -> Tensor or tuple of Tensors
@@ -63,8 +63,7 @@ PyObject* op_index(PyObject* /*module*/, PyObject* name) {
   END_HANDLE_TH_ERRORS
 }
 
-}  // namespace
-
+/// Appends `object` to `stack` as `kind`; false when it is not plainly of that kind.
 bool push_argument(PyObject* object, ArgKind kind, torch::jit::Stack& stack) {
   switch (kind) {
     case ArgKind::kOptionalTensor:
@@ -100,6 +99,17 @@ bool push_argument(PyObject* object, ArgKind kind, torch::jit::Stack& stack) {
   return false;
 }
 
+}  // namespace
+
+bool convert_arguments(const OpEntry& entry, PyObject* const* args, Py_ssize_t n, torch::jit::Stack& stack) {
+  if (static_cast<size_t>(n) != entry.args.size() || at::impl::torch_function_mode_enabled()) return false;
+  stack.reserve(entry.args.size());
+  for (size_t i = 0; i < entry.args.size(); ++i) {
+    if (!push_argument(args[i], entry.args[i], stack)) return false;
+  }
+  return true;
+}
+
 const OpEntry& op_entry(PyObject* index_object) {
   TORCH_CHECK(PyLong_CheckExact(index_object), "attn_ext._C: an op index must be an int");
   const Py_ssize_t index = PyLong_AsSsize_t(index_object);
@@ -129,14 +139,8 @@ PyObject* call_op(PyObject* /*module*/, PyObject* const* args, Py_ssize_t nargs)
   TORCH_CHECK(nargs >= 2, "attn_ext._C.call_op(index, below_autograd, *args)");
   const OpEntry& entry = op_entry(args[0]);
   const bool below_autograd = args[1] == Py_True;
-  if (static_cast<size_t>(nargs - 2) != entry.args.size() || at::impl::torch_function_mode_enabled()) {
-    Py_RETURN_NOTIMPLEMENTED;
-  }
   torch::jit::Stack stack;
-  stack.reserve(entry.args.size());
-  for (size_t i = 0; i < entry.args.size(); ++i) {
-    if (!push_argument(args[i + 2], entry.args[i], stack)) Py_RETURN_NOTIMPLEMENTED;
-  }
+  if (!convert_arguments(entry, args + 2, nargs - 2, stack)) Py_RETURN_NOTIMPLEMENTED;
   {
     pybind11::gil_scoped_release no_gil;  // as torch's own bindings: kernels written in Python take it back
     std::optional<at::AutoDispatchBelowAutograd> below;

@@ -26,9 +26,10 @@ std::deque<OpEntry>& op_entries();  // a deque: references stay valid as it grow
 /// The entry of a Python int index; raises for anything else.
 const OpEntry& op_entry(PyObject* index_object);
 
-/// Appends `object` to `stack` as `kind`; false when it is not plainly of that kind (a tensor subclass, a
-/// NumPy scalar, a bool for an int, ...), so that the caller leaves the call to torch.ops.
-bool push_argument(PyObject* object, ArgKind kind, torch::jit::Stack& stack);
+/// The stack of the Python arguments `args[0..n)` of `entry`'s op; false (the stack unusable) when there is
+/// not one per schema argument, a __torch_function__ mode is active, or one is not plainly of its kind (a
+/// tensor subclass, a NumPy scalar, a bool for an int, ...): then the caller leaves the call to torch.ops.
+bool convert_arguments(const OpEntry& entry, PyObject* const* args, Py_ssize_t n, torch::jit::Stack& stack);
 
 /// The tensors of `stack`: one Tensor, or a tuple of them.
 PyObject* wrap_results(torch::jit::Stack& stack);

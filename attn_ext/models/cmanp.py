@@ -15,8 +15,8 @@ from attn_ext.nn.latents import learned_latents
 from attn_ext.ops.cross_attention.state import DEFAULT_MIN_REMAINING
 from attn_ext.ops.utils.validation import is_int_scalar
 
-#: Context points embedded at a time when ``config.chunk_size`` is None. Conditioning and updating then
-#: hold one chunk's embedding at a time: peak memory flat in N_c (with all points at once it grew
+#: Context points embedded at a time when ``config.chunk_size`` is None. Conditioning, updating and
+#: removing then hold one chunk's embedding at a time: peak memory flat in N_c (with all points at once it grew
 #: linearly, 12 MB at N_c = 1e4 to 1 GB at 1e6), while chunks this long keep the per-chunk overhead small.
 DEFAULT_CHUNK_SIZE = 1024
 
@@ -101,12 +101,7 @@ class CMANP(NeuralProcess):
     def update(self, state: CMANPState, x_new: Tensor, y_new: Tensor) -> CMANPState:
         """``state`` with the points ``(x_new, y_new)`` added; cost O(new points), whatever ``N_c``."""
         check_points(self, x_new=x_new, y_new=y_new)
-        self._check_state(state, x_new.shape[0])
-        chunk = self._chunk_size()
-        states = list(state.blocks)
-        for start in range(0, x_new.shape[1], chunk):
-            self._absorb(states, x_new[:, start:start + chunk], y_new[:, start:start + chunk])
-        return CMANPState(tuple(states))
+        return self._change_in_chunks(state, x_new, y_new)
 
     def remove(self, state: CMANPState, x_old: Tensor, y_old: Tensor, *,
                min_remaining: float = DEFAULT_MIN_REMAINING) -> CMANPState:
@@ -114,13 +109,15 @@ class CMANP(NeuralProcess):
         O(removed points). ``ValueError`` where less than ``min_remaining`` of a latent's softmax mass
         would remain (:func:`attn_ext.remove_from_state`: too little left to downdate exactly)."""
         check_points(self, x_old=x_old, y_old=y_old)
-        self._check_state(state, x_old.shape[0])
-        chunk = self._chunk_size()
-        states = list(state.blocks)
-        for start in range(0, x_old.shape[1], chunk):
-            emb = self.embed_pairs(x_old[:, start:start + chunk], y_old[:, start:start + chunk])
-            for i, block in enumerate(self.blocks):
-                states[i] = block.remove(states[i], emb, min_remaining=min_remaining)
+        return self._change_in_chunks(state, x_old, y_old,
+                                      lambda block, s, emb: block.remove(s, emb, min_remaining=min_remaining))
+
+    def _change_in_chunks(self, state: CMANPState, x: Tensor, y: Tensor, change=None) -> CMANPState:
+        """``state`` with the points ``(x, y)`` taken chunk by chunk, as :meth:`_absorb` takes them."""
+        self._check_state(state, x.shape[0])
+        chunk, states = self._chunk_size(), list(state.blocks)
+        for start in range(0, x.shape[1], chunk):
+            self._absorb(states, x[:, start:start + chunk], y[:, start:start + chunk], change)
         return CMANPState(tuple(states))
 
     def _chunk_size(self) -> int:
@@ -131,13 +128,14 @@ class CMANP(NeuralProcess):
         emb = self.embed_pairs(x, y)
         return CMANPState(tuple(block.init_state(emb) for block in self.blocks))
 
-    def _absorb(self, states: List[CMABState], x: Tensor, y: Tensor) -> None:
-        """Update ``states`` in place: each block's old state is dropped as soon as its new one exists,
+    def _absorb(self, states: List[CMABState], x: Tensor, y: Tensor, change=None) -> None:
+        """Update ``states`` in place with the points ``(x, y)`` (``change``: how a block's state takes
+        them, default adding them): each block's old state is dropped as soon as its new one exists,
         so at most one block holds two states at a time (old and new states of all blocks together
         would make the peak depend on whether the context needed more than one chunk)."""
         emb = self.embed_pairs(x, y)
         for i, block in enumerate(self.blocks):
-            states[i] = block.update(states[i], emb)
+            states[i] = block.update(states[i], emb) if change is None else change(block, states[i], emb)
 
     def _check_state(self, state: CMANPState, batch: int) -> None:
         if not isinstance(state, CMANPState) or len(state.blocks) != len(self.blocks):

@@ -76,19 +76,20 @@ def declare(op: str, **implementations: Implementation) -> None:
 def kernel(op: str, backend: str):
     """The ``torch.ops.attn_ext`` forward op that ``backend`` runs ``op`` with (under ``torch.func``
     transforms, the entry point that lets them differentiate it: see :func:`functorch_entry`)."""
-    name = OPS[op][backend].kernel
-    if name is None:
-        raise RuntimeError(f"attn_ext: {op} on backend {backend!r} is PyTorch code, not a kernel")
-    return functorch_entry(getattr(torch.ops.attn_ext, name))
+    return functorch_entry(getattr(torch.ops.attn_ext, _kernel_name(op, backend)))
 
 
 def entry(op: str, backend: str):
     """What the public functions call: :func:`kernel`'s op with its autograd, the cheapest way each call
     allows (:func:`~attn_ext.ops.utils.autograd.fast_entry`). Same results as calling the op."""
+    return fast_entry(_kernel_name(op, backend))
+
+
+def _kernel_name(op: str, backend: str) -> str:
     name = OPS[op][backend].kernel
     if name is None:
         raise RuntimeError(f"attn_ext: {op} on backend {backend!r} is PyTorch code, not a kernel")
-    return fast_entry(name)
+    return name
 
 
 def backward_kernel(op: str, backend: str):
