@@ -27,10 +27,12 @@ BENCHMARKS: dict[str, str] = {
     "np_step": "bench.bench_np_step",
     "np_demo": "bench.np.demo",
     "np_memory": "bench.np.np_memory",
+    "chapter_memory": "bench.np.chapter_memory",
     "gp_quick": "bench.np.gp_report",
 }
 #: What ``python -m bench run`` runs when no names are given: the op benchmarks, the NP training step and the NP demo.
-#: ``np_memory`` (about an hour at the full grid) and ``gp_quick`` (hours) run only when named.
+#: ``np_memory`` (about an hour at the full grid), ``chapter_memory`` (the chapter's 2-D grid, minutes) and
+#: ``gp_quick`` (hours) run only when named.
 DEFAULT_BENCHMARKS: tuple[str, ...] = (
     "cross_attention", "state_update", "streaming_memory", "tree_attention", "intention", "batched_cholesky",
     "sdpa", "call_overhead", "np_step", "np_demo",

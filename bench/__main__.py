@@ -24,8 +24,14 @@ Examples
     The TCA copy task: accuracy and the fraction of context tokens each query read.
 ``python -m bench train wheel --model cmanp --out runs/wheel-cmanp`` then ``python -m bench bandit --ckpt runs/wheel-cmanp``
     Wheel bandit: cumulative regret (% of uniform) per δ and the cost of each step.
+``python -m bench train gp --chapter-2d --model hypermix_np --out runs/gp2d-hypermix``
+    2-D GP regression at the efficient-NP-transformers chapter's sizes (N_c 64, N_t 128); ``eval gp`` scores it.
+``python -m bench train sawtooth --model tetnp --out runs/sawtooth-tetnp``
+    The Sawtooth process (2-D by default); ``python -m bench eval sawtooth --ckpt RUN`` scores it.
 ``python -m bench memory --quick``
     Peak inference memory of every model vs N_c and N_t.
+``python -m bench run chapter_memory``
+    Peak inference memory of every model on the chapter's 2-D grid, beside the chapter's figures.
 """
 
 from __future__ import annotations

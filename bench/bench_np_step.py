@@ -63,6 +63,9 @@ WORKLOADS: dict[str, tuple[str, str]] = {
     "tnpd": ("TNP-D", "tnpd"), "lbanp": ("LBANP", "lbanp"), "cmanp_stack": ("CMANP block stack", "cmanp"),
     "cmanp": ("CMANP", "cmanp"), "cmanp_and": ("CMANP-AND", "cmanp_and"), "retreever": ("ReTreever", "retreever"),
     "intention_np": ("IntentionNP", "intention_np"), "linear_tnp": ("LinearTNP", "linear_tnp"),
+    "tnp_nd": ("TNP-ND", "tnp_nd"), "lbanp_nd": ("LBANP-ND", "lbanp_nd"), "hypermix_np": ("HyperMixNP", "hypermix_np"),
+    "ist": ("IST", "ist"), "convnp": ("ConvNP", "convnp"), "tetnp": ("TETNP", "tetnp"),
+    "perceiver_io": ("Perceiver IO", "perceiver_io"), "transformer_ca": ("Transformer + CA", "transformer_ca"),
 }
 _STATE = "conditions through the attention state (`state`/`query`), which torch's module lacks (see the block stack)"
 #: Workloads timed without a twin, and why; the others without any attention to replace say so themselves.
@@ -276,7 +279,7 @@ def plot(result: dict, path) -> None:
     """Twin step time vs ours, one point per model with a twin, the lines of equality and of the goal."""
     rows = [r for r in result["rows"] if step_ratio(r["impls"]) is not None]
     series = [Series(r["label"], [r["impls"]["ours"]["median_ms"]], [r["impls"]["twin"]["median_ms"]], "",
-                     "os^vD<>p"[i]) for i, r in enumerate(rows)]
+                     "os^vD<>ph"[i % 9]) for i, r in enumerate(rows)]
     span = [min((r["impls"]["ours"]["median_ms"] for r in rows), default=1) / 2,
             max((r["impls"]["ours"]["median_ms"] for r in rows), default=1) * 2]
     series += [Series("twin = ours", span, span, "--", "", "k"),

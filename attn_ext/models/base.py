@@ -135,6 +135,11 @@ class NeuralProcess(nn.Module):
     def predict(self, xc: Tensor, yc: Tensor, xt: Tensor) -> Normal:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def marginals(self, xc: Tensor, yc: Tensor, xt: Tensor) -> Normal:
+        """Per-target ``Normal`` (mean and scale ``[B, N_t, dim_y]``): :meth:`predict` itself for the
+        diagonal models; the Not-Diagonal ones return their joint prediction's marginals."""
+        return self.predict(xc, yc, xt)
+
     def forward(self, batch) -> Tensor:
         """Mean negative log-likelihood per target of ``batch`` (an ``NPBatch``), a scalar."""
         check_points(self, xc=batch.xc, yc=batch.yc, xt=batch.xt, yt=batch.yt)

@@ -2,6 +2,7 @@
 ``O(log N_c)`` tree nodes of the encoded context through Tree Cross Attention."""
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -12,6 +13,9 @@ from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_po
 from attn_ext.models.layers import ContextEncoder
 from attn_ext.nn import TreeCrossAttention, tca_loss
 from attn_ext.nn.tree_cross_attention import TreeState
+
+#: Tree designs of :class:`ReTreever` (Tree Cross Attention, Table 6).
+TREE_DESIGNS = ("kd", "random", "kd-x0", "kd-x1", "kd-rp")
 
 
 class ReTreever(NeuralProcess):
@@ -35,7 +39,14 @@ class ReTreever(NeuralProcess):
         False (the paper's GP setting, ``bptt=False``) detaches the children in the node aggregation:
         the aggregator learns from the internal nodes, the encoder only from the leaves.
     lambda_ca, lambda_rl, alpha : float
-        Weights of the objective (paper: 1, 1, 0.01).
+        Weights of the objective (paper: 1, 1, 0.01); finite and >= 0.
+    tree_design : {"kd", "random", "kd-x0", "kd-x1", "kd-rp"}
+        How the context is laid out over the leaves (the paper's tree-design ablation, Table 6):
+        ``"kd"`` (default) sorts each context along its coordinate of largest spread (x itself for
+        1-D inputs); ``"kd-x0"`` / ``"kd-x1"`` along the first / second input coordinate
+        (``"kd-x1"`` needs ``dim_x >= 2``); ``"kd-rp"`` along ``w·x`` for a random ``w ~ N(0, I)``
+        drawn at construction and fixed (a buffer, saved with the model); ``"random"`` in a fresh
+        random order on every call.
 
     Examples
     --------
@@ -52,25 +63,53 @@ class ReTreever(NeuralProcess):
 
     def __init__(self, config: Optional[NPConfig] = None, *, branching: int = 2, aggregator: str = "transformer",
                  backprop_through_tree: bool = False, lambda_ca: float = 1.0, lambda_rl: float = 1.0,
-                 alpha: float = 0.01, **overrides) -> None:
+                 alpha: float = 0.01, tree_design: str = "kd", **overrides) -> None:
         super().__init__(config, **overrides)
         c = self.config
         self.lambdas = dict(lambda_ca=lambda_ca, lambda_rl=lambda_rl, alpha=alpha)
+        for name, value in self.lambdas.items():
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"ReTreever: {name} must be a finite number >= 0, got {value!r}")
+        if tree_design not in TREE_DESIGNS:
+            raise ValueError(f"ReTreever: tree_design must be one of {', '.join(TREE_DESIGNS)}, got {tree_design!r}")
+        if tree_design == "kd-x1" and c.dim_x < 2:
+            raise ValueError(f"ReTreever: tree_design 'kd-x1' needs dim_x >= 2, got dim_x={c.dim_x}")
+        self.tree_design = tree_design
         self._options = dict(aggregator=aggregator, backprop_through_tree=backprop_through_tree)
+        # Ablation options are reported only when not at their default, so that checkpoints and
+        # reports of runs with the defaults read as before (a missing key means the default).
+        defaults = dict(tree_design="kd", lambda_ca=1.0, lambda_rl=1.0, alpha=0.01)
+        given = dict(tree_design=tree_design, **self.lambdas)
+        self._options.update({k: v for k, v in given.items() if v != defaults[k]})
         self.encoder = ContextEncoder(c.num_layers, c.d_model, c.num_heads, c.ff_dim, "softmax")
         self.tca = TreeCrossAttention(c.d_model, c.num_heads, branching, aggregator, ff_dim=c.ff_dim,
                                       backprop_through_tree=backprop_through_tree)
         self.head = GaussianHead(c.d_model, c.ff_dim, c.dim_y)
+        # Drawn after every layer (the layers start from the same weights under every design) and only
+        # for kd-rp, so that the default model's state dict and random stream are unchanged.
+        self.register_buffer("projection", torch.randn(c.dim_x) if tree_design == "kd-rp" else None)
 
     def options(self) -> dict:
-        """``aggregator`` and ``backprop_through_tree`` (what ``python -m bench train`` can set in the repository's harness)."""
+        """``aggregator`` and ``backprop_through_tree`` (what ``python -m bench train`` can set in the repository's
+        harness), and ``tree_design``, ``lambda_ca``, ``lambda_rl``, ``alpha`` where not at their defaults."""
         return dict(self._options)
 
     def build(self, xc: Tensor, yc: Tensor) -> TreeState:
         """Encode the context and organise it into a tree (once per context)."""
         check_points(self, xc=xc, yc=yc)
         context = self.encoder(self.embed_pairs(xc, yc), xc.shape[1])
-        return self.tca.build(context, xc)
+        return self.tca.build(context, self.tree_key(xc))
+
+    def tree_key(self, xc: Tensor) -> Tensor:
+        """What the tree sorts the context by under :attr:`tree_design`: ``xc`` itself for ``"kd"`` (the
+        coordinate of largest spread is chosen per context), else a ``[B, N_c]`` key."""
+        if self.tree_design == "kd":
+            return xc
+        if self.tree_design == "random":
+            return torch.rand(xc.shape[:2], device=xc.device)
+        if self.tree_design == "kd-rp":
+            return xc @ self.projection.to(xc.dtype)
+        return xc[..., 0 if self.tree_design == "kd-x0" else 1]
 
     def predict(self, xc: Tensor, yc: Tensor, xt: Tensor, policy: Optional[str] = None) -> Normal:
         """Predictive ``Normal`` at ``xt``; ``policy`` as :meth:`TreeCrossAttention.forward`

@@ -2,7 +2,8 @@
 ``MultiheadCrossAttention`` is its earlier name, with batch-first defaults), ``swap_attention`` (every
 ``torch.nn.MultiheadAttention`` of a model replaced), ``CMAB``,
 ``TreeCrossAttention`` (with ``tca_loss``), ``PreNormBlock`` (and the official LBANP code's
-``PerceiverBlock``) and ``Intention`` (with ``InformerLayer``, ``Informer``).
+``PerceiverBlock``), ``Intention`` (with ``InformerLayer``, ``Informer``) and ``HyperMixer`` (HyperMixer's
+token mixing, linear in the number of tokens).
 
 >>> import torch, attn_ext as ae
 >>> mha = ae.nn.MultiheadAttention(16, 2)
@@ -10,7 +11,9 @@
 torch.Size([3, 1, 16])
 """
 from attn_ext.nn.cmab import CMAB, CMABState
-from attn_ext.nn.intention import Informer, InformerLayer, Intention
+from attn_ext.nn.hypermixer import HyperMixer
+from attn_ext.nn.informer import Informer, InformerLayer
+from attn_ext.nn.intention import Intention
 from attn_ext.nn.latents import learned_latents
 from attn_ext.nn.multihead_attention import MultiheadAttention
 from attn_ext.nn.multihead_cross_attention import MultiheadCrossAttention
@@ -23,6 +26,7 @@ from attn_ext.nn.tree_cross_attention import TreeCrossAttention, TreeCrossAttent
 __all__ = [
     "CMAB",
     "CMABState",
+    "HyperMixer",
     "Informer",
     "InformerLayer",
     "Intention",

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 NAME = "np_memory"
-MODEL_NAMES = ("tnpd", "tnpd_masked", "lbanp", "cmanp", "cmanp_and", "retreever", "intention_np", "linear_tnp")
+MODEL_NAMES = ("tnpd", "tnpd_masked", "lbanp", "cmanp", "cmanp_and", "retreever", "intention_np", "linear_tnp",
+               "tnp_nd", "lbanp_nd")
 FULL_NC: tuple = (10, 100, 1_000, 5_000, 20_000, 100_000)
 QUICK_NC: tuple = (1_000, 10_000)
 FULL_NT: tuple = (10, 100, 1_000, 10_000)
@@ -74,18 +75,19 @@ def _masked_tnpd(model, xc, yc, xt):
 
 
 def memory_probe(model: str, n_context: int, n_target: int, chunk_size: int = 1024,
-                 cap_mb: Optional[float] = None, seed: int = 0) -> Callable[[], object]:
-    """Target of :func:`bench.harness.memory.measure_peak_extra`: builds the model and inputs, caps
-    further allocations at ``cap_mb`` MB, returns the prediction to measure."""
+                 cap_mb: Optional[float] = None, seed: int = 0, dim_x: int = 1) -> Callable[[], object]:
+    """Target of :func:`bench.harness.memory.measure_peak_extra`: builds the model (inputs of ``dim_x``
+    dimensions in [−2, 2)) and the inputs, caps further allocations at ``cap_mb`` MB, returns the
+    prediction to measure."""
     import torch
 
     from attn_ext.models import build_model
 
     torch.manual_seed(seed)
     base = "tnpd" if model == "tnpd_masked" else model
-    net = build_model(base, chunk_size=chunk_size).eval()
-    xc, xt = torch.rand(1, n_context, 1) * 4 - 2, torch.rand(1, n_target, 1) * 4 - 2
-    yc = torch.sin(3 * xc)
+    net = build_model(base, chunk_size=chunk_size, dim_x=dim_x).eval()
+    xc, xt = torch.rand(1, n_context, dim_x) * 4 - 2, torch.rand(1, n_target, dim_x) * 4 - 2
+    yc = torch.sin(3 * xc).sum(-1, keepdim=True)
     if cap_mb is not None:
         limit = _vm_data_bytes() + int(cap_mb * 1e6)
         resource.setrlimit(resource.RLIMIT_DATA, (limit, resource.getrlimit(resource.RLIMIT_DATA)[1]))

@@ -1,6 +1,7 @@
-"""``python -m bench train gp|images|wheel|copy``: seeded, resumable training of a reference NP model (docs/spec.md §2, §6).
+"""``python -m bench train gp|sawtooth|images|wheel|copy``: seeded, resumable training of a reference NP model
+(docs/spec.md §2, §6; the 2-D GP and Sawtooth tasks of the efficient-NP chapter: docs/data.md).
 
-``gp``, ``images`` and ``wheel`` (bandit pre-training, batches of 8) share one loop (:func:`train`)
+``gp``, ``sawtooth``, ``images`` and ``wheel`` (bandit pre-training, batches of 8) share one loop (:func:`train`)
 over an :class:`bench.np.tasks.np_tasks.NPTask`:
 Adam (lr 5e-4, ``--weight-decay`` 0 as in the official GP code) with a cosine schedule over
 ``--steps``, batches of 16 fresh tasks. Every
@@ -63,14 +64,23 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block", choices=("prenorm", "perceiver", "official"), default=None,
                         help="lbanp, cmanp, cmanp_and: pre-norm blocks (default), the official code's Perceiver "
                              "blocks, or those with its projections and layers copied from one (official)")
+    parser.add_argument("--covariance", choices=("lowrank", "cholesky"), default=None,
+                        help="cmanp_and: low-rank-plus-diagonal block covariance (default) or a Cholesky factor "
+                             "as TNP-ND's (CMANP App. E.1)")
     parser.add_argument("--backprop-through-tree", dest="backprop_through_tree", action="store_true", default=None,
                         help="retreever: let the internal nodes' gradients reach the encoder (paper: bptt=False)")
     parser.add_argument("--no-backprop-through-tree", dest="backprop_through_tree", action="store_false", default=None,
                         help="retreever: detach the children in the node aggregation (the default)")
+    parser.add_argument("--tree-design", choices=("kd", "random", "kd-x0", "kd-x1", "kd-rp"), default=None,
+                        help="retreever: leaf order (TCA Table 6; default kd, see docs/tca_baselines.md)")
+    parser.add_argument("--lambda-rl", type=float, default=None, help="retreever: weight of the RL term (paper: 1)")
+    parser.add_argument("--lambda-ca", type=float, default=None,
+                        help="retreever: weight of the full-cross-attention term (paper: 1)")
 
 
 def add_task_arguments(parser: argparse.ArgumentParser, name: str) -> None:
-    """The options that choose the task ``name`` ("gp", "images" or "wheel"); shared with ``python -m bench eval``."""
+    """The options that choose the task ``name`` ("gp", "sawtooth", "images" or "wheel"); shared with
+    ``python -m bench eval`` (which takes the input dimension and the counts from the run)."""
     if name == "wheel":
         parser.add_argument("--num-context", type=int, default=512, help="context points per problem (paper: 512)")
         parser.add_argument("--num-target", type=int, default=50, help="target points per problem (paper: 50)")
@@ -81,7 +91,7 @@ def add_task_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
         parser.add_argument("--kernel", choices=KERNELS, default="rbf")
         parser.add_argument("--length-range", choices=sorted(LENGTH_RANGES), default="code")
-    else:
+    elif name != "sawtooth":
         from bench.np.data.images import DATASETS
 
         parser.add_argument("--dataset", choices=list(DATASETS), required=(name == "images-train"),
@@ -89,13 +99,36 @@ def add_task_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         parser.add_argument("--data-dir", type=Path, default=None, help="directory of the dataset's files")
 
 
+def _add_size_arguments(parser: argparse.ArgumentParser, name: str) -> None:
+    """``--dim-x``, ``--num-context``, ``--num-target`` of the GP and Sawtooth tasks (None: the task's default)."""
+    if name == "sawtooth":
+        dim, context, target = "2", "64", "128"
+    else:
+        dim, context, target = "1", "random, U{3..46}", "random, U{3..49 - N_c}"
+    parser.add_argument("--dim-x", type=int, default=None, metavar="D", help=f"input dimension (default {dim})")
+    parser.add_argument("--num-context", type=int, default=None, metavar="N",
+                        help=f"context points per task (default {context})")
+    parser.add_argument("--num-target", type=int, default=None, metavar="N",
+                        help=f"target points per task (default {target})")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from bench.np.tasks.copy_cli import add_copy_arguments
 
     sub = parser.add_subparsers(dest="task", metavar="TASK", required=True)
-    gp = sub.add_parser("gp", help="GP meta-regression (docs/spec.md §6)")
+    gp = sub.add_parser("gp", help="GP meta-regression (docs/spec.md §6), 1-D or --dim-x D")
     _common_arguments(gp)
     add_task_arguments(gp, "gp")
+    _add_size_arguments(gp, "gp")
+    gp.add_argument("--chapter-2d", action="store_true",
+                    help="the efficient-NP chapter's setting: --dim-x 2 --num-context 64 --num-target 128")
+    sawtooth = sub.add_parser("sawtooth",
+                              help="Sawtooth regression (the efficient-NP chapter's 2-D task, docs/data.md)")
+    _common_arguments(sawtooth)
+    add_task_arguments(sawtooth, "sawtooth")
+    _add_size_arguments(sawtooth, "sawtooth")
+    sawtooth.add_argument("--noise-std", type=float, default=None,
+                          help="observation noise (default 0.025, docs/data.md)")
     images = sub.add_parser("images", help="image completion (EMNIST, CelebA 32/64/128, sklearn digits)")
     _common_arguments(images)
     add_task_arguments(images, "images-train")
@@ -112,11 +145,13 @@ def model_overrides(args: argparse.Namespace) -> dict:
 
 
 #: Constructor options of one model (beyond NPConfig) settable from the command line.
-MODEL_OPTION_FLAGS = {"retreever": ("aggregator", "backprop_through_tree"), "lbanp": ("block",), "cmanp": ("block",),
-                      "cmanp_and": ("block",)}
+MODEL_OPTION_FLAGS = {"retreever": ("aggregator", "backprop_through_tree", "tree_design", "lambda_rl", "lambda_ca"),
+                      "lbanp": ("block",), "cmanp": ("block",),
+                      "cmanp_and": ("block", "covariance")}
 #: The options of checkpoints written before they were stored: the defaults of that time.
 LEGACY_OPTIONS = {"retreever": {"aggregator": "mean", "backprop_through_tree": True},
-                  **{name: {"block": "prenorm"} for name in ("lbanp", "cmanp", "cmanp_and")}}
+                  **{name: {"block": "prenorm"} for name in ("lbanp", "cmanp")},
+                  "cmanp_and": {"block": "prenorm", "covariance": "lowrank"}}
 
 
 def stored_options(ckpt: dict) -> dict:
@@ -291,6 +326,22 @@ def gradient_norm(parameters) -> float:
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))).item()
 
 
+def task_from_arguments(args: argparse.Namespace):
+    """The :class:`~bench.np.tasks.np_tasks.NPTask` that ``python -m bench train TASK ...`` names."""
+    from bench.np.tasks.np_tasks import CHAPTER_2D, gp_task, image_task, sawtooth_task, wheel_task
+
+    if args.task in ("gp", "sawtooth"):
+        chapter = args.task == "sawtooth" or args.chapter_2d
+        preset = CHAPTER_2D if chapter else {"dim_x": 1, "num_context": None, "num_target": None}
+        sizes = {k: v if getattr(args, k) is None else getattr(args, k) for k, v in preset.items()}
+        if args.task == "gp":
+            return gp_task(args.kernel, args.length_range, **sizes)
+        return sawtooth_task(**sizes, noise_std=args.noise_std)
+    if args.task == "images":
+        return image_task(args.dataset, args.data_dir)
+    return wheel_task(args.num_context, args.num_target, args.context_rewards)
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -298,13 +349,9 @@ def run(args: argparse.Namespace) -> int:
         from bench.np.tasks.copy_cli import run_copy
 
         return run_copy(args)
-    from bench.np.tasks.np_tasks import gp_task, image_task, wheel_task
-
     torch.set_num_threads(args.threads)
     try:
-        task = {"gp": lambda: gp_task(args.kernel, args.length_range),
-                "images": lambda: image_task(args.dataset, args.data_dir),
-                "wheel": lambda: wheel_task(args.num_context, args.num_target, args.context_rewards)}[args.task]()
+        task = task_from_arguments(args)
         summary = train(args.model, args.steps, args.out, task=task, seed=args.seed, batch_size=args.batch_size,
                         lr=args.lr, weight_decay=args.weight_decay,
                         clip_grad_norm=args.clip_grad_norm, checkpoint_every=args.checkpoint_every,

@@ -80,3 +80,74 @@ def test_resume_refuses_another_task(tmp_path, capsys):
     assert main(["train", "images", "--dataset", "digits", "--model", "lbanp", "--steps", "2", "--out", str(run),
                  *TINY]) == 1
     assert "use another --out or --restart" in capsys.readouterr().err
+
+
+SMALL = ["--model", "tnpd", "--d-model", "16", "--num-layers", "1", "--num-heads", "2", "--ff-dim", "16",
+         "--emb-depth", "2"]
+
+
+def test_train_and_eval_sawtooth(tmp_path, capsys):
+    import torch
+
+    run, cache = tmp_path / "saw", tmp_path / "cache"
+    assert main(["train", "sawtooth", *SMALL, "--steps", "3", "--out", str(run), "--log-every", "3"]) == 0
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    assert ckpt["task"] == "sawtooth" and ckpt["config"]["dim_x"] == 2 and ckpt["step"] == 3
+    assert ckpt["task_settings"] == {"dim_x": 2, "num_context": 64, "num_target": 128, "noise_std": 0.025}
+    assert main(["eval", "sawtooth", "--ckpt", str(run), "--num-batches", "2", "--data-dir", str(cache)]) == 0
+    assert "tnpd sawtooth (dim_x 2, N_c 64, N_t 128): log-likelihood" in capsys.readouterr().out
+    result = json.loads((run / "eval_sawtooth_dim2_nc64_nt128.json").read_text())
+    assert result["num_batches"] == 2 and result["noise_std"] == 0.025 and np.isfinite(result["log_likelihood_mean"])
+    assert [p.name for p in cache.iterdir()] == ["sawtooth_dim2_eval_freq3-5_noise0.025_nc64_nt128_seed0_b16_n2.pt"]
+    # Other settings are stored as given, and a sawtooth run is not a GP run.
+    other = tmp_path / "saw1d"
+    assert main(["train", "sawtooth", *SMALL, "--steps", "1", "--out", str(other), "--dim-x", "1",
+                 "--num-context", "10", "--num-target", "5", "--noise-std", "0.1"]) == 0
+    assert torch.load(other / "checkpoint.pt", weights_only=False)["task_settings"] == {
+        "dim_x": 1, "num_context": 10, "num_target": 5, "noise_std": 0.1}
+    capsys.readouterr()
+    assert main(["eval", "gp", "--ckpt", str(run), "--num-batches", "1", "--data-dir", str(cache)]) == 1
+    assert "is a 'sawtooth' run; `eval gp` needs a gp run" in capsys.readouterr().err
+    assert main(["train", "sawtooth", *SMALL, "--steps", "1", "--out", str(tmp_path / "bad"), "--dim-x", "0"]) == 1
+    assert "dim_x must be a positive int" in capsys.readouterr().err
+
+
+def test_train_and_eval_2d_gp(tmp_path, capsys):
+    import torch
+
+    run, cache = tmp_path / "gp2", tmp_path / "cache"
+    assert main(["train", "gp", "--chapter-2d", *SMALL, "--steps", "3", "--out", str(run), "--kernel", "matern52"]) == 0
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=False)
+    assert ckpt["task_settings"] == {"kernel": "matern52", "length_range": "code", "dim_x": 2, "num_context": 64,
+                                     "num_target": 128}
+    assert ckpt["config"]["dim_x"] == 2
+    assert main(["eval", "gp", "--ckpt", str(run), "--num-batches", "2", "--data-dir", str(cache)]) == 0
+    assert "tnpd rbf (dim_x 2, N_c 64, N_t 128): log-likelihood" in capsys.readouterr().out
+    # Not eval_rbf.json: the 1-D GP report must not take it for a 1-D result.
+    assert sorted(p.name for p in run.glob("eval_*.json")) == ["eval_rbf_dim2_nc64_nt128.json"]
+    assert json.loads((run / "eval_rbf_dim2_nc64_nt128.json").read_text())["dim_x"] == 2
+    # The counts can be overridden at evaluation (another set, another file); the dimension cannot change.
+    assert main(["eval", "gp", "--ckpt", str(run), "--num-batches", "1", "--num-context", "10", "--data-dir",
+                 str(cache)]) == 0
+    assert (run / "eval_rbf_dim2_nc10_nt128.json").exists()
+    # --dim-x alone keeps the random counts; resuming with another dimension is refused.
+    rand = tmp_path / "gp2rand"
+    assert main(["train", "gp", "--dim-x", "2", *SMALL, "--steps", "1", "--out", str(rand)]) == 0
+    assert torch.load(rand / "checkpoint.pt", weights_only=False)["task_settings"] == {
+        "kernel": "rbf", "length_range": "code", "dim_x": 2}
+    capsys.readouterr()
+    assert main(["train", "gp", "--dim-x", "3", *SMALL, "--steps", "1", "--out", str(rand)]) == 1
+    assert "use another --out or --restart" in capsys.readouterr().err
+    capsys.readouterr()
+    assert main(["eval", "sawtooth", "--ckpt", str(rand), "--num-batches", "1", "--data-dir", str(cache)]) == 1
+    assert "is a 'gp' run; `eval sawtooth` needs a sawtooth run" in capsys.readouterr().err
+
+
+def test_1d_gp_settings_are_those_of_older_runs(tmp_path):
+    import torch
+
+    # Resuming compares the stored task settings: a 1-D run must store exactly what runs stored before
+    # the input dimension and the counts became options, or old runs would refuse to resume.
+    assert main(["train", "gp", *SMALL, "--steps", "1", "--out", str(tmp_path)]) == 0
+    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    assert ckpt["task_settings"] == {"kernel": "rbf", "length_range": "code"} and ckpt["config"]["dim_x"] == 1

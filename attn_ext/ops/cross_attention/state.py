@@ -125,7 +125,7 @@ def update_state(
     attn_mask: Optional[Tensor] = None, scale: Optional[float] = None, chunk_size: Optional[int] = None,
     backend: Optional[str] = None,
 ) -> AttentionState:
-    """Add keys to a state in O(new keys · M): the seeds' UPDATE (CMANP §3.1.1).
+    """Add keys to a state in O(new keys · M): the UPDATE of the CMANP paper (§3.1.1).
 
     ``state`` must be the state of the same ``q`` (and ``scale``) over keys disjoint from ``k_new``.
     ``attn_mask``: the new keys' per-pair mask, as in :func:`attention_state`.

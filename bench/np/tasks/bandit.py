@@ -59,7 +59,7 @@ class RecomputeAgent:
 
     def predict(self, x: Tensor):
         # The concatenation is part of the cost the recomputing agent pays each step.
-        return self.model.predict(torch.cat(self.xs, 1), torch.cat(self.ys, 1), x)
+        return self.model.marginals(torch.cat(self.xs, 1), torch.cat(self.ys, 1), x)
 
     def observe(self, x: Tensor, y: Tensor) -> None:
         self.xs.append(x)

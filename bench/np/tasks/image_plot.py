@@ -28,7 +28,7 @@ def completions(model, sampler, num_images: int, num_context: Optional[int] = No
     order = torch.rand(n, H * W, generator=gen).argsort(1)[:, :num_context]
     xc, yc = x[order], y.gather(1, order.unsqueeze(-1).expand(-1, -1, C))
     model.eval()
-    pred = model.predict(xc, yc, x.expand(n, -1, -1))
+    pred = model.marginals(xc, yc, x.expand(n, -1, -1))
 
     def picture(values):  # [n, H·W, C] in [0, 1] -> [n, H, W, 3]
         v = values.clamp(0, 1).reshape(n, H, W, C)
