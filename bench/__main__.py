@@ -165,6 +165,11 @@ SUBCOMMANDS: dict[str, Subcommand] = {
         add_arguments=_lazy("bench.np.tasks.bandit_cli", "add_arguments"),
         run=_lazy("bench.np.tasks.bandit_cli", "run"),
     ),
+    "intention": Subcommand(
+        help="the Intention paper's experiments (least squares, regression, few-shot, remapping, ...) at a small budget",
+        add_arguments=_lazy("bench.intention", "add_arguments"),
+        run=_lazy("bench.intention", "run"),
+    ),
     "memory": Subcommand(
         help="peak inference memory of the NP models vs context and target size (table + log-log PNG)",
         add_arguments=_lazy("bench.np.np_memory", "add_arguments"),
