@@ -127,7 +127,7 @@ def summary(rows: list[dict]) -> dict:
 
 
 #: Subsets of the points whose medians the report compares: the forms Intention picks, and long sequences.
-REGIMES = {"N ≥ d (primal form)": lambda r: r["N"] >= r["d"], "N < d (dual form)": lambda r: r["N"] < r["d"],
+REGIMES = {"N ≥ d": lambda r: r["N"] >= r["d"], "N < d": lambda r: r["N"] < r["d"],
            "N ≥ 256": lambda r: r["N"] >= 256}
 
 
@@ -175,8 +175,8 @@ def tables(result: dict) -> str:
         "",
         qtable,
         "",
-        "The medians by regime (`attn_ext.intention` solves the d × d primal system when N ≥ d, the N × N dual "
-        "one when N < d):",
+        "The medians by regime (`attn_ext.intention` solves the d × d primal system, except for N < d with a large "
+        "head, d > 128, where the N × N dual one is cheaper):",
         "",
         regimes,
         "",
@@ -189,13 +189,11 @@ def tables(result: dict) -> str:
         "both "
         "are quadratic in N and their ratio is a constant; the **N×N-map** row times exactly that, in plain "
         "PyTorch, and is the like-for-like comparison with the paper's figure. `attn_ext.intention` never forms "
-        "that matrix: the keys enter only through the d × d statistics KᵀK and KᵀV (the dual form is taken only "
-        "when N < d), so its cost is linear in N and it is faster than attention, by more as N grows. σIntention "
-        "is a softmax attention over the transformed queries, so it costs attention plus a d × d solve: a "
-        "slowdown near 1 except at small N, where the solve is a larger share. Where N < d the automatic form is "
-        "the dual one, plain PyTorch code rather than a fused kernel; its fixed cost per call (a fraction of a "
-        "millisecond, against tens of microseconds for SDPA at such sizes: see the times below) makes the largest "
-        "slowdowns of `attn_ext.intention` in the table, and `form=\"primal\"` would avoid them at these shapes. "
+        "that matrix: the keys enter only through the d × d statistics KᵀK and KᵀV (the N × N dual form is taken "
+        "only for N < d with a large head), so its cost is linear in N and it is faster than attention, by more as N "
+        "grows. σIntention is a softmax attention over the transformed queries, so it costs attention plus a d × d "
+        "solve: a slowdown near 1 except at small N, where the solve is a larger share. Where N < d and d is large, "
+        "the d × d solve (d³) dominates both Intention rows, while SDPA's cost there is only N²·d. "
         "Every op pays some fixed per-call cost; where SDPA takes microseconds (small N and d) that cost, not "
         "arithmetic, sets the ratio, which is why all three rows have a long right tail.",
         "",

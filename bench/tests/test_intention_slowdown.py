@@ -59,10 +59,10 @@ def test_regime_medians_split_by_form():
     rows = [{"N": n, "d": d, **{f"{name}_slowdown": x for name in RATIOS}}
             for n, d, x in ((300, 8, 0.1), (300, 16, 0.3), (8, 300, 5.0), (100, 100, 1.0))]
     m = regime_medians(rows)
-    assert m["N ≥ d (primal form)"]["points"] == 3 and m["N ≥ d (primal form)"]["intention"] == 0.3
-    assert m["N < d (dual form)"]["points"] == 1 and m["N < d (dual form)"]["sigma_intention"] == 5.0
+    assert m["N ≥ d"]["points"] == 3 and m["N ≥ d"]["intention"] == 0.3
+    assert m["N < d"]["points"] == 1 and m["N < d"]["sigma_intention"] == 5.0
     assert m["N ≥ 256"]["points"] == 2 and m["N ≥ 256"]["nxn_map"] == pytest.approx(0.2)
-    assert regime_medians(rows[:1])["N < d (dual form)"]["intention"] is None
+    assert regime_medians(rows[:1])["N < d"]["intention"] is None
 
 
 def test_cli_report_structure(tmp_path, capsys):

@@ -20,7 +20,7 @@ from _helpers import require_backend
 
 F64 = torch.float64
 BACKENDS = ["cpp", "triton", "reference"]
-# (form, N) with D = 8: "auto" takes the dual form for N < D; "dual" with N >= D and "primal" with
+# (form, N) with D = 8: "auto" takes the primal form (the dual pays off only for large heads); "dual" with N >= D and "primal" with
 # N < D (α > 0) are forced.
 FORMS = [("primal", 12), ("primal", 5), ("dual", 12), ("dual", 5), ("auto", 12), ("auto", 5)]
 B, H, M, D, DV = 2, 2, 3, 8, 3

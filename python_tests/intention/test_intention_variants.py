@@ -259,3 +259,13 @@ def test_variance_scale_makes_the_intention_map_unit_variance():
     assert abs(float(z.var()) / expected - 1) < 0.03, (float(z.var()), expected)
     unscaled = float(ae.pinv_intention(q, k, eye).var())
     assert abs(unscaled * (D - N - 1) - 1) < 0.03
+
+
+def test_auto_form_takes_the_dual_only_for_large_heads():
+    # The dual form is PyTorch code with a fixed cost of a few hundred µs; the fused primal kernel is
+    # faster at D <= 128 for every N (measured), so "auto" must not pick the dual there.
+    from attn_ext.ops.intention.ridge import _dual_is_cheaper
+
+    assert not any(_dual_is_cheaper(n, d) for d in (8, 19, 64, 128) for n in range(1, d))
+    assert _dual_is_cheaper(8, 256) and _dual_is_cheaper(8, 512) and _dual_is_cheaper(256, 512)
+    assert not _dual_is_cheaper(128, 256) and not _dual_is_cheaper(600, 512)

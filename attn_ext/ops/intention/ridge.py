@@ -49,8 +49,9 @@ def intention(
     form : {"auto", "primal", "dual"}
         ``"primal"`` solves the D×D system ``(KᵀK + αI) W = KᵀV``; ``"dual"`` the N×N system
         ``(KKᵀ + αI) Z = V`` and returns ``scale·Q Kᵀ Z`` (equal for α > 0; where α = 0 the
-        primal system is solved whatever the form); ``"auto"`` picks the smaller system (dual only
-        when N < D).
+        primal system is solved whatever the form); ``"auto"`` picks the cheaper one (dual only when
+        N < D and D is large enough for the D×D system to outweigh the dual form's fixed cost: at
+        D ≤ 128 the fused primal kernel is faster at every N).
     scale : float
         Multiplies the queries (default 1: the exact ridge prediction; the paper's App. 9 uses √D in
         deep stacks).
@@ -84,7 +85,7 @@ def intention(
     if form not in FORMS:
         raise ValueError(f"attn_ext: unknown form {form!r}; choose one of {', '.join(FORMS)}")
     if form == "auto":
-        form = "dual" if k.shape[2] < k.shape[3] else "primal"
+        form = "dual" if _dual_is_cheaper(k.shape[2], k.shape[3]) else "primal"
     if form == "dual" and _has_zero(alpha, alpha_t):
         form = "primal"  # the dual identity needs α > 0 (see naive.intention_dual); the primal kernel raises
     name = dispatch.select_backend("intention", backend, q, value_dim=v.shape[-1])
@@ -146,6 +147,18 @@ def sigma_intention(
     # A NaN row of Q̃ gives a NaN row here whatever the attention backend does with it (the fused
     # CPU op does so itself); the gradient of the term is NaN there too (nan_unless_finite).
     return out + reference.nan_unless_finite(q_tilde, -1)[..., None].to(out.dtype)
+
+
+#: Cost model of ``form="auto"``, in units of one primal flop, fitted on one AMD EPYC thread (B = H = 1,
+#: M = N): the fused primal costs about ``D³ + 3·N·D²`` (Cholesky and Gram); the dual, PyTorch code,
+#: about ``9·N²·D`` plus a fixed cost of some 0.26 ms (every call), here ``7.5e6``. So the dual form
+#: wins only for large heads: at D = 256 with N = 8 (0.33 against 0.48 ms) and at D = 512 with N ≤ 256,
+#: not at D ≤ 128 (0.26 ms against 0.02–0.14 ms).
+_DUAL_FIXED_COST, _DUAL_PER_N2D = 7.5e6, 9
+
+
+def _dual_is_cheaper(n: int, d: int) -> bool:
+    return n < d and d ** 3 + 3 * n * d * d > _DUAL_PER_N2D * n * n * d + _DUAL_FIXED_COST
 
 
 def _upcast(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor):
