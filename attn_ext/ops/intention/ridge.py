@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from attn_ext.ops.cross_attention.chunked import DEFAULT_CHUNK_SIZE, cross_attention
+from attn_ext.ops.intention.per_head import broadcast_per_head
 from attn_ext.ops.intention import naive as reference
 from attn_ext.ops.utils import dispatch
 from attn_ext.ops.utils.dtypes import accumulation_dtype, compute_dtype
@@ -184,24 +185,12 @@ def _alpha_tensor(alpha: AlphaLike, q: Tensor) -> Tensor:
     """``alpha`` as a ``[B, H]`` tensor (a broadcast view), validated: finite and ``>= 0``."""
     B, H = q.shape[:2]
     if isinstance(alpha, Tensor):
-        if alpha.is_complex() or not alpha.is_floating_point():
-            raise TypeError(f"attn_ext: alpha must be a real floating tensor, got {alpha.dtype}")
-        if alpha.device != q.device:
-            raise RuntimeError(f"attn_ext: alpha is on {alpha.device} but q on {q.device}")
-        try:
-            shape = torch.broadcast_shapes(alpha.shape, (B, H))
-        except RuntimeError:
-            shape = None
-        if shape != (B, H):
-            raise ValueError(
-                f"attn_ext: alpha must be a float or a tensor broadcastable to [B, H] = {[B, H]} "
-                f"(e.g. [H] per head), got shape {tuple(alpha.shape)}"
-            )
+        expanded = broadcast_per_head("attn_ext", "alpha", alpha, q)
         if alpha.device.type != "meta":
             values = concrete(alpha.detach())
             if bool((~torch.isfinite(values) | (values < 0)).any()):
                 raise ValueError(f"attn_ext: alpha must be finite and >= 0, got {values.flatten()[:8].tolist()}")
-        return alpha.expand(B, H)
+        return expanded
     if not is_real_scalar(alpha) or not math.isfinite(alpha) or alpha < 0:
         raise ValueError(f"attn_ext: alpha must be a finite float >= 0 or a tensor, got {alpha!r}")
     dtype = accumulation_dtype(q.dtype)

@@ -13,6 +13,7 @@ from typing import Iterator, Optional, Union
 import torch
 from torch import Tensor
 
+from attn_ext.ops.intention.per_head import broadcast_per_head
 from attn_ext.ops.intention.ridge import _scale
 from attn_ext.ops.intention.state import IntentionState
 from attn_ext.ops.utils.concrete import concrete
@@ -83,18 +84,7 @@ def per_head(op: str, name: str, value: ScalarOrTensor, like: Tensor, *, positiv
     """
     B, H = like.shape[:2]
     if isinstance(value, Tensor):
-        if value.is_complex() or not value.is_floating_point():
-            raise TypeError(f"attn_ext.{op}: {name} must be a real floating tensor, got {value.dtype}")
-        if value.device != like.device:
-            raise RuntimeError(f"attn_ext.{op}: {name} is on {value.device} but the inputs on {like.device}")
-        try:
-            shape = torch.broadcast_shapes(value.shape, (B, H))
-        except RuntimeError:
-            shape = None
-        if shape != (B, H):
-            raise ValueError(f"attn_ext.{op}: {name} must be a float or a tensor broadcastable to [B, H] = "
-                             f"{[B, H]} (e.g. [H] per head), got shape {tuple(value.shape)}")
-        tensor = value.expand(B, H)
+        tensor = broadcast_per_head(f"attn_ext.{op}", name, value, like)
         if value.device.type != "meta":
             _check_values(op, name, concrete(value.detach()), positive, allow_infinite)
         return tensor
