@@ -19,6 +19,7 @@ from attn_ext.models.linear_attention import LinearAttention
 ATTENTIONS: dict = {
     "softmax": lambda dim, heads: _FirstOutput(MultiheadCrossAttention(dim, heads, batch_first=True)),
     "intention": lambda dim, heads: Intention(dim, heads),
+    "intention_paper": lambda dim, heads: Intention(dim, heads, form="paper"),
     "linear": lambda dim, heads: LinearAttention(dim, heads),
 }
 

@@ -14,9 +14,13 @@ import importlib
 #: Task name -> module implementing ``add_arguments(parser)`` and ``run(args) -> int``.
 TASKS: dict[str, str] = {
     "least_squares": "bench.intention.least_squares", "slowdown": "bench.intention.slowdown",
-    "map_variance": "bench.intention.map_variance",
+    "map_variance": "bench.intention.map_variance", "kernelised_size": "bench.intention.kernelised_size",
     "point_cloud": "bench.intention.point_cloud",
+    "policy_distillation": "bench.intention.policy_distillation",
+    "few_shot_classification": "bench.intention.few_shot_classification",
+    "anomaly_detection": "bench.intention.anomaly_detection",
     "regression_2d": "bench.intention.regression_2d", "sine_few_shot": "bench.intention.sine_few_shot",
+    "image_regression": "bench.intention.image_regression",
 }
 
 

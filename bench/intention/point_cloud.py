@@ -43,35 +43,22 @@ def add_arguments(parser) -> None:
 
 def evaluate(model, batch) -> float:
     """MSE of ``model`` on a fixed :class:`~bench.intention.point_cloud_data.RemapBatch`."""
-    import torch
+    from bench.intention.training import mse_on
 
-    with torch.no_grad():
-        return float((model(batch.k, batch.v, batch.q) - batch.z).pow(2).mean())
+    return mse_on(lambda b: model(b.k, b.v, b.q), batch, lambda b: b.z)
 
 
 def train(model, *, steps: int, batch: int, lr: float, seed: int, eval_batch, eval_every: int, log=None) -> dict:
     """Adam on fresh tasks every step (seeded, so every model sees the same stream); returns the curves."""
-    import torch
-
     from bench.intention.point_cloud_data import sample_remap_tasks
+    from bench.intention.training import train_on_fresh_tasks
 
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    losses, evals = [], [(0, evaluate(model, eval_batch))]
-    start = time.perf_counter()
-    for step in range(1, steps + 1):
-        b = sample_remap_tasks(batch, generator=gen)
-        loss = (model(b.k, b.v, b.q) - b.z).pow(2).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        if step % eval_every == 0 or step == steps:
-            evals.append((step, evaluate(model, eval_batch)))
-            if log is not None:
-                log(f"  step {step}/{steps}: train MSE {sum(losses[-eval_every:]) / len(losses[-eval_every:]):.4f}, "
-                    f"eval MSE {evals[-1][1]:.4f} ({time.perf_counter() - start:.0f} s)")
-    return {"train_loss": losses, "eval": evals, "seconds": time.perf_counter() - start}
+    def loss(m, b):
+        return (m(b.k, b.v, b.q) - b.z).pow(2).mean()
+
+    return train_on_fresh_tasks(model, sample=sample_remap_tasks, loss=loss,
+                                evaluate=evaluate, steps=steps, batch=batch, lr=lr, seed=seed, eval_batch=eval_batch,
+                                eval_every=eval_every, log=log)
 
 
 def rabbit_demo(models: dict, n_points: int, seed: int) -> dict:

@@ -18,19 +18,9 @@ to predictions ``[B, M, 2]``, with the architectures of the paper's appendix sec
 """
 from __future__ import annotations
 
+from bench.intention.models_common import mlp as _mlp
+
 MODEL_NAMES = ("intention", "attention", "np", "mlp")
-
-
-def _mlp(sizes):
-    """Linear layers of ``sizes`` (input first) with ReLU between them, none after the last."""
-    from torch import nn
-
-    layers = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-        layers.append(nn.Linear(a, b))
-        if i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
 
 
 def _check(name, k, v, q):

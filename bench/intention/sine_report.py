@@ -20,23 +20,13 @@ def _names() -> dict:
 
 def tables(result: dict) -> str:
     from bench.harness.machine import machine_markdown
-    from bench.harness.report import markdown_table
+    from bench.intention.regression_report import budget_table, mse_table
 
     cfg, rows, names = result["config"], result["rows"], _names()
     contexts = [str(n) for n in cfg["eval_context"]]
-
-    def cell(stat):
-        return f"{stat['mse']:.3f} ± {stat['sem']:.3f}"
-
-    mse = markdown_table(
-        ["model", "state"] + [f"N = {n}" for n in contexts],
-        [[names[m], state] + [cell(rows[m][state][n]) for n in contexts]
-         for m in cfg["models"] for state in ("untrained", "trained")])
+    mse = mse_table(result, names, 3)
     best = {n: min(cfg["models"], key=lambda m: rows[m]["trained"][n]["mse"]) for n in contexts}
-    budget = markdown_table(
-        ["model", "parameters", "Adam lr", "train s", "first / last logged train MSE"],
-        [[names[m], f"{rows[m]['parameters']:,}", f"{rows[m]['lr']:g}", f"{rows[m]['train_seconds']:.0f}",
-          f"{rows[m]['train_curve'][0]:.3f} / {rows[m]['train_curve'][-1]:.3f}"] for m in cfg["models"]])
+    budget = budget_table(result, names, 3)
     verdict = ", ".join(f"N = {n}: {names[best[n]]}" for n in contexts)
     return "\n".join([
         f"Few-shot sine regression (`y = a·sin(x − b)`, a ~ U(0.1, 5), b ~ U(0, π), {cfg['num_points']} points "

@@ -64,6 +64,8 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--block", choices=("prenorm", "perceiver", "official"), default=None,
                         help="lbanp, cmanp, cmanp_and: pre-norm blocks (default), the official code's Perceiver "
                              "blocks, or those with its projections and layers copied from one (official)")
+    parser.add_argument("--intention-form", choices=("linear", "paper"), default=None,
+                        help="intention_np: single-linear Intention (default) or the paper's Definition 3.1 form")
     parser.add_argument("--covariance", choices=("lowrank", "cholesky"), default=None,
                         help="cmanp_and: low-rank-plus-diagonal block covariance (default) or a Cholesky factor "
                              "as TNP-ND's (CMANP App. E.1)")
@@ -147,11 +149,12 @@ def model_overrides(args: argparse.Namespace) -> dict:
 #: Constructor options of one model (beyond NPConfig) settable from the command line.
 MODEL_OPTION_FLAGS = {"retreever": ("aggregator", "backprop_through_tree", "tree_design", "lambda_rl", "lambda_ca"),
                       "lbanp": ("block",), "cmanp": ("block",),
-                      "cmanp_and": ("block", "covariance")}
+                      "cmanp_and": ("block", "covariance"), "intention_np": ("intention_form",)}
 #: The options of checkpoints written before they were stored: the defaults of that time.
 LEGACY_OPTIONS = {"retreever": {"aggregator": "mean", "backprop_through_tree": True},
                   **{name: {"block": "prenorm"} for name in ("lbanp", "cmanp")},
-                  "cmanp_and": {"block": "prenorm", "covariance": "lowrank"}}
+                  "cmanp_and": {"block": "prenorm", "covariance": "lowrank"},
+                  "intention_np": {"intention_form": "linear"}}
 
 
 def stored_options(ckpt: dict) -> dict:
