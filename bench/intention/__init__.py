@@ -32,5 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         task.add_arguments(sub.add_parser(name, help=(task.__doc__ or name).strip().splitlines()[0]))
 
 
+def command_line(task: str, args: argparse.Namespace) -> str:
+    """The command a task's report names: ``python -m bench intention TASK OPTIONS``, the options from
+    ``args.argv`` (what ``python -m bench`` parsed; none when a task is called without it)."""
+    return " ".join(["python -m bench intention", task, *getattr(args, "argv", [])[2:]])
+
+
 def run(args: argparse.Namespace) -> int:
     return importlib.import_module(TASKS[args.task]).run(args)

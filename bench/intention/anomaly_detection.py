@@ -17,6 +17,8 @@ import datetime
 import time
 from pathlib import Path
 
+from bench.intention import command_line
+
 NAME = "intention_anomaly_detection"
 #: Table 3 of the paper: test accuracy (percent) with 1 and 4 layers.
 PAPER = {"np_former": (93.9, 94.0), "lin_transformer": (94.4, 94.4), "informer": (94.1, 95.1),
@@ -175,7 +177,7 @@ def run(args) -> int:
             runs[name][str(n)] = {"accuracy": acc, "parameters": sum(p.numel() for p in model.parameters()), **curves}
     reference = 100 * float((farthest_from_rest(x_test) == outlier_test).double().mean())
     machine["load_average_end"] = load_average()
-    command = "python -m bench intention anomaly_detection " + " ".join(getattr(args, "argv", [])[2:])
+    command = command_line("anomaly_detection", args)
     result = {"benchmark": NAME, "machine": machine, "command": command.strip(), "runs": runs,
               "reference": reference, "wall_seconds": time.perf_counter() - start,
               "config": {"steps": args.steps, "batch": args.batch, "lr": args.lr, "seed": args.seed,

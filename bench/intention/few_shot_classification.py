@@ -19,6 +19,8 @@ import math
 import time
 from pathlib import Path
 
+from bench.intention import command_line
+
 NAME = "intention_few_shot_classification"
 #: The paper's accuracies (percent, ± its interval) where the model is in its tables.
 PAPER = {"attention": ("Table 1", 54.26, 0.51), "np": ("Table 1", 60.10, 0.51),
@@ -191,7 +193,7 @@ def run(args) -> int:
         runs[name] = {**evaluate(model.eval(), test), "loss": "cross-entropy" if model.ce_loss else "MSE",
                       "parameters": sum(p.numel() for p in model.parameters()), **curves}
     machine["load_average_end"] = load_average()
-    command = "python -m bench intention few_shot_classification " + " ".join(getattr(args, "argv", [])[2:])
+    command = command_line("few_shot_classification", args)
     result = {"benchmark": NAME, "machine": machine, "command": command.strip(), "runs": runs,
               "references": references, "wall_seconds": time.perf_counter() - start,
               "config": {"steps": args.steps, "batch": args.batch, "lr": args.lr, "seed": args.seed,

@@ -15,6 +15,8 @@ import math
 import time
 from pathlib import Path
 
+from bench.intention import command_line
+
 NAME = "intention_image_regression"
 
 
@@ -85,8 +87,6 @@ def completions(model, show: dict) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
     import torch
 
     from bench.harness.machine import load_average, machine_info
@@ -131,14 +131,13 @@ def run(args: argparse.Namespace) -> int:
         last = rows[name]["trained"][str(contexts[-1])]["mse"]
         progress(f"  {seconds:.0f} s; eval MSE at N={contexts[-1]}: {last:.4f}")
     machine["load_average_end"] = load_average()
-    argv = sys.argv[sys.argv.index("image_regression") + 1:] if "image_regression" in sys.argv else []
     result = {
         "benchmark": NAME, "machine": machine, "wall_seconds": time.perf_counter() - start,
         "config": {**{k: getattr(args, k) for k in ("seed", "steps", "batch", "side", "train_context", "eval_images",
                                                      "width", "frequencies", "lr", "alpha_init", "sigma_scale_init",
                                                      "maml_lr", "threads")},
                    "models": models, "eval_context": contexts,
-                   "command": " ".join(["python -m bench intention image_regression", *argv])},
+                   "command": command_line("image_regression", args)},
         "pixel_variance": float(images.var()), "pixel_mean": float(images.mean()),
         "rows": rows,
         "figure_images": {"truth": images[:show_count].tolist(),

@@ -13,6 +13,8 @@ import argparse
 import time
 from pathlib import Path
 
+from bench.intention import command_line
+
 NAME = "intention_kernelised_size"
 DEFAULT_LATENTS = (16, 32, 64, 128)
 PAPER_BUDGET = ("SGD with momentum 0.9, weight decay 5e-4, lr 0.1 decayed ×0.8 from step 10,000, trained to "
@@ -175,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
     rows = sweep(args, progress)
     machine = machine_info()
     machine["load_average_end"] = load_average()
-    command = "python -m bench intention kernelised_size " + " ".join(getattr(args, "argv", [])[2:])
+    command = command_line("kernelised_size", args)
     result = {"benchmark": NAME, "command": command.strip(), "machine": machine, "rows": rows,
               "wall_seconds": round(time.perf_counter() - start, 1),
               "config": {"latents": list(args.latents), "steps": args.steps, "batch": args.batch, "lr": args.lr,

@@ -13,6 +13,8 @@ import argparse
 import time
 from pathlib import Path
 
+from bench.intention import command_line
+
 NAME = "intention_least_squares"
 DEFAULT_DIMS = (2, 4, 6, 8)
 DEFAULT_LATENTS = (2, 4, 8, 16, 32, 64)
@@ -178,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     rows = search(args, models, progress)
     machine = machine_info()
     machine["load_average_end"] = load_average()
-    command = "python -m bench intention least_squares " + " ".join(getattr(args, "argv", [])[2:])
+    command = command_line("least_squares", args)
     result = {"benchmark": NAME, "command": command.strip(), "machine": machine, "rows": rows,
               "wall_seconds": round(time.perf_counter() - start, 1),
               "config": {"models": models, "dims": list(args.dims), "latents": list(args.latents), "steps": args.steps,

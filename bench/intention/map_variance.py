@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.intention import command_line
+
 NAME = "intention_map_variance"
 FORMS = ("unscaled", "scaled", "regularised")
 #: The paper's numbers of keys (its appendix on normalisation).
@@ -259,7 +261,7 @@ def run(args) -> int:
     rows = measure(args.keys, sorted(set(args.dims)), draws=args.draws, queries=args.queries, seed=args.seed,
                    log=progress)
     machine["load_average_end"] = load_average()
-    command = "python -m bench intention map_variance " + " ".join(getattr(args, "argv", [])[2:])
+    command = command_line("map_variance", args)
     result = {"benchmark": NAME, "machine": machine, "rows": rows, "command": command.strip(),
               "wall_seconds": time.perf_counter() - start,
               "config": {"keys": list(args.keys), "dims": sorted(set(args.dims)), "draws": args.draws,

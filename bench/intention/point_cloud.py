@@ -19,6 +19,8 @@ import datetime
 import time
 from pathlib import Path
 
+from bench.intention import command_line
+
 NAME = "intention_point_cloud"
 #: The paper's models in its legend's order (Figure 10) and their appendix widths.
 PAPER_WIDTHS = {"intention": 128, "attention": 256, "np": 256, "mlp": 256}
@@ -248,7 +250,7 @@ def run(args) -> int:
                          {m: _rounded(p) for m, p in value.items()} if key == "prediction" else _rounded(value))
                    for key, value in rabbit.items()}
     machine["load_average_end"] = load_average()
-    command = "python -m bench intention point_cloud " + " ".join(getattr(args, "argv", [])[2:])
+    command = command_line("point_cloud", args)
     result = {"benchmark": NAME, "machine": machine, "command": command.strip(), "runs": runs,
               "references": references(eval_batch), "rabbit": rabbit_json,
               "wall_seconds": time.perf_counter() - start,

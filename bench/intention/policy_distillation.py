@@ -20,6 +20,8 @@ import datetime
 import time
 from pathlib import Path
 
+from bench.intention import command_line
+
 NAME = "intention_policy_distillation"
 LABELS = {"intention": "Intention", "attention": "Attention", "np": "NP", "mlp": "MLP"}
 
@@ -245,7 +247,7 @@ def run(args) -> int:
                      "prediction": {m: model(eval_batch.obs[i:i + 1])[0].tolist() for m, model in models.items()}}
                     for i in range(min(4, args.eval_tasks))]
     machine["load_average_end"] = load_average()
-    command = "python -m bench intention policy_distillation " + " ".join(getattr(args, "argv", [])[2:])
+    command = command_line("policy_distillation", args)
     result = {"benchmark": NAME, "machine": machine, "command": command.strip(), "runs": runs,
               "references": references, "examples": examples, "wall_seconds": time.perf_counter() - start,
               "config": {"steps": args.steps, "batch": args.batch, "lr": args.lr, "seed": args.seed,

@@ -26,6 +26,8 @@ import argparse
 import time
 from pathlib import Path
 
+from bench.intention import command_line
+
 NAME = "intention_regression_2d"
 METHODS = ("Attention", "Linear Attention", "Intention", "σIntention")
 #: The paper's printed key "covariance" (appendix §3); see :func:`key_covariance`.
@@ -245,8 +247,6 @@ def plot(result: dict, path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
     import numpy as np
     import torch
 
@@ -269,8 +269,7 @@ def run(args: argparse.Namespace) -> int:
             for m in METHODS:
                 per_task[regime][m].append(ev[regime]["r"][m])
     machine["load_average_end"] = load_average()
-    command = "python -m bench intention regression_2d " + " ".join(sys.argv[sys.argv.index("regression_2d") + 1:]) \
-        if "regression_2d" in sys.argv else "python -m bench intention regression_2d"
+    command = command_line("regression_2d", args)
     result = {
         "benchmark": NAME, "machine": machine, "wall_seconds": time.perf_counter() - start,
         "config": {"seed": args.seed, "num_context": args.num_context, "grid": args.grid, "tasks": args.tasks,

@@ -16,6 +16,8 @@ import math
 import time
 from pathlib import Path
 
+from bench.intention import command_line
+
 NAME = "intention_sine_few_shot"
 AMPLITUDE_RANGE, PHASE_RANGE, X_RANGE = (0.1, 5.0), (0.0, math.pi), (-6.0, 6.0)
 #: The paper's learning rates (Adam), tuned for 50 000 steps; see ``--lr``.
@@ -117,8 +119,6 @@ def qualitative(model, task: dict, contexts, grid) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
     import torch
 
     from bench.harness.machine import load_average, machine_info
@@ -157,14 +157,13 @@ def run(args: argparse.Namespace) -> int:
                       "curves": {"untrained": curves_before, "trained": qualitative(model, show, contexts, grid)}}
         progress(f"  {seconds:.0f} s; eval MSE at N={contexts[-1]}: {rows[name]['trained'][str(contexts[-1])]['mse']:.3f}")
     machine["load_average_end"] = load_average()
-    argv = sys.argv[sys.argv.index("sine_few_shot") + 1:] if "sine_few_shot" in sys.argv else []
     result = {
         "benchmark": NAME, "machine": machine, "wall_seconds": time.perf_counter() - start,
         "config": {**{k: getattr(args, k) for k in ("seed", "steps", "batch", "num_points", "train_context",
                                                      "eval_tasks", "width", "lr", "alpha_init", "sigma_scale_init",
                                                      "maml_lr", "threads")},
                    "models": models, "eval_context": contexts,
-                   "command": " ".join(["python -m bench intention sine_few_shot", *argv])},
+                   "command": command_line("sine_few_shot", args)},
         "rows": rows,
         "figure_task": {"x": show["x"].view(-1).tolist(), "y": show["y"].view(-1).tolist(),
                         "amplitude": float(show["amplitude"][0]), "phase": float(show["phase"][0]),

@@ -18,6 +18,8 @@ import math
 import time
 from pathlib import Path
 
+from bench.intention import command_line
+
 NAME = "intention_slowdown"
 IMPLS = ("intention", "sigma_intention", "nxn_map", "sdpa")
 #: Implementations compared with SDPA, in the report's order.
@@ -268,7 +270,7 @@ def run(args: argparse.Namespace) -> int:
                 progress(f"[{i + 1}/{len(grid)}] N={n} d={d}: " + ", ".join(
                     f"{LABELS[name]} {rows[-1][name + '_slowdown']:.2f}x" for name in RATIOS))
     machine["load_average_end"] = load_average()
-    command = "python -m bench intention slowdown " + " ".join(getattr(args, "argv", [])[2:])
+    command = command_line("slowdown", args)
     result = {"benchmark": NAME, "command": command.strip(), "machine": machine, "rows": rows,
               "summary": summary(rows), "wall_seconds": round(time.perf_counter() - start, 1),
               "config": {"samples": args.samples, "n_range": list(args.n_range), "d_range": list(args.d_range),
