@@ -13,11 +13,8 @@ an untrained rule (the item farthest from the mean of the rest) is the reference
 """
 from __future__ import annotations
 
-import datetime
 import time
 from pathlib import Path
-
-from bench.intention import command_line
 
 NAME = "intention_anomaly_detection"
 #: Table 3 of the paper: test accuracy (percent) with 1 and 4 layers.
@@ -33,7 +30,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     parser.add_argument("--steps", type=int, default=600, help="training steps per model (default 600)")
     parser.add_argument("--batch", type=int, default=64, help="sets per step (default 64)")
-    parser.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default 1e-3)")
+    parser.add_argument("--lr", type=float, default=1e-3, help="Adam peak learning rate (default 1e-3)")
+    parser.add_argument("--warmup", type=float, default=0.05,
+                        help="fraction of the steps with a linear warm-up, then cosine decay to 0 (the paper's "
+                             "schedule; default 0.05); -1 keeps the rate constant")
     parser.add_argument("--models", nargs="+", default=list(FORMERS), choices=list(FORMERS))
     parser.add_argument("--layers", nargs="+", type=int, default=[1, 4], help="depths to train (the paper's 1 4)")
     parser.add_argument("--heads", type=int, default=4, help="heads per block (the paper's 4)")
@@ -49,33 +49,46 @@ def outlier_accuracy(logits, outlier) -> float:
     return 100 * float((logits.argmax(-1) == outlier).double().mean())
 
 
-def train(model, world, *, steps: int, batch: int, lr: float, seed: int, set_size: int = 10, log=None) -> dict:
-    """Adam with cross-entropy over the set on fresh training sets (seeded: the same stream for every model)."""
+def warmup_cosine(opt, steps: int, warmup: float):
+    """Linear warm-up over ``warmup·steps`` steps, then cosine decay to 0; ``warmup < 0``: constant rate."""
+    import math
+
+    import torch
+
+    ramp = max(1, round(warmup * steps))
+    if warmup < 0:
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min((step + 1) / ramp, 0.5 * (
+        1 + math.cos(math.pi * min(1.0, max(0, step + 1 - ramp) / max(1, steps - ramp))))))
+
+
+def train(model, world, *, steps: int, batch: int, lr: float, seed: int, set_size: int = 10,
+          warmup: float = -1.0, log=None) -> dict:
+    """Adam with cross-entropy over the set on fresh training sets (seeded: the same stream for every model),
+    at a constant rate or with :func:`warmup_cosine` (``warmup >= 0``)."""
     import torch
 
     from bench.intention.embedding_data import sample_outlier_sets
+    from bench.intention.training import adam_on_stream, log_mean_loss
 
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    model.train()
-    losses, start = [], time.perf_counter()
-    for step in range(1, steps + 1):
+    def step_loss(m, gen):
         x, outlier = sample_outlier_sets(world, batch, set_size=set_size, generator=gen)
-        loss = torch.nn.functional.cross_entropy(model(x), outlier)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        if log is not None and (step % max(1, steps // 3) == 0 or step == steps):
-            log(f"  step {step}/{steps}: loss {sum(losses[-50:]) / len(losses[-50:]):.4f} "
-                f"({time.perf_counter() - start:.0f} s)")
-    return {"train_loss": losses, "seconds": time.perf_counter() - start}
+        return torch.nn.functional.cross_entropy(m(x), outlier)
+
+    model.train()
+    return adam_on_stream(model, step_loss, steps=steps, lr=lr, seed=seed,
+                          schedule=lambda opt: warmup_cosine(opt, steps, warmup),
+                          after_step=log_mean_loss(log, steps, 3))
+
+
+def schedule_text(warmup: float) -> str:
+    return "constant rate" if warmup < 0 else f"linear warm-up over {100 * warmup:g} % of the steps, cosine decay to 0"
 
 
 def tables(result: dict) -> str:
-    from bench.harness.machine import machine_markdown
     from bench.harness.report import markdown_table
     from bench.intention.anomaly_models import FORMERS
+    from bench.intention.report_common import report_sections
 
     cfg, runs = result["config"], result["runs"]
     layers = cfg["layers"]
@@ -100,59 +113,53 @@ def tables(result: dict) -> str:
     if {"1", "4"} <= set(next(iter(runs.values()), {})):
         deeper = [FORMERS[m] for m in runs if runs[m]["4"]["accuracy"] > runs[m]["1"]["accuracy"]]
         findings.append(f"4 layers beat 1 layer for: {', '.join(deeper) or 'none'} (the paper: all five, or equal).")
-    return "\n".join([
+    return report_sections(
         f"Outlier detection in sets of {cfg['set_size']} stand-in embeddings ({cfg['set_size'] - 1} of one class, 1 "
         f"of another; {cfg['dim']}-d non-negative features of a fixed random feature model, class-centre std "
         f"{cfg['separation']}, 80 training / 20 unseen test classes). Every model: {cfg['heads']} heads × "
-        f"{cfg['head_dim']} per block, input dropout 20 %, {cfg['steps']} Adam steps (lr {cfg['lr']}) of "
+        f"{cfg['head_dim']} per block, input dropout 20 %, {cfg['steps']} Adam steps (lr {cfg['lr']}, "
+        f"{schedule_text(cfg.get('warmup', -1.0))}) of "
         f"{cfg['batch']} sets, the same stream for all (seed {cfg['seed']}); test accuracy (the paper's metric: "
         f"the argmax item is the outlier) on {cfg['eval_sets']} fixed sets of the test classes; chance "
         f"{100 / cfg['set_size']:.0f} %.",
-        "", body, "", "**Beside the paper** (Table 3: CIFAR-100, frozen ResNet34 embeddings, 4 heads × 256, 100 epochs):",
-        "", beside, "", " ".join(findings), "",
+        body, "**Beside the paper** (Table 3: CIFAR-100, frozen ResNet34 embeddings, 4 heads × 256, 100 epochs):",
+        beside, " ".join(findings),
         "Where ours differ: the embeddings are a stand-in, harder than ResNet34 features of CIFAR-100 (where "
         "even the paper's weakest model reaches 94 %), and the budget is minutes on one CPU thread instead of "
-        "100 epochs, so no model is converged and the accuracies are far below the paper's; compare the order "
-        "of the models and the effect of depth, not the values. Widths are 16× smaller per head; Adam at "
-        "1e-3 without the warm-up schedule (the paper: 5e-5 with cosine warm-up).",
-        "", f"Wall time {result['wall_seconds']:.0f} s. " + machine_markdown(result["machine"]),
-    ])
+        "100 epochs, so the accuracies are far below the paper's; compare the order of the models and the "
+        "effect of depth, not the values. Widths are 16× smaller per head; the peak rate is 1e-3 (the "
+        "paper: 5e-5 with cosine warm-up, over 100 epochs).",
+        result=result)
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from bench.intention.anomaly_models import FORMERS
+    from bench.intention.report_common import moving_average, pyplot, save_figure
 
+    plt = pyplot()
     layers = result["config"]["layers"]
     fig, axes = plt.subplots(1, len(layers), figsize=(5 * len(layers), 3.8), squeeze=False, sharey=True)
     window = max(1, result["config"]["steps"] // 20)
     for ax, n in zip(axes[0], layers):
         for i, (name, by_depth) in enumerate(result["runs"].items()):
-            losses = by_depth[str(n)]["train_loss"]
-            smooth = [sum(losses[max(0, j - window + 1):j + 1]) / len(losses[max(0, j - window + 1):j + 1])
-                      for j in range(len(losses))]
-            ax.plot(smooth, color=f"C{i}", label=f"{FORMERS[name]}: {by_depth[str(n)]['accuracy']:.1f} %")
+            ax.plot(moving_average(by_depth[str(n)]["train_loss"], window), color=f"C{i}",
+                    label=f"{FORMERS[name]}: {by_depth[str(n)]['accuracy']:.1f} %")
         ax.set_title(f"{n} layer{'s' * (n > 1)} (legend: test accuracy)", fontsize=10)
         ax.set_xlabel("training step")
         ax.legend(fontsize="x-small")
         ax.grid(True, alpha=0.3)
     axes[0][0].set_ylabel("cross-entropy (moving average)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, 100)
 
 
 def run(args) -> int:
     import torch
 
-    from bench.harness.machine import load_average, machine_info
-    from bench.harness.report import progress, publish
+    from bench.harness.machine import machine_info
+    from bench.harness.report import progress
     from bench.intention.anomaly_models import FORMERS, build_former, farthest_from_rest
     from bench.intention.embedding_data import EmbeddingWorld, sample_outlier_sets
+    from bench.intention.report_common import publish_runs
 
     if min(args.steps, args.batch, args.eval_sets, args.heads, args.head_dim, *args.layers) < 1 or args.set_size < 2:
         raise ValueError(f"anomaly_detection: steps, batch, eval-sets, heads, head-dim, layers must be >= 1 and "
@@ -171,20 +178,15 @@ def run(args) -> int:
             model = build_former(name, args.dim, layers=n, heads=args.heads, head_dim=args.head_dim)
             progress(f"{FORMERS[name]}, {n} layer(s): {args.steps} steps")
             curves = train(model, world, steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed,
-                           set_size=args.set_size, log=progress)
+                           set_size=args.set_size, warmup=args.warmup, log=progress)
             with torch.no_grad():
                 acc = outlier_accuracy(model.eval()(x_test), outlier_test)
             runs[name][str(n)] = {"accuracy": acc, "parameters": sum(p.numel() for p in model.parameters()), **curves}
     reference = 100 * float((farthest_from_rest(x_test) == outlier_test).double().mean())
-    machine["load_average_end"] = load_average()
-    command = command_line("anomaly_detection", args)
-    result = {"benchmark": NAME, "machine": machine, "command": command.strip(), "runs": runs,
-              "reference": reference, "wall_seconds": time.perf_counter() - start,
-              "config": {"steps": args.steps, "batch": args.batch, "lr": args.lr, "seed": args.seed,
-                         "threads": args.threads, "heads": args.heads, "head_dim": args.head_dim, "dim": args.dim,
-                         "separation": args.separation, "set_size": args.set_size, "eval_sets": args.eval_sets,
-                         "layers": list(args.layers), "models": list(args.models)}}
-    text = (tables(result) + f"\n\nProduced by `{result['command']}` (1 thread: `--threads {args.threads}`), "
-            f"{datetime.date.today().isoformat()}.")
-    publish(NAME, text, result, args.out, plot)
-    return 0
+    return publish_runs(NAME, "anomaly_detection", args, machine=machine, runs=runs, reference=reference, start=start,
+                        tables=tables, plot=plot,
+                        config={"steps": args.steps, "batch": args.batch, "lr": args.lr, "warmup": args.warmup,
+                                "seed": args.seed, "threads": args.threads, "heads": args.heads,
+                                "head_dim": args.head_dim, "dim": args.dim, "separation": args.separation,
+                                "set_size": args.set_size, "eval_sets": args.eval_sets, "layers": list(args.layers),
+                                "models": list(args.models)})

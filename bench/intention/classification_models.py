@@ -22,19 +22,21 @@ encoders (our inputs are feature vectors, not pixels), followed by the paper's o
   one-hot values, then an MLP to the logits; cross-entropy.
 * ``np`` — the paper's NP: the per-class means of the embedded context, concatenated with the
   embedded query, through an MLP to the logits; cross-entropy.
+* ``maml`` — MAML (Finn et al.), the paper's Table 1 reference: the encoder, ``e_H`` and a linear
+  head adapted to each context by 5 second-order gradient steps at rate 0.01; cross-entropy.
 * ``prototypical`` — nearest class mean in the embedding (Snell et al.), a cheap reference the paper
   does not list; cross-entropy on negative squared distances.
 """
 from __future__ import annotations
 
 #: Model names in report order, with the paper's names.
-CLASSIFIERS = {"attention": "Attention", "np": "NP", "prototypical": "Prototypical (not in the paper)",
+CLASSIFIERS = {"attention": "Attention", "np": "NP", "maml": "MAML", "prototypical": "Prototypical (not in the paper)",
                "intention": "Intention (LS-SVM)", "intention_qda": "Intention - QDA",
                "intention_kernel": "Intention - kernel", "sigma_intention": "σIntention (not in the paper)"}
 
 
 def build_classifier(name: str, dim: int, *, ways: int = 5, hidden: int = 64, latent: int = 128,
-                     kernel_latent: int = 32, heads: int = 4):
+                     kernel_latent: int = 32, heads: int = 4, maml_steps: int = 5, maml_lr: float = 0.01):
     """A fresh classifier of :data:`CLASSIFIERS` (torch is imported here, not at module import).
 
     Parameters
@@ -53,20 +55,17 @@ def build_classifier(name: str, dim: int, *, ways: int = 5, hidden: int = 64, la
         ``e_H`` size of ``intention_kernel`` (the paper's 32).
     heads : int
         Attention heads (the paper: 5); ``latent`` must be divisible by it.
+    maml_steps, maml_lr : int, float
+        MAML's inner gradient steps and rate (Finn et al. on MiniImageNet: 5 steps at 0.01).
     """
     import torch
     from torch import nn
 
     import attn_ext as ae
+    from bench.intention.models_common import maml_adapt_and_apply, mlp
 
     if name not in CLASSIFIERS:
         raise ValueError(f"build_classifier: unknown model {name!r}; choose from {list(CLASSIFIERS)}")
-
-    def mlp(*sizes):
-        layers = []
-        for a, b in zip(sizes[:-1], sizes[1:]):
-            layers += [nn.Linear(a, b), nn.ReLU()]
-        return nn.Sequential(*layers[:-1])
 
     def softplus_inverse(y: float) -> float:
         return float(torch.log(torch.expm1(torch.tensor(y))))
@@ -78,14 +77,17 @@ def build_classifier(name: str, dim: int, *, ways: int = 5, hidden: int = 64, la
 
         def __init__(self, embed: int):
             super().__init__()
-            self.encoder = mlp(dim, hidden, hidden)
+            self.encoder = mlp([dim, hidden, hidden])
             self.embed = nn.Sequential(nn.ReLU(), nn.Linear(hidden, embed))   # the paper's one-layer e_H
 
-        def forward(self, xc, yc, xq):
+        def check(self, xc, yc, xq):
             if xc.dim() != 3 or xq.dim() != 3 or xc.shape[-1] != dim or xq.shape[-1] != dim or \
                     yc.shape != xc.shape[:2] or xq.shape[0] != xc.shape[0]:
                 raise ValueError(f"{type(self).__name__}: expected xc [B, N, {dim}], yc [B, N], xq [B, M, {dim}]; "
                                  f"got {tuple(xc.shape)}, {tuple(yc.shape)}, {tuple(xq.shape)}")
+
+        def forward(self, xc, yc, xq):
+            self.check(xc, yc, xq)
             onehot = nn.functional.one_hot(yc, ways).to(xc.dtype)
             return self.scores(self.embed(self.encoder(xc)), onehot, self.embed(self.encoder(xq)))
 
@@ -161,8 +163,8 @@ def build_classifier(name: str, dim: int, *, ways: int = 5, hidden: int = 64, la
             super().__init__(latent)
             if latent % heads:
                 raise ValueError(f"Attention classifier: latent {latent} not divisible by heads {heads}")
-            self.values = mlp(ways, latent, latent)                        # e_V on the one-hot labels
-            self.out = mlp(latent, latent, ways)                           # e_P
+            self.values = mlp([ways, latent, latent])                      # e_V on the one-hot labels
+            self.out = mlp([latent, latent, ways])                         # e_P
 
         def scores(self, ec, onehot, eq):
             split = lambda t: t.unflatten(-1, (heads, -1)).transpose(1, 2)  # [B, H, n, latent/H]
@@ -172,7 +174,7 @@ def build_classifier(name: str, dim: int, *, ways: int = 5, hidden: int = 64, la
     class NP(Classifier):
         def __init__(self):
             super().__init__(latent)
-            self.out = mlp(latent * (ways + 1), 2 * latent, ways)
+            self.out = mlp([latent * (ways + 1), 2 * latent, ways])
 
         def scores(self, ec, onehot, eq):
             means = (onehot.mT @ ec) / onehot.sum(1)[..., None]            # [B, ways, E]
@@ -187,7 +189,27 @@ def build_classifier(name: str, dim: int, *, ways: int = 5, hidden: int = 64, la
             means = (onehot.mT @ ec) / onehot.sum(1)[..., None]
             return -(eq[:, :, None] - means[:, None]).pow(2).sum(-1)
 
-    return {"intention": LSSVM, "intention_kernel": KernelLSSVM, "intention_qda": QDA,
+    class MAML(Classifier):
+        """The whole network (encoder, e_H, a linear head) adapted to each episode by gradient steps.
+
+        Finn et al.'s MiniImageNet setting, which the paper's Table 1 row quotes: ``maml_steps``
+        inner steps at rate ``maml_lr`` on the context cross-entropy, second order (the inner
+        gradients keep their graph), vectorised over the episodes with ``torch.func``; the outer
+        loss is the queries' cross-entropy after adaptation.
+        """
+
+        def __init__(self):
+            super().__init__(latent)
+            self.head = nn.Linear(latent, ways)
+            # One module over the same submodules, for functional_call (parameters() deduplicates).
+            self.net = nn.Sequential(self.encoder, self.embed, self.head)
+
+        def forward(self, xc, yc, xq):
+            self.check(xc, yc, xq)
+            return maml_adapt_and_apply(self.net, nn.functional.cross_entropy, xc, yc, xq, steps=maml_steps,
+                                        lr=maml_lr)
+
+    return {"intention": LSSVM, "maml": MAML, "intention_kernel": KernelLSSVM, "intention_qda": QDA,
             "sigma_intention": SigmaIntention, "attention": Attention, "np": NP, "prototypical": Prototypical}[name]()
 
 

@@ -14,21 +14,18 @@ the encoder adds.
 """
 from __future__ import annotations
 
-import datetime
 import math
 import time
 from pathlib import Path
 
-from bench.intention import command_line
-
 NAME = "intention_few_shot_classification"
 #: The paper's accuracies (percent, ± its interval) where the model is in its tables.
-PAPER = {"attention": ("Table 1", 54.26, 0.51), "np": ("Table 1", 60.10, 0.51),
+PAPER = {"attention": ("Table 1", 54.26, 0.51), "np": ("Table 1", 60.10, 0.51), "maml": ("Table 1", 63.15, 0.91),
          "intention": ("Table 1 / Table 2", "67.30 / 70.05", "0.51 / 0.51"),
          "intention_qda": ("Table 2", 66.27, 5.81), "intention_kernel": ("Table 2", 70.43, 0.52)}
 
 #: The paper's models from best to worst (Tables 1 and 2 pooled; Intention at its Table 1 value 67.30).
-PAPER_ORDER = ["intention_kernel", "intention", "intention_qda", "np", "attention"]
+PAPER_ORDER = ["intention_kernel", "intention", "intention_qda", "maml", "np", "attention"]
 
 
 def add_arguments(parser) -> None:
@@ -74,29 +71,17 @@ def evaluate(model, episodes, chunk: int = 100) -> dict:
 
 def train(model, world, *, steps: int, batch: int, lr: float, seed: int, log=None) -> dict:
     """Adam on fresh training episodes (seeded: every model sees the same stream); returns the losses."""
-    import torch
-
     from bench.intention.embedding_data import sample_episodes
+    from bench.intention.training import adam_on_stream, log_mean_loss
 
-    gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    losses, start = [], time.perf_counter()
-    for step in range(1, steps + 1):
-        loss = model.loss(*sample_episodes(world, batch, generator=gen))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        if log is not None and (step % max(1, steps // 4) == 0 or step == steps):
-            log(f"  step {step}/{steps}: loss {sum(losses[-50:]) / len(losses[-50:]):.4f} "
-                f"({time.perf_counter() - start:.0f} s)")
-    return {"train_loss": losses, "seconds": time.perf_counter() - start}
+    return adam_on_stream(model, lambda m, gen: m.loss(*sample_episodes(world, batch, generator=gen)), steps=steps,
+                          lr=lr, seed=seed, after_step=log_mean_loss(log, steps, 4))
 
 
 def tables(result: dict) -> str:
-    from bench.harness.machine import machine_markdown
     from bench.harness.report import markdown_table
     from bench.intention.classification_models import CLASSIFIERS
+    from bench.intention.report_common import report_sections
 
     cfg, runs, refs = result["config"], result["runs"], result["references"]
     order = sorted(runs, key=lambda m: -runs[m]["accuracy"])
@@ -111,7 +96,7 @@ def tables(result: dict) -> str:
         [[CLASSIFIERS[m], PAPER[m][0] if m in PAPER else "–",
           f"{PAPER[m][1]} % ± {PAPER[m][2]} %" if m in PAPER else "–",
           f"{runs[m]['accuracy']:.2f} % ± {runs[m]['ci95']:.2f} %" if m in runs else "not run"]
-         for m in CLASSIFIERS] + [["MAML", "Table 1", "63.15 % ± 0.91 %", "not run (second-order inner loop)"]],
+         for m in CLASSIFIERS],
         align="llrr")
     near_chance = [CLASSIFIERS[m] for m in runs if runs[m]["accuracy"] < 30]
     stalled = (f" {', '.join(near_chance)} stayed near chance (20 %) on the unseen test classes: "
@@ -120,7 +105,7 @@ def tables(result: dict) -> str:
     ours = sorted(in_paper, key=lambda m: -runs[m]["accuracy"])
     order_line = (f"Order of the paper's models (its two tables pooled, Intention at its Table 1 value): "
              f"{' > '.join(CLASSIFIERS[m] for m in in_paper)}; ours: {' > '.join(CLASSIFIERS[m] for m in ours)}.")
-    return "\n".join([
+    return report_sections(
         f"5-way 5-shot classification, {cfg['queries']} queries per class, on the synthetic stand-in for "
         f"MiniImageNet (class-conditional Gaussian latents through a fixed random ReLU feature map, "
         f"{cfg['dim']}-d features, class-centre std {cfg['separation']}, 80 training / 20 unseen test classes). "
@@ -128,50 +113,44 @@ def tables(result: dict) -> str:
         f"{cfg['latent']} (32 for the kernel variant), {cfg['steps']} Adam steps (lr {cfg['lr']}) of {cfg['batch']} "
         f"episodes, the same episode stream for all (seed {cfg['seed']}); accuracy over {cfg['eval_episodes']} "
         "fixed test episodes (mean ± 95 % interval over episodes).",
-        "", body, "", "**Beside the paper** (MiniImageNet; Table 1: Matching Networks encoder, Table 2: ResNet "
-        "encoder, means over 1000 evaluations):", "", beside, "", order_line + stalled, "",
+        body, "**Beside the paper** (MiniImageNet; Table 1: Matching Networks encoder, Table 2: ResNet "
+        "encoder, means over 1000 evaluations):", beside, order_line + stalled,
         "Where ours differ: the data are a stand-in (a random feature model, not images), so absolute accuracies "
         "are not comparable, only the order of the models; the encoder is a small MLP and the budget minutes on "
         "one CPU thread (Adam instead of the paper's SGD with momentum and a decaying rate, trained to "
         "convergence); e_H is far narrower than the paper's 8192 (Intention), 512 (attention) and 2048 (NP); "
-        "MAML is not run. Prototypical networks and σIntention are extra references the tables do not have.",
-        "", f"Wall time {result['wall_seconds']:.0f} s. " + machine_markdown(result["machine"]),
-    ])
+        "MAML adapts our MLP, not the paper's 4-layer convolutional network (Finn et al.'s 5 inner steps at 0.01 "
+        "in training and testing). Prototypical networks and σIntention are extra references the tables do not have.",
+        result=result)
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from bench.intention.classification_models import CLASSIFIERS
+    from bench.intention.report_common import moving_average, pyplot, save_figure
 
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     window = max(1, result["config"]["steps"] // 20)
     for i, (name, run) in enumerate(result["runs"].items()):
-        losses = run["train_loss"]
-        smooth = [sum(losses[max(0, j - window + 1):j + 1]) / len(losses[max(0, j - window + 1):j + 1])
-                  for j in range(len(losses))]
-        ax.plot(smooth, color=f"C{i}", label=f"{CLASSIFIERS[name]} ({run['loss']}): {run['accuracy']:.1f} %")
+        ax.plot(moving_average(run["train_loss"], window), color=f"C{i}",
+                label=f"{CLASSIFIERS[name]} ({run['loss']}): {run['accuracy']:.1f} %")
     ax.set_yscale("log")
     ax.set_xlabel("training step")
     ax.set_ylabel("training loss (moving average)")
     ax.set_title("5-shot classification on the stand-in data (legend: test accuracy)", fontsize=10)
     ax.legend(fontsize="x-small")
     ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, 100)
 
 
 def run(args) -> int:
     import torch
 
-    from bench.harness.machine import load_average, machine_info
-    from bench.harness.report import progress, publish
+    from bench.harness.machine import machine_info
+    from bench.harness.report import progress
     from bench.intention.classification_models import CLASSIFIERS, build_classifier, raw_feature_scores
     from bench.intention.embedding_data import EmbeddingWorld, sample_episodes
+    from bench.intention.report_common import publish_runs
 
     if min(args.steps, args.batch, args.eval_episodes, args.hidden, args.latent) < 1:
         raise ValueError(f"few_shot_classification: steps, batch, eval-episodes, hidden, latent must be >= 1; got "
@@ -192,15 +171,10 @@ def run(args) -> int:
         curves = train(model, world, steps=args.steps, batch=args.batch, lr=args.lr, seed=args.seed, log=progress)
         runs[name] = {**evaluate(model.eval(), test), "loss": "cross-entropy" if model.ce_loss else "MSE",
                       "parameters": sum(p.numel() for p in model.parameters()), **curves}
-    machine["load_average_end"] = load_average()
-    command = command_line("few_shot_classification", args)
-    result = {"benchmark": NAME, "machine": machine, "command": command.strip(), "runs": runs,
-              "references": references, "wall_seconds": time.perf_counter() - start,
-              "config": {"steps": args.steps, "batch": args.batch, "lr": args.lr, "seed": args.seed,
-                         "threads": args.threads, "hidden": args.hidden, "latent": args.latent, "heads": args.heads,
-                         "dim": args.dim, "separation": args.separation, "eval_episodes": args.eval_episodes,
-                         "ways": 5, "shots": 5, "queries": 15, "models": list(args.models)}}
-    text = (tables(result) + f"\n\nProduced by `{result['command']}` (1 thread: `--threads {args.threads}`), "
-            f"{datetime.date.today().isoformat()}.")
-    publish(NAME, text, result, args.out, plot)
-    return 0
+    return publish_runs(NAME, "few_shot_classification", args, machine=machine, runs=runs, references=references,
+                        start=start, tables=tables, plot=plot,
+                        config={"steps": args.steps, "batch": args.batch, "lr": args.lr, "seed": args.seed,
+                                "threads": args.threads, "hidden": args.hidden, "latent": args.latent,
+                                "heads": args.heads, "dim": args.dim, "separation": args.separation,
+                                "eval_episodes": args.eval_episodes, "ways": 5, "shots": 5, "queries": 15,
+                                "models": list(args.models)})

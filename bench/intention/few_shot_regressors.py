@@ -13,9 +13,46 @@ from __future__ import annotations
 REGRESSOR_NAMES = ("intention", "sigma_intention", "attention", "np", "maml")
 
 
+def check_regressor_options(caller: str, name: str, width: int, *, heads: int, positive: dict,
+                            non_negative: dict) -> None:
+    """The checks a builder of these regressors runs first, raising ``ValueError`` that names ``caller``.
+
+    ``name`` must be in :data:`REGRESSOR_NAMES`, every value of ``positive`` > 0 and of
+    ``non_negative`` >= 0 (option name -> value; all of them are listed in the message), and the
+    attention model's ``width`` divisible by its ``heads``.
+
+    Examples
+    --------
+    >>> check_regressor_options("build", "np", 8, heads=4, positive={"alpha_init": 0}, non_negative={})
+    Traceback (most recent call last):
+    ...
+    ValueError: build: need alpha_init > 0, got 0
+    """
+    if name not in REGRESSOR_NAMES:
+        raise ValueError(f"{caller}: unknown model {name!r}; expected one of {sorted(REGRESSOR_NAMES)}")
+    rules = ([(f"{k} > 0", v, v <= 0) for k, v in positive.items()]
+             + [(f"{k} >= 0", v, v < 0) for k, v in non_negative.items()])
+    if any(bad for _, _, bad in rules):
+        raise ValueError(f"{caller}: need {', '.join(rule for rule, _, _ in rules)}, got "
+                         f"{', '.join(str(value) for _, value, _ in rules)}")
+    if name == "attention" and width % heads:
+        raise ValueError(f"{caller}: width {width} is not divisible by heads {heads}")
+
+
+def check_context_shapes(xc, yc, xt, cls: str, positions: int) -> None:
+    """Raise ``ValueError`` naming the model ``cls`` unless ``xc [B, N, positions]``, ``yc [B, N, 1]`` and
+    ``xt [B, M, positions]`` (what a ``prepare`` of :func:`build_few_shot_regressor` checks first)."""
+    if (xc.dim() != 3 or xc.shape[-1] != positions or yc.shape != (*xc.shape[:2], 1) or xt.dim() != 3
+            or xt.shape[-1] != positions or xt.shape[0] != xc.shape[0]):
+        context = "xc, yc [B, N, 1]" if positions == 1 else f"xc [B, N, {positions}], yc [B, N, 1]"
+        raise ValueError(f"{cls}: expected {context} and xt [B, M, {positions}], got {tuple(xc.shape)}, "
+                         f"{tuple(yc.shape)}, {tuple(xt.shape)}")
+
+
 def build_few_shot_regressor(name: str, width: int, *, dim: int, prepare, heads: int, maml_steps: int,
                              maml_lr: float, alpha_init: float, sigma_scale_init: float):
-    """A fresh regressor ``name`` (a key of :data:`REGRESSOR_NAMES`; arguments already checked by the caller).
+    """A fresh regressor ``name`` (a key of :data:`REGRESSOR_NAMES`; arguments already checked by the caller,
+    with :func:`check_regressor_options`).
 
     Examples
     --------
@@ -30,7 +67,7 @@ def build_few_shot_regressor(name: str, width: int, *, dim: int, prepare, heads:
     from torch import nn
 
     import attn_ext as ae
-    from bench.intention.models_common import mlp
+    from bench.intention.models_common import maml_adapt_and_apply, mlp
 
     class IntentionRegressor(nn.Module):
         """``Intention(e(xt), e(xc), yc)``: ridge regression of the context values on learned features.
@@ -111,18 +148,8 @@ def build_few_shot_regressor(name: str, width: int, *, dim: int, prepare, heads:
 
         def forward(self, xc, yc, xt):
             ec, et = prepare(xc, yc, xt, type(self).__name__)
-            from torch.func import functional_call, grad, vmap
-
-            def inner_loss(params, x, y):
-                return ((functional_call(self.net, params, (x,)) - y) ** 2).mean()
-
-            def adapt_and_predict(params, x, y, xq):
-                for _ in range(maml_steps):
-                    g = grad(inner_loss)(params, x, y)
-                    params = {k: p - maml_lr * g[k] for k, p in params.items()}
-                return functional_call(self.net, params, (xq,))
-
-            return vmap(adapt_and_predict, in_dims=(None, 0, 0, 0))(dict(self.net.named_parameters()), ec, yc, et)
+            return maml_adapt_and_apply(self.net, lambda pred, y: ((pred - y) ** 2).mean(), ec, yc, et,
+                                        steps=maml_steps, lr=maml_lr)
 
     builders = {"intention": lambda: IntentionRegressor(False), "sigma_intention": lambda: IntentionRegressor(True),
                 "attention": AttentionRegressor, "np": NeuralProcessRegressor, "maml": MAMLRegressor}

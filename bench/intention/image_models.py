@@ -27,7 +27,8 @@ def fourier_features(p, frequencies: int):
 
 def build_image_model(name: str, width: int = 64, *, frequencies: int = 4, heads: int = 4, maml_steps: int = 3,
                       maml_lr: float = 0.01, alpha_init: float = 0.01, sigma_scale_init: float = 10.0):
-    """A fresh model of :data:`IMAGE_MODELS` reading positional encodings of 2-D pixel positions.
+    """A fresh model of :data:`IMAGE_MODELS` reading positional encodings of 2-D pixel positions:
+    a ``torch.nn.Module``, ``model(xc, yc, xt) -> [B, M, 1]``.
 
     Parameters
     ----------
@@ -40,11 +41,6 @@ def build_image_model(name: str, width: int = 64, *, frequencies: int = 4, heads
     heads, maml_steps, maml_lr, alpha_init, sigma_scale_init
         As in :func:`bench.intention.sine_models.build_sine_model`.
 
-    Returns
-    -------
-    torch.nn.Module
-        ``model(xc, yc, xt) -> [B, M, 1]``.
-
     Examples
     --------
     >>> import torch
@@ -52,22 +48,16 @@ def build_image_model(name: str, width: int = 64, *, frequencies: int = 4, heads
     >>> [tuple(build_image_model(n, 16)(xc, yc, xt).shape) for n in IMAGE_MODELS]
     [(2, 7, 1), (2, 7, 1), (2, 7, 1), (2, 7, 1), (2, 7, 1)]
     """
-    from bench.intention.few_shot_regressors import REGRESSOR_NAMES, build_few_shot_regressor
+    from bench.intention.few_shot_regressors import (build_few_shot_regressor, check_context_shapes,
+                                                     check_regressor_options)
 
     def encode(xc, yc, xt, cls):
-        if (xc.dim() != 3 or xc.shape[-1] != 2 or yc.shape != (*xc.shape[:2], 1) or xt.dim() != 3
-                or xt.shape[-1] != 2 or xt.shape[0] != xc.shape[0]):
-            raise ValueError(f"{cls}: expected xc [B, N, 2], yc [B, N, 1] and xt [B, M, 2], got "
-                             f"{tuple(xc.shape)}, {tuple(yc.shape)}, {tuple(xt.shape)}")
+        check_context_shapes(xc, yc, xt, cls, positions=2)
         return fourier_features(xc, frequencies), fourier_features(xt, frequencies)
 
-    if name not in REGRESSOR_NAMES:
-        raise ValueError(f"build_image_model: unknown model {name!r}; expected one of {sorted(REGRESSOR_NAMES)}")
-    if alpha_init <= 0 or sigma_scale_init <= 0 or maml_steps < 0 or frequencies < 0:
-        raise ValueError(f"build_image_model: need alpha_init > 0, sigma_scale_init > 0, maml_steps >= 0, "
-                         f"frequencies >= 0, got {alpha_init}, {sigma_scale_init}, {maml_steps}, {frequencies}")
-    if name == "attention" and width % heads:
-        raise ValueError(f"build_image_model: width {width} is not divisible by heads {heads}")
+    check_regressor_options("build_image_model", name, width, heads=heads,
+                            positive={"alpha_init": alpha_init, "sigma_scale_init": sigma_scale_init},
+                            non_negative={"maml_steps": maml_steps, "frequencies": frequencies})
     return build_few_shot_regressor(name, width, dim=2 + 4 * frequencies, prepare=encode, heads=heads,
                                     maml_steps=maml_steps, maml_lr=maml_lr, alpha_init=alpha_init,
                                     sigma_scale_init=sigma_scale_init)

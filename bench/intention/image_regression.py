@@ -11,11 +11,11 @@ wide layers; this task trains ``--steps`` steps at ``--width`` units.
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from pathlib import Path
 
 from bench.intention import command_line
+from bench.intention.training import mse_per_context as evaluate  # this task's score (MSE per N), for callers
 
 NAME = "intention_image_regression"
 
@@ -42,40 +42,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--maml-lr", type=float, default=0.01, help="MAML's inner rate (paper: 0.1; default 0.01)")
 
 
-def evaluate(model, eval_sets: dict) -> dict:
-    """MSE over all pixels (mean over images) and its standard error over images, per number of observations."""
-    import torch
-
-    out = {}
-    with torch.no_grad():
-        for n, t in eval_sets.items():
-            per_image = ((model(t["xc"], t["yc"], t["x"]) - t["y"]) ** 2).mean(dim=(1, 2))
-            out[str(n)] = {"mse": float(per_image.mean()), "sem": float(per_image.std() / math.sqrt(len(per_image)))}
-    return out
-
-
 def train(model, steps: int, lr: float, args, log_every: int = 100) -> list:
-    """Adam on the MSE of all pixels given ``args.train_context`` random ones; returns the logged loss curve."""
-    import torch
-
+    """Adam on the MSE of all pixels given ``args.train_context`` random ones, the same image stream (seed
+    ``args.seed``) for every model; returns the logged loss curve."""
     from bench.harness.report import progress
     from bench.intention.image_glyphs import pixel_tasks, sample_glyphs
+    from bench.intention.training import train_mse_curve
 
-    gen = torch.Generator().manual_seed(args.seed)  # the same image stream for every model
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    curve, running, since = [], 0.0, 0
-    for step in range(1, steps + 1):
-        t = pixel_tasks(sample_glyphs(args.batch, args.side, gen)["images"], args.train_context, gen)
-        loss = ((model(t["xc"], t["yc"], t["x"]) - t["y"]) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        running, since = running + loss.item(), since + 1
-        if step % log_every == 0 or step == steps:
-            curve.append(running / since)
-            running, since = 0.0, 0
-            progress(f"  step {step}/{steps}: train MSE {curve[-1]:.4f}")
-    return curve
+    def sample(gen):
+        return pixel_tasks(sample_glyphs(args.batch, args.side, gen)["images"], args.train_context, gen)
+
+    return train_mse_curve(model, sample, steps=steps, lr=lr, seed=args.seed, log_every=log_every, digits=4,
+                           log=progress)
 
 
 def completions(model, show: dict) -> dict:
@@ -94,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from bench.intention.image_glyphs import pixel_tasks, sample_glyphs
     from bench.intention.image_models import IMAGE_MODELS, build_image_model
     from bench.intention.image_report import plot, tables
+    from bench.intention.training import scored_training
 
     torch.set_num_threads(args.threads)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -119,17 +98,11 @@ def run(args: argparse.Namespace) -> int:
         model = build_image_model(name, args.width, frequencies=args.frequencies, alpha_init=args.alpha_init,
                                   sigma_scale_init=args.sigma_scale_init, maml_lr=args.maml_lr)
         lr = 3e-3 if name == "maml" else args.lr
-        parameters = sum(p.numel() for p in model.parameters())
-        progress(f"image_regression: {name} ({parameters:,} parameters, lr {lr:g})")
-        before, shown_before = evaluate(model, eval_sets), completions(model, show)
-        t0 = time.perf_counter()
-        curve = train(model, args.steps, lr, args)
-        seconds = time.perf_counter() - t0
-        rows[name] = {"untrained": before, "trained": evaluate(model, eval_sets), "train_curve": curve,
-                      "train_seconds": seconds, "lr": lr, "parameters": parameters,
-                      "completions": {"untrained": shown_before, "trained": completions(model, show)}}
-        last = rows[name]["trained"][str(contexts[-1])]["mse"]
-        progress(f"  {seconds:.0f} s; eval MSE at N={contexts[-1]}: {last:.4f}")
+        progress(f"image_regression: {name} ({sum(p.numel() for p in model.parameters()):,} parameters, lr {lr:g})")
+        rows[name] = scored_training(model, lambda m, rate: train(m, args.steps, rate, args), lr, eval_sets,
+                                     lambda m: completions(m, show), "completions")
+        progress(f"  {rows[name]['train_seconds']:.0f} s; eval MSE at N={contexts[-1]}: "
+                 f"{rows[name]['trained'][str(contexts[-1])]['mse']:.4f}")
     machine["load_average_end"] = load_average()
     result = {
         "benchmark": NAME, "machine": machine, "wall_seconds": time.perf_counter() - start,

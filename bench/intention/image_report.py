@@ -18,14 +18,12 @@ def _names() -> dict:
 
 
 def tables(result: dict) -> str:
-    from bench.harness.machine import machine_markdown
-    from bench.intention.regression_report import budget_table, mse_table
+    from bench.intention.regression_report import closing_sections, lowest_trained_line, mse_table
 
     cfg, rows, names = result["config"], result["rows"], _names()
     contexts = [str(n) for n in cfg["eval_context"]]
     mse = mse_table(result, names, 4)
     trained = [rows[m]["trained"] for m in cfg["models"]]
-    best = {n: min(cfg["models"], key=lambda m: rows[m]["trained"][n]["mse"]) for n in contexts}
     top = contexts[-1]
     verdicts = []
     if "intention" in rows:
@@ -48,7 +46,14 @@ def tables(result: dict) -> str:
                 f"{'holds' if 0.67 < ours / rest < 1.5 else 'does not'} (trained Intention's MSE at N = {top} is "
                 f"{ours / rest:.2f}× the best trained baseline's; at this budget the baselines have not "
                 "learned to use many observations, so their curves flatten out early).")
-    budget = budget_table(result, names, 4)
+    differences = (
+        f"Differences from the paper's setup: Fourier positional encoding with {cfg['frequencies']} octaves (the "
+        f"paper adds \"positional encoding\" without saying which); hidden width {cfg['width']} everywhere (paper: "
+        "Intention 1000, NP 2000, Attention and MAML 128); 4 attention heads (paper: 5); Adam "
+        f"{cfg['lr']:g} for the amortised models (paper: 3e-4 / 1e-4 for 50 000 steps), MAML's outer 3e-3 and 3 "
+        f"inner steps as in the paper with an inner rate of {cfg['maml_lr']:g} (paper: 0.1, which diverged on the "
+        f"sine task here); Intention's ridge α learned from {cfg['alpha_init']:g} and σIntention's score scale "
+        f"learned from {cfg['sigma_scale_init']:g} (as in our sine task).")
     return "\n".join([
         f"Image completion as regression on {cfg['side']}×{cfg['side']} procedurally drawn digit-like glyphs (an "
         "offline stand-in for MNIST, which cannot be downloaded here; see below). Context: N random pixels "
@@ -60,7 +65,7 @@ def tables(result: dict) -> str:
         "",
         mse,
         "",
-        "Lowest trained MSE: " + ", ".join(f"N = {n}: {names[best[n]]}" for n in contexts) + ".",
+        lowest_trained_line(result, names),
         *verdicts,
         "",
         "**Beside the paper** (its Fig. 7, MNIST panel, plots these curves after 50 000 steps and Fig. 13 shows "
@@ -77,52 +82,26 @@ def tables(result: dict) -> str:
         "and fewer styles), so absolute MSEs are not comparable with the paper's; the comparison between the "
         "models and between untrained and trained is what carries over.",
         "",
-        "Training:",
-        "",
-        budget,
-        "",
-        f"Differences from the paper's setup: Fourier positional encoding with {cfg['frequencies']} octaves (the "
-        f"paper adds \"positional encoding\" without saying which); hidden width {cfg['width']} everywhere (paper: "
-        "Intention 1000, NP 2000, Attention and MAML 128); 4 attention heads (paper: 5); Adam "
-        f"{cfg['lr']:g} for the amortised models (paper: 3e-4 / 1e-4 for 50 000 steps), MAML's outer 3e-3 and 3 "
-        f"inner steps as in the paper with an inner rate of {cfg['maml_lr']:g} (paper: 0.1, which diverged on the "
-        f"sine task here); Intention's ridge α learned from {cfg['alpha_init']:g} and σIntention's score scale "
-        f"learned from {cfg['sigma_scale_init']:g} (as in our sine task).",
-        "",
-        f"Total wall time {result['wall_seconds']:.0f} s on {cfg['threads']} thread(s).",
-        "",
-        f"Command: `{cfg['command']}`",
-        "",
-        machine_markdown(result["machine"]),
+        *closing_sections(result, names, 4, differences),
     ])
 
 
 def plot(result: dict, path: Path) -> None:
     """Top: MSE vs observed pixels (dashed untrained, solid trained; Fig. 7). Below: completions (Fig. 13)."""
-    import matplotlib
-    import matplotlib.ticker
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
+    from bench.intention.regression_report import plot_mse_curves
+    from bench.intention.report_common import pyplot
+
+    plt = pyplot()
     cfg, rows, names, shown = result["config"], result["rows"], _names(), result["figure_images"]
     contexts, models, side = [str(n) for n in cfg["eval_context"]], cfg["models"], cfg["side"]
     image = 0  # the first evaluation image, like one row of Fig. 13
     fig = plt.figure(figsize=(1.6 * len(contexts) * 2, 4.0 + 1.7 * (len(models) + 1)))
     grid = fig.add_gridspec(2 + len(models), 2 * len(contexts), height_ratios=[2.6] + [1.0] * (len(models) + 1))
     ax = fig.add_subplot(grid[0, :])
-    ns = [int(n) for n in contexts]
-    for i, m in enumerate(models):
-        for state, style in (("untrained", "--"), ("trained", "-")):
-            ax.plot(ns, [rows[m][state][n]["mse"] for n in contexts], style, marker="o", color=f"C{i}",
-                    label=f"{names[m]} ({state})")
+    plot_mse_curves(ax, result, names)
     ax.axhline(result["pixel_variance"], color="grey", lw=0.8, ls=":", label="pixel variance")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xticks(ns)
-    ax.set_xticklabels(contexts)
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("number of observed pixels N")
     ax.set_ylabel(f"MSE over {side * side} pixels")
     ax.set_title(f"Fig. 7 (images): MSE vs observed pixels, dashed untrained, solid after {cfg['steps']} steps")

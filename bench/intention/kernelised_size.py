@@ -13,8 +13,6 @@ import argparse
 import time
 from pathlib import Path
 
-from bench.intention import command_line
-
 NAME = "intention_kernelised_size"
 DEFAULT_LATENTS = (16, 32, 64, 128)
 PAPER_BUDGET = ("SGD with momentum 0.9, weight decay 5e-4, lr 0.1 decayed ×0.8 from step 10,000, trained to "
@@ -137,11 +135,9 @@ def tables(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
+    from bench.intention.report_common import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     cfg, rows = result["config"], result["rows"]
     fig, ax = plt.subplots(figsize=(5.5, 4))
     for i, m in enumerate(("intention", "kernelised")):
@@ -152,37 +148,14 @@ def plot(result: dict, path: Path) -> None:
     ax.set_xticks(cfg["latents"], [str(s) for s in cfg["latents"]])
     ax.set(xlabel="latent size", ylabel="accuracy (%)",
            title="5-way 5-shot accuracy vs model size (synthetic episodes)")
-    ax.title.set_fontsize("medium")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, 120, legends=(ax,))
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
+    from bench.intention.report_common import run_sweep
 
-    import torch
-
-    from bench.harness.machine import load_average, machine_info
-    from bench.harness.report import progress, publish
-
-    try:
-        _validate(args)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    torch.set_num_threads(args.threads)
-    start = time.perf_counter()
-    rows = sweep(args, progress)
-    machine = machine_info()
-    machine["load_average_end"] = load_average()
-    command = command_line("kernelised_size", args)
-    result = {"benchmark": NAME, "command": command.strip(), "machine": machine, "rows": rows,
-              "wall_seconds": round(time.perf_counter() - start, 1),
-              "config": {"latents": list(args.latents), "steps": args.steps, "batch": args.batch, "lr": args.lr,
-                         "eval_episodes": args.eval_episodes, "seed": args.seed, "seeds": args.seeds,
-                         "landmarks": args.landmarks, "jitter": args.jitter, "threads": args.threads}}
-    text = tables(result) + f"\n\nProduced by `{result['command']}`."
-    publish(NAME, text, result, args.out, plot)
-    return 0
+    return run_sweep(NAME, "kernelised_size", args, validate=_validate, sweep=lambda log: sweep(args, log),
+                     tables=tables, plot=plot,
+                     config={"latents": list(args.latents), "steps": args.steps, "batch": args.batch, "lr": args.lr,
+                             "eval_episodes": args.eval_episodes, "seed": args.seed, "seeds": args.seeds,
+                             "landmarks": args.landmarks, "jitter": args.jitter, "threads": args.threads})

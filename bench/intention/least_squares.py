@@ -13,8 +13,6 @@ import argparse
 import time
 from pathlib import Path
 
-from bench.intention import command_line
-
 NAME = "intention_least_squares"
 DEFAULT_DIMS = (2, 4, 6, 8)
 DEFAULT_LATENTS = (2, 4, 8, 16, 32, 64)
@@ -130,11 +128,9 @@ def tables(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
+    from bench.intention.report_common import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     cfg, rows = result["config"], result["rows"]
     ceiling = 2 * max(cfg["latents"])
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -152,40 +148,16 @@ def plot(result: dict, path: Path) -> None:
     right.set_xscale("log", base=2)
     right.set_yscale("log")
     right.set(xlabel="latent size s", ylabel="eval MSE of W", title=f"error vs latent size, d = {max(cfg['dims'])}")
-    for ax in (left, right):
-        ax.legend(fontsize="small")
-        ax.title.set_fontsize("medium")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, 120, legends=(left, right))
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
-    import torch
-
-    from bench.harness.machine import load_average, machine_info
-    from bench.harness.report import progress, publish
     from bench.intention.least_squares_models import REGRESSORS
+    from bench.intention.report_common import run_sweep
 
-    try:
-        _validate(args)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    torch.set_num_threads(args.threads)
     models = list(args.models or REGRESSORS)
-    start = time.perf_counter()
-    rows = search(args, models, progress)
-    machine = machine_info()
-    machine["load_average_end"] = load_average()
-    command = command_line("least_squares", args)
-    result = {"benchmark": NAME, "command": command.strip(), "machine": machine, "rows": rows,
-              "wall_seconds": round(time.perf_counter() - start, 1),
-              "config": {"models": models, "dims": list(args.dims), "latents": list(args.latents), "steps": args.steps,
-                         "batch": args.batch, "lr": args.lr, "threshold": args.threshold,
-                         "eval_tasks": args.eval_tasks, "seed": args.seed, "threads": args.threads}}
-    text = tables(result) + f"\n\nProduced by `{result['command']}`."
-    publish(NAME, text, result, args.out, plot)
-    return 0
+    return run_sweep(NAME, "least_squares", args, validate=_validate, sweep=lambda log: search(args, models, log),
+                     tables=tables, plot=plot,
+                     config={"models": models, "dims": list(args.dims), "latents": list(args.latents),
+                             "steps": args.steps, "batch": args.batch, "lr": args.lr, "threshold": args.threshold,
+                             "eval_tasks": args.eval_tasks, "seed": args.seed, "threads": args.threads})

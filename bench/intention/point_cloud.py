@@ -15,11 +15,8 @@ the floor) and on a procedural rabbit, and draws both figures in one PNG.
 """
 from __future__ import annotations
 
-import datetime
 import time
 from pathlib import Path
-
-from bench.intention import command_line
 
 NAME = "intention_point_cloud"
 #: The paper's models in its legend's order (Figure 10) and their appendix widths.
@@ -43,24 +40,25 @@ def add_arguments(parser) -> None:
     parser.add_argument("--rabbit-points", type=int, default=1500)
 
 
+def remap_inputs(batch) -> tuple:
+    """A model's arguments for a :class:`~bench.intention.point_cloud_data.RemapBatch`: points, images, queries."""
+    return batch.k, batch.v, batch.q
+
+
 def evaluate(model, batch) -> float:
     """MSE of ``model`` on a fixed :class:`~bench.intention.point_cloud_data.RemapBatch`."""
-    from bench.intention.training import mse_on
+    from bench.intention.training import model_mse
 
-    return mse_on(lambda b: model(b.k, b.v, b.q), batch, lambda b: b.z)
+    return model_mse(model, batch, remap_inputs, lambda b: b.z)
 
 
-def train(model, *, steps: int, batch: int, lr: float, seed: int, eval_batch, eval_every: int, log=None) -> dict:
-    """Adam on fresh tasks every step (seeded, so every model sees the same stream); returns the curves."""
+def train(model, **budget) -> dict:
+    """:func:`~bench.intention.training.train_on_fresh_tasks` on remapping tasks; ``budget``: its ``steps,
+    batch, lr, seed, eval_batch, eval_every, log``."""
     from bench.intention.point_cloud_data import sample_remap_tasks
     from bench.intention.training import train_on_fresh_tasks
 
-    def loss(m, b):
-        return (m(b.k, b.v, b.q) - b.z).pow(2).mean()
-
-    return train_on_fresh_tasks(model, sample=sample_remap_tasks, loss=loss,
-                                evaluate=evaluate, steps=steps, batch=batch, lr=lr, seed=seed, eval_batch=eval_batch,
-                                eval_every=eval_every, log=log)
+    return train_on_fresh_tasks(model, sample=sample_remap_tasks, inputs=remap_inputs, target=lambda b: b.z, **budget)
 
 
 def rabbit_demo(models: dict, n_points: int, seed: int) -> dict:
@@ -101,25 +99,14 @@ def references(eval_batch) -> dict:
             "mean_of_v": float((mean_v - eval_batch.z).pow(2).mean())}
 
 
-def _margin(runs: dict, order: list) -> str:
-    """How far Intention is ahead of (or behind) the other models, in ratios of final eval MSE."""
-    if "intention" not in runs or len(order) < 2:
-        return "n/a"
-    mine = runs["intention"]["final_eval_mse"]
-    if order[0] == "intention":
-        nxt = order[1]
-        return f"the next best ({LABELS[nxt]}) has {runs[nxt]['final_eval_mse'] / mine:.1f}× Intention's eval MSE"
-    return f"Intention's eval MSE is {mine / runs[order[0]]['final_eval_mse']:.1f}× the best's ({LABELS[order[0]]})"
-
-
 def _rounded(points) -> list:
     """``[n, 2]`` tensor -> nested lists with 4 decimals (the JSON keeps the figure redrawable, not huge)."""
     return [[round(float(x), 4), round(float(y), 4)] for x, y in points.tolist()]
 
 
 def tables(result: dict) -> str:
-    from bench.harness.machine import machine_markdown
     from bench.harness.report import markdown_table
+    from bench.intention.report_common import intention_margin, report_sections
 
     cfg, runs, ref = result["config"], result["runs"], result["references"]
     order = sorted(runs, key=lambda m: runs[m]["final_eval_mse"])
@@ -136,42 +123,34 @@ def tables(result: dict) -> str:
         ["", "the paper (Figures 10, 11)", "ours"],
         [["best model", "Intention", LABELS[best]],
          ["margin", "\"beats the baselines by a wide margin\" (its MSE values are in the figure only)",
-          _margin(runs, order)],
+          intention_margin({m: runs[m]["final_eval_mse"] for m in runs}, LABELS, "eval MSE")],
          ["order of the rest", "not stated", ", ".join(LABELS[m] for m in rest) or "n/a"],
          ["rabbit (Figure 11)", "Intention's prediction overlays the target", "see the PNG's lower row; MSE above"],
          ["training", "iterations not stated; Adam 3e-4", f"{cfg['steps']} steps × {cfg['batch']} tasks; Adam {cfg['lr']}"]],
         align="lll")
-    return "\n".join([
+    return report_sections(
         f"Point-cloud remapping: 5 observed points and their images under a random similarity transform "
         f"(rotation, scale in [0.5, 2], translation ~ N(0, I), image noise σ = {cfg['noise_std']}), then "
         f"{cfg['n_query']} query points to map; MSE of the predicted images. Every model trained {cfg['steps']} steps "
         f"of {cfg['batch']} fresh tasks (the same stream for all, seed {cfg['seed']}), Adam lr {cfg['lr']}; "
         f"`eval MSE` on {cfg['eval_tasks']} fixed tasks after training, `mean train MSE` over all steps (the "
         f"paper's annotation), `rabbit MSE` on the {cfg['rabbit_points']}-point rabbit after 5 observations (one random transform).",
-        "",
         body,
-        "",
         "**Beside the paper:**",
-        "",
         beside,
-        "",
         "Where ours differ: a budget of minutes on one CPU thread instead of a converged run, so every curve is still "
         "falling and the absolute MSEs are higher than a full run's; the task distributions are ours (the paper "
         f"gives none); attention has width {runs.get('attention', {}).get('width', '–')} (5 heads need a multiple of "
         "5; the paper's 256 is not); the NP receives the query in its decoder; the rabbit is a procedural silhouette, "
         "not a scanned one. The Umeyama row is the floor set by the observation noise: no model can know the "
         "transform better than its least-squares fit.",
-        "",
-        f"Wall time {result['wall_seconds']:.0f} s. " + machine_markdown(result["machine"]),
-    ])
+        result=result)
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
+    from bench.intention.report_common import moving_average, pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     runs, rabbit = result["runs"], result["rabbit"]
     fig = plt.figure(figsize=(13, 7.5))
     grid = fig.add_gridspec(2, 4, height_ratios=[1.1, 1])
@@ -179,9 +158,8 @@ def plot(result: dict, path: Path) -> None:
     window = max(1, result["config"]["steps"] // 60)
     for i, (name, run) in enumerate(runs.items()):
         losses = run["train_loss"]
-        smooth = [sum(losses[max(0, j - window + 1):j + 1]) / len(losses[max(0, j - window + 1):j + 1])
-                  for j in range(len(losses))]
-        ax.plot(range(1, len(losses) + 1), smooth, color=f"C{i}", lw=1.2, label=f"{LABELS[name]}")
+        ax.plot(range(1, len(losses) + 1), moving_average(losses, window), color=f"C{i}", lw=1.2,
+                label=f"{LABELS[name]}")
         steps, mses = zip(*run["eval"])
         ax.plot(steps, mses, "o", color=f"C{i}", ms=3)
         ax.annotate(f"mean {run['mean_train_mse']:.3f}", (steps[-1], mses[-1]), textcoords="offset points",
@@ -211,18 +189,17 @@ def plot(result: dict, path: Path) -> None:
                               "intention" in rabbit["mse"] else ""), fontsize=9)
         ax.set_aspect("equal", adjustable="datalim")
         ax.tick_params(labelsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, 100)
 
 
 def run(args) -> int:
     import torch
 
-    from bench.harness.machine import load_average, machine_info
-    from bench.harness.report import progress, publish
+    from bench.harness.machine import machine_info
+    from bench.harness.report import progress
     from bench.intention.point_cloud_data import NOISE_STD, sample_remap_tasks
     from bench.intention.point_cloud_models import build
+    from bench.intention.report_common import publish_runs
 
     if args.steps < 1 or args.batch < 1 or args.eval_tasks < 1 or args.eval_every < 1 or args.rabbit_points < 5:
         raise ValueError(f"point_cloud: need steps, batch, eval-tasks, eval-every >= 1 and rabbit-points >= 5; got "
@@ -249,16 +226,9 @@ def run(args) -> int:
     rabbit_json = {key: (value if key == "mse" else
                          {m: _rounded(p) for m, p in value.items()} if key == "prediction" else _rounded(value))
                    for key, value in rabbit.items()}
-    machine["load_average_end"] = load_average()
-    command = command_line("point_cloud", args)
-    result = {"benchmark": NAME, "machine": machine, "command": command.strip(), "runs": runs,
-              "references": references(eval_batch), "rabbit": rabbit_json,
-              "wall_seconds": time.perf_counter() - start,
-              "config": {"steps": args.steps, "batch": args.batch, "lr": args.lr, "seed": args.seed,
-                         "threads": args.threads, "eval_tasks": args.eval_tasks, "eval_every": args.eval_every,
-                         "n_obs": 5, "n_query": 5, "noise_std": NOISE_STD, "heads": args.heads,
-                         "rabbit_points": args.rabbit_points, "models": list(args.models)}}
-    text = (tables(result) + f"\n\nProduced by `{result['command']}` (1 thread: `--threads {args.threads}`), "
-            f"{datetime.date.today().isoformat()}.")
-    publish(NAME, text, result, args.out, plot)
-    return 0
+    return publish_runs(NAME, "point_cloud", args, machine=machine, runs=runs, references=references(eval_batch),
+                        rabbit=rabbit_json, start=start, tables=tables, plot=plot,
+                        config={"steps": args.steps, "batch": args.batch, "lr": args.lr, "seed": args.seed,
+                                "threads": args.threads, "eval_tasks": args.eval_tasks, "eval_every": args.eval_every,
+                                "n_obs": 5, "n_query": 5, "noise_std": NOISE_STD, "heads": args.heads,
+                                "rabbit_points": args.rabbit_points, "models": list(args.models)})

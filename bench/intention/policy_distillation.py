@@ -16,11 +16,8 @@ that knows the target.
 """
 from __future__ import annotations
 
-import datetime
 import time
 from pathlib import Path
-
-from bench.intention import command_line
 
 NAME = "intention_policy_distillation"
 LABELS = {"intention": "Intention", "attention": "Attention", "np": "NP", "mlp": "MLP"}
@@ -44,24 +41,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--horizon", type=int, default=100, help="navigation episode length (default 100)")
 
 
-def evaluate(model, batch) -> float:
-    """Mean squared error per coordinate of ``model``'s predicted targets on a fixed batch."""
-    from bench.intention.training import mse_on
-
-    return mse_on(lambda b: model(b.obs), batch, lambda b: b.target)
-
-
-def train(model, *, steps: int, batch: int, lr: float, seed: int, eval_batch, eval_every: int, log=None) -> dict:
-    """Adam on fresh tasks every step (seeded, so every model sees the same stream); returns the curves."""
+def train(model, **budget) -> dict:
+    """:func:`~bench.intention.training.train_on_fresh_tasks` on navigation tasks (the MSE of the predicted
+    targets); ``budget``: its ``steps, batch, lr, seed, eval_batch, eval_every, log``."""
     from bench.intention.policy_distillation_data import sample_navigation_tasks
     from bench.intention.training import train_on_fresh_tasks
 
-    def loss(m, b):
-        return (m(b.obs) - b.target).pow(2).mean()
-
-    return train_on_fresh_tasks(model, sample=sample_navigation_tasks, loss=loss,
-                                evaluate=evaluate, steps=steps, batch=batch, lr=lr, seed=seed, eval_batch=eval_batch,
-                                eval_every=eval_every, log=log)
+    return train_on_fresh_tasks(model, sample=sample_navigation_tasks, inputs=lambda b: (b.obs,),
+                                target=lambda b: b.target, **budget)
 
 
 def score(goal, target, horizon: int) -> dict:
@@ -75,20 +62,9 @@ def score(goal, target, horizon: int) -> dict:
             "return": float(ret.mean()), "final_distance": float(final.mean())}
 
 
-def _margin(runs: dict, order: list) -> str:
-    """How far Intention is ahead of (or behind) the other models, as a ratio of target MSEs."""
-    if "intention" not in runs or len(order) < 2:
-        return "n/a"
-    mine = runs["intention"]["score"]["mse"]
-    if order[0] == "intention":
-        nxt = order[1]
-        return f"the next best ({LABELS[nxt]}) has {runs[nxt]['score']['mse'] / mine:.1f}× Intention's target MSE"
-    return f"Intention's target MSE is {mine / runs[order[0]]['score']['mse']:.1f}× the best's ({LABELS[order[0]]})"
-
-
 def tables(result: dict) -> str:
-    from bench.harness.machine import machine_markdown
     from bench.harness.report import markdown_table
+    from bench.intention.report_common import intention_margin, report_sections
 
     cfg, runs, ref = result["config"], result["runs"], result["references"]
     order = sorted(runs, key=lambda m: runs[m]["score"]["mse"])
@@ -113,12 +89,13 @@ def tables(result: dict) -> str:
          ["models clearly better than the prior mean", "only Intention (\"the only model that shows significant "
           "improvement\"; values in the figure only)",
           (", ".join(improved) or "none") + " (target MSE below half the prior mean's)"],
-         ["margin", "in the figure only", _margin(runs, order)],
+         ["margin", "in the figure only", intention_margin({m: runs[m]["score"]["mse"] for m in runs}, LABELS,
+                                                            "target MSE")],
          ["trials", "1000", str(cfg["eval_tasks"])],
          ["training", "iterations not stated; Adam 3e-5 (Intention, attention), 3e-4 (NP, MLP)",
           f"{cfg['steps']} steps × {cfg['batch']} tasks; " + ", ".join(f"{LABELS[m]} {runs[m]['lr']:g}" for m in runs)]],
         align="lll")
-    return "\n".join([
+    return report_sections(
         "Target prediction for 2-D navigation: target t ~ N(0, I₂), 5 probes p_i ~ N(0, ¼I₂) observed as "
         "(x_i, y_i, ‖p_i − t‖²); predict t. Every model trained "
         f"{cfg['steps']} steps of {cfg['batch']} fresh tasks (the same stream for all, seed {cfg['seed']}); "
@@ -126,13 +103,9 @@ def tables(result: dict) -> str:
         "mean ± standard error). `episode return`: the greedy controller aimed at the prediction in the point-"
         f"navigation environment (start at 0, steps clipped to ±0.1, reward −distance, {cfg['horizon']} steps); "
         "the expert aims at the true target; `regret` = expert's return − the model's.",
-        "",
         body,
-        "",
         "**Beside the paper:**",
-        "",
         beside,
-        "",
         "Where ours differ: the paper finds only Intention clearly improving on the prior mean; here every model has "
         "moved well below the prior mean's error, and Intention leads by the margin above. "
         "Minutes on one CPU thread instead of a converged run (the paper's 3e-5 rate for "
@@ -141,18 +114,15 @@ def tables(result: dict) -> str:
         "columns are ours (the paper scores the targets only); the paper's e_P of Intention reads the fitted map "
         "of keys [K, V, Q] = [O, O, O], ours of O once (identical copies only make the Gram matrix singular). "
         "The least-squares row is the floor: the observations are noise-free, so 3 probes fix the target.",
-        "",
-        f"Wall time {result['wall_seconds']:.0f} s. " + machine_markdown(result["machine"]),
-    ])
+        result=result)
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
+    from bench.intention.report_common import pyplot, save_figure
+
+    plt = pyplot()
     runs, ex = result["runs"], result["examples"]
     fig = plt.figure(figsize=(13, 10))
     grid = fig.add_gridspec(3, 4, height_ratios=[1, 1, 1.1])
@@ -201,18 +171,17 @@ def plot(result: dict, path: Path) -> None:
     ax.set_title("cf. Figure 9", fontsize=9)
     fig.suptitle("Policy distillation as target prediction (cf. the paper's Figures 8, 9); dot size ∝ reward",
                  fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    save_figure(fig, path, 90)
 
 
 def run(args) -> int:
     import torch
 
-    from bench.harness.machine import load_average, machine_info
-    from bench.harness.report import progress, publish
+    from bench.harness.machine import machine_info
+    from bench.harness.report import progress
     from bench.intention.policy_distillation_data import least_squares_target, sample_navigation_tasks
     from bench.intention.policy_distillation_models import PAPER_LR, PAPER_WIDTHS, build
+    from bench.intention.report_common import publish_runs
 
     if min(args.steps, args.batch, args.eval_tasks, args.eval_every, args.horizon) < 1 or args.width_scale <= 0:
         raise ValueError(f"policy_distillation: need steps, batch, eval-tasks, eval-every, horizon >= 1 and "
@@ -246,15 +215,9 @@ def run(args) -> int:
         examples = [{"obs": eval_batch.obs[i].tolist(), "target": target[i].tolist(),
                      "prediction": {m: model(eval_batch.obs[i:i + 1])[0].tolist() for m, model in models.items()}}
                     for i in range(min(4, args.eval_tasks))]
-    machine["load_average_end"] = load_average()
-    command = command_line("policy_distillation", args)
-    result = {"benchmark": NAME, "machine": machine, "command": command.strip(), "runs": runs,
-              "references": references, "examples": examples, "wall_seconds": time.perf_counter() - start,
-              "config": {"steps": args.steps, "batch": args.batch, "lr": args.lr, "seed": args.seed,
-                         "threads": args.threads, "eval_tasks": args.eval_tasks, "eval_every": args.eval_every,
-                         "horizon": args.horizon, "width_scale": args.width_scale, "n_obs": 5,
-                         "models": list(args.models)}}
-    text = (tables(result) + f"\n\nProduced by `{result['command']}` (1 thread: `--threads {args.threads}`), "
-            f"{datetime.date.today().isoformat()}.")
-    publish(NAME, text, result, args.out, plot)
-    return 0
+    return publish_runs(NAME, "policy_distillation", args, machine=machine, runs=runs, references=references,
+                        examples=examples, start=start, tables=tables, plot=plot,
+                        config={"steps": args.steps, "batch": args.batch, "lr": args.lr, "seed": args.seed,
+                                "threads": args.threads, "eval_tasks": args.eval_tasks, "eval_every": args.eval_every,
+                                "horizon": args.horizon, "width_scale": args.width_scale, "n_obs": 5,
+                                "models": list(args.models)})

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from bench.intention import command_line
+from bench.intention.training import mse_per_context as evaluate  # this task's score (MSE per N), for callers
 
 NAME = "intention_sine_few_shot"
 AMPLITUDE_RANGE, PHASE_RANGE, X_RANGE = (0.1, 5.0), (0.0, math.pi), (-6.0, 6.0)
@@ -75,39 +76,14 @@ def sample_sine_tasks(batch: int, num_points: int, num_context: int, generator) 
     return {"xc": x[:, :num_context], "yc": y[:, :num_context], "x": x, "y": y, "amplitude": amplitude, "phase": phase}
 
 
-def evaluate(model, eval_sets: dict) -> dict:
-    """MSE (mean over tasks and targets) and its standard error over tasks, per number of observations."""
-    import torch
-
-    out = {}
-    with torch.no_grad():
-        for n, t in eval_sets.items():
-            per_task = ((model(t["xc"], t["yc"], t["x"]) - t["y"]) ** 2).mean(dim=(1, 2))
-            out[str(n)] = {"mse": float(per_task.mean()), "sem": float(per_task.std() / math.sqrt(len(per_task)))}
-    return out
-
-
 def train(model, steps: int, lr: float, args, log_every: int = 250) -> list:
-    """Adam on the paper's MSE; returns the loss curve (mean of each ``log_every`` steps)."""
-    import torch
-
+    """Adam on the paper's MSE, the same task stream (seed ``args.seed``) for every model; returns the loss
+    curve (mean of each ``log_every`` steps)."""
     from bench.harness.report import progress
+    from bench.intention.training import train_mse_curve
 
-    gen = torch.Generator().manual_seed(args.seed)  # the same task stream for every model
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    curve, running = [], 0.0
-    for step in range(1, steps + 1):
-        t = sample_sine_tasks(args.batch, args.num_points, args.train_context, gen)
-        loss = ((model(t["xc"], t["yc"], t["x"]) - t["y"]) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        running += loss.item()
-        if step % log_every == 0 or step == steps:
-            curve.append(running / (step - log_every * (len(curve))))
-            running = 0.0
-            progress(f"  step {step}/{steps}: train MSE {curve[-1]:.3f}")
-    return curve
+    return train_mse_curve(model, lambda gen: sample_sine_tasks(args.batch, args.num_points, args.train_context, gen),
+                           steps=steps, lr=lr, seed=args.seed, log_every=log_every, digits=3, log=progress)
 
 
 def qualitative(model, task: dict, contexts, grid) -> dict:
@@ -125,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from bench.harness.report import progress, publish
     from bench.intention.sine_models import SINE_MODELS, build_sine_model
     from bench.intention.sine_report import plot, tables
+    from bench.intention.training import scored_training
 
     torch.set_num_threads(args.threads)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -148,14 +125,10 @@ def run(args: argparse.Namespace) -> int:
                                  maml_lr=args.maml_lr)
         lr = PAPER_LR["maml"] if name == "maml" else args.lr
         progress(f"sine_few_shot: {name} ({sum(p.numel() for p in model.parameters()):,} parameters, lr {lr:g})")
-        before, curves_before = evaluate(model, eval_sets), qualitative(model, show, contexts, grid)
-        t0 = time.perf_counter()
-        curve = train(model, args.steps, lr, args)
-        seconds = time.perf_counter() - t0
-        rows[name] = {"untrained": before, "trained": evaluate(model, eval_sets), "train_curve": curve,
-                      "train_seconds": seconds, "lr": lr, "parameters": sum(p.numel() for p in model.parameters()),
-                      "curves": {"untrained": curves_before, "trained": qualitative(model, show, contexts, grid)}}
-        progress(f"  {seconds:.0f} s; eval MSE at N={contexts[-1]}: {rows[name]['trained'][str(contexts[-1])]['mse']:.3f}")
+        rows[name] = scored_training(model, lambda m, rate: train(m, args.steps, rate, args), lr, eval_sets,
+                                     lambda m: qualitative(m, show, contexts, grid), "curves")
+        progress(f"  {rows[name]['train_seconds']:.0f} s; eval MSE at N={contexts[-1]}: "
+                 f"{rows[name]['trained'][str(contexts[-1])]['mse']:.3f}")
     machine["load_average_end"] = load_average()
     result = {
         "benchmark": NAME, "machine": machine, "wall_seconds": time.perf_counter() - start,

@@ -48,21 +48,15 @@ def build_sine_model(name: str, width: int = 128, *, heads: int = 4, maml_steps:
     >>> [tuple(build_sine_model(n, 16)(xc, yc, xt).shape) for n in SINE_MODELS]
     [(2, 7, 1), (2, 7, 1), (2, 7, 1), (2, 7, 1), (2, 7, 1)]
     """
-    from bench.intention.few_shot_regressors import REGRESSOR_NAMES, build_few_shot_regressor
+    from bench.intention.few_shot_regressors import (build_few_shot_regressor, check_context_shapes,
+                                                     check_regressor_options)
 
     def check(xc, yc, xt, cls):
-        if (xc.dim() != 3 or xc.shape[-1] != 1 or yc.shape != xc.shape or xt.dim() != 3 or xt.shape[-1] != 1
-                or xt.shape[0] != xc.shape[0]):
-            raise ValueError(f"{cls}: expected xc, yc [B, N, 1] and xt [B, M, 1], got {tuple(xc.shape)}, "
-                             f"{tuple(yc.shape)}, {tuple(xt.shape)}")
+        check_context_shapes(xc, yc, xt, cls, positions=1)
         return xc, xt
 
-    if name not in REGRESSOR_NAMES:
-        raise ValueError(f"build_sine_model: unknown model {name!r}; expected one of {sorted(REGRESSOR_NAMES)}")
-    if alpha_init <= 0 or sigma_scale_init <= 0 or maml_steps < 0:
-        raise ValueError(f"build_sine_model: need alpha_init > 0, sigma_scale_init > 0, maml_steps >= 0, got "
-                         f"{alpha_init}, {sigma_scale_init}, {maml_steps}")
-    if name == "attention" and width % heads:
-        raise ValueError(f"build_sine_model: width {width} is not divisible by heads {heads}")
+    check_regressor_options("build_sine_model", name, width, heads=heads,
+                            positive={"alpha_init": alpha_init, "sigma_scale_init": sigma_scale_init},
+                            non_negative={"maml_steps": maml_steps})
     return build_few_shot_regressor(name, width, dim=1, prepare=check, heads=heads, maml_steps=maml_steps,
                                     maml_lr=maml_lr, alpha_init=alpha_init, sigma_scale_init=sigma_scale_init)

@@ -19,15 +19,20 @@ def _names() -> dict:
 
 
 def tables(result: dict) -> str:
-    from bench.harness.machine import machine_markdown
-    from bench.intention.regression_report import budget_table, mse_table
+    from bench.intention.regression_report import closing_sections, lowest_trained_line, mse_table
 
-    cfg, rows, names = result["config"], result["rows"], _names()
-    contexts = [str(n) for n in cfg["eval_context"]]
-    mse = mse_table(result, names, 3)
-    best = {n: min(cfg["models"], key=lambda m: rows[m]["trained"][n]["mse"]) for n in contexts}
-    budget = budget_table(result, names, 3)
-    verdict = ", ".join(f"N = {n}: {names[best[n]]}" for n in contexts)
+    cfg, names = result["config"], _names()
+    differences = (
+        "Differences from the paper's setup: hidden width "
+        f"{cfg['width']} everywhere (paper: Intention 1000, NP 2000, Attention and MAML 128); 4 attention heads "
+        f"(paper: 5, which does not divide the width); Adam {cfg['lr']:g} for the amortised models (paper: "
+        "3e-4 for Intention, 1e-4 for Attention and NP, tuned for 50 000 steps); MAML's outer 3e-3 and 3 inner "
+        f"steps as in the paper, but an inner rate of {cfg['maml_lr']:g} (the paper's 0.1 made our MAML diverge to "
+        "NaN; 0.01 is MAML's own rate for this task); σIntention learns a score scale starting at "
+        f"{cfg['sigma_scale_init']:g} (with the embedding shared by keys and queries its scores hardly change "
+        "with the embedding's scale, so its softmax could not sharpen otherwise); Intention regresses the raw context values on learned features "
+        f"(the paper's appendix also embeds the values but lists no decoder) with a learned ridge α starting at "
+        f"{cfg['alpha_init']:g} (the paper does not state α).")
     return "\n".join([
         f"Few-shot sine regression (`y = a·sin(x − b)`, a ~ U(0.1, 5), b ~ U(0, π), {cfg['num_points']} points "
         f"x ~ U(-6, 6) per task, all of them targets). Trained with {cfg['train_context']} observations, "
@@ -35,9 +40,9 @@ def tables(result: dict) -> str:
         f"on {cfg['eval_tasks']} fixed tasks for each number of observations N. MSE ± standard error over tasks "
         f"(the variance of y is about 4.2; predicting 0 scores that).",
         "",
-        mse,
+        mse_table(result, names, 3),
         "",
-        f"Lowest trained MSE: {verdict}.",
+        lowest_trained_line(result, names),
         "",
         "**Beside the paper** (its Fig. 7 plots these curves for 50 000 training steps; its numbers are in the "
         "image only, so we compare its stated findings):",
@@ -48,26 +53,7 @@ def tables(result: dict) -> str:
         "higher than the paper's, and the baselines, which start from nothing, lose the most from it. Where our "
         "ranking differs from the paper's the short training is the first suspect.",
         "",
-        "Training:",
-        "",
-        budget,
-        "",
-        "Differences from the paper's setup: hidden width "
-        f"{cfg['width']} everywhere (paper: Intention 1000, NP 2000, Attention and MAML 128); 4 attention heads "
-        f"(paper: 5, which does not divide the width); Adam {cfg['lr']:g} for the amortised models (paper: "
-        "3e-4 for Intention, 1e-4 for Attention and NP, tuned for 50 000 steps); MAML's outer 3e-3 and 3 inner "
-        f"steps as in the paper, but an inner rate of {cfg['maml_lr']:g} (the paper's 0.1 made our MAML diverge to "
-        "NaN; 0.01 is MAML's own rate for this task); σIntention learns a score scale starting at "
-        f"{cfg['sigma_scale_init']:g} (with the embedding shared by keys and queries its scores hardly change "
-        "with the embedding's scale, so its softmax could not sharpen otherwise); Intention regresses the raw context values on learned features "
-        f"(the paper's appendix also embeds the values but lists no decoder) with a learned ridge α starting at "
-        f"{cfg['alpha_init']:g} (the paper does not state α).",
-        "",
-        f"Total wall time {result['wall_seconds']:.0f} s on {cfg['threads']} thread(s).",
-        "",
-        f"Command: `{cfg['command']}`",
-        "",
-        machine_markdown(result["machine"]),
+        *closing_sections(result, names, 3, differences),
     ])
 
 
@@ -75,27 +61,16 @@ def plot(result: dict, path: Path) -> None:
     """Top: MSE vs observations (dashed untrained, solid trained; Fig. 7). Below: one task per N (Fig. 6)."""
     import math
 
-    import matplotlib
-    import matplotlib.ticker
+    from bench.intention.regression_report import plot_mse_curves
+    from bench.intention.report_common import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     cfg, rows, names, task = result["config"], result["rows"], _names(), result["figure_task"]
     contexts, models = [str(n) for n in cfg["eval_context"]], cfg["models"]
     fig = plt.figure(figsize=(3.0 * len(contexts), 4.0 + 2.2 * len(models)))
     grid = fig.add_gridspec(1 + len(models), len(contexts), height_ratios=[2.2] + [1.0] * len(models))
     ax = fig.add_subplot(grid[0, :])
-    ns = [int(n) for n in contexts]
-    for i, m in enumerate(models):
-        for state, style in (("untrained", "--"), ("trained", "-")):
-            ax.plot(ns, [rows[m][state][n]["mse"] for n in contexts], style, marker="o", color=f"C{i}",
-                    label=f"{names[m]} ({state})")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xticks(ns)
-    ax.set_xticklabels(contexts)
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # only the evaluated N are labelled
+    plot_mse_curves(ax, result, names)
     ax.set_xlabel("number of observations N")
     ax.set_ylabel("MSE over 200 targets")
     ax.set_title(f"Fig. 7 (sine): MSE vs observations, dashed untrained, solid after {cfg['steps']} steps")

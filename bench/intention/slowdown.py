@@ -18,8 +18,6 @@ import math
 import time
 from pathlib import Path
 
-from bench.intention import command_line
-
 NAME = "intention_slowdown"
 IMPLS = ("intention", "sigma_intention", "nxn_map", "sdpa")
 #: Implementations compared with SDPA, in the report's order.
@@ -210,12 +208,11 @@ def tables(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
+    from bench.intention.report_common import pyplot, save_figure
+
+    plt = pyplot()
     rows = result["rows"]
     fig, (hist, scatter) = plt.subplots(1, 2, figsize=(11, 4.2))
     ratios = {name: np.array([r[f"{name}_slowdown"] for r in rows]) for name in RATIOS}
@@ -237,20 +234,16 @@ def plot(result: dict, path: Path) -> None:
     scatter.set_xscale("log")
     scatter.set_yscale("log")
     scatter.set(xlabel="N", ylabel="slowdown over SDPA", title="slowdown vs N (colour: d)")
-    for ax in (hist, scatter):
-        ax.legend(fontsize="small")
-        ax.title.set_fontsize("medium")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, 120, legends=(hist, scatter))
 
 
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from bench.harness.machine import load_average, machine_info
-    from bench.harness.report import progress, publish
+    from bench.harness.machine import machine_info
+    from bench.harness.report import progress
     from bench.harness.timing import gc_frozen, torch_threads
+    from bench.intention.report_common import option_error, publish_rows
 
     if args.repeats < 1 or args.batch < 1 or args.heads < 1 or args.threads < 1:
         print("error: slowdown: --repeats, --batch, --heads and --threads must be >= 1", file=sys.stderr)
@@ -258,8 +251,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         grid = sample_grid(args.samples, args.n_range, args.d_range, args.seed)
     except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return option_error(exc)
     start, rows = time.perf_counter(), []
     with torch_threads(args.threads), gc_frozen():
         machine = machine_info()
@@ -269,12 +261,8 @@ def run(args: argparse.Namespace) -> int:
             if (i + 1) % 10 == 0 or i + 1 == len(grid):
                 progress(f"[{i + 1}/{len(grid)}] N={n} d={d}: " + ", ".join(
                     f"{LABELS[name]} {rows[-1][name + '_slowdown']:.2f}x" for name in RATIOS))
-    machine["load_average_end"] = load_average()
-    command = command_line("slowdown", args)
-    result = {"benchmark": NAME, "command": command.strip(), "machine": machine, "rows": rows,
-              "summary": summary(rows), "wall_seconds": round(time.perf_counter() - start, 1),
-              "config": {"samples": args.samples, "n_range": list(args.n_range), "d_range": list(args.d_range),
-                         "batch": args.batch, "heads": args.heads, "repeats": args.repeats, "seed": args.seed,
-                         "threads": args.threads, "backend": args.backend, "sampler": "log-uniform, rounded"}}
-    publish(NAME, tables(result) + f"\n\nProduced by `{result['command']}`.", result, args.out, plot)
-    return 0
+    return publish_rows(NAME, "slowdown", args, machine=machine, rows=rows, summary=summary(rows), start=start,
+                        tables=tables, plot=plot,
+                        config={"samples": args.samples, "n_range": list(args.n_range), "d_range": list(args.d_range),
+                                "batch": args.batch, "heads": args.heads, "repeats": args.repeats, "seed": args.seed,
+                                "threads": args.threads, "backend": args.backend, "sampler": "log-uniform, rounded"})

@@ -77,7 +77,33 @@ def test_classifiers_score_every_query_and_check_shapes(name):
     with pytest.raises(ValueError, match="expected xc"):
         model(xc[..., :5], yc, xq)
     with pytest.raises(ValueError, match="unknown model"):
-        build_classifier("maml", 12)
+        build_classifier("matching_networks", 12)
+
+
+def test_maml_classifier_is_second_order_inner_steps_on_the_context():
+    torch.manual_seed(0)
+    model = build_classifier("maml", 6, hidden=5, latent=4, maml_steps=2, maml_lr=0.3).double()
+    world = EmbeddingWorld(num_classes=10, num_train_classes=8, dim=6)
+    xc, yc, xq, yq = sample_episodes(world, 2, queries=2, generator=torch.Generator().manual_seed(1))
+    xc, xq = xc.double(), xq.double()
+    names = [n for n, _ in model.net.named_parameters()]
+    loss = model.loss(xc, yc, xq, yq)
+    got = torch.autograd.grad(loss, list(model.net.parameters()))
+    outer = 0
+    for i in range(2):  # plain autograd, one episode at a time, keeping the inner graph
+        params = dict(model.net.named_parameters())
+        for _ in range(2):
+            inner = torch.nn.functional.cross_entropy(torch.func.functional_call(model.net, params, (xc[i],)), yc[i])
+            grads = torch.autograd.grad(inner, list(params.values()), create_graph=True)
+            params = {n: params[n] - 0.3 * g for n, g in zip(names, grads)}
+        scores = torch.func.functional_call(model.net, params, (xq[i],))
+        torch.testing.assert_close(model(xc[i:i + 1], yc[i:i + 1], xq[i:i + 1])[0], scores, rtol=1e-9, atol=1e-10)
+        outer = outer + torch.nn.functional.cross_entropy(scores, yq[i], reduction="sum")
+    want = torch.autograd.grad(outer / yq.numel(), list(model.net.parameters()))
+    for g, w in zip(got, want):            # the second-order terms are in the meta-gradient
+        torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-10)
+    with torch.no_grad():                   # adaptation still runs where the evaluation turns gradients off
+        assert torch.isfinite(model(xc, yc, xq)).all()
 
 
 def test_sigma_intention_classifier_returns_log_probabilities_of_the_op():

@@ -104,7 +104,7 @@ void backward_head(const IntentionArgs<scalar_t>& a, const scalar_t* grad_out, c
     if (count == 0) break;
     gemm(Transpose::kNo, Transpose::kNo, count, D, D, acc_t(-1), kbuf.data(), D, e.data(), D, acc_t(0), dkbuf.data(),
          D);
-    if (a.v) {
+    if (a.has_v) {
       gemm(Transpose::kNo, Transpose::kYes, count, D, Dv, acc_t(1), vbuf.data(), Dv, db.data(), Dv, acc_t(1),
            dkbuf.data(), D);
       gemm(Transpose::kNo, Transpose::kNo, count, Dv, D, acc_t(1), kbuf.data(), D, db.data(), Dv, acc_t(0),
@@ -113,7 +113,7 @@ void backward_head(const IntentionArgs<scalar_t>& a, const scalar_t* grad_out, c
     for (int64_t r = 0; r < count; ++r) {
       scalar_t* dk_row = dk + (bh * a.N + rows[r]) * D;
       for (int64_t d = 0; d < D; ++d) dk_row[d] = static_cast<scalar_t>(dkbuf[r * D + d]);
-      if (!a.v) continue;
+      if (!a.has_v) continue;
       scalar_t* dv_row = dv + (bh * a.N + rows[r]) * Dv;
       for (int64_t d = 0; d < Dv; ++d) dv_row[d] = static_cast<scalar_t>(dvbuf[r * Dv + d]);
     }

@@ -24,10 +24,13 @@ namespace attn_ext::cpu::intention {
 
 constexpr int64_t kRowChunk = 256;  // rows per BLAS call: big enough for BLAS, small enough for L2
 
-/// Raw views of one call's inputs (last dims contiguous) and its sizes; v is null when C = I.
+/// Raw views of one call's inputs (last dims contiguous) and its sizes. Without values (C = I)
+/// has_v is false; v's pointer does not say it, because an empty tensor (N = 0 keys, or Dv = 0)
+/// has a null data pointer too.
 template <typename scalar_t>
 struct IntentionArgs {
   const scalar_t *q, *k, *v;
+  bool has_v;
   const bool* mask;  // [B, N] or nullptr
   int64_t B, H, M, N, D, Dv;
   int64_t qs0, qs1, qs2, ks0, ks1, ks2, vs0, vs1, vs2;
@@ -45,7 +48,7 @@ int64_t gather_valid_rows(const IntentionArgs<scalar_t>& a, int64_t b, int64_t h
     if (mask_row && mask_row[n]) continue;
     const scalar_t* kr = a.k + b * a.ks0 + h * a.ks1 + n * a.ks2;
     for (int64_t d = 0; d < a.D; ++d) kbuf[count * a.D + d] = static_cast<acc_t>(kr[d]);
-    if (a.v) {
+    if (a.has_v) {
       const scalar_t* vr = a.v + b * a.vs0 + h * a.vs1 + n * a.vs2;
       for (int64_t d = 0; d < a.Dv; ++d) vbuf[count * a.Dv + d] = static_cast<acc_t>(vr[d]);
     }
@@ -97,10 +100,10 @@ int64_t accumulate_statistics(const IntentionArgs<scalar_t>& a, int64_t b, int64
   std::fill(stats, stats + D * E, acc_t(0));
   if constexpr (std::is_same_v<scalar_t, acc_t>) {
     // No padding, no upcast, BLAS-compatible row strides (not a broadcast): BLAS reads K and V in place.
-    if (a.mask == nullptr && a.N > 0 && a.ks2 >= D && (!a.v || a.vs2 >= Dv)) {
+    if (a.mask == nullptr && a.N > 0 && a.ks2 >= D && (!a.has_v || a.vs2 >= Dv)) {
       const scalar_t* k = a.k + b * a.ks0 + h * a.ks1;
       gram_lower(k, a.ks2, a.N, D, acc_t(0), stats, E);
-      if (a.v) {
+      if (a.has_v) {
         gemm(Transpose::kYes, Transpose::kNo, D, Dv, a.N, acc_t(1), k, a.ks2, a.v + b * a.vs0 + h * a.vs1, a.vs2,
              acc_t(0), stats + D, E);
       }
@@ -113,7 +116,7 @@ int64_t accumulate_statistics(const IntentionArgs<scalar_t>& a, int64_t b, int64
     if (count == 0) break;
     valid += count;
     gram_lower(w.kbuf.get(), D, count, D, acc_t(1), stats, E);
-    if (a.v) {
+    if (a.has_v) {
       gemm(Transpose::kYes, Transpose::kNo, D, Dv, count, acc_t(1), w.kbuf.get(), D, w.vbuf.get(), Dv, acc_t(1),
            stats + D, E);
     }
@@ -168,7 +171,7 @@ int solve_weights(const IntentionArgs<scalar_t>& a, int64_t b, int64_t h, acc_t 
   if (alpha == acc_t(0) && valid < D) return kIntentionTooFewKeys;
   for (int64_t i = 0; i < D; ++i) {
     stats[i * E + i] += alpha;
-    if (!a.v) stats[i * E + D + i] = acc_t(1);  // C = I
+    if (!a.has_v) stats[i * E + D + i] = acc_t(1);  // C = I
   }
   // A = stats[:, :D] and C = stats[:, D:] are read in place through their row stride E.
   int32_t info = 0;
@@ -184,7 +187,7 @@ IntentionArgs<scalar_t> make_args(const at::Tensor& q, const at::Tensor& k, cons
                                   const at::Tensor& mask) {
   const bool has_v = v.defined();
   return IntentionArgs<scalar_t>{q.const_data_ptr<scalar_t>(), k.const_data_ptr<scalar_t>(),
-                                 has_v ? v.const_data_ptr<scalar_t>() : nullptr,
+                                 has_v ? v.const_data_ptr<scalar_t>() : nullptr, has_v,
                                  mask.defined() ? mask.const_data_ptr<bool>() : nullptr,
                                  q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), has_v ? v.size(3) : q.size(3),
                                  q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),

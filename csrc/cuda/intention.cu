@@ -67,7 +67,8 @@ cudaError_t run(const Params& p, Planner planner, cudaStream_t stream) {
 
 cudaError_t launch_intention_fwd(const IntentionFwdParams& p, cudaStream_t stream) {
   if (p.in.B * p.in.H == 0) return cudaSuccess;
-  if (p.in.q == nullptr || p.in.k == nullptr || p.alpha == nullptr || p.out == nullptr || p.factor == nullptr ||
+  if (p.in.q == nullptr || (p.in.N > 0 && (p.in.k == nullptr || (p.in.has_values && p.in.v == nullptr))) ||
+      p.alpha == nullptr || p.out == nullptr || p.factor == nullptr ||
       p.weights == nullptr || p.stats == nullptr || p.info == nullptr) {
     return cudaErrorInvalidValue;
   }
@@ -76,8 +77,9 @@ cudaError_t launch_intention_fwd(const IntentionFwdParams& p, cudaStream_t strea
 
 cudaError_t launch_intention_bwd(const IntentionBwdParams& p, cudaStream_t stream) {
   if (p.in.B * p.in.H == 0) return cudaSuccess;
-  if (p.grad_out == nullptr || p.in.q == nullptr || p.in.k == nullptr || p.factor == nullptr || p.weights == nullptr ||
-      p.grad_q == nullptr || p.grad_k == nullptr || (p.in.v != nullptr && p.grad_v == nullptr) ||
+  if (p.grad_out == nullptr || p.in.q == nullptr || (p.in.N > 0 && (p.in.k == nullptr || p.grad_k == nullptr)) ||
+      p.factor == nullptr || p.weights == nullptr ||
+      p.grad_q == nullptr || (p.in.has_values && p.in.N > 0 && (p.in.v == nullptr || p.grad_v == nullptr)) ||
       p.grad_alpha == nullptr || p.db == nullptr || p.e == nullptr) {
     return cudaErrorInvalidValue;
   }

@@ -18,7 +18,9 @@ namespace cuda {
 struct IntentionInputs : QkvLayout {
   const void* q = nullptr;
   const void* k = nullptr;
-  const void* v = nullptr;                    ///< nullptr: C = I (then Dv must equal D)
+  const void* v = nullptr;                    ///< read only when has_values
+  bool has_values = false;                    ///< false: C = I (then Dv must equal D). Not `v != nullptr`:
+                                              ///< an empty v (N = 0) has a null pointer too.
   const uint8_t* key_padding_mask = nullptr;  ///< [B,N] bytes, nonzero = padding; nullptr = none
   int64_t B = 0, H = 0, M = 0, N = 0, D = 0, Dv = 0;
 };

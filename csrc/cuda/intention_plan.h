@@ -60,7 +60,7 @@ inline SmallGemmParams gemm(GemmOperand a, GemmOperand b, void* c, int64_t cb, i
 inline const char* intention_size_error(const IntentionInputs& x) {
   if (x.B < 0 || x.H < 0 || x.M < 0 || x.N < 0 || x.D < 0 || x.Dv < 0) return "negative size";
   if (x.D > kCholeskyMaxDim) return "the CUDA Intention kernels support head dim D <= 128 (one factor per block)";
-  if (x.v == nullptr && x.Dv != x.D) return "without v, Dv must equal D (C = I)";
+  if (!x.has_values && x.Dv != x.D) return "without v, Dv must equal D (C = I)";
   return nullptr;
 }
 
@@ -115,7 +115,7 @@ inline IntentionPlan plan_intention_fwd(const IntentionFwdParams& p, std::size_t
   IntentionPlan plan;
   plan.error = detail::intention_size_error(x);
   if (plan.error != nullptr) return plan;
-  const int64_t B = x.B, H = x.H, D = x.D, Dv = x.Dv, E = D + (x.v != nullptr ? Dv : 0);
+  const int64_t B = x.B, H = x.H, D = x.D, Dv = x.Dv, E = D + (x.has_values ? Dv : 0);
   const GemmOperand k_t = operand(x.k, x.k_stride_b, x.k_stride_h, 1, x.k_stride_n);  // Kᵀ [D, N]
   IntentionStep* s = plan.steps;
 
@@ -124,7 +124,7 @@ inline IntentionPlan plan_intention_fwd(const IntentionFwdParams& p, std::size_t
                  D, D, x.N, 1.0f);
   s->gemm.inner_mask = x.key_padding_mask, s->gemm.inner_mask_stride_b = x.mask_stride_b;
   ++s;
-  if (x.v != nullptr) {  // C = KᵀV into stats[:, D:]
+  if (x.has_values) {  // C = KᵀV into stats[:, D:]
     s->kind = IntentionStep::kGemmSSF;
     s->gemm = gemm(k_t, operand(x.v, x.v_stride_b, x.v_stride_h, x.v_stride_n, 1), p.stats + D, H * D * E, D * E, E,
                    B, H, D, Dv, x.N, 1.0f);
@@ -139,7 +139,7 @@ inline IntentionPlan plan_intention_fwd(const IntentionFwdParams& p, std::size_t
   ++s;
   s->kind = IntentionStep::kSolve;  // W = A⁻¹C, C = I without v
   s->solve.l.data = p.factor, s->solve.l.stride_batch = D * D, s->solve.l.stride_row = D, s->solve.l.stride_col = 1;
-  if (x.v != nullptr) {
+  if (x.has_values) {
     s->solve.b.data = p.stats + D, s->solve.b.stride_batch = D * E, s->solve.b.stride_row = E;
     s->solve.b.stride_col = 1;
   }
@@ -194,13 +194,13 @@ inline IntentionPlan plan_intention_bwd(const IntentionBwdParams& p, std::size_t
   ++s;
   s->kind = IntentionStep::kGemmSFS;  // dK = −K E + V dBᵀ, padding rows 0
   s->gemm = gemm(k, operand(p.e, H * D * D, D * D, D, 1), p.grad_k, H * N * D, N * D, D, B, H, N, D, D, -1.0f);
-  if (x.v != nullptr) {
+  if (x.has_values) {
     s->gemm.a2 = operand(x.v, x.v_stride_b, x.v_stride_h, x.v_stride_n, 1), s->gemm.b2 = db_t;
     s->gemm.inner2 = Dv, s->gemm.alpha2 = 1.0f;
   }
   s->gemm.row_mask = x.key_padding_mask, s->gemm.row_mask_stride_b = x.mask_stride_b;
   ++s;
-  if (x.v != nullptr) {
+  if (x.has_values) {
     s->kind = IntentionStep::kGemmSFS;  // dV = K dB, padding rows 0
     s->gemm = gemm(k, db, p.grad_v, H * N * Dv, N * Dv, Dv, B, H, N, Dv, D, 1.0f);
     s->gemm.row_mask = x.key_padding_mask, s->gemm.row_mask_stride_b = x.mask_stride_b;

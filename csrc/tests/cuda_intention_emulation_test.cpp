@@ -1,7 +1,8 @@
 // Runs the CUDA Intention forward and backward chains (csrc/cuda/intention_plan.h, i.e. the same
 // steps intention.cu launches) on the host through the emulator, against a double-precision
 // reference of docs/spec.md §4: masks (a fully padded batch too, where α alone makes A definite), D = 40 /
-// Dv = 59 (tile tails), N = 1, v = None (C = I), strided and broadcast inputs, fp32 and fp16.
+// Dv = 59 (tile tails), N = 1, N = 0 (null key pointers, as torch's empty tensors have), v = None (C = I),
+// strided and broadcast inputs, fp32 and fp16.
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -147,7 +148,9 @@ void run_case(const Case& c, uint32_t seed) {
   std::vector<S> out(B * H * M * Dv);
   std::vector<float> factor(B * H * D * D), weights(B * H * D * Dv), stats(B * H * D * E);
   std::vector<int32_t> info(B * H, -1);
-  p.q = q.data(), p.k = k.data(), p.v = c.has_v ? v.data() : nullptr;
+  // With N = 0 the pointers are null, as an empty torch tensor's are: has_values, not v, says C = KᵀV.
+  p.q = q.data(), p.k = N > 0 ? k.data() : nullptr, p.v = c.has_v && N > 0 ? v.data() : nullptr;
+  p.has_values = c.has_v;
   p.key_padding_mask = c.mask ? mask.data() : nullptr, p.mask_stride_b = N + 3;
   p.scale = 0.7f, p.dtype = sizeof(S) == 4 ? ScalarType::kFloat32 : ScalarType::kFloat16;
   fwd.alpha = alpha.data(), fwd.out = out.data(), fwd.factor = factor.data(), fwd.weights = weights.data();
@@ -159,7 +162,8 @@ void run_case(const Case& c, uint32_t seed) {
   g.grad_out = go.data(), g.factor = factor.data(), g.weights = weights.data();
   std::vector<S> dq(B * H * M * D), dk(B * H * N * D, from_f<S>(nan)), dv(B * H * N * Dv, from_f<S>(nan));
   std::vector<float> dalpha(B * H), db(B * H * D * Dv), e(B * H * D * D);
-  g.grad_q = dq.data(), g.grad_k = dk.data(), g.grad_v = c.has_v ? dv.data() : nullptr, g.grad_alpha = dalpha.data();
+  g.grad_q = dq.data(), g.grad_k = N > 0 ? dk.data() : nullptr, g.grad_v = c.has_v && N > 0 ? dv.data() : nullptr;
+  g.grad_alpha = dalpha.data();
   g.db = db.data(), g.e = e.data();
   run_plan<S>(plan_intention_bwd(g, c.smem_limit), c.smem_limit);
 
@@ -247,11 +251,11 @@ void plan_cases() {
   IntentionFwdParams f;
   f.in.B = 2, f.in.H = 3, f.in.M = 5, f.in.N = 7, f.in.D = 40, f.in.Dv = 59;
   int k = 0;
-  f.in.k = &k, f.in.v = &k;
+  f.in.k = &k, f.in.v = &k, f.in.has_values = true;
   IntentionPlan plan = plan_intention_fwd(f, kSm90);
   CHECK(plan.supported && plan.count == 5 && plan.steps[2].kind == IntentionStep::kCholesky);
   CHECK(plan.steps[0].gemm.c_stride_row == 99 && plan.steps[1].gemm.cols == 59);
-  f.in.v = nullptr;
+  f.in.v = nullptr, f.in.has_values = false;
   CHECK(!plan_intention_fwd(f, kSm90).supported);  // without v, Dv must be D
   f.in.Dv = 40;
   plan = plan_intention_fwd(f, kSm90);
@@ -264,10 +268,10 @@ void plan_cases() {
   CHECK(!plan.supported && plan.smem.kernel != nullptr && plan.smem.needed_bytes == 128 * 128 * 4 &&
         plan.smem.limit_bytes == 40000);
   IntentionBwdParams b;
-  b.in = f.in, b.in.D = b.in.Dv = 16, b.in.v = &k;
+  b.in = f.in, b.in.D = b.in.Dv = 16, b.in.v = &k, b.in.has_values = true;
   plan = plan_intention_bwd(b, kSm90);
   CHECK(plan.supported && plan.count == 7 && plan.steps[3].kind == IntentionStep::kNegatedDot);
-  b.in.v = nullptr;
+  b.in.v = nullptr, b.in.has_values = false;
   CHECK(plan_intention_bwd(b, kSm90).count == 6 && plan_intention_bwd(b, kSm90).steps[5].gemm.a2.data == nullptr);
 }
 
@@ -280,6 +284,8 @@ int main() {
   run_case<float>({"fp32 N=1 D=40 Dv=59", 1, 2, 5, 1, 40, 59, false, true, false, 2e-4}, 2);
   run_case<float>({"fp32 v=None (C = I) masked broadcast k", 2, 1, 33, 45, 40, 40, true, false, true, 2e-4}, 3);
   run_case<float>({"fp32 D=1 Dv=3 M=0", 1, 1, 0, 4, 1, 3, false, true, false, 2e-4}, 4);
+  run_case<float>({"fp32 N=0 (no keys: out = 0, W = 0)", 1, 2, 3, 0, 5, 3, false, true, false, 2e-4}, 7);
+  run_case<float>({"fp32 N=0 v=None (W = I/alpha)", 1, 2, 3, 0, 5, 5, false, false, false, 2e-4}, 8);
   run_case<__half>({"fp16 D=24 Dv=16 masked", 2, 2, 20, 50, 24, 16, true, true, false, 2e-2}, 5);
   // sm_75's 64 KiB: the factor of D = 128 takes the unpadded rows (batched_cholesky_plan.h).
   run_case<float>({"fp32 D=128 Dv=8, 64 KiB: unpadded factor", 1, 1, 6, 150, 128, 8, false, true, false, 2e-3, 65536}, 6);

@@ -219,6 +219,7 @@ void other_plans(std::size_t limit, int arch, bool sweep) {
   IntentionFwdParams f;
   int dummy = 0;
   f.in.B = 2, f.in.H = 3, f.in.M = 9, f.in.N = 40, f.in.D = 128, f.in.Dv = 64, f.in.k = &dummy, f.in.v = &dummy;
+  f.in.has_values = true;
   // Every device (≥ 64 KiB) runs D <= 128: the factor is fp32, unpadded on 64 KiB.
   const IntentionPlan ip = plan_intention_fwd(f, limit);
   if (limit >= cholesky_smem_bytes(128, ScalarType::kFloat32, false)) {

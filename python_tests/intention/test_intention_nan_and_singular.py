@@ -304,3 +304,27 @@ def test_non_finite_query_rows_with_zero_scale(backend, dtype):
                        backend=backend)
     expected = expected_nan("query", out.shape)
     assert torch.equal(torch.isnan(out), expected) and not out[~expected].any()
+
+
+# --------------------------------------------------------------------------- no keys at all
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("form", ["primal", "dual", "auto"])
+@pytest.mark.parametrize("dv", [1, DV, D])      # Dv < D once: C = I would have written past [G | C]
+def test_zero_keys_give_zero_outputs_and_gradients(backend, form, dv):
+    # An empty v has a null data pointer, like "no values" (σIntention's C = I) had in the CPU and CUDA
+    # kernels, which then returned scale·Q (KᵀK + αI)⁻¹ = Q/α instead of 0.
+    q, _, _, _, dtype = make(backend, N=4, mask=False)
+    q = q.to(dtype).requires_grad_()
+    k = torch.empty(B, H, 0, D, dtype=dtype, requires_grad=True)
+    v = torch.empty(B, H, 0, dv, dtype=dtype, requires_grad=True)
+    alpha = torch.full((H,), 0.5, dtype=dtype, requires_grad=True)
+    out = ae.intention(q, k, v, alpha=alpha, backend=backend, form=form)
+    assert out.shape == (B, H, M, dv) and torch.equal(out, torch.zeros_like(out))
+    out.sum().backward()
+    assert torch.equal(q.grad, torch.zeros_like(q)) and k.grad.shape == k.shape and v.grad.shape == v.shape
+    assert torch.equal(alpha.grad, torch.zeros_like(alpha))
+    # σIntention with no keys answers 0, as a fully padded row of attention (and of σIntention) does.
+    sigma = ae.sigma_intention(q.detach(), k.detach(), v.detach(), alpha=0.5, backend=backend)
+    assert sigma.shape == (B, H, M, dv) and torch.equal(sigma, torch.zeros_like(sigma))
+    with pytest.raises(RuntimeError, match=SINGULAR.format(op="intention", b=0)):
+        ae.intention(q.detach(), k.detach(), v.detach(), alpha=0.0, backend=backend, form=form)

@@ -171,23 +171,60 @@ def test_gradcheck():
     ell = torch.tensor([0.8, 1.5], dtype=F64, requires_grad=True)
     alpha = torch.tensor([0.3, 0.6], dtype=F64, requires_grad=True)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    for num_landmarks in (None, 4):
-        assert torch.autograd.gradcheck(
-            lambda q, k, v, ell, alpha: ae.kernelised_intention(q, k, v, alpha=alpha, lengthscale=ell,
-                                                                num_landmarks=num_landmarks, key_padding_mask=mask),
-            (*leaves, ell, alpha))
+    for num_landmarks in (None, 4):     # the direct kernel-ridge path and the Nyström feature path
+        fn = lambda q, k, v, ell, alpha: ae.kernelised_intention(q, k, v, alpha=alpha, lengthscale=ell,
+                                                                 num_landmarks=num_landmarks, key_padding_mask=mask)
+        assert torch.autograd.gradcheck(fn, (*leaves, ell, alpha), check_forward_ad=True)
+        assert torch.autograd.gradgradcheck(fn, (*leaves, ell, alpha))
 
 
 def test_singular_landmark_kernel_raises_and_jitter_fixes_it():
     q, k, v, _ = problem(N=10, seed=13)
     k[:, :, 4] = k[:, :, 2]                                                 # a duplicated key
-    with pytest.raises(RuntimeError, match=r"attn_ext\.kernelised_intention: the landmark kernel matrix .* not "
-                                           r"positive definite at \[batch, head\] = \[0, 0\].*Pass a jitter above"):
-        ae.kernelised_intention(q, k, v, alpha=0.1)
+    for feature_path in (dict(num_landmarks=10), dict(backend="torch")):    # every key a landmark; a named kernel
+        with pytest.raises(RuntimeError, match=r"attn_ext\.kernelised_intention: the landmark kernel matrix .* not "
+                                               r"positive definite at \[batch, head\] = \[0, 0\].*Pass a jitter above"):
+            ae.kernelised_intention(q, k, v, alpha=0.1, **feature_path)
     out = ae.kernelised_intention(q, k, v, alpha=0.1, jitter=1e-8)
     torch.testing.assert_close(out, kernel_ridge(q, k, v, 0.1, 1.0), rtol=1e-5, atol=1e-5)
     with pytest.raises(RuntimeError, match=r"linear kernel's k\(L, L\) = LLᵀ has rank at most D"):
-        ae.kernelised_intention(q, k, v, kernel="linear")
+        ae.kernelised_intention(q, k, v, kernel="linear", num_landmarks=10)
+
+
+def test_direct_exact_form_needs_no_jitter_for_positive_alpha():
+    # A duplicated key: k(K, K) is singular, k(K, K) + αI is not; the direct path answers exactly.
+    q, k, v, mask = problem(N=10, masked=True, seed=13)
+    k[:, :, 4] = k[:, :, 2]
+    out = ae.kernelised_intention(q, k, v, alpha=0.1, key_padding_mask=mask)
+    torch.testing.assert_close(out, kernel_ridge(q, k, v, 0.1, 1.0, mask), rtol=1e-10, atol=1e-10)
+    # 300 keys in 2-D: numerically singular kernel matrix (the docs' example), no error without a jitter.
+    q, k, v, _ = problem(N=300, D=2, seed=3)
+    torch.testing.assert_close(ae.kernelised_intention(q, k, v, alpha=0.1), kernel_ridge(q, k, v, 0.1, 1.0),
+                               rtol=1e-7, atol=1e-7)
+    with pytest.raises(RuntimeError, match=r"attn_ext\.kernelised_intention: the kernel ridge system k\(K, K\) \+ αI "
+                                           r"is not positive definite at \[batch, head\] = \[0, 0\].*alpha > 0"):
+        ae.kernelised_intention(q, k, v, alpha=0.0)
+    # The linear kernel's exact form is ridge regression on the scaled inputs: plain Intention.
+    q, k, v, _ = problem(N=20, D=4, seed=8)
+    torch.testing.assert_close(ae.kernelised_intention(q, k, v, alpha=0.4, kernel="linear", lengthscale=2.0),
+                               ae.intention(q / 2, k / 2, v, alpha=0.4), rtol=1e-9, atol=1e-9)
+
+
+def test_direct_exact_form_under_torch_func():
+    q, k, v, _ = problem(B=3, H=2, N=8, seed=4)
+    alpha = torch.tensor([0.2, 0.5], dtype=F64)
+    per_head = lambda q, k, v: torch.cat([kernel_ridge(q[:, h:h + 1], k[:, h:h + 1], v[:, h:h + 1], float(alpha[h]), 1.0)
+                                          for h in range(2)], dim=1)
+    per_batch = torch.func.vmap(lambda q, k, v: ae.kernelised_intention(q[None], k[None], v[None], alpha=alpha)[0])
+    torch.testing.assert_close(per_batch(q, k, v), per_head(q, k, v), rtol=1e-10, atol=1e-10)
+    grad_q = torch.func.grad(lambda q: ae.kernelised_intention(q, k, v, alpha=alpha).sum())(q)
+    q_leaf = q.clone().requires_grad_()
+    per_head(q_leaf, k, v).sum().backward()
+    torch.testing.assert_close(grad_q, q_leaf.grad, rtol=1e-9, atol=1e-10)
+    k2 = k.clone()
+    k2[0, 0, 5] = k2[0, 0, 1]
+    with pytest.raises(RuntimeError, match=r"kernel ridge system .* \[batch, head\] = \[0, 0\]"):
+        torch.func.vmap(lambda k: ae.kernelised_intention(q[:1], k[None], v[:1], alpha=0.0)[0])(k2)
 
 
 def test_bad_arguments_name_the_op():

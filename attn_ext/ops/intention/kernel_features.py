@@ -88,7 +88,7 @@ def landmark_features(xs: Tuple[Tensor, ...], landmarks: Tensor, landmark_pad: T
     nonfinite = torch.isnan(nan)
     system = torch.where(nonfinite[..., None, None], eye, gram + jitter * eye)
     factor, info = torch.linalg.cholesky_ex(system)
-    _check_factorised(op, _with_tiny_pivots(factor, system, info), nonfinite, kernel, jitter,
+    _check_factorised(op, tiny_pivots_as_failures(factor, system, info), nonfinite, kernel, jitter,
                       m * torch.finfo(system.dtype).eps)
     features = []
     for x in xs:
@@ -99,7 +99,7 @@ def landmark_features(xs: Tuple[Tensor, ...], landmarks: Tensor, landmark_pad: T
     return tuple(features), nan
 
 
-def _with_tiny_pivots(factor: Tensor, system: Tensor, info: Tensor) -> Tensor:
+def tiny_pivots_as_failures(factor: Tensor, system: Tensor, info: Tensor) -> Tensor:
     """``info``, also failing a factorisation whose pivot ``C_jj²`` is below ``m·eps·max_i A_ii``.
 
     An exactly singular kernel matrix (a duplicated landmark) often factorises with a pivot of
@@ -107,6 +107,8 @@ def _with_tiny_pivots(factor: Tensor, system: Tensor, info: Tensor) -> Tensor:
     is refused like a failed factorisation (a rank tolerance, as :func:`torch.linalg.pinv` uses).
     """
     m = system.shape[-1]
+    if m == 0:                      # no keys (or landmarks): nothing to factorise
+        return info
     pivots = factor.diagonal(dim1=-2, dim2=-1) ** 2
     largest = system.diagonal(dim1=-2, dim2=-1).amax(-1, keepdim=True)
     tiny = pivots < m * torch.finfo(system.dtype).eps * largest
@@ -114,14 +116,27 @@ def _with_tiny_pivots(factor: Tensor, system: Tensor, info: Tensor) -> Tensor:
     return torch.where((info == 0) & tiny.any(-1), first, info)
 
 
-def _check_factorised(op: str, info: Tensor, nonfinite: Tensor, kernel: str, jitter: float, tolerance: float) -> None:
+def first_failure(info: Tensor, nonfinite: Tensor) -> Optional[Tuple[Tuple[int, int], int]]:
+    """``((batch, head), column)`` of the first failed factorisation that is not a non-finite head, or None.
+
+    ``info`` is :func:`torch.linalg.cholesky_ex`'s (after :func:`tiny_pivots_as_failures`); under
+    ``torch.func`` its values are read through the wrappers (the vmapped dimensions lead).
+    """
     if info.device.type == "meta":
-        return
-    failed = (concrete(info) != 0) & ~concrete(nonfinite)
+        return None
+    info = concrete(info)
+    failed = (info != 0) & ~concrete(nonfinite)
     if not bool(failed.any()):
+        return None
+    index = tuple(failed.nonzero()[0].tolist())
+    return (index[-2], index[-1]), int(info[index]) - 1
+
+
+def _check_factorised(op: str, info: Tensor, nonfinite: Tensor, kernel: str, jitter: float, tolerance: float) -> None:
+    failed = first_failure(info, nonfinite)
+    if failed is None:
         return
-    index = tuple(failed.nonzero()[0].tolist())        # under vmap, the vmapped dimensions lead
-    b, h = index[-2:]
+    (b, h), column = failed
     hint = ("the linear kernel's k(L, L) = LLᵀ has rank at most D: use at most D landmarks (num_landmarks <= D), "
             "linearly independent" if kernel == "linear" else
             "duplicated (or nearly equal) landmark keys, or so many landmarks, or a lengthscale so large, that "
@@ -129,6 +144,6 @@ def _check_factorised(op: str, info: Tensor, nonfinite: Tensor, kernel: str, jit
             "usual case)")
     raise RuntimeError(
         f"attn_ext.{op}: the landmark kernel matrix k(L, L) + jitter·I (jitter = {jitter:g}) is not positive "
-        f"definite at [batch, head] = [{b}, {h}] (Cholesky pivot of column {int(concrete(info)[index]) - 1}): "
+        f"definite at [batch, head] = [{b}, {h}] (Cholesky pivot of column {column}): "
         f"{hint}. Pass a jitter above the pivot tolerance m·eps·max k(L, L)_ii ({tolerance:.1e} times the "
         "kernel's diagonal, which is 1 for rbf), or use fewer landmarks (num_landmarks)")

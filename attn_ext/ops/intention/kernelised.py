@@ -8,7 +8,9 @@ landmark keys), Intention runs on ``(φ(K), V, φ(Q))``:
 With ``L = K`` this is kernel ridge regression, ``k(Q, K) (k(K, K) + αI)⁻¹ V``; with ``m < N``
 landmarks it is its Nyström approximation at cost ``O((N + M)·m·(D + m) + m³)`` instead of
 ``O(N³)``. The linear kernel with ``D`` landmarks that span the key space gives plain Intention back.
-The features are built by :mod:`.kernel_features`, the regression is the fused Intention op.
+The features are built by :mod:`.kernel_features`, the regression is the fused Intention op; the
+exact form without a jitter or a named backend is solved directly by :mod:`.kernel_ridge`, which
+needs no jitter for ``α > 0`` where the feature path needs ``k(K, K)`` itself to be invertible.
 """
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
+from attn_ext.ops.intention import naive as reference
 from attn_ext.ops.intention.kernel_features import KERNELS, landmark_features, select_landmarks
-from attn_ext.ops.intention.ridge import AlphaLike, intention
+from attn_ext.ops.intention.kernel_ridge import kernel_ridge
+from attn_ext.ops.intention.ridge import AlphaLike, _alpha_tensor, intention
 from attn_ext.ops.intention.variant_checks import check_qkv, named, non_negative_float, per_head
 from attn_ext.ops.utils.dtypes import compute_dtype
 from attn_ext.ops.utils.validation import is_int_scalar
@@ -34,8 +38,10 @@ def kernelised_intention(q: Tensor, k: Tensor, v: Tensor, *, alpha: AlphaLike = 
     Parameters
     ----------
     q, k, v, key_padding_mask, scale, backend
-        As in :func:`attn_ext.intention` (``backend`` picks the kernel of the regression on the
-        features, which have ``m`` dimensions: N for the exact form).
+        As in :func:`attn_ext.intention`. ``backend`` picks the fused kernel of the regression on the
+        features (``m`` dimensions: N for the exact form). The exact form without ``jitter`` and
+        without a ``backend`` is solved directly as kernel ridge regression (Cholesky of
+        ``k(K, K) + αI`` in ``torch.linalg``), which needs no jitter for ``α > 0``.
     alpha : float or Tensor
         Ridge ``α >= 0`` on the features (a tensor broadcastable to ``[B, H]`` receives a gradient).
         ``α = 0`` interpolates the values (the noise-free kernel regression); it raises if the
@@ -56,10 +62,12 @@ def kernelised_intention(q: Tensor, k: Tensor, v: Tensor, *, alpha: AlphaLike = 
         Draws the landmarks (only with ``num_landmarks``).
     jitter : float
         Added to the diagonal of ``k(L, L)`` before its Cholesky factorisation (default 0: the exact
-        math). ``k(L, L)`` must be numerically positive definite (no Cholesky pivot below ``m·eps``
-        times its largest diagonal entry): close landmarks, many landmarks in few dimensions (the
-        exact form with hundreds of keys in 2-D) or a large lengthscale make it singular, and the
-        call raises ``RuntimeError`` with the tolerance a jitter must exceed.
+        math). On the feature path (Nyström, a named ``backend``, or a jitter given) ``k(L, L)`` must
+        be numerically positive definite (no Cholesky pivot below ``m·eps`` times its largest
+        diagonal entry): close landmarks, many landmarks in few dimensions or a large lengthscale
+        make it singular, and the call raises ``RuntimeError`` with the tolerance a jitter must
+        exceed. The direct exact path only needs ``k(K, K) + αI`` to be, which holds for ``α > 0``;
+        with ``α = 0`` it raises in the same cases.
 
     Returns
     -------
@@ -103,6 +111,16 @@ def kernelised_intention(q: Tensor, k: Tensor, v: Tensor, *, alpha: AlphaLike = 
         pad = key_padding_mask[:, None, :, None]
         k_ = torch.where(pad, torch.zeros_like(k_), k_)
         v_ = torch.where(pad, torch.zeros_like(v_), v_)
+    if N == 0:     # no keys: no features to build; the regression on nothing answers 0 (NaN query rows NaN)
+        with named(op):
+            _alpha_tensor(alpha, q)
+        zeros = q_.new_zeros(*q.shape[:3], v.shape[-1])
+        return (zeros + reference.nan_unless_finite(q_, (-1,))[..., None]).to(q.dtype)
+    if num_landmarks is None and jitter == 0.0 and backend is None:
+        with named(op):
+            alpha_t = _alpha_tensor(alpha, q)
+        alpha_t = alpha_t.to(torch.promote_types(alpha_t.dtype, dtype))
+        return (scale * kernel_ridge(q_, k_, v_, alpha_t, key_padding_mask, kernel, ell, op)).to(q.dtype)
     landmarks, landmark_pad = select_landmarks(k_, key_padding_mask, None if num_landmarks is None
                                                else int(num_landmarks), generator)
     (phi_q, phi_k), nan = landmark_features((q_, k_), landmarks, landmark_pad, kernel, ell, jitter, op)

@@ -39,7 +39,7 @@ CrossAttentionShape check_cuda_inputs(const at::Tensor& q, const at::Tensor& k, 
 
 void fill_inputs(IntentionInputs& p, const CrossAttentionShape& s, const at::Tensor& q, const at::Tensor& k,
                  const at::Tensor& v, const at::Tensor& mask, double scale) {
-  p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.defined() ? v.data_ptr() : nullptr;
+  p.q = q.data_ptr(), p.k = k.data_ptr(), p.v = v.defined() ? v.data_ptr() : nullptr, p.has_values = v.defined();
   p.key_padding_mask = mask.defined() ? mask.const_data_ptr<uint8_t>() : nullptr;
   p.B = s.batch, p.H = s.heads, p.M = s.queries, p.N = s.keys, p.D = s.head_dim, p.Dv = s.value_dim;
   fill_qkv_layout(p, q, k, v, mask, scale, kernel_scalar_type(q.scalar_type(), "intention"));
