@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 import attn_ext as ae
 
+from _intention_problems import draw_problem
+
 F64 = torch.float64
 TOL = dict(rtol=1e-7, atol=1e-8)
 VARIANTS = ("intention", "convex", "pinv", "kernel_exact", "kernel_nystrom")
@@ -21,17 +23,8 @@ VARIANTS = ("intention", "convex", "pinv", "kernel_exact", "kernel_nystrom")
 
 @st.composite
 def problems(draw, max_keys=24, max_dim=9):
-    """``(q, k, v, mask, alpha)`` with B, H <= 2, 1 <= N <= max_keys, odd or even D and Dv, some padding."""
-    B, H = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-    M, N = draw(st.integers(1, 5)), draw(st.integers(1, max_keys))
-    D, Dv = draw(st.integers(1, max_dim)), draw(st.integers(1, 5))
-    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
-    q, k, v = (torch.randn(B, H, n, d, generator=g, dtype=F64) for n, d in ((M, D), (N, D), (N, Dv)))
-    mask = None
-    if draw(st.booleans()):
-        mask = torch.rand(B, N, generator=g) < draw(st.floats(0.0, 0.6))
-    alpha = draw(st.floats(0.05, 5.0))
-    return q, k, v, mask, alpha
+    """``(q, k, v, mask, alpha)``: :func:`draw_problem` with 1 <= N <= max_keys and a ridge α in [0.05, 5]."""
+    return (*draw_problem(draw, min_keys=1, max_keys=max_keys, max_dim=max_dim), draw(st.floats(0.05, 5.0)))
 
 
 def run(variant, q, k, v, mask, alpha):

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 import attn_ext as ae
 
+from _intention_problems import draw_problem
+
 F64 = torch.float64
 TOL = dict(rtol=1e-8, atol=1e-9)
 BACKENDS = ("cpp", "reference")
@@ -19,13 +21,9 @@ BACKENDS = ("cpp", "reference")
 
 @st.composite
 def problems(draw, max_keys=20, max_dim=9):
-    B, H = draw(st.integers(1, 2)), draw(st.integers(1, 2))
-    M, N = draw(st.integers(1, 5)), draw(st.integers(0, max_keys))
-    D, Dv = draw(st.integers(1, max_dim)), draw(st.integers(1, 5))
-    g = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
-    q, k, v = (torch.randn(B, H, n, d, generator=g, dtype=F64) for n, d in ((M, D), (N, D), (N, Dv)))
-    mask = torch.rand(B, N, generator=g) < draw(st.floats(0.0, 0.6)) if draw(st.booleans()) else None
-    return q, k, v, mask, draw(st.floats(0.05, 5.0)), draw(st.floats(0.1, 3.0))
+    """``(q, k, v, mask, alpha, scale)``: :func:`draw_problem` with 0 <= N <= max_keys, α and a query scale."""
+    return (*draw_problem(draw, min_keys=0, max_keys=max_keys, max_dim=max_dim), draw(st.floats(0.05, 5.0)),
+            draw(st.floats(0.1, 3.0)))
 
 
 def definition(q, k, v, mask, alpha, scale):
