@@ -2,7 +2,8 @@
 // steps intention.cu launches) on the host through the emulator, against a double-precision
 // reference of docs/spec.md §4: masks (a fully padded batch too, where α alone makes A definite), D = 40 /
 // Dv = 59 (tile tails), N = 1, N = 0 (null key pointers, as torch's empty tensors have), v = None (C = I),
-// strided and broadcast inputs, fp32 and fp16.
+// strided and broadcast inputs (k over the batch; q over batch and head, as intention_map's identity
+// queries), fp32 and fp16.
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -98,6 +99,7 @@ struct Case {
   bool mask, has_v, broadcast_k;
   double tol;
   std::size_t smem_limit = kSm90;  ///< the device's opt-in shared memory per block
+  bool broadcast_q = false;        ///< q with batch and head strides 0 (intention_map's identity queries)
 };
 
 int g_bad = 0;
@@ -125,7 +127,8 @@ void run_case(const Case& c, uint32_t seed) {
   IntentionFwdParams fwd;
   IntentionInputs& p = fwd.in;
   p.B = B, p.H = H, p.M = M, p.N = N, p.D = D, p.Dv = Dv;
-  p.q_stride_b = M * H * (D + 2), p.q_stride_h = D + 2, p.q_stride_m = H * (D + 2);
+  p.q_stride_b = c.broadcast_q ? 0 : M * H * (D + 2), p.q_stride_h = c.broadcast_q ? 0 : D + 2;
+  p.q_stride_m = H * (D + 2);
   p.k_stride_b = c.broadcast_k ? 0 : H * N * (D + 1), p.k_stride_h = N * (D + 1), p.k_stride_n = D + 1;
   p.v_stride_b = H * N * Dv, p.v_stride_h = N * Dv, p.v_stride_n = Dv;
   auto qi = [&](int64_t b, int64_t h, int64_t m, int64_t d) { return b * p.q_stride_b + h * p.q_stride_h + m * p.q_stride_m + d; };
@@ -286,6 +289,7 @@ int main() {
   run_case<float>({"fp32 D=1 Dv=3 M=0", 1, 1, 0, 4, 1, 3, false, true, false, 2e-4}, 4);
   run_case<float>({"fp32 N=0 (no keys: out = 0, W = 0)", 1, 2, 3, 0, 5, 3, false, true, false, 2e-4}, 7);
   run_case<float>({"fp32 N=0 v=None (W = I/alpha)", 1, 2, 3, 0, 5, 5, false, false, false, 2e-4}, 8);
+  run_case<float>({"fp32 broadcast q (identity queries)", 2, 3, 6, 30, 6, 4, true, true, false, 2e-4, kSm90, true}, 9);
   run_case<__half>({"fp16 D=24 Dv=16 masked", 2, 2, 20, 50, 24, 16, true, true, false, 2e-2}, 5);
   // sm_75's 64 KiB: the factor of D = 128 takes the unpadded rows (batched_cholesky_plan.h).
   run_case<float>({"fp32 D=128 Dv=8, 64 KiB: unpadded factor", 1, 1, 6, 150, 128, 8, false, true, false, 2e-3, 65536}, 6);

@@ -137,6 +137,21 @@ def test_padding_keys_are_never_read_and_fully_padded_entry_gives_zero():
     assert bool((out[2] == 0).all())
 
 
+def test_broadcast_identity_queries_give_the_fitted_map():
+    # attn_ext.intention_map runs the kernel on torch.eye(D).expand(B, H, D, D): queries with batch and
+    # head strides 0. Each (batch, head) must still read the same identity and write its own map.
+    B, H, N, D = 2, 3, 20, 6
+    _, k, v = make_qkv(B, H, 1, N, D, 4, seed=8)
+    mask = mask_with_sparse_entry(B, N, seed=9)
+    alpha = random_alpha(B, H, seed=10)
+    eye = torch.eye(D).expand(B, H, D, D)
+    assert eye.stride()[:2] == (0, 0)
+    out, _, _ = intention_fwd_triton(eye, k, v, mask, alpha, 1.0)
+    gram, cross = statistics(k.double(), v.double(), mask)
+    want = torch.linalg.solve(gram + alpha.double()[..., None, None] * torch.eye(D, dtype=F64), cross)
+    torch.testing.assert_close(out.double(), want, rtol=1e-4, atol=1e-5)
+
+
 # ------------------------------------------------------------------------------------------- backward
 
 BACKWARD_CASES = [(8, 7), (40, 130), (64, 1), (128, 130)]
