@@ -12,3 +12,17 @@ def children_of(tree, node):
         g = node - first_group
         return [G + g * P + j for j in range(P)]
     return [b * node + 1 + j for j in range(b)]
+
+
+def leaves_below(tree):
+    """``{node: [leaf ids at or below it]}`` for every node, from :func:`children_of`."""
+    below = {}
+    for node in reversed(range(tree.num_nodes)):  # children have larger ids than their parent
+        kids = children_of(tree, node)
+        below[node] = [leaf for c in kids for leaf in below[c]] if kids else [node]
+    return below
+
+
+def parent_of(tree):
+    """``{node: its parent}`` for every node but the root, from :func:`children_of`."""
+    return {c: n for n in range(tree.num_nodes) for c in children_of(tree, n)}
