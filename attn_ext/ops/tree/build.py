@@ -289,51 +289,52 @@ def _check_finite(points: Tensor, key_padding_mask: Optional[Tensor]) -> None:
 def _sort_key(points: Tensor, key_padding_mask: Optional[Tensor], axis: Optional[int]) -> Tuple[Tensor, Tensor]:
     """Validated ``([B, N] sort key, [B] axis)``."""
     if not isinstance(points, Tensor):
-        raise TypeError(f"attn_ext: points must be a torch.Tensor, got {type(points).__name__}")
+        raise TypeError(f"attn_ext.build_tree: points must be a torch.Tensor, got {type(points).__name__}")
     if points.dim() not in (2, 3):
         raise ValueError(
-            f"attn_ext: points must be [B, N, C] coordinates or a [B, N] sort key, got {tuple(points.shape)}"
+            f"attn_ext.build_tree: points must be [B, N, C] coordinates or a [B, N] sort key, got {tuple(points.shape)}"
         )
     if points.is_complex():
-        raise TypeError(f"attn_ext: points must be real, got {points.dtype}")
+        raise TypeError(f"attn_ext.build_tree: points must be real, got {points.dtype}")
     B, N = points.shape[:2]
     if N == 0:
-        raise ValueError(f"attn_ext: cannot build a tree over N = 0 tokens (points {tuple(points.shape)})")
+        raise ValueError(f"attn_ext.build_tree: cannot build a tree over N = 0 tokens (points {tuple(points.shape)})")
     if key_padding_mask is not None:
         if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
             got = key_padding_mask.dtype if isinstance(key_padding_mask, Tensor) else type(key_padding_mask).__name__
-            raise TypeError(f"attn_ext: key_padding_mask must be a bool tensor (True = padding), got {got}")
+            raise TypeError(f"attn_ext.build_tree: key_padding_mask must be a bool tensor (True = padding), got {got}")
         if tuple(key_padding_mask.shape) != (B, N):
             raise ValueError(
-                f"attn_ext: key_padding_mask must be [B, N] = {[B, N]} for points {tuple(points.shape)}, "
+                f"attn_ext.build_tree: key_padding_mask must be [B, N] = {[B, N]} for points {tuple(points.shape)}, "
                 f"got {list(key_padding_mask.shape)}"
             )
         if key_padding_mask.device != points.device:
             raise RuntimeError(
-                f"attn_ext: key_padding_mask is on {key_padding_mask.device} but points on {points.device}"
+                f"attn_ext.build_tree: key_padding_mask is on {key_padding_mask.device} but points on {points.device}"
             )
         if points.device.type != "meta":
             empty = key_padding_mask.all(dim=1).nonzero().flatten().tolist()
             if empty:
                 raise ValueError(
-                    f"attn_ext: batch entries {empty} have no valid token (key_padding_mask all True); "
+                    f"attn_ext.build_tree: batch entries {empty} have no valid token (key_padding_mask all True); "
                     "a tree needs at least one"
                 )
     _check_finite(points, key_padding_mask)
     if points.dim() == 2:
         if axis is not None:
-            raise ValueError(f"attn_ext: axis must be None for a [B, N] sort key, got axis={axis!r}")
+            raise ValueError(f"attn_ext.build_tree: axis must be None for a [B, N] sort key, got axis={axis!r}")
         return points, torch.full((B,), -1, dtype=torch.long, device=points.device)
     C = points.shape[2]
     if axis is not None:
         if not is_int_scalar(axis) or not -C <= axis < C:
             raise ValueError(
-                f"attn_ext: axis must be an int in [-{C}, {C}) for points {tuple(points.shape)}, got {axis!r}"
+                f"attn_ext.build_tree: axis must be an int in [-{C}, {C}) for points {tuple(points.shape)}, "
+                f"got {axis!r}"
             )
         axis = int(axis)
         return points[:, :, axis], torch.full((B,), axis % C, dtype=torch.long, device=points.device)
     if C == 0:
-        raise ValueError(f"attn_ext: points {tuple(points.shape)} have no coordinate to sort along")
+        raise ValueError(f"attn_ext.build_tree: points {tuple(points.shape)} have no coordinate to sort along")
     if C == 1:  # nothing to choose: skip the spread's passes over the points
         return points[:, :, 0], torch.zeros(B, dtype=torch.long, device=points.device)
     valid = torch.ones(B, N, 1, dtype=torch.bool, device=points.device)
