@@ -20,15 +20,33 @@ The model, fixed by ``seed``:
 
 Items are drawn afresh for every episode (an unbounded pool per class, unlike the 600 images of a
 MiniImageNet class); the class split follows the papers: the first ``num_train_classes`` classes
-train, the rest test.
+train, the rest test. The samplers below also take a :class:`bench.intention.feature_bank.FeatureBank`
+of real embeddings in place of the world.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 
+class SplitByClass:
+    """The papers' split by class: ids ``0 .. num_train_classes − 1`` train, the rest up to ``num_classes`` test."""
+
+    num_classes: int
+    num_train_classes: int
+
+    def classes(self, split: str):
+        """The class ids of ``split`` ("train" or "test") as a tensor."""
+        import torch
+
+        if split == "train":
+            return torch.arange(self.num_train_classes)
+        if split == "test":
+            return torch.arange(self.num_train_classes, self.num_classes)
+        raise ValueError(f"{type(self).__name__}: split must be 'train' or 'test', got {split!r}")
+
+
 @dataclass
-class EmbeddingWorld:
+class EmbeddingWorld(SplitByClass):
     """The fixed random feature model (see the module docstring).
 
     Parameters
@@ -79,16 +97,6 @@ class EmbeddingWorld:
         self.mixing = torch.randn(self.dim, width, generator=gen, dtype=torch.float64) / width ** 0.5
         self.bias = 0.5 * torch.randn(self.dim, generator=gen, dtype=torch.float64)
 
-    def classes(self, split: str):
-        """The class ids of ``split`` ("train" or "test") as a tensor."""
-        import torch
-
-        if split == "train":
-            return torch.arange(self.num_train_classes)
-        if split == "test":
-            return torch.arange(self.num_train_classes, self.num_classes)
-        raise ValueError(f"EmbeddingWorld: split must be 'train' or 'test', got {split!r}")
-
     def sample(self, labels, generator=None, dtype=None):
         """Features ``x [..., dim]`` and latents ``z [..., latent_dim + nuisance_dim]`` of items of ``labels``."""
         import torch
@@ -137,8 +145,13 @@ def sample_episodes(world: EmbeddingWorld, batch: int, *, ways: int = 5, shots: 
     chosen = _pick_classes(world, batch, ways, split, generator)               # [B, ways]
     yc = torch.arange(ways).repeat_interleave(shots).expand(batch, -1)
     yq = torch.arange(ways).repeat_interleave(queries).expand(batch, -1)
-    xc, _ = world.sample(chosen.gather(1, yc), generator)
-    xq, _ = world.sample(chosen.gather(1, yq), generator)
+    if getattr(world, "distinct_items", False):
+        # A finite bank (bench.intention.feature_bank): one draw, so no query repeats a context item.
+        x, _ = world.sample(torch.cat([chosen.gather(1, yc), chosen.gather(1, yq)], 1), generator)
+        xc, xq = x[:, :ways * shots], x[:, ways * shots:]
+    else:
+        xc, _ = world.sample(chosen.gather(1, yc), generator)
+        xq, _ = world.sample(chosen.gather(1, yq), generator)
     return xc, yc.contiguous(), xq, yq.contiguous()
 
 
