@@ -106,9 +106,11 @@ def tables(result: dict) -> str:
         body,
         "**Beside the paper:**",
         beside,
-        "Where ours differ: the paper finds only Intention clearly improving on the prior mean; here every model has "
-        "moved well below the prior mean's error, and Intention leads by the margin above. "
-        "Minutes on one CPU thread instead of a converged run (the paper's 3e-5 rate for "
+        "Where ours differ: the paper finds only Intention clearly improving on the prior mean; "
+        + ("here every model has moved well below the prior mean's error" if len(improved) == len(runs) else
+           f"here {', '.join(improved) or 'no model'} did")
+        + (", and Intention leads by the margin above. " if best == "intention" else f", and {LABELS[best]} leads. ")
+        + "Minutes on one CPU thread instead of a converged run (the paper's 3e-5 rate for "
         "Intention and attention is slow at such a budget); the navigation environment is our torch transcription "
         "of the MAML benchmark's point agent (no physics engine needed; gym/MuJoCo are not used), and the return "
         "columns are ours (the paper scores the targets only); the paper's e_P of Intention reads the fitted map "
