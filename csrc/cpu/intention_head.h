@@ -7,11 +7,11 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <type_traits>
 #include <utility>
@@ -196,21 +196,25 @@ IntentionArgs<scalar_t> make_args(const at::Tensor& q, const at::Tensor& k, cons
 
 /// Runs `head(bh, scratch) -> status` for every (batch, head) index bh in [0, count), in parallel,
 /// each thread with its own ForwardScratch(D, Dv); a status is 0 or an error of solve_weights
-/// (kIntentionNonFinite is not one: heads map it to 0 after writing NaN). Returns the first failing
-/// index found (or -1) and its status, for check_solvable (checks/intention_checks.h).
+/// (kIntentionNonFinite is not one: heads map it to 0 after writing NaN). Returns the lowest failing
+/// index (or -1) and its status, for check_solvable (checks/intention_checks.h): the lowest, not the
+/// first a thread happened to find, so that the error names the same head at any thread count.
 template <typename acc_t, typename HeadFn>
 std::pair<int64_t, int> for_each_head(int64_t count, int64_t D, int64_t Dv, const HeadFn& head) {
-  std::atomic<int64_t> failed{-1};
-  std::atomic<int> failed_info{0};
+  std::mutex lock;  // taken only by a range that failed: never on the normal path
+  int64_t failed = -1;
+  int failed_info = 0;
   at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
     ForwardScratch<acc_t> scratch(D, Dv);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int info = head(bh, scratch);
-      int64_t none = -1;
-      if (info != 0 && failed.compare_exchange_strong(none, bh)) failed_info = info;
+      if (info == 0) continue;
+      const std::lock_guard<std::mutex> guard(lock);
+      if (failed < 0 || bh < failed) failed = bh, failed_info = info;
+      break;  // the rest of this range has higher indices; heads left unsolved are never returned
     }
   });
-  return {failed.load(), failed_info.load()};
+  return {failed, failed_info};
 }
 
 }  // namespace attn_ext::cpu::intention
