@@ -111,14 +111,12 @@ def kernelised_intention(q: Tensor, k: Tensor, v: Tensor, *, alpha: AlphaLike = 
         pad = key_padding_mask[:, None, :, None]
         k_ = torch.where(pad, torch.zeros_like(k_), k_)
         v_ = torch.where(pad, torch.zeros_like(v_), v_)
-    if N == 0:     # no keys: no features to build; the regression on nothing answers 0 (NaN query rows NaN)
-        with named(op):
-            _alpha_tensor(alpha, q)
-        zeros = q_.new_zeros(*q.shape[:3], v.shape[-1])
-        return (zeros + reference.nan_unless_finite(q_, (-1,))[..., None]).to(q.dtype)
-    if num_landmarks is None and jitter == 0.0 and backend is None:
+    if N == 0 or (num_landmarks is None and jitter == 0.0 and backend is None):
         with named(op):
             alpha_t = _alpha_tensor(alpha, q)
+        if N == 0:  # no keys, no features to build: the regression on nothing answers 0 (NaN query rows NaN)
+            zeros = q_.new_zeros(*q.shape[:3], v.shape[-1])
+            return (zeros + reference.nan_unless_finite(q_, (-1,))[..., None]).to(q.dtype)
         alpha_t = alpha_t.to(torch.promote_types(alpha_t.dtype, dtype))
         return (scale * kernel_ridge(q_, k_, v_, alpha_t, key_padding_mask, kernel, ell, op)).to(q.dtype)
     landmarks, landmark_pad = select_landmarks(k_, key_padding_mask, None if num_landmarks is None
