@@ -40,17 +40,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--alpha-init", type=float, default=0.01, help="Intention's starting ridge α (learned)")
     parser.add_argument("--sigma-scale-init", type=float, default=10.0, help="σIntention's starting score scale")
     parser.add_argument("--maml-lr", type=float, default=0.01, help="MAML's inner rate (paper: 0.1; default 0.01)")
+    parser.add_argument("--images", type=Path, default=None,
+                        help="a torch.save'd {'train': [n, side, side], 'test': [m, side, side]} of real images "
+                             "(e.g. MNIST, uint8 or [0, 1]) to use instead of the procedural glyphs; sets --side")
 
 
-def train(model, steps: int, lr: float, args, log_every: int = 100) -> list:
+def glyph_images(side: int):
+    """``draw(batch, generator) -> [batch, side, side]``: the procedural glyphs, the default training images."""
+    from bench.intention.image_glyphs import sample_glyphs
+
+    return lambda batch, gen: sample_glyphs(batch, side, gen)["images"]
+
+
+def train(model, steps: int, lr: float, args, log_every: int = 100, draw=None) -> list:
     """Adam on the MSE of all pixels given ``args.train_context`` random ones, the same image stream (seed
-    ``args.seed``) for every model; returns the logged loss curve."""
+    ``args.seed``) for every model; images from ``draw(batch, generator)`` (default: the glyphs of side
+    ``args.side``); returns the logged loss curve."""
     from bench.harness.report import progress
-    from bench.intention.image_glyphs import pixel_tasks, sample_glyphs
+    from bench.intention.image_glyphs import pixel_tasks
     from bench.intention.training import train_mse_curve
 
+    draw = draw or glyph_images(args.side)
+
     def sample(gen):
-        return pixel_tasks(sample_glyphs(args.batch, args.side, gen)["images"], args.train_context, gen)
+        return pixel_tasks(draw(args.batch, gen), args.train_context, gen)
 
     return train_mse_curve(model, sample, steps=steps, lr=lr, seed=args.seed, log_every=log_every, digits=4,
                            log=progress)
@@ -69,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
 
     from bench.harness.machine import load_average, machine_info
     from bench.harness.report import progress, publish
+    from bench.intention.image_bank import ImageBank
     from bench.intention.image_glyphs import pixel_tasks, sample_glyphs
     from bench.intention.image_models import IMAGE_MODELS, build_image_model
     from bench.intention.image_report import plot, tables
@@ -77,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     contexts = [int(n) for n in args.eval_context.split(",")]
+    bank = None if args.images is None else ImageBank.load(args.images)
+    if bank is not None:
+        args.side = bank.side
     pixels = args.side ** 2
     unknown = [m for m in models if m not in IMAGE_MODELS]
     if (unknown or not models or args.steps < 1 or args.eval_images < 2 or not 1 <= args.train_context <= pixels
@@ -87,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     machine = machine_info()
     eval_gen = torch.Generator().manual_seed(10_000 + args.seed)  # evaluation images never seen in training
-    images = sample_glyphs(args.eval_images, args.side, eval_gen)["images"]
+    images = (sample_glyphs(args.eval_images, args.side, eval_gen)["images"] if bank is None
+              else bank.evaluation(args.eval_images))
     full = pixel_tasks(images, pixels, eval_gen)  # one random pixel order per image: N observed = its first N
     eval_sets = {n: {**full, "xc": full["xc"][:, :n], "yc": full["yc"][:, :n]} for n in contexts}
     show_count = min(2, args.eval_images)
@@ -99,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
                                   sigma_scale_init=args.sigma_scale_init, maml_lr=args.maml_lr)
         lr = 3e-3 if name == "maml" else args.lr
         progress(f"image_regression: {name} ({sum(p.numel() for p in model.parameters()):,} parameters, lr {lr:g})")
-        rows[name] = scored_training(model, lambda m, rate: train(m, args.steps, rate, args), lr, eval_sets,
+        draw = None if bank is None else bank.sample
+        rows[name] = scored_training(model, lambda m, rate: train(m, args.steps, rate, args, draw=draw), lr, eval_sets,
                                      lambda m: completions(m, show), "completions")
         progress(f"  {rows[name]['train_seconds']:.0f} s; eval MSE at N={contexts[-1]}: "
                  f"{rows[name]['trained'][str(contexts[-1])]['mse']:.4f}")
@@ -109,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         "config": {**{k: getattr(args, k) for k in ("seed", "steps", "batch", "side", "train_context", "eval_images",
                                                      "width", "frequencies", "lr", "alpha_init", "sigma_scale_init",
                                                      "maml_lr", "threads")},
-                   "models": models, "eval_context": contexts,
+                   "models": models, "eval_context": contexts, "data": None if bank is None else bank.describe(),
                    "command": command_line("image_regression", args)},
         "pixel_variance": float(images.var()), "pixel_mean": float(images.mean()),
         "rows": rows,

@@ -17,6 +17,14 @@ def _names() -> dict:
     return IMAGE_MODELS
 
 
+def images_text(cfg: dict) -> str:
+    """What the images were: the procedural glyphs (the default) or the file of ``--images``."""
+    if cfg.get("data") is None:
+        return (f"{cfg['side']}×{cfg['side']} procedurally drawn digit-like glyphs (an offline stand-in for MNIST, "
+                "which cannot be downloaded here; see below)")
+    return cfg["data"]
+
+
 def tables(result: dict) -> str:
     from bench.intention.regression_report import closing_sections, lowest_trained_line, mse_table
 
@@ -58,8 +66,7 @@ def tables(result: dict) -> str:
         f"sine task here); Intention's ridge α learned from {cfg['alpha_init']:g} and σIntention's score scale "
         f"learned from {cfg['sigma_scale_init']:g} (as in our sine task).")
     return "\n".join([
-        f"Image completion as regression on {cfg['side']}×{cfg['side']} procedurally drawn digit-like glyphs (an "
-        "offline stand-in for MNIST, which cannot be downloaded here; see below). Context: N random pixels "
+        f"Image completion as regression on {images_text(cfg)}. Context: N random pixels "
         "(position in [-1, 1]², intensity in [0, 1]); targets: every pixel. Trained with "
         f"{cfg['train_context']} observed pixels, {cfg['steps']} steps of batch {cfg['batch']}, MLP width "
         f"{cfg['width']}, seed {cfg['seed']}; evaluated on {cfg['eval_images']} fixed images for each N. MSE over "
@@ -80,10 +87,11 @@ def tables(result: dict) -> str:
         f"{cfg['steps'] * cfg['batch'] / 50_000:.2g} of the images the paper's 50 000 steps of one image see, "
         "and the layers are 2–30 times narrower, so the trained MSEs are higher than they would be with the "
         "paper's budget, and the models that start from nothing (Attention, NP, MAML) lose the most from it. "
-        "The images are not MNIST: the glyphs are ten jittered polyline digit templates with random rotation, "
-        "shear, scale, shift and stroke width, rendered anti-aliased (thicker, cleaner strokes than handwriting, "
-        "and fewer styles), so absolute MSEs are not comparable with the paper's; the comparison between the "
-        "models and between untrained and trained is what carries over.",
+        + ("The images are not MNIST: the glyphs are ten jittered polyline digit templates with random rotation, "
+         "shear, scale, shift and stroke width, rendered anti-aliased (thicker, cleaner strokes than handwriting, "
+         "and fewer styles), so absolute MSEs are not comparable with the paper's; the comparison between the "
+         "models and between untrained and trained is what carries over." if cfg.get("data") is None else
+         "The images are those of the file named above; with MNIST they are the paper's."),
         "",
         *closing_sections(result, names, 4, differences),
     ])
@@ -133,8 +141,8 @@ def plot(result: dict, path: Path) -> None:
                 pred = np.clip(np.array(rows[m]["completions"][state][n][image]).reshape(side, side), 0, 1)
                 show(fig.add_subplot(grid[r, 2 * c + k]), pred, state if r == 2 else None,
                      names[m] if c == 0 and k == 0 else None)
-    fig.suptitle("Image completion as regression on digit-like glyphs: Fig. 7 (top) and Fig. 13 (one image)",
-                 fontsize=10)
+    images = "digit-like glyphs" if cfg.get("data") is None else cfg["data"].split(" (")[0]
+    fig.suptitle(f"Image completion as regression on {images}: Fig. 7 (top) and Fig. 13 (one image)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=70)
     plt.close(fig)

@@ -109,3 +109,36 @@ def test_cli_end_to_end(tmp_path):
     assert (tmp_path / "intention_image_regression.png").stat().st_size > 10_000
     with pytest.raises(ValueError, match="bad options"):
         main(["intention", "image_regression", "--out", str(tmp_path), "--eval-context", "5000"])
+
+
+def test_image_bank_scales_checks_and_splits(tmp_path):
+    from bench.intention.image_bank import ImageBank
+
+    train = torch.randint(0, 256, (6, 5, 5), dtype=torch.uint8)
+    bank = ImageBank({"train": train, "test": torch.rand(3, 5, 5)}, source="x.pt")
+    assert bank.side == 5 and torch.equal(bank.train, train.double() / 255)
+    assert torch.equal(bank.evaluation(2), bank.test[:2].float()) and bank.evaluation(9).shape == (3, 5, 5)
+    drawn = bank.sample(4, torch.Generator().manual_seed(0))
+    assert drawn.shape == (4, 5, 5) and all(any(torch.equal(d, t.float()) for t in bank.train) for d in drawn)
+    assert "6 training and 3 test images, 5×5" in bank.describe()
+    bad = [({"train": train}, "need a dict with 'train'"), ({"train": train[:, :, :4], "test": train}, "square"),
+           ({"train": train, "test": torch.rand(2, 4, 4)}, "differ in size"),
+           ({"train": 2 * torch.rand(2, 5, 5), "test": train}, "in \\[0, 1\\]"),
+           ({"train": train.long(), "test": train}, "uint8")]
+    for data, message in bad:
+        with pytest.raises(ValueError, match=message):
+            ImageBank(data)
+
+
+def test_cli_runs_on_an_images_file(tmp_path):
+    path = tmp_path / "digits.pt"
+    torch.save({"train": torch.randint(0, 256, (20, 8, 8), dtype=torch.uint8),
+                "test": torch.randint(0, 256, (6, 8, 8), dtype=torch.uint8)}, path)
+    code = main(["intention", "image_regression", "--out", str(tmp_path), "--steps", "2", "--batch", "2",
+                 "--images", str(path), "--eval-images", "4", "--eval-context", "5,20", "--train-context", "10",
+                 "--width", "8", "--models", "intention,np"])
+    assert code == 0
+    result = json.loads((tmp_path / "intention_image_regression.json").read_text())
+    assert result["config"]["side"] == 8 and "digits.pt" in result["config"]["data"]
+    md = (tmp_path / "intention_image_regression.md").read_text()
+    assert "the images in `digits.pt` (20 training and 6 test images, 8×8)" in md and "glyphs are" not in md
