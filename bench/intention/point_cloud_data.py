@@ -141,3 +141,23 @@ def rabbit_cloud(n_points: int, generator=None, *, dtype=None):
     cloud = torch.cat(kept)[:n_points]
     cloud = cloud - cloud.mean(0)
     return (cloud / cloud.pow(2).mean().sqrt()).to(dtype)
+
+
+def normalised_cloud(points, n_points: int, generator=None, *, dtype=None):
+    """A user's 2-D point cloud (``--shape``) as the rabbit demo's input: ``n_points`` of its points (all of
+    them if it has fewer; a random subset drawn from ``generator`` otherwise), normalised like
+    :func:`rabbit_cloud` (mean 0, unit standard deviation pooled over both axes)."""
+    import torch
+
+    if not isinstance(points, torch.Tensor) or points.dim() != 2 or points.shape[1] != 2 or points.shape[0] < 5 \
+            or not points.is_floating_point() or not bool(torch.isfinite(points).all()):
+        raise ValueError(f"normalised_cloud: need a finite real [n >= 5, 2] point cloud, got "
+                         f"{getattr(points, 'shape', type(points).__name__)}")
+    points = points.double()
+    if points.shape[0] > n_points:
+        points = points[torch.randperm(points.shape[0], generator=generator)[:n_points]]
+    cloud = points - points.mean(0)
+    spread = cloud.pow(2).mean().sqrt()
+    if float(spread) == 0:
+        raise ValueError("normalised_cloud: all points coincide")
+    return (cloud / spread).to(dtype or torch.float32)

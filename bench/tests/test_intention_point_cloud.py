@@ -113,3 +113,26 @@ def test_cli_end_to_end_writes_the_report(tmp_path, capsys):
     assert "Beside the paper" in md and "Umeyama" in md and "| Intention | 8 |" in md
     assert (tmp_path / "intention_point_cloud.png").stat().st_size > 10_000
     assert "eval MSE (final)" in capsys.readouterr().out
+
+
+def test_a_user_shape_replaces_the_rabbit(tmp_path):
+    from bench.intention.point_cloud_data import normalised_cloud
+
+    points = torch.randn(300, 2, dtype=torch.float64) * torch.tensor([3.0, 0.5]) + 7
+    cloud = normalised_cloud(points, 100, torch.Generator().manual_seed(0), dtype=torch.float64)
+    assert cloud.shape == (100, 2) and cloud.mean(0).abs().max() < 1e-12
+    assert math.isclose(float(cloud.pow(2).mean()), 1.0, rel_tol=1e-12)
+    assert normalised_cloud(points[:50], 100).shape == (50, 2)              # fewer than asked: all of them
+    nan = points.index_fill(0, torch.tensor([3]), float("nan"))
+    for bad in (points[:, :1], points[:4], points.long(), torch.zeros(10, 2), nan):
+        with pytest.raises(ValueError, match="normalised_cloud"):
+            normalised_cloud(bad, 100)
+    path = tmp_path / "bunny.pt"
+    torch.save(points, path)
+    code = main(["intention", "point_cloud", "--out", str(tmp_path), "--steps", "2", "--batch", "4",
+                 "--eval-every", "2", "--intention-width", "8", "--width", "8", "--eval-tasks", "8",
+                 "--rabbit-points", "40", "--shape", str(path), "--models", "intention", "mlp"])
+    assert code == 0
+    result = json.loads((tmp_path / "intention_point_cloud.json").read_text())
+    assert result["config"]["shape"] == "bunny.pt" and len(result["rabbit"]["cloud"]) == 40
+    assert "the rabbit is the point cloud in `bunny.pt`" in (tmp_path / "intention_point_cloud.md").read_text()
