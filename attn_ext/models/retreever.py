@@ -97,6 +97,8 @@ class ReTreever(NeuralProcess):
     def build(self, xc: Tensor, yc: Tensor) -> TreeState:
         """Encode the context and organise it into a tree (once per context)."""
         check_points(self, xc=xc, yc=yc)
+        if xc.shape[1] == 0:  # a tree needs a leaf; say so in the model's words, not build_tree's
+            raise ValueError(f"ReTreever: the context must have at least one point, got xc {tuple(xc.shape)}")
         context = self.encoder(self.embed_pairs(xc, yc), xc.shape[1])
         return self.tca.build(context, self.tree_key(xc))
 

@@ -71,6 +71,30 @@ def test_bad_shapes_raise_value_error_naming_them(name):
         model.predict(xc, yc, xt[:1])
 
 
+NEEDS_CONTEXT = {"cmanp": "CMANP", "cmanp_and": "CMANP", "retreever": "ReTreever"}   # a state or tree of no point
+NEEDS_TARGETS = {"tnp_nd": "TNPND", "lbanp_nd": "LBANPND", "cmanp_and": "CMANPAND"}  # a joint over no target
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_empty_context_or_targets_answer_or_raise_naming_the_model(name):
+    # No context: the model's prediction from nothing (finite, one per target), or a ValueError that names the
+    # model, never NaN or an op's error from deep inside. No targets: an empty prediction, or the same.
+    model = build_model(name, **SMALL).eval()
+    x, y = torch.randn(2, 5, 1), torch.randn(2, 5, 1)
+    for xc, yc, xt, needs in ((x[:, :0], y[:, :0], x, NEEDS_CONTEXT), (x, y, x[:, :0], NEEDS_TARGETS)):
+        if name in needs:
+            with pytest.raises(ValueError, match=rf"^{needs[name]}: .*at least one"):
+                model.predict(xc, yc, xt)
+            continue
+        with torch.no_grad():
+            pred = model.predict(xc, yc, xt)
+            if isinstance(pred, torch.distributions.MultivariateNormal):   # Not-Diagonal: read its marginals
+                assert torch.isfinite(pred.scale_tril).all()
+                pred = model.marginals(xc, yc, xt)
+        assert pred.mean.shape == (2, xt.shape[1], 1) and torch.isfinite(pred.mean).all()
+        assert torch.isfinite(pred.stddev).all() and (pred.stddev > 0).all()
+
+
 @pytest.mark.parametrize("name, blocks_per_layer", [("lbanp", 3), ("cmanp", 5), ("cmanp_and", 5)])
 def test_perceiver_blocks_train_and_embed_targets_from_x_only(name, blocks_per_layer):
     from attn_ext.nn import PerceiverBlock, PreNormBlock
