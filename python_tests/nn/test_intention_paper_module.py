@@ -145,15 +145,32 @@ def test_large_alpha_sends_the_map_to_zero_and_the_output_to_e_w_of_zero(kwargs)
     randomise_context_ridge(layer)
     query, key, value = data(seed=3)
     out = layer(query, key, value)
-    if layer.form == "linear":
-        limit = layer.e_w.bias.expand_as(out)
-    else:
-        eq = linear_stack(layer.e_q, query).view(2, 3, 2, 4)
-        c = torch.stack([e_w_of_head(layer, h, torch.zeros(1, 4, dtype=F64))[0] for h in range(2)])  # [H, D]
-        limit = (eq.sum(-1, keepdim=True) * c).reshape(2, 3, 8)
-        limit = limit if layer.out_proj is None else linear_stack(layer.out_proj, limit)
+    limit = zero_map_output(layer, query)
     assert (out - limit).abs().max() > 0  # not trivially equal: the limit is approached, not hit
     torch.testing.assert_close(out, limit, rtol=0, atol=1e-6)
+
+
+def zero_map_output(layer, query):
+    """The layer's output when its fitted map ``w`` is 0: ``E_Q·e_w(0)`` per head (the linear form: e_w's bias)."""
+    if layer.form == "linear":
+        return layer.e_w.bias.expand(*query.shape[:2], -1)
+    eq = linear_stack(layer.e_q, query).view(2, 3, 2, 4)
+    c = torch.stack([e_w_of_head(layer, h, torch.zeros(1, 4, dtype=F64))[0] for h in range(2)])  # [H, D]
+    limit = (eq.sum(-1, keepdim=True) * c).reshape(2, 3, 8)
+    return limit if layer.out_proj is None else linear_stack(layer.out_proj, limit)
+
+
+@pytest.mark.parametrize("kwargs", FORMS)
+def test_no_context_is_the_zero_map_and_equals_a_fully_padded_one(kwargs):
+    # No keys: a regression on nothing, w = 0 exactly (the kernels once returned Q/α there for N = 0).
+    torch.manual_seed(4)
+    layer = ae.nn.Intention(8, 2, **kwargs).double()
+    randomise_context_ridge(layer)
+    query, key, value = data(seed=4)
+    empty = layer(query, key[:, :0], value[:, :0])
+    torch.testing.assert_close(empty, zero_map_output(layer, query), rtol=0, atol=1e-12)
+    padded = layer(query, key, value, torch.ones(2, key.shape[1], dtype=torch.bool))
+    torch.testing.assert_close(padded, empty, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("kwargs", FORMS)
