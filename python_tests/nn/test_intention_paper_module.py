@@ -150,6 +150,14 @@ def test_large_alpha_sends_the_map_to_zero_and_the_output_to_e_w_of_zero(kwargs)
     torch.testing.assert_close(out, limit, rtol=0, atol=1e-6)
 
 
+def layer_and_data(kwargs, seed):
+    """A float64 ``Intention(8, 2, **kwargs)`` seeded with ``seed`` (context ridge randomised) and its inputs."""
+    torch.manual_seed(seed)
+    layer = ae.nn.Intention(8, 2, **kwargs).double()
+    randomise_context_ridge(layer)
+    return (layer, *data(seed=seed))
+
+
 def zero_map_output(layer, query):
     """The layer's output when its fitted map ``w`` is 0: ``E_Q·e_w(0)`` per head (the linear form: e_w's bias)."""
     if layer.form == "linear":
@@ -163,10 +171,7 @@ def zero_map_output(layer, query):
 @pytest.mark.parametrize("kwargs", FORMS)
 def test_no_context_is_the_zero_map_and_equals_a_fully_padded_one(kwargs):
     # No keys: a regression on nothing, w = 0 exactly (the kernels once returned Q/α there for N = 0).
-    torch.manual_seed(4)
-    layer = ae.nn.Intention(8, 2, **kwargs).double()
-    randomise_context_ridge(layer)
-    query, key, value = data(seed=4)
+    layer, query, key, value = layer_and_data(kwargs, seed=4)
     empty = layer(query, key[:, :0], value[:, :0])
     torch.testing.assert_close(empty, zero_map_output(layer, query), rtol=0, atol=1e-12)
     padded = layer(query, key, value, torch.ones(2, key.shape[1], dtype=torch.bool))
@@ -225,10 +230,7 @@ def test_learned_and_context_alpha_are_positive_order_free_and_get_gradients(for
 
 @pytest.mark.parametrize("kwargs", FORMS)
 def test_padding_equals_dropping_the_padded_keys_even_if_they_hold_nan(kwargs):
-    torch.manual_seed(6)
-    layer = ae.nn.Intention(8, 2, **kwargs).double()
-    randomise_context_ridge(layer)
-    query, key, value = data(seed=6)
+    layer, query, key, value = layer_and_data(kwargs, seed=6)
     mask = torch.zeros(2, 11, dtype=torch.bool)
     mask[0, 7:], mask[1, :3] = True, True
     key, value = key.clone(), value.clone()
