@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from bench.intention.embedding_data import SplitByClass
+from bench.intention.embedding_data import EmbeddingWorld, SplitByClass
 
 
 class FeatureBank(SplitByClass):
@@ -129,8 +129,6 @@ def add_feature_arguments(parser) -> None:
 def world_from_args(args, separation: float):
     """The bank of ``args.features``, or the synthetic world of ``args.dim``, ``separation`` and ``args.seed``;
     with the ``config`` entries that say which (``data``: the bank's description or None, ``dim``)."""
-    from bench.intention.embedding_data import EmbeddingWorld
-
     if getattr(args, "features", None) is not None:
         bank = FeatureBank.load(args.features, args.train_classes)
         return bank, {"data": bank.describe(), "dim": bank.dim, "train_classes": bank.num_train_classes,
