@@ -7,6 +7,7 @@ import torch
 
 import attn_ext as ae
 from attn_ext.ops.intention import naive as reference
+from attn_ext.ops.intention.conditioning import PRIMAL_TRACE_PER_ALPHA
 
 BACKENDS = ["reference", "cpp"]
 F64 = torch.float64
@@ -57,8 +58,17 @@ def test_primal_equals_dual(N, masked):
     primal = ae.intention(q, k, v, alpha=0.2, key_padding_mask=mask, form="primal")
     dual = ae.intention(q, k, v, alpha=0.2, key_padding_mask=mask, form="dual")
     torch.testing.assert_close(primal, dual, rtol=1e-9, atol=1e-9)
-    # "auto" takes the primal form at D = 16 whatever N: the dual pays off only for large heads.
-    assert torch.equal(ae.intention(q, k, v, alpha=0.2, key_padding_mask=mask), primal)
+    # "auto" takes the dual form exactly on the heads with fewer valid keys than D whose tr(KᵀK) exceeds
+    # PRIMAL_TRACE_PER_ALPHA·α (docs/intention.md), the primal elsewhere (the cheaper one at D = 16).
+    valid = N - (mask.sum(1, keepdim=True) if masked else 0)
+    trace = k.masked_fill(mask[:, None, :, None], 0).square().sum((-1, -2)) if masked else k.square().sum((-1, -2))
+    in_dual = (torch.as_tensor(valid) < 16) & (trace > PRIMAL_TRACE_PER_ALPHA * 0.2)
+    assert (N == 200 and not in_dual.any()) or (N < 200 and in_dual.any() and not in_dual.all())  # a mixed batch
+    expected = torch.where(in_dual[..., None, None], dual, primal)
+    torch.testing.assert_close(ae.intention(q, k, v, alpha=0.2, key_padding_mask=mask), expected, rtol=1e-12,
+                               atol=1e-12)
+    if N == 200:
+        assert torch.equal(ae.intention(q, k, v, alpha=0.2, key_padding_mask=mask), primal)
 
 
 def test_large_alpha_limits():

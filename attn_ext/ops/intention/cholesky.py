@@ -17,7 +17,7 @@ from torch import Tensor
 
 from attn_ext.ops.utils import dispatch
 from attn_ext.ops.utils.autograd import functorch_entry
-from attn_ext.ops.utils.concrete import concrete
+from attn_ext.ops.utils.concrete import check_on_device, concrete, tracing
 
 __all__ = ["batched_cholesky", "batched_cholesky_solve", "batched_spd_solve"]
 
@@ -193,7 +193,10 @@ def batched_spd_solve(A: Tensor, B: Tensor, *, check_errors: bool = True) -> Ten
     """
     _check_matrix_and_rhs("batched_spd_solve", "A", A, B)
     X, info = functorch_entry(torch.ops.attn_ext.batched_spd_solve)(A, B)
-    if check_errors and info.numel() > 0:
+    if check_errors and tracing():  # torch.compile: asserted when the compiled graph runs
+        check_on_device(info == 0, "attn_ext.batched_spd_solve: A is not positive definite (a Cholesky pivot is "
+                        "not positive and finite)")
+    elif check_errors and info.numel() > 0:
         info = concrete(info)  # under vmap: the batched values (vmapped dimensions first)
         failed = torch.nonzero(info)
         if failed.numel() > 0:

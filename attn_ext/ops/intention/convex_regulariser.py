@@ -10,8 +10,14 @@ so ``Q Σ⁻¹ KᵀV = (1/σ)·Q (KᵀK + α'I)⁻¹ KᵀV = (1 + exp(−θ))·I
 the fused Intention op with the ridge ``exp(−θ)``, its output times ``1 + exp(−θ)``. Nothing is
 approximated. The two ends of the sigmoid:
 
-* ``θ → +∞`` (σ → 1): plain least squares, ``Q (KᵀK)⁻¹ KᵀV``. Where ``exp(−θ)`` rounds to 0 this is
-  what is computed, and a singular ``KᵀK`` raises (use :func:`attn_ext.pinv_intention` there).
+* ``θ → +∞`` (σ → 1): plain least squares, ``Q (KᵀK)⁻¹ KᵀV``. Where ``exp(−θ)`` rounds to 0 (θ above
+  about 104 in float32, 745 in float64) this is what is computed, and a singular ``KᵀK`` raises (use
+  :func:`attn_ext.pinv_intention` there). Below that the ridge is positive, however small, and the
+  answer is the regularised one: a head with fewer valid keys than D, whose ``KᵀK`` is singular, is
+  solved in the dual form by :func:`attn_ext.intention`'s ``form="auto"`` (its ``N × N`` system
+  ``KKᵀ + α'I`` is as well conditioned as the keys), where the D×D system would fail or lose
+  ``u·tr(KᵀK)/α'`` to rounding. Only repeated or collinear keys with a ridge below the rounding of
+  their Gram matrix still fail the factorisation, and raise.
 * ``θ → −∞`` (σ → 0): ``Σ → I`` and the output tends to linear attention ``Q KᵀV``. ``θ`` is clamped
   at ``log(tiny)/2`` of the compute dtype (−43.7 in float32, −354 in float64): below it ``σ(θ)·KᵀK``
   is under the rounding of the identity term (for Gram matrices below about ``5e11`` in float32,
@@ -29,6 +35,7 @@ from torch import Tensor
 
 from attn_ext.ops.intention.ridge import intention
 from attn_ext.ops.intention.variant_checks import check_qkv, named, per_head
+from attn_ext.ops.utils.concrete import concrete
 from attn_ext.ops.utils.dtypes import accumulation_dtype, compute_dtype
 
 ThetaLike = Union[float, Tensor]
@@ -62,8 +69,10 @@ def convex_intention(q: Tensor, k: Tensor, v: Tensor, *, theta: ThetaLike = 0.0,
     Raises
     ------
     RuntimeError
-        ``θ`` so large that ``1 − σ(θ)`` rounds to 0 with a singular ``KᵀK`` (fewer than D valid keys
-        or collinear ones): least squares has no unique answer there.
+        ``θ`` so large that ``exp(−θ)`` rounds to 0 (about 104 in float32, 745 in float64) with a
+        singular ``KᵀK`` (fewer than D valid keys or collinear ones): least squares has no unique
+        answer there. Also a positive ridge below the rounding of ``KᵀK`` for repeated or collinear
+        keys (the factorisation fails).
 
     Examples
     --------
@@ -103,7 +112,14 @@ def _call(op: str, theta: ThetaLike, q: Tensor, k: Tensor, v: Tensor, ridge, key
         prefix = f"attn_ext.{op}: "
         if not message.startswith(prefix + _SINGULAR[len("attn_ext.intention: "):]):
             raise
-        shown = theta if not isinstance(theta, Tensor) else theta.detach().flatten()[:8].tolist()
-        raise RuntimeError(
-            f"{prefix}theta = {shown} makes 1 − σ(theta) round to 0 in {q.dtype} (plain least squares), and "
-            f"{message[len(prefix):]}. For the minimum-norm solution use attn_ext.pinv_intention") from err
+        shown = theta if not isinstance(theta, Tensor) else concrete(theta.detach()).flatten()[:8].tolist()
+        # The ridge as the op held it (a float is rounded to the accumulation dtype).
+        held = concrete(ridge.detach()) if isinstance(ridge, Tensor) else torch.tensor(
+            ridge, dtype=accumulation_dtype(q.dtype))
+        if bool((held == 0).any()):
+            why = f"makes 1 − σ(theta) round to 0 in {q.dtype} (plain least squares)"
+        else:  # a positive ridge below the rounding of KᵀK: repeated or collinear keys
+            why = (f"gives the ridge exp(−theta) = {held.flatten()[:8].tolist()}, below the rounding of KᵀK "
+                   "for these (repeated or collinear) keys")
+        raise RuntimeError(f"{prefix}theta = {shown} {why}, and {message[len(prefix):]}. For the minimum-norm "
+                           "solution use attn_ext.pinv_intention") from err

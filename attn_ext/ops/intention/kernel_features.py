@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from attn_ext.ops.intention import naive as reference
-from attn_ext.ops.utils.concrete import concrete
+from attn_ext.ops.utils.concrete import check_on_device, concrete, tracing
 
 KERNELS = ("rbf", "linear")
 
@@ -122,7 +122,7 @@ def first_failure(info: Tensor, nonfinite: Tensor) -> Optional[Tuple[Tuple[int, 
     ``info`` is :func:`torch.linalg.cholesky_ex`'s (after :func:`tiny_pivots_as_failures`); under
     ``torch.func`` its values are read through the wrappers (the vmapped dimensions lead).
     """
-    if info.device.type == "meta":
+    if info.device.type == "meta" or tracing():  # torch.compile: the callers assert it in the graph instead
         return None
     info = concrete(info)
     failed = (info != 0) & ~concrete(nonfinite)
@@ -132,7 +132,17 @@ def first_failure(info: Tensor, nonfinite: Tensor) -> Optional[Tuple[Tuple[int, 
     return (index[-2], index[-1]), int(info[index]) - 1
 
 
+def check_factorised_in_graph(info: Tensor, nonfinite: Tensor, message: str) -> None:
+    """Under ``torch.compile``: assert, when the graph runs, that every finite head factorised (``message``
+    names the op and the remedies; the failing head cannot be named there)."""
+    if tracing():
+        check_on_device((info == 0) | nonfinite, message)
+
+
 def _check_factorised(op: str, info: Tensor, nonfinite: Tensor, kernel: str, jitter: float, tolerance: float) -> None:
+    check_factorised_in_graph(info, nonfinite, f"attn_ext.{op}: the landmark kernel matrix k(L, L) + jitter·I is not "
+                              "positive definite: pass a jitter above its pivot tolerance, or use fewer landmarks "
+                              "(num_landmarks)")
     failed = first_failure(info, nonfinite)
     if failed is None:
         return

@@ -15,7 +15,12 @@ import torch
 from torch import Tensor
 
 from attn_ext.ops.intention import naive as reference
-from attn_ext.ops.intention.kernel_features import first_failure, kernel_matrix, tiny_pivots_as_failures
+from attn_ext.ops.intention.kernel_features import (
+    check_factorised_in_graph,
+    first_failure,
+    kernel_matrix,
+    tiny_pivots_as_failures,
+)
 
 
 def kernel_ridge(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor, key_padding_mask: Optional[Tensor], kernel: str,
@@ -39,7 +44,10 @@ def kernel_ridge(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor, key_padding_mas
     system = torch.where(nonfinite[..., None, None], eye, gram + alpha[..., None, None] * eye)
     factor, info = torch.linalg.cholesky_ex(system)
     tolerance = N * torch.finfo(system.dtype).eps
-    failed = first_failure(tiny_pivots_as_failures(factor, system, info), nonfinite)
+    info = tiny_pivots_as_failures(factor, system, info)
+    check_factorised_in_graph(info, nonfinite, f"attn_ext.{op}: the kernel ridge system k(K, K) + αI is not positive "
+                              "definite: with alpha = 0 the kernel matrix itself must be invertible; pass alpha > 0")
+    failed = first_failure(info, nonfinite)
     if failed is not None:
         (b, h), column = failed
         raise RuntimeError(

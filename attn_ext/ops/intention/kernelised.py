@@ -24,6 +24,7 @@ from attn_ext.ops.intention.kernel_features import KERNELS, landmark_features, s
 from attn_ext.ops.intention.kernel_ridge import kernel_ridge
 from attn_ext.ops.intention.ridge import AlphaLike, _alpha_tensor, intention
 from attn_ext.ops.intention.variant_checks import check_qkv, named, non_negative_float, per_head
+from attn_ext.ops.utils.concrete import concrete, tracing
 from attn_ext.ops.utils.dtypes import compute_dtype
 from attn_ext.ops.utils.validation import is_int_scalar
 
@@ -112,8 +113,7 @@ def kernelised_intention(q: Tensor, k: Tensor, v: Tensor, *, alpha: AlphaLike = 
         k_ = torch.where(pad, torch.zeros_like(k_), k_)
         v_ = torch.where(pad, torch.zeros_like(v_), v_)
     if N == 0 or (num_landmarks is None and jitter == 0.0 and backend is None):
-        with named(op):
-            alpha_t = _alpha_tensor(alpha, q)
+        alpha_t = _alpha_tensor(alpha, q, op)
         if N == 0:  # no keys, no features to build: the regression on nothing answers 0 (NaN query rows NaN)
             zeros = q_.new_zeros(*q.shape[:3], v.shape[-1])
             return (zeros + reference.nan_unless_finite(q_, (-1,))[..., None]).to(q.dtype)
@@ -124,7 +124,9 @@ def kernelised_intention(q: Tensor, k: Tensor, v: Tensor, *, alpha: AlphaLike = 
     (phi_q, phi_k), nan = landmark_features((q_, k_), landmarks, landmark_pad, kernel, ell, jitter, op)
     phi_q, phi_k = phi_q.to(dtype), phi_k.to(dtype) + nan[..., None, None].to(dtype)
     mask = key_padding_mask
-    if bool(landmark_pad.any()):
+    # Under torch.compile whether any landmark is padded cannot be read: the unit keys are added anyway
+    # (where no landmark is padded they are all padding themselves, so nothing changes).
+    if tracing() or bool(concrete(landmark_pad).any()):
         # A padded landmark's feature is 0 for every key, which would leave its row of φ(K)ᵀφ(K) empty
         # (singular for α = 0). One extra key per landmark, with feature e_j on the padded ones and
         # value 0, puts 1 on that diagonal entry and nothing in φ(K)ᵀV: its weight solves to 0, and

@@ -27,7 +27,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from attn_ext.ops.utils.concrete import concrete
+from attn_ext.ops.utils.concrete import check_on_device, concrete, tracing
 
 Dims = Union[int, Tuple[int, ...]]
 
@@ -97,6 +97,12 @@ def check_solvable(op: str, info: Tensor, alpha: Tensor, valid_keys: Tensor, non
     or a Cholesky ``info`` that is not 0. Heads in ``nonfinite`` give NaN instead. One host sync."""
     if info.device.type == "meta":
         return
+    if tracing():  # torch.compile: the same rule, asserted when the compiled graph runs
+        failed = (((alpha == 0) & (valid_keys < D)) | (info != 0)) & ~nonfinite
+        check_on_device(~failed, f"attn_ext.{op}: KᵀK + αI is singular (alpha = 0 with fewer than D = {D} valid "
+                        "keys, or a Cholesky pivot that is not positive); use alpha > 0 (ridge) for fewer or "
+                        "collinear keys")
+        return
     # concrete(): under torch.func.vmap the check reads the wrapped values (leading vmapped dimensions).
     info, alpha, nonfinite, valid = (concrete(t) for t in (info, alpha, nonfinite, valid_keys))
     shape = torch.broadcast_shapes(info.shape, alpha.shape, nonfinite.shape, valid.shape)
@@ -147,7 +153,8 @@ def intention_dual(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor, key_padding_m
     the minimum-norm interpolant where KᵀK is singular (N < D), and fail where KKᵀ is (N > D). So any
     α = 0 is answered by the primal system, which raises where KᵀK is singular.
     """
-    if alpha.device.type != "meta" and bool((concrete(alpha) == 0).any()):
+    # (Under torch.compile the values cannot be read: attn_ext.intention passes such heads a stand-in.)
+    if alpha.device.type != "meta" and not tracing() and bool((concrete(alpha) == 0).any()):
         return intention_primal(q, k, v, alpha, key_padding_mask, scale)
     k, v = masked_keys(k, v, key_padding_mask)
     kernel = k @ k.transpose(-1, -2)

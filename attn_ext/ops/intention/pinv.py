@@ -7,9 +7,12 @@ for collinear keys it spreads the weight evenly over the duplicated directions. 
 invertible the answer is the regular solve's.
 
 It is computed from the streaming statistics (:class:`attn_ext.IntentionState`), so streaming, merging
-and removing keys give the map of the one-shot call, and by :func:`torch.linalg.pinv` with
-``hermitian=True`` (an eigendecomposition of the D×D system), which is differentiable where the rank
-does not change.
+and removing keys give the map of the one-shot call, as :func:`torch.linalg.pinv` with ``hermitian=True``
+computes it (an eigendecomposition of the D×D system, differentiable where the rank does not change),
+except that a state of ``n < D`` keys keeps only its ``n`` largest eigenvalues (:mod:`.span`): the
+others are ``α`` exactly and add nothing, but in working precision they carry the rounding of
+``KᵀK`` and ``KᵀV``, which ``1/α`` would amplify (relative errors of 1e-2 in float32 for ``α = 1e-3``,
+D = 32, n = 8, where the tolerance keeps them).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from torch import Tensor
 
 from attn_ext.ops.intention import naive as reference
 from attn_ext.ops.intention.ridge import AlphaLike, _alpha_tensor, _scale
+from attn_ext.ops.intention.span import span_solve
 from attn_ext.ops.intention.state import IntentionState, intention_state
 from attn_ext.ops.intention.variant_checks import (
     check_qkv,
@@ -49,7 +53,8 @@ def pinv_intention(q: Tensor, k: Tensor, v: Tensor, *, alpha: AlphaLike = 0.0,
         ``max(atol, rtol·λ_max)`` are treated as zero. Defaults as there: ``rtol = D·eps`` of the
         compute dtype when neither is given, ``rtol = 0`` when only ``atol > 0`` is. A key direction
         whose singular value is below ``√rtol`` times the largest is dropped (about ``2e-7`` in
-        float64 and ``4e-3`` in float32 for ``D = 128``).
+        float64 and ``4e-3`` in float32 for ``D = 128``). With ``n < D`` valid keys only the ``n``
+        largest eigenvalues are candidates: the other ``D − n`` belong to directions no key spans.
 
     Returns
     -------
@@ -108,16 +113,17 @@ def pinv_map_from_state(op: str, state: IntentionState, *, alpha: AlphaLike, ato
     atol = non_negative_float(op, "atol", atol, allow_none=True)
     rtol = non_negative_float(op, "rtol", rtol, allow_none=True)
     gram, kv = state.gram, state.kv
-    with named(op):
-        alpha_t = _alpha_tensor(alpha, gram).to(gram.dtype)
+    alpha_t = _alpha_tensor(alpha, gram, op).to(gram.dtype)
     # A head with non-finite statistics gets the identity as its system (so that the eigensolver
     # neither fails nor raises) and then NaN, as in attn_ext.intention.
     nan = reference.nan_unless_finite(gram, (-2, -1)) + reference.nan_unless_finite(kv, (-2, -1))
     eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
     system = torch.where(torch.isnan(nan)[..., None, None], eye, reference.regularised(gram, alpha_t))
-    inverse = torch.linalg.pinv(system, atol=atol, rtol=rtol, hermitian=True)
+    # torch.linalg.pinv(system, atol, rtol, hermitian=True) applied to kv, except that the eigenvalues a
+    # state of fewer keys than D cannot have (its KᵀK has rank <= count) are dropped whatever their rounding.
+    weights = span_solve(system, kv, state.count, atol=0.0 if atol is None else atol, rtol=rtol)
     # α·nan: NaN exactly on the non-finite heads, and α's gradient is NaN there too.
-    return inverse @ kv + (alpha_t * nan)[..., None, None]
+    return weights + (alpha_t * nan)[..., None, None]
 
 
 def _apply(q: Tensor, weights: Tensor, scale: float) -> Tensor:

@@ -2,17 +2,20 @@
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from attn_ext.ops.cross_attention.chunked import DEFAULT_CHUNK_SIZE, cross_attention
-from attn_ext.ops.intention.per_head import broadcast_per_head
+from attn_ext.ops.intention import dual as dual_forms
 from attn_ext.ops.intention import naive as reference
+from attn_ext.ops.intention.conditioning import Plan, auto_plan, key_trace, settle, split_by_plan
+from attn_ext.ops.intention.dual import valid_keys_first
+from attn_ext.ops.intention.per_head import broadcast_per_head
 from attn_ext.ops.utils import dispatch
+from attn_ext.ops.utils.concrete import check_on_device, concrete, tracing
 from attn_ext.ops.utils.dtypes import accumulation_dtype, compute_dtype
-from attn_ext.ops.utils.concrete import concrete
 from attn_ext.ops.utils.validation import check_cross_attention_args, check_scale, is_real_scalar
 
 FORMS = ("primal", "dual", "auto")
@@ -44,15 +47,22 @@ def intention(
         (e.g. one learnable value per head, shape ``[H]``) receives a gradient. ``α = 0`` needs
         ``KᵀK`` invertible: at least ``D`` valid keys of full rank. A singular system (fewer valid
         keys than ``D``, or a failed factorisation) raises ``RuntimeError`` on every form and backend,
-        never a NaN or minimum-norm result; use ``α > 0`` there.
+        never a NaN or minimum-norm result; use ``α > 0`` there. Under ``torch.compile`` the values
+        of a tensor ``alpha`` and the singular systems are checked when the compiled graph runs (an
+        assert op raising ``RuntimeError`` naming the op, without the (batch, head)).
     key_padding_mask : Tensor, optional
         Bool ``[B, N]``, True = padding (dropped from the regression).
     form : {"auto", "primal", "dual"}
         ``"primal"`` solves the D×D system ``(KᵀK + αI) W = KᵀV``; ``"dual"`` the N×N system
         ``(KKᵀ + αI) Z = V`` and returns ``scale·Q Kᵀ Z`` (equal for α > 0; where α = 0 the
-        primal system is solved whatever the form); ``"auto"`` picks the cheaper one (dual only when
-        N < D and D is large enough for the D×D system to outweigh the dual form's fixed cost: at
-        D ≤ 128 the fused primal kernel is faster at every N).
+        primal system is solved whatever the form). ``"auto"`` chooses per (batch, head) by
+        conditioning as well as cost (:mod:`attn_ext.ops.intention.conditioning`): a head with fewer
+        valid keys than D, ``α > 0`` and ``tr(KᵀK) > 256·α`` is solved in the dual on its valid keys
+        (there ``KᵀK`` is rank deficient and the D×D system in working precision loses about
+        ``u·tr(KᵀK)/α`` relative, ``u`` the unit roundoff); every other head in the cheaper form,
+        which is the primal (its fused kernel) unless N < D and D is large enough for the D×D system
+        to outweigh the dual form's fixed cost (D ≥ 256). So the error the primal form adds to
+        ``"auto"`` stays below about ``256·u`` (1.5e-5 in float32).
     scale : float
         Multiplies the queries (default 1: the exact ridge prediction; the paper's App. 9 uses √D in
         deep stacks).
@@ -64,6 +74,9 @@ def intention(
         the next backend, and a forced ``"triton"`` raises with the reason), the PyTorch reference
         otherwise (``torch.linalg.cholesky_ex`` with an explicit info check). The dual form is
         PyTorch code on every backend (it is for N < D, where the N×N system is the small one).
+        Under ``torch.compile`` the choice of ``"auto"`` is made in the graph: where the shapes allow
+        a head with fewer valid keys than D (N < D, or a padding mask), both forms run and each head
+        takes its own.
 
     Returns
     -------
@@ -81,20 +94,26 @@ def intention(
     >>> ae.intention(q, k, v, alpha=0.0).flatten().round(decimals=6).tolist()   # recovers its weights
     [1.0, 2.0, -1.0]
     """
-    check_cross_attention_args(q, k, v, key_padding_mask, _scale(scale), None)
+    check_cross_attention_args(q, k, v, key_padding_mask, _scale(scale), None, op="intention")
     alpha_t = _alpha_tensor(alpha, q)
     if form not in FORMS:
-        raise ValueError(f"attn_ext: unknown form {form!r}; choose one of {', '.join(FORMS)}")
-    if form == "auto":
-        form = "dual" if _dual_is_cheaper(k.shape[2], k.shape[3]) else "primal"
-    if form == "dual" and _has_zero(alpha, alpha_t):
-        form = "primal"  # the dual identity needs α > 0 (see naive.intention_dual); the primal kernel raises
+        raise ValueError(f"attn_ext.intention: unknown form {form!r}; choose one of {', '.join(FORMS)}")
     name = dispatch.select_backend("intention", backend, q, value_dim=v.shape[-1])
-    if form == "primal" and name != "reference":
-        return dispatch.entry("intention", name)(q, k, v, key_padding_mask, alpha_t, float(scale))[0]
-    fn = reference.intention_dual if form == "dual" else reference.intention_primal
-    q_, k_, v_, alpha_ = _upcast(q, k, v, alpha_t)
-    return fn(q_, k_, v_, alpha_, key_padding_mask, float(scale)).to(q.dtype)
+    scale = float(scale)
+    plan, keep, trace = _plan(form, alpha, alpha_t, k, key_padding_mask)
+
+    def primal(a: Tensor) -> Tensor:
+        if name != "reference":
+            return dispatch.entry("intention", name)(q, k, v, key_padding_mask, a, scale)[0]
+        q_, k_, v_, a_ = _upcast(q, k, v, a)
+        return reference.intention_primal(q_, k_, v_, a_, key_padding_mask, scale).to(q.dtype)
+
+    def dual(a: Tensor) -> Tensor:
+        k_, v_, mask = valid_keys_first(k, v, key_padding_mask, keep)
+        q_, k_, v_, a_ = _upcast(q, k_, v_, a)
+        return dual_forms.intention_dual(q_, k_, v_, a_, mask, scale).to(q.dtype)
+
+    return split_by_plan(plan, alpha_t, trace, primal, dual)
 
 
 def sigma_intention(
@@ -113,6 +132,11 @@ def sigma_intention(
     (score scale 1), streamed over key chunks, so its memory is linear in N. On the CPU (``cpp``) one
     fused op makes each tile of Q̃ where the attention consumes it; the other backends run the
     Intention kernel without values, then :func:`attn_ext.cross_attention`.
+
+    The heads :func:`intention`'s ``form="auto"`` solves in the dual (fewer valid keys than D and
+    ``tr(KᵀK) > 256·α``) take their scores from the dual system instead,
+    ``softmax(scale·(QKᵀ)(KKᵀ + αI)⁻¹) V`` over their valid keys: there ``Q̃`` has a component of size
+    ``‖Q‖/α`` outside the keys' span, which ``Q̃Kᵀ`` cancels only up to a rounding error of that size.
 
     Parameters
     ----------
@@ -133,21 +157,32 @@ def sigma_intention(
     >>> ae.sigma_intention(q, k, v, alpha=0.5).shape
     torch.Size([2, 4, 16, 5])
     """
-    check_cross_attention_args(q, k, v, key_padding_mask, _scale(scale), None)
-    alpha_t = _alpha_tensor(alpha, q)
+    check_cross_attention_args(q, k, v, key_padding_mask, _scale(scale), None, op="sigma_intention")
+    alpha_t = _alpha_tensor(alpha, q, "sigma_intention")
     name = dispatch.select_backend("sigma_intention", backend, q)
-    if name == "cpp":  # fused on the CPU: Q̃ is made per query tile where the attention consumes it
-        return dispatch.entry("sigma_intention", name)(q, k, v, key_padding_mask, alpha_t, float(scale),
-                                                        DEFAULT_CHUNK_SIZE)[0]
-    if name == "cuda":  # the Intention kernel without values (C = I) gives Q̃ with its backward
-        q_tilde = dispatch.entry("sigma_intention", name)(q, k, None, key_padding_mask, alpha_t, float(scale))[0]
-    else:
-        q_, k_, _, alpha_ = _upcast(q, k, v, alpha_t)
-        q_tilde = reference.transformed_queries(q_, k_, alpha_, key_padding_mask, float(scale)).to(q.dtype)
-    out = cross_attention(q_tilde, k, v, key_padding_mask=key_padding_mask, scale=1.0, backend=name)
-    # A NaN row of Q̃ gives a NaN row here whatever the attention backend does with it (the fused
-    # CPU op does so itself); the gradient of the term is NaN there too (nan_unless_finite).
-    return out + reference.nan_unless_finite(q_tilde, -1)[..., None].to(out.dtype)
+    scale = float(scale)
+    plan, keep, trace = _plan("auto", alpha, alpha_t, k, key_padding_mask, by_cost=False)
+
+    def primal(a: Tensor) -> Tensor:
+        if name == "cpp":  # fused on the CPU: Q̃ is made per query tile where the attention consumes it
+            return dispatch.entry("sigma_intention", name)(q, k, v, key_padding_mask, a, scale, DEFAULT_CHUNK_SIZE)[0]
+        if name == "cuda":  # the Intention kernel without values (C = I) gives Q̃ with its backward
+            q_tilde = dispatch.entry("sigma_intention", name)(q, k, None, key_padding_mask, a, scale)[0]
+        else:
+            q_, k_, _, a_ = _upcast(q, k, v, a)
+            q_tilde = reference.transformed_queries(q_, k_, a_, key_padding_mask, scale).to(q.dtype)
+        out = cross_attention(q_tilde, k, v, key_padding_mask=key_padding_mask, scale=1.0, backend=name)
+        # A NaN row of Q̃ gives a NaN row here whatever the attention backend does with it (the fused
+        # CPU op does so itself); the gradient of the term is NaN there too (nan_unless_finite).
+        return out + reference.nan_unless_finite(q_tilde, -1)[..., None].to(out.dtype)
+
+    def dual(a: Tensor) -> Tensor:
+        # Scores from the N×N system: Q̃ itself is never formed (see attn_ext.ops.intention.dual).
+        k_, v_, mask = valid_keys_first(k, v, key_padding_mask, keep)
+        q_, k_, v_, a_ = _upcast(q, k_, v_, a)
+        return dual_forms.sigma_intention_dual(q_, k_, v_, a_, mask, scale).to(q.dtype)
+
+    return split_by_plan(plan, alpha_t, trace, primal, dual)
 
 
 #: Cost model of ``form="auto"``, in units of one primal flop, fitted on one AMD EPYC thread (B = H = 1,
@@ -168,10 +203,28 @@ def _upcast(q: Tensor, k: Tensor, v: Tensor, alpha: Tensor):
     return q.to(dtype), k.to(dtype), v.to(dtype), alpha.to(dtype)
 
 
-def _has_zero(alpha: AlphaLike, alpha_t: Tensor) -> bool:
-    if isinstance(alpha, Tensor):  # already synchronised once by _alpha_tensor's check
-        return alpha_t.device.type != "meta" and bool((concrete(alpha_t) == 0).any())
-    return alpha == 0
+def _plan(form: str, alpha: AlphaLike, alpha_t: Tensor, k: Tensor, key_padding_mask: Optional[Tensor], *,
+          by_cost: bool = True) -> Tuple[Plan, int, Optional[Tensor]]:
+    """``(plan, keep, trace)``: which heads the dual solves (:mod:`.conditioning`), on how many keys
+    (:func:`~attn_ext.ops.intention.dual.valid_keys_first`), and ``tr(KᵀK)`` where both forms run.
+
+    ``"primal"``: none. ``"dual"`` (or ``"auto"`` where the dual is the cheaper one, ``by_cost``): every
+    head with ``α > 0``, on all N keys; with ``α = 0`` the push-through identity does not hold, so
+    those heads are solved in the primal, which raises where ``KᵀK`` is singular. ``"auto"``: the
+    heads with fewer valid keys than D whose primal system would be too ill-conditioned, on the
+    first ``min(N, D − 1)`` keys after the valid ones are moved forward (they have at most D − 1).
+    """
+    N, D = k.shape[2], k.shape[3]
+    zero = not isinstance(alpha, Tensor) and alpha == 0
+    if form == "primal" or zero or N == 0:
+        return False, N, None
+    if form == "dual" or (by_cost and _dual_is_cheaper(N, D)):
+        if not isinstance(alpha, Tensor):
+            return True, N, None
+        plan = settle(alpha_t > 0)
+        return plan, N, key_trace(k, key_padding_mask) if isinstance(plan, Tensor) else None
+    plan, trace = auto_plan(k, key_padding_mask, alpha_t)
+    return plan, min(N, D - 1), trace
 
 
 def _scale(scale) -> float:
@@ -181,18 +234,25 @@ def _scale(scale) -> float:
     return check_scale(scale)
 
 
-def _alpha_tensor(alpha: AlphaLike, q: Tensor) -> Tensor:
-    """``alpha`` as a ``[B, H]`` tensor (a broadcast view), validated: finite and ``>= 0``."""
+def _alpha_tensor(alpha: AlphaLike, q: Tensor, op: str = "intention") -> Tensor:
+    """``alpha`` as a ``[B, H]`` tensor (a broadcast view), validated: finite and ``>= 0``; errors name ``op``.
+
+    Under ``torch.compile`` a tensor's values are checked when the compiled graph runs (an assert op
+    raising ``RuntimeError``; in eager mode it is a ``ValueError``).
+    """
     B, H = q.shape[:2]
     if isinstance(alpha, Tensor):
-        expanded = broadcast_per_head("attn_ext", "alpha", alpha, q)
+        expanded = broadcast_per_head(f"attn_ext.{op}", "alpha", alpha, q)
         if alpha.device.type != "meta":
+            if tracing():
+                values = alpha.detach()
+                check_on_device(torch.isfinite(values) & (values >= 0), f"attn_ext.{op}: alpha must be finite and >= 0")
+                return expanded
             values = concrete(alpha.detach())
             if bool((~torch.isfinite(values) | (values < 0)).any()):
-                raise ValueError(f"attn_ext: alpha must be finite and >= 0, got {values.flatten()[:8].tolist()}")
+                raise ValueError(f"attn_ext.{op}: alpha must be finite and >= 0, got {values.flatten()[:8].tolist()}")
         return expanded
     if not is_real_scalar(alpha) or not math.isfinite(alpha) or alpha < 0:
-        raise ValueError(f"attn_ext: alpha must be a finite float >= 0 or a tensor, got {alpha!r}")
+        raise ValueError(f"attn_ext.{op}: alpha must be a finite float >= 0 or a tensor, got {alpha!r}")
     dtype = accumulation_dtype(q.dtype)
     return torch.full((B, H), float(alpha), dtype=dtype, device=q.device)
-

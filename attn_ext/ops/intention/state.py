@@ -11,7 +11,10 @@ import torch
 from torch import Tensor
 
 from attn_ext.ops.intention import naive as reference
+from attn_ext.ops.intention.conditioning import rank_deficient, settle, split_by_plan
 from attn_ext.ops.intention.ridge import AlphaLike, _alpha_tensor, _scale
+from attn_ext.ops.intention.span import span_solve
+from attn_ext.ops.utils.concrete import check_on_device, concrete, tracing
 from attn_ext.ops.utils.dtypes import compute_dtype
 from attn_ext.ops.utils.validation import check_cross_attention_args
 
@@ -78,7 +81,10 @@ def remove_from_intention_state(state: IntentionState, k_old: Tensor, v_old: Ten
     """
     removed = intention_state(k_old, v_old, key_padding_mask=key_padding_mask)
     _check_compatible(state, removed)
-    if bool((removed.count > state.count).any()):
+    if tracing():
+        check_on_device(removed.count <= state.count, "attn_ext.remove_from_intention_state: cannot remove more "
+                        "keys than the state holds")
+    elif bool(concrete(removed.count > state.count).any()):
         raise ValueError(
             f"attn_ext: cannot remove {removed.count[:, 0].tolist()} keys from a state of "
             f"{state.count[:, 0].tolist()} keys (per batch entry)"
@@ -88,7 +94,14 @@ def remove_from_intention_state(state: IntentionState, k_old: Tensor, v_old: Ten
 
 def intention_from_state(q: Tensor, state: IntentionState, *, alpha: AlphaLike = 1.0, scale: float = 1.0) -> Tensor:
     """``scale·Q (G + αI)⁻¹ C`` from the statistics: :func:`attn_ext.intention` of the keys seen so far,
-    with its rules for singular systems (``RuntimeError``) and non-finite statistics (NaN heads)."""
+    with its rules for singular systems (``RuntimeError``) and non-finite statistics (NaN heads).
+
+    The statistics have no dual form, so a head of fewer keys than D (``state.count < D``) with
+    ``tr(G) > 256·α``, where the Cholesky solve would lose about ``u·tr(G)/α`` to the rounding of ``G``
+    and ``C`` (:mod:`attn_ext.ops.intention.conditioning`), is solved by an eigendecomposition of
+    ``G + αI`` restricted to its ``count`` largest eigenvalues, the span of the keys
+    (:mod:`attn_ext.ops.intention.span`): as accurate as the dual form, at the cost of ``eigh``.
+    """
     if not isinstance(state, IntentionState):
         raise TypeError(f"attn_ext: state must be an IntentionState, got {type(state).__name__}")
     if not isinstance(q, Tensor) or q.dim() != 4:
@@ -100,17 +113,35 @@ def intention_from_state(q: Tensor, state: IntentionState, *, alpha: AlphaLike =
             f"need [B, H, M, D] = [{B}, {H}, M, {D}]"
         )
     scale = _scale(scale)
-    alpha_t = _alpha_tensor(alpha, q).to(state.gram.dtype)
-    nan = reference.nan_unless_finite(state.gram, (-2, -1)) + reference.nan_unless_finite(state.kv, (-2, -1))
-    weights = reference.solve_regularised(state.gram, alpha_t, state.kv, valid_keys=state.count, nan=nan,
-                                          op="intention_from_state")
+    alpha_t = _alpha_tensor(alpha, q, "intention_from_state").to(state.gram.dtype)
+    weights = weights_from_state(state, alpha_t, "intention_from_state")
     q_ = q.to(weights.dtype)
     return (scale * (q_ @ weights) + reference.nan_unless_finite(q_, -1)[..., None]).to(q.dtype)
 
 
+def weights_from_state(state: IntentionState, alpha: Tensor, op: str) -> Tensor:
+    """``(G + αI)⁻¹ C`` from the statistics, ``alpha [B, H]``: by Cholesky, except on the heads of fewer keys
+    than D whose Cholesky solve would be too ill-conditioned (:mod:`.conditioning`), which are solved in the
+    span of their keys (:mod:`.span`). Singular systems raise, non-finite statistics give NaN heads."""
+    gram, kv = state.gram, state.kv
+    nan = reference.nan_unless_finite(gram, (-2, -1)) + reference.nan_unless_finite(kv, (-2, -1))
+    trace = gram.diagonal(dim1=-2, dim2=-1).sum(-1)
+    plan = settle(rank_deficient(state.count, trace, alpha, gram.shape[-1]))
+
+    def cholesky(a: Tensor) -> Tensor:
+        return reference.solve_regularised(gram, a, kv, valid_keys=state.count, nan=nan, op=op)
+
+    def in_span(a: Tensor) -> Tensor:
+        eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device)
+        system = torch.where(torch.isnan(nan)[..., None, None], eye, reference.regularised(gram, a))
+        return span_solve(system, kv, state.count) + (a * nan)[..., None, None]
+
+    return split_by_plan(plan, alpha, trace, cholesky, in_span)
+
+
 def _check_keys(k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor]) -> None:
     # The keys' checks are the cross-attention ones with a stand-in query of the keys' shape.
-    check_cross_attention_args(k[:, :, :0], k, v, key_padding_mask, None, None)
+    check_cross_attention_args(k[:, :, :0], k, v, key_padding_mask, None, None, op="intention_state")
 
 
 def _check_compatible(a: IntentionState, b: IntentionState) -> None:

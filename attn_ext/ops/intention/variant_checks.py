@@ -16,7 +16,7 @@ from torch import Tensor
 from attn_ext.ops.intention.per_head import broadcast_per_head
 from attn_ext.ops.intention.ridge import _scale
 from attn_ext.ops.intention.state import IntentionState
-from attn_ext.ops.utils.concrete import concrete
+from attn_ext.ops.utils.concrete import check_on_device, concrete, tracing
 from attn_ext.ops.utils.dtypes import accumulation_dtype
 from attn_ext.ops.utils.validation import check_cross_attention_args, is_real_scalar
 
@@ -86,7 +86,7 @@ def per_head(op: str, name: str, value: ScalarOrTensor, like: Tensor, *, positiv
     if isinstance(value, Tensor):
         tensor = broadcast_per_head(f"attn_ext.{op}", name, value, like)
         if value.device.type != "meta":
-            _check_values(op, name, concrete(value.detach()), positive, allow_infinite)
+            _check_values(op, name, value.detach(), positive, allow_infinite)
         return tensor
     if not is_real_scalar(value):
         raise TypeError(f"attn_ext.{op}: {name} must be a real number or a tensor, got {value!r}")
@@ -95,14 +95,19 @@ def per_head(op: str, name: str, value: ScalarOrTensor, like: Tensor, *, positiv
 
 
 def _check_values(op: str, name: str, values: Tensor, positive: bool, allow_infinite: bool) -> None:
+    """ValueError naming ``op`` for a bad value; under ``torch.compile`` an assert op that raises
+    ``RuntimeError`` with the same rule when the compiled graph runs."""
     bad = torch.isnan(values)
     if not allow_infinite:
         bad = bad | torch.isinf(values)
     if positive:
         bad = bad | (values <= 0)
-    if bool(bad.any()):
-        need = ("positive" if positive else "real") + ("" if allow_infinite else " and finite")
-        raise ValueError(f"attn_ext.{op}: {name} must be {need}, got {values.flatten()[:8].tolist()}")
+    need = ("positive" if positive else "real") + ("" if allow_infinite else " and finite")
+    if tracing():
+        check_on_device(~bad, f"attn_ext.{op}: {name} must be {need}")
+        return
+    if bool(concrete(bad).any()):
+        raise ValueError(f"attn_ext.{op}: {name} must be {need}, got {concrete(values).flatten()[:8].tolist()}")
 
 
 def non_negative_float(op: str, name: str, value, *, allow_none: bool = False) -> Optional[float]:
