@@ -30,7 +30,9 @@ inline AttentionShape check_attention_inputs(const at::Tensor& q, const at::Tens
   TORCH_CHECK_VALUE(q.size(0) == k.size(0) && k.size(0) == v.size(0) && k.size(1) == v.size(1),
                     "attn_ext.attention: batch sizes of q ", q.sizes(), ", k ", k.sizes(), " and v ", v.sizes(),
                     " and head counts of k and v must match");
-  TORCH_CHECK_VALUE(k.size(1) > 0 && q.size(1) % k.size(1) == 0, "attn_ext.attention: q's heads Hq = ", q.size(1),
+  // Hq = Hkv = 0 is an empty problem (empty results); Hkv = 0 under Hq > 0 heads would leave them no keys.
+  TORCH_CHECK_VALUE(k.size(1) > 0 ? q.size(1) % k.size(1) == 0 : q.size(1) == 0,
+                    "attn_ext.attention: q's heads Hq = ", q.size(1),
                     " must be a multiple of k's and v's heads Hkv = ", k.size(1), " (grouped-query attention); got q ",
                     q.sizes(), ", k ", k.sizes());
   TORCH_CHECK_VALUE(q.size(3) == k.size(3), "attn_ext.attention: q ", q.sizes(), " and k ", k.sizes(),

@@ -73,7 +73,8 @@ struct Backward {
 
   Backward(const AttentionCall& c, const at::Tensor& lse_t)
       : call(c), q(c.q), k(c.k), v(c.v), B(q.size(0)), Hq(q.size(1)), Hkv(k.size(1)), M(q.size(2)), N(k.size(2)),
-        D(q.size(3)), Dv(v.size(3)), group(Hq / Hkv), tile_m(std::min<int64_t>(kQueryTile, std::max<int64_t>(M, 1))),
+        D(q.size(3)), Dv(v.size(3)), group(Hkv > 0 ? Hq / Hkv : 0),  // Hkv = 0 only with Hq = 0: no work
+        tile_m(std::min<int64_t>(kQueryTile, std::max<int64_t>(M, 1))),
         chunk(std::min<int64_t>(c.chunk, std::max<int64_t>(N, 1))), n_chunks((N + chunk - 1) / chunk),
         scale(static_cast<acc_t>(c.scale)), padding(c.padding.defined() ? c.padding.const_data_ptr<bool>() : nullptr),
         lse(lse_t.const_data_ptr<acc_t>()) {}

@@ -6,12 +6,14 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
+#include <atomic>
 #include <tuple>
 #include <vector>
 
 #include "attention_kernels.h"
 #include "attention_tile.h"
 #include "checks/common.h"
+#include "score_range.h"
 #include "tile.h"
 
 namespace attn_ext::cpu {
@@ -24,7 +26,7 @@ void forward_kernel(const AttentionCall& call, at::Tensor& out, at::Tensor& lse)
   const acc_t scale = static_cast<acc_t>(call.scale);
   const int64_t B = q.size(0), Hq = q.size(1), Hkv = k.size(1), M = q.size(2), N = k.size(2), D = q.size(3),
                 Dv = v.size(3);
-  const int64_t group = Hq / Hkv;
+  const int64_t group = Hkv > 0 ? Hq / Hkv : 0;  // Hkv = 0 only with Hq = 0: no head, no work unit
   const int64_t tile_m = std::min<int64_t>(kQueryTile, std::max<int64_t>(M, 1));
   const int64_t chunk = std::min<int64_t>(call.chunk, std::max<int64_t>(N, 1));
   const int64_t q_tiles = (M + tile_m - 1) / tile_m;
@@ -44,6 +46,7 @@ void forward_kernel(const AttentionCall& call, at::Tensor& out, at::Tensor& lse)
   std::vector<acc_t> partial_out(splits > 1 ? splits * B * Hq * M * Dv : 0);
   std::vector<acc_t> partial_lse(splits > 1 ? splits * B * Hq * M : 0);
 
+  std::atomic<bool> all_finite{true};
   at::parallel_for(0, units * splits, grain_size_for(units * splits, total_macs), [&](int64_t begin, int64_t end) {
     AttentionTileScratch<acc_t> scratch(tile_m, chunk, D, Dv);
     ScratchBuffer<acc_t> q_tile(tile_m * D);  // written by rows_as_acc before it is read, when used at all
@@ -67,7 +70,7 @@ void forward_kernel(const AttentionCall& call, at::Tensor& out, at::Tensor& lse)
                   scratch);
       const int64_t row = bh * M + m0;
       if (splits == 1) {
-        store_tile(scratch, mt, Dv, out_data + row * Dv, lse_data + row);
+        if (!store_tile(scratch, mt, Dv, out_data + row * Dv, lse_data + row)) all_finite = false;
       } else {  // each part writes a normalised partial state, merged below
         store_tile(scratch, mt, Dv, partial_out.data() + (split * B * Hq * M + row) * Dv,
                    partial_lse.data() + split * B * Hq * M + row);
@@ -76,8 +79,11 @@ void forward_kernel(const AttentionCall& call, at::Tensor& out, at::Tensor& lse)
   });
 
   if (splits > 1) {
-    merge_partial_states(partial_out.data(), partial_lse.data(), splits, B * Hq * M, Dv, out_data, lse_data);
+    all_finite =
+        merge_partial_states(partial_out.data(), partial_lse.data(), splits, B * Hq * M, Dv, out_data, lse_data);
   }
+  // A row that is not finite (also a row with no key, lse = −inf) may be an overflow: examine it.
+  if (!all_finite) check_scores_in_range<scalar_t, Plane>(call, out, lse);
 }
 
 }  // namespace

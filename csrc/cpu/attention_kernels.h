@@ -22,6 +22,7 @@ struct AttentionCall {
   double dropout_p;
   int64_t seed;
   int64_t chunk;
+  const char* op = "attn_ext.scaled_dot_product_attention";  ///< the public op, for errors
 };
 
 /// (out [B, Hq, L, Dv] in q's dtype, lse [B, Hq, L] fp32, fp64 for fp64 inputs).

@@ -59,7 +59,9 @@ std::tuple<at::Tensor, at::Tensor> cross_attention_fwd_cpu(const at::Tensor& q, 
                                                           const std::optional<at::Tensor>& key_padding_mask,
                                                           double scale, int64_t chunk_size) {
   check_cross_attention_inputs(q, k, v, key_padding_mask, scale, chunk_size);
-  return attention_forward(make_call(q, k, v, std::nullopt, key_padding_mask, scale, false, 0.0, std::nullopt, chunk_size));
+  AttentionCall call = make_call(q, k, v, std::nullopt, key_padding_mask, scale, false, 0.0, std::nullopt, chunk_size);
+  call.op = "attn_ext.cross_attention";
+  return attention_forward(call);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_attention_bwd_cpu(

@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -111,23 +112,35 @@ void attend_tile(const acc_t* qt, int64_t ldq, int64_t mt, acc_t scale, const Ke
   attend_tile(qt, ldq, 0, mt, scale, kv, rule, no_dropout, chunk, c_first, c_last, w);
 }
 
-/// Normalises the tile's rows and writes them: out rows [mt, Dv] (row stride Dv) and lse [mt].
+/// Normalises the tile's rows and writes them: out rows [mt, Dv] (row stride Dv) and lse [mt]. Returns
+/// whether every value written is finite (x − x is 0 only for finite x; an and-reduction on values in
+/// registers, the cheap first step of check_scores_in_range).
 template <typename scalar_t, typename acc_t>
-void store_tile(const AttentionTileScratch<acc_t>& w, int64_t mt, int64_t Dv, scalar_t* out, acc_t* lse) {
+bool store_tile(const AttentionTileScratch<acc_t>& w, int64_t mt, int64_t Dv, scalar_t* out, acc_t* lse) {
+  int finite = 1;
   for (int64_t r = 0; r < mt; ++r) {
     const OnlineSoftmaxResult<acc_t> done = online_softmax_finish(w.rows[r]);
-    for (int64_t d = 0; d < Dv; ++d) out[r * Dv + d] = static_cast<scalar_t>(w.acc[r * Dv + d] * done.inv_sum);
+    for (int64_t d = 0; d < Dv; ++d) {
+      const acc_t value = w.acc[r * Dv + d] * done.inv_sum;
+      finite &= (value - value) == acc_t(0);
+      out[r * Dv + d] = static_cast<scalar_t>(value);
+    }
     lse[r] = done.lse;
+    finite &= (done.lse - done.lse) == acc_t(0);
   }
+  return finite != 0;
 }
 
 /// Merges `splits` normalised partial states per row (docs/spec.md §1 merge) into out [rows, Dv] and lse
-/// [rows]: partial_out [splits, rows, Dv], partial_lse [splits, rows], split-major.
+/// [rows]: partial_out [splits, rows, Dv], partial_lse [splits, rows], split-major. Returns whether every
+/// value written is finite, as store_tile.
 template <typename scalar_t, typename acc_t>
-void merge_partial_states(const acc_t* partial_out, const acc_t* partial_lse, int64_t splits, int64_t rows,
+bool merge_partial_states(const acc_t* partial_out, const acc_t* partial_lse, int64_t splits, int64_t rows,
                           int64_t Dv, scalar_t* out, acc_t* lse) {
+  std::atomic<bool> all_finite{true};
   at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
     std::vector<acc_t> merged(Dv);
+    int finite = 1;
     for (int64_t row = begin; row < end; ++row) {
       acc_t merged_lse = negative_infinity<acc_t>();
       std::fill(merged.begin(), merged.end(), acc_t(0));
@@ -137,10 +150,16 @@ void merge_partial_states(const acc_t* partial_out, const acc_t* partial_lse, in
         for (int64_t d = 0; d < Dv; ++d) merged[d] = w.weight_a * merged[d] + w.weight_b * po[d];
         merged_lse = w.lse;
       }
-      for (int64_t d = 0; d < Dv; ++d) out[row * Dv + d] = static_cast<scalar_t>(merged[d]);
+      for (int64_t d = 0; d < Dv; ++d) {
+        finite &= (merged[d] - merged[d]) == acc_t(0);
+        out[row * Dv + d] = static_cast<scalar_t>(merged[d]);
+      }
       lse[row] = merged_lse;
+      finite &= (merged_lse - merged_lse) == acc_t(0);
     }
+    if (!finite) all_finite = false;
   });
+  return all_finite;
 }
 
 }  // namespace attn_ext::cpu

@@ -2,7 +2,7 @@
 dense formula written here: SDPA's math path (scores ``scale·q·kᵀ`` plus a float mask, pairs that take
 no part set to −inf, softmax, dropout ``Z = keep / (1 − p)`` with the keep mask of the Philox reference,
 ``out = (P∘Z)·v``), in fp64 for the ground truth and in the inputs' dtype for the FlashAttention error
-rule. Rows without any pair taking part give out 0, lse −inf and zero gradients (SDPA gives NaN)."""
+rule. Rows without any pair taking part give out 0, lse −inf and zero gradients (as SDPA since torch 2.5)."""
 from __future__ import annotations
 
 import math

@@ -108,3 +108,14 @@ def test_mean_output_is_unbiased():
     full = ae.scaled_dot_product_attention(q, k, v, backend="reference")
     stderr = runs.std(0) / math.sqrt(runs.shape[0])
     assert bool(((runs.mean(0) - full).abs() < 5 * stderr + 1e-12).all())
+
+
+def test_keep_mask_takes_the_seed_as_a_tensor_and_batched_under_vmap():
+    # The composite (higher derivatives, torch.func) reads the seed as a tensor: vmapped with
+    # randomness="different" it is one seed per element, which no Python int can stand for.
+    seeds = torch.tensor([[3], [(1 << 62) + 12345], [2**63 - 2]], dtype=torch.int64)
+    for seed in seeds:
+        assert torch.equal(keep_mask(seed, 0.3, (2, 3, 5, 7)), keep_mask(int(seed), 0.3, (2, 3, 5, 7)))
+    batched = torch.func.vmap(lambda s: keep_mask(s, 0.3, (2, 3, 5, 7)))(seeds)
+    for i, seed in enumerate(seeds):
+        assert torch.equal(batched[i], keep_mask(int(seed), 0.3, (2, 3, 5, 7)))

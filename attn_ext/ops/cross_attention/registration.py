@@ -29,6 +29,7 @@ from attn_ext.ops.utils.dispatch import Implementation, declare
 from attn_ext.ops.utils.dtypes import accumulation_dtype
 from attn_ext.ops.utils.extension import extension_error
 from attn_ext.ops.utils.registration import define_op, register_op_pair
+from attn_ext.ops.utils.score_range import check_scores_in_range
 from attn_ext.ops.utils.validation import check_cross_attention_args
 
 _FwdResult = Tuple[Tensor, Tensor]
@@ -40,8 +41,10 @@ def _cross_attention_fwd_reference(
     q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], scale: float, chunk_size: int
 ) -> _FwdResult:
     # Direct torch.ops calls bypass the public API: check here too, as the C++ ops do.
-    check_cross_attention_args(q, k, v, key_padding_mask, scale, chunk_size)
-    return reference.cross_attention_forward(q, k, v, key_padding_mask, scale, chunk_size)
+    check_cross_attention_args(q, k, v, key_padding_mask, scale, chunk_size, op="cross_attention")
+    out, lse = reference.cross_attention_forward(q, k, v, key_padding_mask, scale, chunk_size)
+    check_scores_in_range("cross_attention", q, k, v, out, lse, scale, key_padding_mask=key_padding_mask)
+    return out, lse
 
 
 @define_op("attn_ext::cross_attention_bwd_reference")
@@ -49,7 +52,7 @@ def _cross_attention_bwd_reference(
     grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
     out: Tensor, lse: Tensor, scale: float, chunk_size: int,
 ) -> _BwdResult:
-    check_cross_attention_args(q, k, v, key_padding_mask, scale, chunk_size)
+    check_cross_attention_args(q, k, v, key_padding_mask, scale, chunk_size, op="cross_attention")
     return reference.cross_attention_backward(grad_out, grad_lse, q, k, v, key_padding_mask, out, lse, scale, chunk_size)
 
 

@@ -47,7 +47,7 @@ def attention(inputs: Sequence, outputs: Sequence[Tensor]) -> Tuple[Tensor, Tens
     safe_lse = torch.logsumexp(safe_scores, dim=-1) if S > 0 else torch.zeros((B, Hq, L), dtype=acc, device=q.device)
     probs = torch.where(empty[..., None], torch.zeros_like(scores), torch.exp(safe_scores - safe_lse[..., None]))
     if dropout_p > 0.0:
-        keep = keep_mask(int(dropout_seed.reshape(-1)[0]), dropout_p, (B, Hq, L, S), device=q.device)
+        keep = keep_mask(dropout_seed, dropout_p, (B, Hq, L, S), device=q.device)
         probs = probs * keep.to(acc) / (1.0 - dropout_p)
     out = torch.matmul(probs, vf)
     lse = torch.where(empty, torch.full_like(safe_lse, -math.inf), safe_lse)

@@ -12,11 +12,14 @@ mask of the forward, and every backend (reference, C++, Triton, CUDA) drops the 
   kept probabilities are scaled by ``1 / (1 − p)``, as ``torch.nn.functional.dropout`` does.
 
 The seed is drawn from torch's default generator once per call (:func:`draw_seed`), so results are
-reproducible under ``torch.manual_seed``.
+reproducible under ``torch.manual_seed``. Under ``torch.func.vmap`` that draw follows vmap's
+``randomness``: one seed for every element (``"same"``), one per element (``"different"``), an error
+(``"error"``, vmap's default). The masks here take the seed as a tensor too, so that the composite
+(higher derivatives, ``torch.func`` transforms) draws each vmapped element's mask from its own seed.
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Tuple, Union
 
 import torch
 from torch import Tensor
@@ -36,8 +39,12 @@ def _mul_hi_lo(a: Tensor, constant: int) -> Tuple[Tensor, Tensor]:
     return t >> 16, ((t & 0xFFFF) << 16) | (low_part & 0xFFFF)
 
 
-def philox4x32(key: Tuple[int, int], counter: Tuple[Tensor, Tensor, Tensor, Tensor]) -> Tuple[Tensor, ...]:
-    """Philox4x32-10 of 32-bit words held in int64 tensors; returns the four output words."""
+Seed = Union[int, Tensor]
+
+
+def philox4x32(key: Tuple[Seed, Seed], counter: Tuple[Tensor, Tensor, Tensor, Tensor]) -> Tuple[Tensor, ...]:
+    """Philox4x32-10 of 32-bit words held in int64 tensors; returns the four output words. The key words
+    are ints or int64 tensors broadcastable to the counters."""
     k0, k1 = key[0] & _MASK32, key[1] & _MASK32
     c0, c1, c2, c3 = counter
     for _ in range(ROUNDS):
@@ -48,9 +55,11 @@ def philox4x32(key: Tuple[int, int], counter: Tuple[Tensor, Tensor, Tensor, Tens
     return c0, c1, c2, c3
 
 
-def philox_words(seed: int, counters: Tensor) -> Tensor:
-    """The first Philox4x32-10 output word of each 64-bit counter (int64 tensor), as int64 in [0, 2³²)."""
-    seed = int(seed)
+def philox_words(seed: Seed, counters: Tensor) -> Tensor:
+    """The first Philox4x32-10 output word of each 64-bit counter (int64 tensor), as int64 in [0, 2³²).
+    ``seed``: an int, or a one-element int64 tensor (read as a tensor, never as a Python number, so that
+    a seed that is batched under ``torch.func.vmap`` gives each element its own words)."""
+    seed = seed.reshape(()) if isinstance(seed, Tensor) else int(seed)
     zero = torch.zeros_like(counters)
     words = philox4x32((seed & _MASK32, (seed >> 32) & _MASK32),
                        (counters & _MASK32, (counters >> 32) & _MASK32, zero, zero))
@@ -67,7 +76,7 @@ def pair_counters(b: Tensor, h: Tensor, m: Tensor, n: Tensor, heads: int, querie
     return ((b * heads + h) * queries + m) * keys + n
 
 
-def keep_mask(seed: int, dropout_p: float, shape: Tuple[int, int, int, int], key_start: int = 0,
+def keep_mask(seed: Seed, dropout_p: float, shape: Tuple[int, int, int, int], key_start: int = 0,
               key_count: int = -1, device=None) -> Tensor:
     """Bool ``[B, Hq, L, n]`` keep mask of the keys ``[key_start, key_start + n)`` of a ``[B, Hq, L, S]`` call."""
     B, H, L, S = shape

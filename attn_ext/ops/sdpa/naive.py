@@ -33,7 +33,7 @@ def _dropout_scale(seed: Optional[Tensor], dropout_p: float, shape, n0: int, n1:
     """``keep / (1 − p)`` of the chunk's pairs, or None without dropout."""
     if dropout_p == 0.0:
         return None
-    keep = keep_mask(int(seed.reshape(-1)[0]), dropout_p, shape, n0, n1 - n0, device=device)
+    keep = keep_mask(seed, dropout_p, shape, n0, n1 - n0, device=device)
     return keep.to(acc) / (1.0 - dropout_p)
 
 

@@ -53,9 +53,18 @@ def masked_scores(q: Tensor, k_chunk: Tensor, scale: float, allowed: Optional[Te
     return scores
 
 
+def _known_finite(x: Tensor) -> bool:
+    """Whether ``x`` holds only finite values; False where that cannot be asked (``torch.func.vmap`` has
+    no data-dependent branches), where the exact per-pair product, right either way, is taken."""
+    try:
+        return bool(torch.isfinite(x).all())
+    except RuntimeError:
+        return False
+
+
 def weighted_rows(weights: Tensor, allowed: Optional[Tensor], x: Tensor) -> Tensor:
     """``Σ_n weights[m, n] · x[n]`` over allowed pairs: ``[..., L, n] × [..., n, d] -> [..., L, d]``."""
-    if allowed is None or bool(torch.isfinite(x).all()):
+    if allowed is None or _known_finite(x):
         return torch.matmul(weights, x)
     zero = torch.zeros((), dtype=x.dtype, device=x.device)
     return (weights[..., None] * torch.where(allowed[..., None], x[..., None, :, :], zero)).sum(dim=-2)
@@ -63,7 +72,7 @@ def weighted_rows(weights: Tensor, allowed: Optional[Tensor], x: Tensor) -> Tens
 
 def weighted_columns(weights: Tensor, allowed: Optional[Tensor], y: Tensor) -> Tensor:
     """``Σ_m weights[m, n] · y[m]`` over allowed pairs: ``[..., L, n] × [..., L, d] -> [..., n, d]``."""
-    if allowed is None or bool(torch.isfinite(y).all()):
+    if allowed is None or _known_finite(y):
         return torch.matmul(weights.transpose(-1, -2), y)
     zero = torch.zeros((), dtype=y.dtype, device=y.device)
     return (weights[..., None] * torch.where(allowed[..., None], y[..., :, None, :], zero)).sum(dim=-3)
@@ -76,8 +85,9 @@ def zero_outside(x: Tensor, allowed: Optional[Tensor]) -> Tensor:
 
 def expand_heads(x: Tensor, query_heads: int) -> Tensor:
     """``[B, Hkv, S, d]`` as ``[B, Hq, S, d]``: query head h reads key/value head ``h // (Hq // Hkv)``."""
-    group = query_heads // x.shape[1]
-    return x if group == 1 else x.repeat_interleave(group, dim=1)
+    if x.shape[1] == query_heads:  # also Hq = Hkv = 0, which has no group
+        return x
+    return x.repeat_interleave(query_heads // x.shape[1], dim=1)
 
 
 def sum_heads(grad: Tensor, kv_heads: int) -> Tensor:

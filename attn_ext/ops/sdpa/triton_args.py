@@ -19,7 +19,7 @@ def check_attention_args(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Te
                          key_padding_mask: Optional[Tensor], scale: float, dropout_p: float,
                          dropout_seed: Optional[Tensor], chunk_size: int) -> None:
     """Raise TypeError/ValueError unless ``q [B, Hq, L, D]``, ``k [B, Hkv, S, D]``, ``v [B, Hkv, S, Dv]``
-    with ``Hq % Hkv == 0``, ``attn_mask`` None or ``[B, Hq, L, S]`` bool or q's dtype,
+    with ``Hq % Hkv == 0`` (or ``Hq = Hkv = 0``), ``attn_mask`` None or ``[B, Hq, L, S]`` bool or q's dtype,
     ``key_padding_mask`` None or bool ``[B, S]``, ``0 <= dropout_p < 1`` (with an int64 one-element
     ``dropout_seed`` when positive) and a finite scale and positive chunk size."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -31,7 +31,7 @@ def check_attention_args(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Te
     if k.shape[0] != B or tuple(v.shape[:3]) != (B, Hkv, S) or k.shape[3] != D:
         raise ValueError(f"{_OP}: expected q [B, Hq, L, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv]; got q "
                          f"{tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
-    if Hkv == 0 or Hq % Hkv != 0:
+    if (Hq % Hkv != 0) if Hkv > 0 else Hq > 0:  # Hq = Hkv = 0: an empty problem
         raise ValueError(f"{_OP}: the query heads ({Hq}) must be a multiple of the key/value heads ({Hkv})")
     if D == 0:
         raise ValueError(f"{_OP}: head dim D must be positive, got q {tuple(q.shape)}")

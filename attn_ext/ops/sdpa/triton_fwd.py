@@ -12,6 +12,7 @@ from torch import Tensor
 
 from attn_ext.ops.cross_attention.triton_fwd import launch_forward
 from attn_ext.ops.sdpa.triton_args import check_attention_args
+from attn_ext.ops.utils.score_range import check_scores_in_range
 
 __all__ = ["attention_forward"]
 
@@ -51,5 +52,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tenso
         for those empty rows.
     """
     check_attention_args(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size)
-    return launch_forward(q, k, v, key_padding_mask, scale, chunk_size, attn_mask=attn_mask,
-                          is_causal=is_causal, dropout_p=float(dropout_p), dropout_seed=dropout_seed)
+    out, lse = launch_forward(q, k, v, key_padding_mask, scale, chunk_size, attn_mask=attn_mask,
+                              is_causal=is_causal, dropout_p=float(dropout_p), dropout_seed=dropout_seed)
+    check_scores_in_range("scaled_dot_product_attention", q, k, v, out, lse, scale, attn_mask, key_padding_mask,
+                          is_causal)
+    return out, lse

@@ -144,7 +144,10 @@ def _check_args(q, node_k, node_v, tree, policy, scale, generator) -> None:
             f"{tree.batch_size} entries; got node_k {tuple(node_k.shape)}, node_v {tuple(node_v.shape)}"
         )
     if D == 0:
-        raise ValueError(f"attn_ext: head dim D must be positive, got q {tuple(q.shape)}")
+        raise ValueError(f"attn_ext.tree_cross_attention: head dim D must be positive, got q {tuple(q.shape)}")
+    if H == 0:  # the policy is the mean over the heads of their attention weights: 0/0 without a head
+        raise ValueError(f"attn_ext.tree_cross_attention: heads H must be positive (the policy averages the heads' "
+                         f"attention weights), got q {tuple(q.shape)}")
     if not (q.dtype == node_k.dtype == node_v.dtype) or not q.is_floating_point():
         raise TypeError(
             f"attn_ext: q, node_k, node_v must share a floating dtype; got {q.dtype}, {node_k.dtype}, {node_v.dtype}"

@@ -261,7 +261,7 @@ def tree_cross_attention_bwd_triton(grad_out, grad_lse, grad_log_prob, grad_entr
     g_lse = grad_lse.to(torch.float32)
     lse = lse.to(torch.float32)
     block_b = triton.next_power_of_2(branching)
-    block_h, block_d, block_dv = (triton.next_power_of_2(x) for x in (H, D, DV))
+    block_h, block_d, block_dv = (triton.next_power_of_2(max(x, 1)) for x in (H, D, DV))  # Dv = 0: no column
     block_m = min(16, triton.next_power_of_2(M))
     if not interpreting():
         block_m = max(1, min(block_m, 8192 // (block_h * block_d), 8192 // max(block_b, 16) // max(block_d, block_dv)))

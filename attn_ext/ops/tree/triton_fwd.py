@@ -368,7 +368,7 @@ def tree_cross_attention_fwd_triton(q, node_k, node_v, node_padding_mask, branch
     u = uniforms.to(device=device, dtype=torch.float32) if sample else log_prob  # never read when greedy
     group_offset = (branching**height - 1) // (branching - 1)
     leaf_offset = (branching ** (height + 1) - 1) // (branching - 1)
-    block_h, block_d, block_dv = (triton.next_power_of_2(x) for x in (H, D, DV))
+    block_h, block_d, block_dv = (triton.next_power_of_2(max(x, 1)) for x in (H, D, DV))  # Dv = 0: no column
     args = (q, node_k, node_v, mask, u, out, lse, selected, log_prob, entropy,
             *q.stride(), *node_k.stride(), *node_v.stride(), *mask.stride(),
             *(u.stride() if sample else (0, 0, 0)), *out.stride(), *lse.stride(), *selected.stride(),

@@ -57,7 +57,7 @@ void fill_inputs(Params& p, const Inputs& in, double scale, bool is_causal) {
   p.q = in.q.data_ptr(), p.k = in.k.data_ptr(), p.v = in.v.data_ptr();
   if (in.padding.defined()) p.key_padding_mask = in.padding.const_data_ptr<uint8_t>();
   fill_qkv_layout(p, in.q, in.k, in.v, in.padding, scale, in.dtype);
-  p.kv_group = s.q_heads / s.kv_heads;
+  p.kv_group = s.kv_heads > 0 ? s.q_heads / s.kv_heads : 1;  // Hq = Hkv = 0: an empty problem (no launch)
   p.causal = is_causal;
   if (in.attn_mask.defined()) {
     const at::Tensor& m = in.attn_mask;
