@@ -10,7 +10,9 @@ from torch.distributions import LowRankMultivariateNormal, MultivariateNormal, N
 
 from attn_ext.models.base import NPConfig, check_points
 from attn_ext.models.cmanp import CMANP, CMANPState
+from attn_ext.models.lowrank_normal import TaskwiseLowRankNormal
 from attn_ext.models.not_diagonal import NotDiagonalHead, check_targets, marginal_normal, sample_joint
+from attn_ext.nn.layer_norm import LayerNorm
 from attn_ext.ops.utils.validation import is_int_scalar
 
 #: ``covariance`` choices: name -> how a block's joint covariance is parameterised.
@@ -23,16 +25,17 @@ class _LowRankHead(nn.Module):
     def __init__(self, d_model: int, ff_dim: int, dim_y: int, rank: int) -> None:
         super().__init__()
         self.dim_y, self.rank = dim_y, rank
-        self.net = nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, ff_dim), nn.ReLU(),
+        self.net = nn.Sequential(LayerNorm(d_model), nn.Linear(d_model, ff_dim), nn.ReLU(),
                                  nn.Linear(ff_dim, (2 + rank) * dim_y))
 
     def forward(self, h: Tensor) -> LowRankMultivariateNormal:
-        """Joint Gaussian over the flattened ``[B, N_t · dim_y]`` targets."""
+        """Joint Gaussian over the flattened ``[B, N_t · dim_y]`` targets; a task whose features are not
+        finite gets a NaN joint, the others are unaffected (:class:`TaskwiseLowRankNormal`)."""
         B, M, _ = h.shape
         out = self.net(h).view(B, M, self.dim_y, 2 + self.rank)
         loc, raw_std, factor = out[..., 0], out[..., 1], out[..., 2:] / self.rank ** 0.5
-        return LowRankMultivariateNormal(loc.reshape(B, -1), factor.reshape(B, M * self.dim_y, self.rank),
-                                         torch.exp(2 * raw_std).reshape(B, -1))
+        return TaskwiseLowRankNormal(loc.reshape(B, -1), factor.reshape(B, M * self.dim_y, self.rank),
+                                     torch.exp(2 * raw_std).reshape(B, -1), "CMANPAND")
 
 
 class CMANPAND(CMANP):

@@ -100,7 +100,16 @@ class ReTreever(NeuralProcess):
         if xc.shape[1] == 0:  # a tree needs a leaf; say so in the model's words, not build_tree's
             raise ValueError(f"ReTreever: the context must have at least one point, got xc {tuple(xc.shape)}")
         context = self.encoder(self.embed_pairs(xc, yc), xc.shape[1])
-        return self.tca.build(context, self.tree_key(xc))
+        key = self.tree_key(xc)
+        # A task with a non-finite sort key has no tree order (build_tree would refuse the whole batch):
+        # it is built over a stand-in key and its context is NaN, so that its predictions are NaN and
+        # the other tasks are computed as without it (docs/models.md: NaN only where it reaches).
+        finite = torch.isfinite(key.flatten(1)).all(1)
+        task = (-1,) + (1,) * (key.dim() - 1)
+        key = torch.where(finite.view(task), key, torch.zeros((), dtype=key.dtype, device=key.device))
+        context = torch.where(finite.view(-1, 1, 1), context,
+                              torch.full((), float("nan"), dtype=context.dtype, device=context.device))
+        return self.tca.build(context, key)
 
     def tree_key(self, xc: Tensor) -> Tensor:
         """What the tree sorts the context by under :attr:`tree_design`: ``xc`` itself for ``"kd"`` (the

@@ -13,6 +13,7 @@ from typing import NamedTuple, Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd import forward_ad
 
 _WHO = "attn_ext.nn.MultiheadAttention"
 
@@ -22,8 +23,12 @@ def _shape(t) -> str:
 
 
 def check_inputs(module, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor],
-                 attn_mask: Optional[Tensor]) -> bool:
-    """torch's shape rules for ``forward``; returns whether the call is batched (``query`` 3-D)."""
+                 attn_mask: Optional[Tensor], mask_read: bool = True) -> bool:
+    """torch's shape rules for ``forward``; returns whether the call is batched (``query`` 3-D).
+
+    ``mask_read=False``: ``attn_mask`` will not be read (torch's causal hint replaces it), so, as in
+    torch, only its dtype and number of dims are checked (and, for an unbatched query, a 3-D one's shape).
+    """
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{_WHO}: {name} must be a tensor, got {type(t).__name__}")
@@ -41,6 +46,12 @@ def check_inputs(module, query: Tensor, key: Tensor, value: Tensor, key_padding_
         if t.dim() != query.dim() or t.shape[-1] != width:
             raise ValueError(f"{_WHO}: {name} must be {form.format(width)} (batch_first={module.batch_first}, "
                              f"{'batched' if batched else 'unbatched'} query {_shape(query)}), got {_shape(t)}")
+    if not torch.is_autocast_enabled(query.device.type):  # autocast casts both sides itself
+        for name, t, weight in zip(("query", "key", "value"), (query, key, value), module._projection_weights()[0]):
+            if t.dtype != weight.dtype:
+                raise TypeError(f"{_WHO}: {name} is {t.dtype} but its projection weight is {weight.dtype} (torch "
+                                f"refuses this too); pass {weight.dtype} inputs or convert the module with "
+                                f".to({t.dtype}). Only in_proj_bias may have another float dtype")
     batch = (1 if seq_first else 0) if batched else None
     if key.shape[:-1] != value.shape[:-1]:
         raise ValueError(f"{_WHO}: key {_shape(key)} and value {_shape(value)} must agree in every dim but the last")
@@ -58,7 +69,13 @@ def check_inputs(module, query: Tensor, key: Tensor, value: Tensor, key_padding_
     if attn_mask is not None:
         _check_mask_dtype("attn_mask", attn_mask)
         heads = module.num_heads * (B if batched else 1)
-        if tuple(attn_mask.shape) not in ((L, S), (heads, L, S)):
+        if not mask_read:
+            # torch's _mha_shape_check still looks at a mask it will not read: its number of dims, and
+            # the whole shape of an unbatched query's 3-D mask.
+            if attn_mask.dim() not in (2, 3):
+                raise ValueError(f"{_WHO}: attn_mask must be 2-D or 3-D, got {_shape(attn_mask)}")
+            mask_read = not batched and attn_mask.dim() == 3
+        if mask_read and tuple(attn_mask.shape) not in ((L, S), (heads, L, S)):
             three = f"[{'B * num_heads' if batched else 'num_heads'} = {heads}, {L}, {S}]"
             raise ValueError(f"{_WHO}: attn_mask must be [L, S] = [{L}, {S}] or {three}, got {_shape(attn_mask)}")
     return batched
@@ -71,6 +88,12 @@ def _check_mask_dtype(name: str, mask) -> None:
                         f"torch.nn.MultiheadAttention) or a float tensor (added to the scores), got {got}")
 
 
+def _may_carry_derivative(t: Tensor) -> bool:
+    if t.requires_grad or torch._C._functorch.is_functorch_wrapped_tensor(t):
+        return True
+    return forward_ad._current_level >= 0 and forward_ad.unpack_dual(t).tangent is not None
+
+
 def as_bool_padding(key_padding_mask: Optional[Tensor]) -> Optional[Tensor]:
     """A float ``key_padding_mask`` holding only 0 and -inf as the equivalent bool mask (True = padding).
 
@@ -78,9 +101,11 @@ def as_bool_padding(key_padding_mask: Optional[Tensor]) -> Optional[Tensor]:
     float one before calling their attention; kept float, it would rule out the causal hint and the
     op's per-key padding (a float one has to be added to the scores as a mask). Finding out reads the
     mask (a device sync on GPU), so it is skipped under ``torch.compile``, where it would break the
-    graph, and for a mask that requires grad; the result is the same either way.
+    graph, and for a mask that carries a derivative (requires grad, a forward-mode tangent, or a
+    ``torch.func`` wrapper): the bool mask would drop it, since the scores depend on the 0 entries too.
+    The result is the same either way.
     """
-    if (key_padding_mask is None or key_padding_mask.dtype == torch.bool or key_padding_mask.requires_grad
+    if (key_padding_mask is None or key_padding_mask.dtype == torch.bool or _may_carry_derivative(key_padding_mask)
             or torch.compiler.is_compiling()):
         return key_padding_mask
     padding = key_padding_mask == float("-inf")
@@ -107,17 +132,33 @@ def extra_keys(module) -> int:
     return int(module.bias_k is not None) + int(bool(module.add_zero_attn))
 
 
+def project(x: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """``x Wᵀ + b`` in ``x``'s dtype for a ``bias`` of any float dtype, as torch's module computes it.
+
+    ``F.linear`` refuses a bias of another dtype than ``x`` and ``W``; torch's MultiheadAttention adds
+    such an ``in_proj_bias`` in place (``(x Wᵀ).add_(b)``: the sum in the wider dtype, rounded once to
+    ``x``'s) wherever its input is not contiguous, and that is what is computed here for every layout
+    (out of place, so that torch.func transforms apply).
+    """
+    if bias is None or bias.dtype == x.dtype:
+        return F.linear(x, weight, bias)
+    y = F.linear(x, weight)
+    wide = torch.promote_types(y.dtype, bias.dtype)
+    return (y.to(wide) + bias.to(wide)).to(y.dtype)
+
+
 def prepare(module, query: Tensor, key: Tensor, value: Tensor, key_padding_mask: Optional[Tensor],
-            attn_mask: Optional[Tensor], is_causal: bool, use_causal_hint: bool) -> Prepared:
+            attn_mask: Optional[Tensor], causal_hint: bool) -> Prepared:
     """Batch-first 3-D inputs (``[B, L, E]``, ``[B, S, kdim]``, ``[B, S, vdim]``, masks as torch takes
     them with B explicit) -> per-head tensors ``[B, H, ·, E/H]`` and converted masks.
 
-    ``use_causal_hint``: trust ``is_causal`` (the caller's promise that ``attn_mask`` is the causal
-    mask) and drop the mask, as torch does on its own fast path; only valid without extra keys.
+    ``causal_hint``: the call is causal by torch's hint (``attn_mask`` is then None, unread): queries
+    attend the keys up to their own position, upper-left aligned over the keys including the extra ones
+    of ``add_bias_kv`` / ``add_zero_attn``, as torch's scaled_dot_product_attention(is_causal=True).
     """
     B, L, _ = query.shape
     (w_q, w_k, w_v), (b_q, b_k, b_v) = module._projection_weights()
-    q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
+    q, k, v = project(query, w_q, b_q), project(key, w_k, b_k), project(value, w_v, b_v)
     extra = extra_keys(module)
     if module.bias_k is not None:
         k = torch.cat([k, module.bias_k.expand(B, 1, -1)], 1)
@@ -126,9 +167,7 @@ def prepare(module, query: Tensor, key: Tensor, value: Tensor, key_padding_mask:
         k = torch.cat([k, k.new_zeros(B, 1, k.shape[-1])], 1)
         v = torch.cat([v, v.new_zeros(B, 1, v.shape[-1])], 1)
     dtype = q.dtype
-    if use_causal_hint:
-        attn_mask = None
-    elif attn_mask is not None:
+    if attn_mask is not None:
         if attn_mask.dim() == 3:  # [B * H, L, S] -> [B, H, L, S]
             attn_mask = attn_mask.view(B, module.num_heads, *attn_mask.shape[-2:])
         # torch's True = may not attend becomes the op's True = takes part; the extra keys are always attended.
@@ -148,7 +187,7 @@ def prepare(module, query: Tensor, key: Tensor, value: Tensor, key_padding_mask:
                 attn_mask = attn_mask + additive
             key_padding_mask = None
     return Prepared(module._split_heads(q), module._split_heads(k), module._split_heads(v),
-                    attn_mask, key_padding_mask, bool(use_causal_hint and is_causal))
+                    attn_mask, key_padding_mask, causal_hint)
 
 
 def plain_attention(p: Prepared, dropout_p: float):

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Iterable, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
@@ -31,16 +30,19 @@ class MultiheadAttention(nn.Module):
     is_causal=False)`` takes what torch's takes — batched (``batch_first`` or not) or unbatched
     inputs, self or cross attention, ``kdim``/``vdim``, bool (True = may **not** attend) or float
     (additive) ``attn_mask`` ``[L, S]`` or ``[B * num_heads, L, S]`` and ``key_padding_mask``
-    ``[B, S]``, ``add_bias_kv``, ``add_zero_attn``, attention dropout in training mode — and gives
-    torch's outputs and gradients (equal in fp64).
+    ``[B, S]``, ``add_bias_kv``, ``add_zero_attn``, attention dropout in training mode, an
+    ``in_proj_bias`` of another float dtype (added in the query's dtype, as torch) — and gives torch's
+    outputs and gradients (equal in fp64).
 
     How each call runs:
 
     * ``need_weights=False`` (what ``nn.TransformerEncoderLayer`` and ``DecoderLayer`` pass): on
       :func:`attn_ext.scaled_dot_product_attention`, which never forms the ``[L, S]`` matrix; a
-      ``[L, S]`` mask is read in place, ``is_causal=True`` is trusted as torch's hint (the mask is
-      then not read and key chunks above the diagonal are skipped), dropout uses the op's
-      counter-based generator (reproducible under ``torch.manual_seed``, not torch's random stream);
+      ``[L, S]`` mask is read in place, dropout uses the op's counter-based generator (reproducible
+      under ``torch.manual_seed``, not torch's random stream);
+    * ``is_causal=True``, torch's rule: with no ``key_padding_mask`` and ``need_weights=False`` the
+      hint replaces ``attn_mask`` (not read, of any shape; upper-left causal over the keys and the
+      extra ones; key chunks above the diagonal are skipped); otherwise the mask is read, not the hint;
     * ``need_weights=True`` (torch's default): computed the plain way, as PyTorch's own slow path
       does (score matrix, softmax, ``torch.nn.functional.dropout``, weights ``[B, L, S]`` averaged
       over heads or ``[B, num_heads, L, S]``), so pass ``need_weights=False`` whenever the weights
@@ -51,11 +53,14 @@ class MultiheadAttention(nn.Module):
     Differences from ``torch.nn.MultiheadAttention``:
 
     * a query with no attended key (all masked) gives a zero attention vector, i.e. ``out_proj.bias``,
-      zero weights and zero gradients, where torch gives NaN;
-    * with ``add_bias_kv`` or ``add_zero_attn``, the extra keys are attended by every query under
-      ``is_causal=True`` too (torch attends them when it reads the mask, but not on its causal hint
-      path, where they fall above the diagonal);
-    * shape errors raise ``ValueError`` (torch: ``AssertionError``), mask dtype errors ``TypeError``;
+      zero weights and zero gradients, where torch gives NaN with ``need_weights=True`` and on its
+      inference fast path (its ``need_weights=False`` path, SDPA, gives the same zeros);
+    * torch's inference fast path (eval, no gradient, batch-first self attention, bool masks) reads
+      ``attn_mask`` under ``is_causal`` too; this module answers as torch's other path does;
+    * shape errors raise ``ValueError`` (torch: ``AssertionError``), mask dtype errors and inputs of
+      another dtype than their projection weight ``TypeError``;
+    * an ``in_proj_bias`` of another dtype runs in every layout (torch: batch-first batched calls only);
+    * ``torch.jit.script`` refuses it by name (its forward dispatches in Python): use ``torch.compile``;
     * nested tensors are not accepted (torch's inference fast path takes them);
     * ``nn.TransformerEncoderLayer``'s inference fast path (evaluation mode, no gradient) reads
       this module's weights and runs PyTorch's own fused layer instead of calling it — as it does
@@ -187,6 +192,14 @@ class MultiheadAttention(nn.Module):
     # torch's TransformerEncoderLayer calls it on its inference fast path; it only reads num_heads.
     merge_masks = nn.MultiheadAttention.merge_masks
 
+    def __prepare_scriptable__(self):
+        # torch.jit.script calls this on every module it compiles, first: refusing here names this module.
+        raise RuntimeError(
+            f"attn_ext.nn.{type(self).__name__}: TorchScript (torch.jit.script) is not supported: its forward "
+            "validates its inputs and chooses among attn_ext's kernel backends in Python, which TorchScript cannot "
+            "compile. Use torch.compile instead, or keep torch.nn.MultiheadAttention (do not swap_attention) in a "
+            "model that must be scripted")
+
     # ------------------------------------------------------------------------------------------
     # torch.nn.MultiheadAttention interface
     # ------------------------------------------------------------------------------------------
@@ -212,18 +225,24 @@ class MultiheadAttention(nn.Module):
         torch). ``weights`` is None unless ``need_weights``: then ``[B, L, S]`` averaged over heads
         (``average_attn_weights``) or ``[B, num_heads, L, S]`` (S counting the extra keys).
         """
-        batched = mha_inputs.check_inputs(self, query, key, value, key_padding_mask, attn_mask)
+        # torch's rule (F.multi_head_attention_forward): the hint replaces attn_mask (not read, of any
+        # shape) without key_padding_mask and need_weights; otherwise the mask is read, not the hint.
+        causal_hint = bool(is_causal) and key_padding_mask is None and not need_weights
+        batched = mha_inputs.check_inputs(self, query, key, value, key_padding_mask, attn_mask,
+                                          mask_read=not causal_hint)
         if is_causal and attn_mask is None:
             raise RuntimeError("attn_ext.nn.MultiheadAttention: is_causal=True is a hint that attn_mask is the causal "
                                "mask and needs attn_mask (as in torch); build it with "
                                "torch.nn.Transformer.generate_square_subsequent_mask(L)")
+        if causal_hint:
+            attn_mask = None
         key_padding_mask = mha_inputs.as_bool_padding(key_padding_mask)
         dropout_p = self.dropout if self.training else 0.0
         padding_is_bool = key_padding_mask is None or key_padding_mask.dtype == torch.bool
         mask_needs_grad = torch.is_grad_enabled() and any(
             m is not None and m.requires_grad for m in (attn_mask, key_padding_mask))
         plain = need_weights or dropout_p >= 1.0 or mask_needs_grad
-        if (not plain and attn_mask is None and padding_is_bool and dropout_p == 0.0
+        if (not plain and not causal_hint and attn_mask is None and padding_is_bool and dropout_p == 0.0
                 and mha_inputs.extra_keys(self) == 0):
             # The state path: what the incremental methods compute (and where they can be observed).
             if not batched:
@@ -237,8 +256,7 @@ class MultiheadAttention(nn.Module):
             key_padding_mask = None if key_padding_mask is None else key_padding_mask[None]
         elif seq_first:
             query, key, value = query.transpose(0, 1), key.transpose(0, 1), value.transpose(0, 1)
-        use_hint = not plain and is_causal and padding_is_bool and mha_inputs.extra_keys(self) == 0
-        p = mha_inputs.prepare(self, query, key, value, key_padding_mask, attn_mask, is_causal, use_hint)
+        p = mha_inputs.prepare(self, query, key, value, key_padding_mask, attn_mask, causal_hint)
         weights = None
         if plain:
             out, weights = mha_inputs.plain_attention(p, dropout_p)
@@ -288,7 +306,7 @@ class MultiheadAttention(nn.Module):
     def _heads_q(self, query: Tensor) -> Tensor:
         """Projected queries ``[B, H, L, E/H]`` of ``query`` in the module layout."""
         (w_q, _, _), (b_q, _, _) = self._projection_weights()
-        return self._split_heads(F.linear(self._to_batch_first(query, "query", self.embed_dim), w_q, b_q))
+        return self._split_heads(mha_inputs.project(self._to_batch_first(query, "query", self.embed_dim), w_q, b_q))
 
     def _heads_kv(self, key: Tensor, value: Tensor) -> Tuple[Tensor, Tensor]:
         """Projected keys and values ``[B, H, S, E/H]`` of ``key, value`` in the module layout."""
@@ -298,7 +316,8 @@ class MultiheadAttention(nn.Module):
         if key.shape[:2] != value.shape[:2]:
             raise ValueError(f"attn_ext.nn: key {tuple(key.shape)} and value {tuple(value.shape)} must have the same "
                              "batch and sequence sizes (batch_first layout)")
-        return self._split_heads(F.linear(key, w_k, b_k)), self._split_heads(F.linear(value, w_v, b_v))
+        return (self._split_heads(mha_inputs.project(key, w_k, b_k)),
+                self._split_heads(mha_inputs.project(value, w_v, b_v)))
 
     def _merge_heads(self, out: Tensor) -> Tensor:
         merged = self.out_proj(out.transpose(1, 2).flatten(2))

@@ -22,14 +22,21 @@ _HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_
 class SwapReport:
     """What :func:`swap_attention` did: ``replaced`` names the replaced modules (every name of a
     module registered under several), ``left`` pairs each ``torch.nn.MultiheadAttention`` it kept
-    with the reason."""
+    with the reason, and ``not_scriptable`` names the modules that ``torch.jit.script`` can no longer
+    compile: the replaced ones and every module holding one (``""`` is the model itself), since
+    :class:`MultiheadAttention` refuses TorchScript."""
 
     replaced: List[str] = field(default_factory=list)
     left: List[Tuple[str, str]] = field(default_factory=list)
+    not_scriptable: List[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         lines = [f"replaced {len(self.replaced)} torch.nn.MultiheadAttention module(s): {', '.join(self.replaced)}"]
         lines += [f"left {name}: {reason}" for name, reason in self.left]
+        if self.not_scriptable:
+            lines.append(f"not scriptable any more: the model and {len(self.not_scriptable) - 1} of its modules, "
+                         "listed in report.not_scriptable (torch.jit.script refuses attn_ext.nn.MultiheadAttention; "
+                         "torch.compile works)")
         return "\n".join(lines)
 
 
@@ -126,6 +133,16 @@ def swap_attention(model: nn.Module, *, chunk_size: Optional[int] = None,
                 new[id(child)] = from_torch(child, chunk_size=chunk_size, backend=backend)
             parent._modules[child_name] = new[id(child)]
     replacements = {id(m) for m in new.values()}
+    names = [name for name, _ in model.named_modules(remove_duplicate=False)]
     report.replaced = [name for name, m in model.named_modules(remove_duplicate=False) if id(m) in replacements]
+    # torch.jit.script compiles a module with all its submodules: every holder of a replaced module fails.
+    holders = set(report.replaced) | {prefix for name in report.replaced for prefix in _prefixes(name)}
+    report.not_scriptable = list(dict.fromkeys(name for name in names if name in holders))
     return report
+
+
+def _prefixes(name: str) -> List[str]:
+    """``"a.b.c"`` -> ``["", "a", "a.b"]``: the names of the modules holding ``name``."""
+    parts = name.split(".") if name else []
+    return [".".join(parts[:i]) for i in range(len(parts))]
 

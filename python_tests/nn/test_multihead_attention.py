@@ -7,7 +7,7 @@ import zlib
 import pytest
 import torch
 
-from attn_ext.nn import MultiheadAttention
+import _mha_pair
 
 F64 = torch.float64
 E, H, B = 8, 2, 2
@@ -27,15 +27,7 @@ WEIGHTS = [False, "average", "per-head"]
 
 
 def make_pair(dtype=F64, **kwargs):
-    """torch's module with random biases (zero at initialisation) and ours with its state dict."""
-    reference = torch.nn.MultiheadAttention(E, H, dtype=dtype, **kwargs)
-    with torch.no_grad():
-        for name, p in reference.named_parameters():
-            if "bias" in name:
-                p.normal_()
-    ours = MultiheadAttention(E, H, dtype=dtype, **kwargs)
-    ours.load_state_dict(reference.state_dict())
-    return reference, ours
+    return _mha_pair.make_pair(E, H, dtype, **kwargs)
 
 
 def make_masks(kind, padding, causal, batch, L, S, g):
@@ -100,7 +92,6 @@ def test_every_option_matches_torch(config, layout, attention):
     reference, ours = make_pair(batch_first=layout == "batch-first", **kwargs)
     g = torch.Generator().manual_seed(zlib.crc32(f"{config} {layout} {attention}".encode()))
     leaves, args, L, S = inputs(kwargs, layout, self_attention, g)
-    extras = kwargs.get("add_bias_kv", False) or kwargs.get("add_zero_attn", False)
     names = ["input"] * len(leaves) + [n for n, _ in ours.named_parameters()]
     assert names[len(leaves):] == [n for n, _ in reference.named_parameters()]
     checked = 0
@@ -113,9 +104,9 @@ def test_every_option_matches_torch(config, layout, attention):
                     average_attn_weights=weights == "average")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch's deprecation warning for a bool mask with a float one
-            # Under is_causal, torch skips the mask and with it the extra keys' column on one of its paths;
-            # we always attend the extra keys, as torch does when it reads the mask (documented).
-            expected = run(reference, args, leaves, **call, is_causal=causal and not extras)
+            # Under is_causal without padding or weights, torch skips the mask and with it the extra keys'
+            # column (upper-left causal over the keys and the extra ones); elsewhere it reads the mask.
+            expected = run(reference, args, leaves, **call, is_causal=causal)
         got = run(ours, args, leaves, **call, is_causal=causal)
         case = f"attn_mask={kind} key_padding_mask={padding} is_causal={causal} need_weights={weights}"
         torch.testing.assert_close(got[0], expected[0], **TOL, msg=lambda m: f"output, {case}: {m}")

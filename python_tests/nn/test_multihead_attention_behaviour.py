@@ -108,7 +108,8 @@ def test_is_causal_follows_torch_rules():
 
 def test_float_padding_of_zeros_and_minus_inf_runs_as_bool_padding(monkeypatch):
     """nn.TransformerEncoder hands its attention a 0/-inf float padding mask: it must still reach the op
-    as per-key padding with the causal hint, not as a materialised [B, L, S] additive mask."""
+    as per-key padding beside the [L, S] mask read in place (with a padding mask torch reads attn_mask and
+    leaves the causal hint unused), not as a materialised [B, L, S] additive mask."""
     _, ours = _pair(0.0)
     x = torch.randn(2, 6, E, dtype=F64)
     causal = torch.nn.Transformer.generate_square_subsequent_mask(6, dtype=F64)
@@ -120,7 +121,7 @@ def test_float_padding_of_zeros_and_minus_inf_runs_as_bool_padding(monkeypatch):
     monkeypatch.setattr(attn_ext, "scaled_dot_product_attention", lambda *a, **kw: calls.append(kw) or op(*a, **kw))
     got = ours(x, x, x, attn_mask=causal, key_padding_mask=additive, is_causal=True, need_weights=False)[0]
     torch.testing.assert_close(got, expected, **TOL)
-    assert calls[0]["is_causal"] and calls[0]["attn_mask"] is None
+    assert not calls[0]["is_causal"] and torch.equal(calls[0]["attn_mask"], causal)
     assert torch.equal(calls[0]["key_padding_mask"], padding)
     # Any other value keeps the float mask additive (and the hint unused).
     ours(x, x, x, attn_mask=causal, key_padding_mask=additive.masked_fill(~padding, 0.5), is_causal=True,
