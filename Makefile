@@ -1,5 +1,5 @@
 # The two entry points of the README. Both set the project up in .venv on first use:
-#   make bench         set-up, then `python -m bench run --quick` (the main job: a few minutes, writes only
+#   make bench         set-up, then `python -m bench run --quick` (the main job: 5-15 minutes on 2 cores, writes only
 #                      to the git-ignored bench/out/)
 #   make test          set-up, then the test suite (the library's python_tests and the harness's bench/tests)
 #   make bench-update  set-up, then `python -m bench run --update-results`: the full grids (about half an

@@ -7,7 +7,7 @@ benchmarks) happen inside ``run`` so that ``--help`` is instant.
 Examples
 --------
 ``python -m bench run --quick``
-    What ``make bench`` runs: every op benchmark on its quick grid and the NP demo, a few minutes;
+    What ``make bench`` runs: every op benchmark on its quick grid and the NP demo, 5-15 minutes on 2 cores;
     tables on stdout, ``<name>.md/.json/.png`` in ``bench/out/`` (git-ignored).
 ``python -m bench run --update-results``
     What ``make bench-update`` runs: the full grids, written to the committed ``bench/results/`` and
@@ -81,8 +81,8 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"benchmarks to run (default: {', '.join(DEFAULT_BENCHMARKS)}; also: "
                              f"{', '.join(n for n in BENCHMARKS if n not in DEFAULT_BENCHMARKS)})")
     parser.add_argument("--quick", action="store_true",
-                        help="the quick grid (make bench): smaller sizes, every benchmark in well under a minute; "
-                             "goals defined on the full grid are marked as such")
+                        help="the quick grid (make bench): smaller sizes, each benchmark in seconds to about two "
+                             "minutes on a 2-core machine; goals defined on the full grid are marked as such")
     parser.add_argument("--out", type=Path, default=None, metavar="DIR",
                         help=f"output directory for <name>.md/.json/.png (default: {OUT_DIR}, git-ignored)")
     parser.add_argument("--update-results", action="store_true",

@@ -21,7 +21,7 @@ class BenchOptions:
     Attributes
     ----------
     quick : bool
-        The quick grid (``make bench``: every benchmark in well under a minute); False: the full grid,
+        The quick grid (``make bench``: each benchmark in seconds to about two minutes); False: the full grid,
         on which the goals are defined and the committed results are measured.
     out_dir : Path
         Directory receiving ``<name>.md``, ``<name>.json`` and ``<name>.png``.

@@ -72,7 +72,8 @@ def test_remove_refuses_when_too_little_mass_would_remain():
     k[:, :, :30] = 0
     k[:, :, 30:] = math.log(2997.0) / math.sqrt(8)
     state = ae.attention_state(q, k, v)
-    with pytest.raises(ValueError, match=r"remove_from_state would leave .* of the softmax mass in \d+ row\(s\) "
+    with pytest.raises(ValueError, match=r"^attn_ext\.remove_from_state: would leave .* of the softmax mass in "
+                                         r"\d+ row\(s\) "
                                          r"\(min_remaining=0.01\)"):
         ae.remove_from_state(state, q, k[:, :, 30:], v[:, :, 30:])
     # With a lower threshold the caller accepts the amplified rounding error and gets a result.
@@ -94,23 +95,40 @@ def test_remove_everything_is_refused_and_removing_padding_changes_nothing():
 @pytest.mark.parametrize(
     "call, exception, pattern",
     [
-        (lambda q, s: ae.merge_states([]), ValueError, "needs two states or a non-empty sequence"),
-        (lambda q, s: ae.merge_states(s, ae.empty_state(q, 7)), ValueError, r"cannot merge states with out \(2, 2, 3, 5\)"),
-        (lambda q, s: ae.merge_states(s, (s.out, s.lse.double())), TypeError, r"lse must be torch.float32"),
-        (lambda q, s: ae.merge_states(s, (s.out, s.lse[..., :1])), ValueError, r"lse must be out.shape\[:-1\]"),
-        (lambda q, s: ae.stream_attention(q, iter([])), ValueError, "got no chunks"),
-        (lambda q, s: ae.stream_attention(q, [(s.out,)]), TypeError, r"chunk 0 must be \(k, v\)"),
-        (lambda q, s: ae.remove_from_state(s, q, q, q, min_remaining=0.0), ValueError, r"min_remaining must be in \(0, 1\]"),
-        (lambda q, s: ae.update_state(s, q, q[:, :1], q), ValueError, "batch and head sizes"),
-        (lambda q, s: ae.empty_state(q[0], 5), ValueError, r"q must be \[B, H, M, D\]"),
+        (lambda q, s: ae.merge_states([]), ValueError, "merge_states: needs two states or a non-empty sequence"),
+        (lambda q, s: ae.merge_states(s, ae.empty_state(q, 7)), ValueError,
+         r"merge_states: cannot merge states with out \(2, 2, 3, 5\)"),
+        (lambda q, s: ae.merge_states(s, (s.out, s.lse.double())), TypeError,
+         r"merge_states: state 1.lse must be torch.float32"),
+        (lambda q, s: ae.merge_states(s, (s.out, s.lse[..., :1])), ValueError,
+         r"merge_states: state 1 .*lse must be out.shape\[:-1\]"),
+        (lambda q, s: ae.stream_attention(q, iter([])), ValueError, "stream_attention: got no chunks"),
+        (lambda q, s: ae.stream_attention(q, [(s.out,)]), TypeError, r"stream_attention: chunk 0 must be \(k, v\)"),
+        (lambda q, s: ae.stream_attention(q, [(q[:, :1], q)]), ValueError, "stream_attention: batch and head sizes"),
+        (lambda q, s: ae.remove_from_state(s, q, q, q, min_remaining=0.0), ValueError,
+         r"remove_from_state: min_remaining must be in \(0, 1\]"),
+        (lambda q, s: ae.remove_from_state(s, q, q, q[..., :2, :]), ValueError,
+         "remove_from_state: k .* and v .* must have the same number of keys"),
+        (lambda q, s: ae.update_state(s, q, q[:, :1], q), ValueError, "update_state: batch and head sizes"),
+        (lambda q, s: ae.update_state(s.out, q, q, q), TypeError, r"update_state: state must be an AttentionState"),
+        (lambda q, s: ae.update_state(s, q, q, q, chunk_size=0), ValueError,
+         "update_state: chunk_size must be a positive int"),
+        (lambda q, s: ae.attention_state(q, q, q, scale=math.nan), ValueError,
+         "attention_state: scale must be a finite float"),
+        (lambda q, s: ae.attention_state(q, q[..., :3], q, attn_mask=torch.ones(3, 3, dtype=torch.bool)), ValueError,
+         "attention_state: query .* and key .* must have the same positive embedding dim"),
+        (lambda q, s: ae.empty_state(q[0], 5), ValueError, r"empty_state: q must be \[B, H, M, D\]"),
     ],
-    ids=["empty-list", "shape-mismatch", "lse-dtype", "lse-shape", "no-chunks", "bad-chunk", "min-remaining",
-         "update-shapes", "empty-state-rank"],
+    ids=["empty-list", "shape-mismatch", "lse-dtype", "lse-shape", "no-chunks", "bad-chunk", "stream-shapes",
+         "min-remaining", "remove-shapes", "update-shapes", "update-not-a-state", "update-chunk-size",
+         "state-scale", "state-attn-mask-shapes", "empty-state-rank"],
 )
 def test_state_api_errors(call, exception, pattern):
+    """Every error starts with the name of the public op that was called (``attn_ext.update_state: ...``), not
+    with a helper's or the op it runs on."""
     q, k, v = _qkv()
     state = ae.attention_state(q, k, v)
-    with pytest.raises(exception, match=pattern):
+    with pytest.raises(exception, match=r"^attn_ext\." + pattern):
         call(q, state)
 
 
@@ -167,5 +185,6 @@ def test_merge_states_takes_plain_tuples(backend):
                    ae.merge_states([tuple(a), b, ae.empty_state(q, 5)], backend=backend)):
         assert isinstance(merged, ae.AttentionState)
         assert torch.equal(merged.out, expected.out) and torch.equal(merged.lse, expected.lse)
-    with pytest.raises(TypeError, match=r"state 1 must be an AttentionState\(out, lse\), got list"):
+    with pytest.raises(TypeError,
+                       match=r"^attn_ext\.merge_states: state 1 must be an AttentionState\(out, lse\), got list"):
         ae.merge_states(tuple(a), list(b))

@@ -60,14 +60,15 @@ def test_public_api_rejects_bad_inputs(backend, case):
     q, k, v = _qkv()
     args = dict(q=q, k=k, v=v, key_padding_mask=None)
     args.update(overrides)
-    with pytest.raises(exception, match=r"^attn_ext: .*" + pattern):
+    with pytest.raises(exception, match=r"^attn_ext\.cross_attention: .*" + pattern):
         ae.cross_attention(args["q"], args["k"], args["v"], key_padding_mask=args["key_padding_mask"], backend=backend)
 
 
 @pytest.mark.parametrize("chunk_size", [0, -1, -512, 2.5, True, "64"])
 def test_bad_chunk_size(chunk_size):
     q, k, v = _qkv()
-    with pytest.raises(ValueError, match=rf"^attn_ext: chunk_size must be a positive int, got {chunk_size!r}"):
+    with pytest.raises(ValueError,
+                       match=rf"^attn_ext\.cross_attention: chunk_size must be a positive int, got {chunk_size!r}"):
         ae.cross_attention(q, k, v, chunk_size=chunk_size)
 
 
@@ -77,7 +78,7 @@ def test_bad_scale(scale):
     if scale is None:  # None means the default 1/sqrt(D): accepted
         ae.cross_attention(q, k, v, scale=scale)
         return
-    with pytest.raises(ValueError, match=r"^attn_ext: scale must be a finite float, got "):
+    with pytest.raises(ValueError, match=r"^attn_ext\.cross_attention: scale must be a finite float, got "):
         ae.cross_attention(q, k, v, scale=scale)
 
 
@@ -222,12 +223,12 @@ def test_numpy_scalars_in_the_state_api():
 @pytest.mark.parametrize("chunk_size", [np.bool_(True), False, np.float64(4.0), np.int64(0), np.int64(-2)])
 def test_bools_floats_and_non_positive_numpy_chunk_sizes_are_rejected(chunk_size):
     q, k, v = _qkv()
-    with pytest.raises(ValueError, match=r"^attn_ext: chunk_size must be a positive int, got "):
+    with pytest.raises(ValueError, match=r"^attn_ext\.cross_attention: chunk_size must be a positive int, got "):
         ae.cross_attention(q, k, v, chunk_size=chunk_size)
 
 
 @pytest.mark.parametrize("scale", [True, np.bool_(True), np.float32("nan"), np.float64("inf"), torch.tensor(0.5)])
 def test_bool_non_finite_and_tensor_scales_are_rejected(scale):
     q, k, v = _qkv()
-    with pytest.raises(ValueError, match=r"^attn_ext: scale must be a finite float, got "):
+    with pytest.raises(ValueError, match=r"^attn_ext\.cross_attention: scale must be a finite float, got "):
         ae.cross_attention(q, k, v, scale=scale)

@@ -1,5 +1,6 @@
 """``ae.scaled_dot_product_attention`` equals PyTorch's SDPA in fp64 for every argument PyTorch takes,
 and the FlashAttention error rule holds in fp32 / fp16 / bf16."""
+import contextlib
 import math
 
 import pytest
@@ -50,9 +51,8 @@ def test_equals_pytorch_sdpa_fp64(backend, shape, mask):
     gqa = Hq != Hkv
     ours = ae.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=gqa, chunk_size=16, backend=backend)
     theirs = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=gqa)
-    rows = ~torch.isnan(theirs).any(-1)  # PyTorch gives NaN for rows without any key; we give 0 (tested below)
-    torch.testing.assert_close(ours[rows], theirs[rows], rtol=1e-10, atol=1e-12)
-    assert torch.equal(ours[~rows], torch.zeros_like(ours[~rows]))
+    # Every row, those without any key too: 0 in both (PyTorch's SDPA since torch 2.5; NaN would fail here).
+    torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("backend", backends())
@@ -149,3 +149,54 @@ def test_empty_problems(backend):
     assert torch.equal(out, torch.zeros(2, 2, 5, 3, dtype=F64)) and bool(torch.isneginf(lse).all())
     q0 = q[:, :, :0]
     assert ae.scaled_dot_product_attention(q0, k, v, backend=backend).shape == (2, 2, 0, 3)
+
+
+@pytest.mark.parametrize("backend", backends())
+def test_rows_without_keys_as_pytorch_sdpa_and_where_torch_still_gives_nan(backend):
+    """docs/sdpa.md: a row with no key gives 0 and zero gradients, as PyTorch's SDPA does on its default and
+    math paths; torch's NaN survives only in nn.MultiheadAttention with need_weights=True and on its
+    inference fast path, where ae.nn.MultiheadAttention gives zero attention (out_proj.bias)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = _qkv(2, 2, 2, 5, 6, 4, 3)
+    require(backend, q)
+    mask = torch.ones(2, 1, 5, 6, dtype=torch.bool)
+    mask[0, :, 1] = False  # row 1 of batch entry 0 has no key
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ours = ae.scaled_dot_product_attention(*leaves, attn_mask=mask, backend=backend)
+    ours_grads = torch.autograd.grad(ours.sum(), leaves)
+    assert torch.equal(ours[0, :, 1], torch.zeros(2, 3, dtype=F64)) and bool((ours_grads[0][0, :, 1] == 0).all())
+    for path in (None, SDPBackend.MATH):
+        torch_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        with sdpa_kernel(path) if path is not None else contextlib.nullcontext():
+            theirs = F.scaled_dot_product_attention(*torch_leaves, attn_mask=mask)
+            theirs_grads = torch.autograd.grad(theirs.sum(), torch_leaves)
+        torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-12)
+        for a, b in zip(ours_grads, theirs_grads):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+
+    torch.manual_seed(0)
+    reference = torch.nn.MultiheadAttention(4, 2, batch_first=True, dtype=F64)
+    module = ae.nn.MultiheadAttention(4, 2, batch_first=True, dtype=F64)
+    module.load_state_dict(reference.state_dict())
+    for m in (reference, module):
+        with torch.no_grad():
+            m.out_proj.bias.normal_(generator=torch.Generator().manual_seed(1))
+        if hasattr(m, "backend"):
+            m.backend = backend
+    x = torch.randn(2, 3, 4, dtype=F64)
+    padding = torch.tensor([[True] * 3, [False] * 3])  # batch entry 0 has no key
+    bias = module.out_proj.bias.expand(3, 4)
+    for need_weights in (False, True):  # training mode: torch's NaN only where it forms the weights itself
+        expected = reference(x, x, x, key_padding_mask=padding, need_weights=need_weights)[0]
+        out = module(x, x, x, key_padding_mask=padding, need_weights=need_weights)[0]
+        torch.testing.assert_close(out[0], bias)
+        assert bool(torch.isnan(expected[0]).all()) if need_weights else torch.allclose(expected[0], bias)
+        torch.testing.assert_close(out[1], expected[1])
+    reference.eval()
+    module.eval()
+    with torch.no_grad():  # torch's inference fast path: NaN whatever need_weights
+        for need_weights in (False, True):
+            expected = reference(x, x, x, key_padding_mask=padding, need_weights=need_weights)[0]
+            assert bool(torch.isnan(expected[0]).all())
+            torch.testing.assert_close(module(x, x, x, key_padding_mask=padding, need_weights=need_weights)[0][0], bias)

@@ -71,9 +71,17 @@ def cross_attention(
     >>> bool(torch.allclose(out, expected, atol=1e-5))
     True
     """
-    check_cross_attention_args(q, k, v, key_padding_mask, scale, chunk_size)
+    out, lse = named_cross_attention("cross_attention", q, k, v, key_padding_mask, scale, chunk_size, backend)
+    return (out, lse) if return_lse else out
+
+
+def named_cross_attention(op: str, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
+                          scale: Optional[float], chunk_size: Optional[int],
+                          backend: Optional[str]) -> Tuple[Tensor, Tensor]:
+    """``(out, lse)`` of :func:`cross_attention`, its argument errors named after ``op``, the public op that was
+    called (``attn_ext.attention_state: ...`` when the state functions run it)."""
+    check_cross_attention_args(q, k, v, key_padding_mask, scale, chunk_size, op=op)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
     chunk_size = DEFAULT_CHUNK_SIZE if chunk_size is None else int(chunk_size)  # NumPy integers too
     name = dispatch.select_backend("cross_attention", backend, q)
-    out, lse = dispatch.entry("cross_attention", name)(q, k, v, key_padding_mask, scale, chunk_size)
-    return (out, lse) if return_lse else out
+    return dispatch.entry("cross_attention", name)(q, k, v, key_padding_mask, scale, chunk_size)

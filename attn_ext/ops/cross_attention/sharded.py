@@ -17,21 +17,24 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from attn_ext.ops.cross_attention.state import AttentionState, attention_state, merge_states
+from attn_ext.ops.cross_attention.state import AttentionState, merge_states, named_attention_state
+
+#: The public name of :func:`sharded_cross_attention`, which its errors start with.
+OP = "distributed.sharded_cross_attention"
 
 
 def _check_initialised(group) -> Tuple[int, int]:
     """``(rank, world_size)`` of this process in ``group``; RuntimeError if there is no group to use."""
     if not dist.is_available():
-        raise RuntimeError("attn_ext: sharded_cross_attention needs torch.distributed, which this torch build lacks")
+        raise RuntimeError(f"attn_ext.{OP}: needs torch.distributed, which this torch build lacks")
     if not dist.is_initialized():
         raise RuntimeError(
-            "attn_ext: sharded_cross_attention needs an initialised torch.distributed process group; call "
+            f"attn_ext.{OP}: needs an initialised torch.distributed process group; call "
             "torch.distributed.init_process_group(...) on every rank first (or launch with torchrun)"
         )
     rank = dist.get_rank(group)
     if rank < 0:
-        raise RuntimeError("attn_ext: this process is not a member of the process group passed as `group`")
+        raise RuntimeError(f"attn_ext.{OP}: this process is not a member of the process group passed as `group`")
     return rank, dist.get_world_size(group)
 
 
@@ -41,7 +44,7 @@ def _check_same_everywhere(q: Tensor, v_local: Tensor, scale: Optional[float], w
     dist.all_gather_object(everyone, mine, group=group)
     if any(other != everyone[0] for other in everyone):
         listing = "; ".join(f"rank {r}: q {s[0]} {s[1]}, Dv {s[2]}, scale {s[3]}" for r, s in enumerate(everyone))
-        raise ValueError(f"attn_ext: sharded_cross_attention needs the same q shape, dtype, Dv and scale on every "
+        raise ValueError(f"attn_ext.{OP}: needs the same q shape, dtype, Dv and scale on every "
                          f"rank; got {listing}")
 
 
@@ -197,8 +200,7 @@ def sharded_cross_attention(
     if check_shapes:
         _check_same_everywhere(q, v_local, scale, world, group)
     q_in = _SumGradAcrossRanks.apply(group, q)
-    local = attention_state(q_in, k_local, v_local, key_padding_mask=key_padding_mask, scale=scale,
-                            chunk_size=chunk_size, backend=backend)
+    local = named_attention_state(OP, q_in, k_local, v_local, key_padding_mask, None, scale, chunk_size, backend)
     gathered = _AllGatherStates.apply(group, rank, world, local.out, local.lse)
     states = [AttentionState(gathered[i], gathered[world + i]) for i in range(world)]
     return merge_states(states, backend=backend)

@@ -10,12 +10,13 @@ union (docs/spec.md §1 backward).
 from __future__ import annotations
 
 import math
-from typing import Iterable, NamedTuple, Optional, Sequence, Tuple, Union
+from contextlib import contextmanager
+from typing import Iterable, Iterator, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
-from attn_ext.ops.cross_attention.chunked import cross_attention
+from attn_ext.ops.cross_attention.chunked import named_cross_attention
 from attn_ext.ops.utils import dispatch
 from attn_ext.ops.utils.dtypes import accumulation_dtype
 
@@ -40,7 +41,7 @@ def empty_state(q: Tensor, dv: int) -> AttentionState:
     (torch.Size([1, 2, 3, 5]), True)
     """
     if q.dim() != 4:
-        raise ValueError(f"attn_ext: q must be [B, H, M, D], got {tuple(q.shape)}")
+        raise ValueError(f"attn_ext.empty_state: q must be [B, H, M, D], got {tuple(q.shape)}")
     B, H, M, _ = q.shape
     out = q.new_zeros((B, H, M, dv))
     lse = torch.full((B, H, M), -math.inf, dtype=accumulation_dtype(q.dtype), device=q.device)
@@ -58,32 +59,58 @@ def attention_state(
     added to the scores), next to ``key_padding_mask`` (True = padding). A row for which no key takes
     part is the empty state (0, −inf), so masked states merge like any other.
     """
-    if attn_mask is None:
-        out, lse = cross_attention(q, k, v, key_padding_mask=key_padding_mask, scale=scale, chunk_size=chunk_size,
-                                   return_lse=True, backend=backend)
-    else:
-        from attn_ext.ops.sdpa.scaled_dot_product import scaled_dot_product_attention  # (sdpa builds on this family)
+    return named_attention_state("attention_state", q, k, v, key_padding_mask, attn_mask, scale, chunk_size, backend)
 
+
+#: The error prefixes of what :func:`named_attention_state` runs with an ``attn_mask`` (the SDPA front end and
+#: the validators it shares), renamed after the public op that was called.
+_SDPA_PREFIXES = ("attn_ext.scaled_dot_product_attention: ", "attn_ext: ")
+
+
+@contextmanager
+def _named_after(op: str) -> Iterator[None]:
+    """Re-raises an error of the SDPA front end as ``attn_ext.<op>: ...``, with its type and the rest of its text."""
+    try:
+        yield
+    except (ValueError, TypeError, RuntimeError) as err:
+        message = str(err)
+        for prefix in _SDPA_PREFIXES:
+            if message.startswith(prefix):
+                raise type(err)(f"attn_ext.{op}: {message[len(prefix):]}") from err
+        raise
+
+
+def named_attention_state(op: str, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
+                          attn_mask: Optional[Tensor], scale: Optional[float], chunk_size: Optional[int],
+                          backend: Optional[str]) -> AttentionState:
+    """:func:`attention_state`, its argument errors named after ``op``, the public op that was called."""
+    if attn_mask is None:
+        return AttentionState(*named_cross_attention(op, q, k, v, key_padding_mask, scale, chunk_size, backend))
+    from attn_ext.ops.sdpa.scaled_dot_product import scaled_dot_product_attention  # (sdpa builds on this family)
+
+    with _named_after(op):
         out, lse = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
                                                 scale=scale, chunk_size=chunk_size, return_lse=True, backend=backend)
     return AttentionState(out, lse)
 
 
-def _check_state(state: AttentionState, name: str = "state") -> None:
+def _check_state(op: str, state: AttentionState, name: str = "state") -> None:
     if not isinstance(state, tuple) or len(state) != 2:
-        raise TypeError(f"attn_ext: {name} must be an AttentionState(out, lse), got {type(state).__name__}")
+        raise TypeError(f"attn_ext.{op}: {name} must be an AttentionState(out, lse), got {type(state).__name__}")
     out, lse = state
     if out.dim() < 1 or tuple(lse.shape) != tuple(out.shape[:-1]):
-        raise ValueError(f"attn_ext: {name} has out {tuple(out.shape)} and lse {tuple(lse.shape)}; "
+        raise ValueError(f"attn_ext.{op}: {name} has out {tuple(out.shape)} and lse {tuple(lse.shape)}; "
                          "lse must be out.shape[:-1]")
     if lse.dtype != accumulation_dtype(out.dtype):
-        raise TypeError(f"attn_ext: {name}.lse must be {accumulation_dtype(out.dtype)} for {out.dtype} out, got {lse.dtype}")
+        raise TypeError(f"attn_ext.{op}: {name}.lse must be {accumulation_dtype(out.dtype)} for {out.dtype} out, "
+                        f"got {lse.dtype}")
 
 
-def _merge_pair(a: AttentionState, b: AttentionState, backend: Optional[str]) -> AttentionState:
+def _merge_pair(op: str, a: AttentionState, b: AttentionState, backend: Optional[str]) -> AttentionState:
+    """The state of the union of ``a``'s and ``b``'s keys; a mismatch raises naming ``op``."""
     if tuple(a.out.shape) != tuple(b.out.shape) or a.out.dtype != b.out.dtype or a.out.device != b.out.device:
-        raise ValueError(f"attn_ext: cannot merge states with out {tuple(a.out.shape)} {a.out.dtype} {a.out.device} "
-                         f"and {tuple(b.out.shape)} {b.out.dtype} {b.out.device}")
+        raise ValueError(f"attn_ext.{op}: cannot merge states with out {tuple(a.out.shape)} {a.out.dtype} "
+                         f"{a.out.device} and {tuple(b.out.shape)} {b.out.dtype} {b.out.device}")
     name = dispatch.select_backend("merge_states", backend, a.out)
     out, lse = dispatch.entry("merge_states", name)(a.out, a.lse, b.out, b.lse)
     return AttentionState(out, lse)
@@ -110,12 +137,12 @@ def merge_states(
     """
     states = list(a) if b is None and isinstance(a, (list, tuple)) and not isinstance(a, AttentionState) else [a, b]
     if not states or any(s is None for s in states):
-        raise ValueError("attn_ext: merge_states needs two states or a non-empty sequence of states")
+        raise ValueError("attn_ext.merge_states: needs two states or a non-empty sequence of states")
     for i, s in enumerate(states):
-        _check_state(s, f"state {i}")
+        _check_state("merge_states", s, f"state {i}")
     states = [AttentionState(*s) for s in states]  # plain (out, lse) tuples too, as update_state takes
     while len(states) > 1:
-        pairs = [_merge_pair(states[i], states[i + 1], backend) for i in range(0, len(states) - 1, 2)]
+        pairs = [_merge_pair("merge_states", states[i], states[i + 1], backend) for i in range(0, len(states) - 1, 2)]
         states = pairs + ([states[-1]] if len(states) % 2 else [])
     return AttentionState(*states[0])
 
@@ -130,10 +157,10 @@ def update_state(
     ``state`` must be the state of the same ``q`` (and ``scale``) over keys disjoint from ``k_new``.
     ``attn_mask``: the new keys' per-pair mask, as in :func:`attention_state`.
     """
-    _check_state(state)
-    new = attention_state(q, k_new, v_new, key_padding_mask=key_padding_mask, attn_mask=attn_mask, scale=scale,
-                          chunk_size=chunk_size, backend=backend)
-    return _merge_pair(AttentionState(*state), new, backend)
+    _check_state("update_state", state)
+    new = named_attention_state("update_state", q, k_new, v_new, key_padding_mask, attn_mask, scale, chunk_size,
+                                backend)
+    return _merge_pair("update_state", AttentionState(*state), new, backend)
 
 
 def remove_from_state(
@@ -154,11 +181,11 @@ def remove_from_state(
     ``attn_mask`` must be the mask the keys were added with.
     NaN cannot be removed: a NaN row of ``state`` or of the removed keys' state stays NaN.
     """
-    _check_state(state)
+    _check_state("remove_from_state", state)
     if not (0.0 < min_remaining <= 1.0):
-        raise ValueError(f"attn_ext: min_remaining must be in (0, 1], got {min_remaining}")
-    removed = attention_state(q, k_old, v_old, key_padding_mask=key_padding_mask, attn_mask=attn_mask, scale=scale,
-                              chunk_size=chunk_size, backend=backend)
+        raise ValueError(f"attn_ext.remove_from_state: min_remaining must be in (0, 1], got {min_remaining}")
+    removed = named_attention_state("remove_from_state", q, k_old, v_old, key_padding_mask, attn_mask, scale,
+                                    chunk_size, backend)
     out, lse = state
     # Only the empty marker −inf means "nothing removed": a NaN removed state (NaN keys) must not
     # pass the row through as if nothing had happened, and a NaN share makes the result NaN.
@@ -176,7 +203,7 @@ def remove_from_state(
     if bool(too_little.any()):
         worst = float(remaining.detach()[too_little].min())
         raise ValueError(
-            f"attn_ext: remove_from_state would leave {worst:.3g} of the softmax mass in {int(too_little.sum())} "
+            f"attn_ext.remove_from_state: would leave {worst:.3g} of the softmax mass in {int(too_little.sum())} "
             f"row(s) (min_remaining={min_remaining}); the result would be dominated by cancellation. Recompute the "
             "state from the remaining keys instead."
         )
@@ -218,16 +245,15 @@ def stream_attention(
     for chunk in chunks:
         i += 1
         if not isinstance(chunk, (tuple, list)) or len(chunk) not in (2, 3, 4):
-            raise TypeError(f"attn_ext: stream_attention chunk {i} must be (k, v), (k, v, key_padding_mask) or "
+            raise TypeError(f"attn_ext.stream_attention: chunk {i} must be (k, v), (k, v, key_padding_mask) or "
                             "(k, v, key_padding_mask, attn_mask)")
         k, v = chunk[0], chunk[1]
         mask = chunk[2] if len(chunk) >= 3 else None
         pair_mask = chunk[3] if len(chunk) == 4 else None
-        new = attention_state(q, k, v, key_padding_mask=mask, attn_mask=pair_mask, scale=scale, chunk_size=chunk_size,
-                              backend=backend)
-        state = new if state is None else _merge_pair(state, new, backend)
+        new = named_attention_state("stream_attention", q, k, v, mask, pair_mask, scale, chunk_size, backend)
+        state = new if state is None else _merge_pair("stream_attention", state, new, backend)
         # Drop this chunk before the iterator makes the next one, so at most one chunk is alive.
         del chunk, k, v, mask, pair_mask, new
     if state is None:
-        raise ValueError("attn_ext: stream_attention got no chunks; the value dim Dv is unknown (use empty_state)")
+        raise ValueError("attn_ext.stream_attention: got no chunks; the value dim Dv is unknown (use empty_state)")
     return state

@@ -109,7 +109,7 @@ def cross_attention_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | No
     that each recompute ``P``: about 2.5x the forward's FLOPs but no atomics,
     so results are bitwise reproducible run to run.
     """
-    check_cross_attention_args(q, k, v, key_padding_mask, scale, chunk_size)
+    check_cross_attention_args(q, k, v, key_padding_mask, scale, chunk_size, op="cross_attention")
     if has_saturated_rows(lse):
         # The kernels rebuild P = exp(s - lse) from the fp32 lse, which at |lse| >= 512 has rounded log(sum)
         # away (tied keys would each get P = 1). Until the forward saves (max, log sum) apart, such calls run

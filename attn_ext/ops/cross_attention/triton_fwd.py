@@ -31,6 +31,7 @@ from attn_ext.ops.cross_attention.triton_pairs import attn_mask_arg, dropout_arg
 from attn_ext.ops.cross_attention.triton_tiles import autotuned, block_d, launch
 from attn_ext.ops.utils.triton import check_device, check_dtypes, interpreting, mask_arg
 from attn_ext.ops.utils.triton_jit import load_tile, valid_rows
+from attn_ext.ops.utils.score_range import check_scores_in_range
 from attn_ext.ops.utils.validation import check_cross_attention_args
 
 __all__ = ["cross_attention_forward", "launch_forward"]
@@ -167,8 +168,10 @@ def cross_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     beyond float rounding.
     """
     # Shapes, mask and scale as for every backend; then what is particular to Triton.
-    check_cross_attention_args(q, k, v, key_padding_mask, scale, chunk_size)
-    return launch_forward(q, k, v, key_padding_mask, scale, chunk_size)
+    check_cross_attention_args(q, k, v, key_padding_mask, scale, chunk_size, op="cross_attention")
+    out, lse = launch_forward(q, k, v, key_padding_mask, scale, chunk_size)
+    check_scores_in_range("cross_attention", q, k, v, out, lse, scale, key_padding_mask=key_padding_mask)
+    return out, lse
 
 
 def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None,

@@ -119,16 +119,18 @@ def _blocks(rows: int, dv: int) -> tuple[int, int]:
 
 def _check_states(out_a, lse_a, out_b, lse_b) -> None:
     if out_a.dim() < 1 or out_a.shape != out_b.shape:
-        raise ValueError(f"merged states must have the same out shape, got {tuple(out_a.shape)} "
-                         f"and {tuple(out_b.shape)}")
+        raise ValueError(f"attn_ext.merge_states: merged states must have the same out shape, got "
+                         f"{tuple(out_a.shape)} and {tuple(out_b.shape)}")
     if lse_a.shape != out_a.shape[:-1] or lse_b.shape != lse_a.shape:
-        raise ValueError(f"lse must be out.shape[:-1] = {tuple(out_a.shape[:-1])}, got "
+        raise ValueError(f"attn_ext.merge_states: lse must be out.shape[:-1] = {tuple(out_a.shape[:-1])}, got "
                          f"{tuple(lse_a.shape)} and {tuple(lse_b.shape)}")
     check_dtypes(out_a=out_a)  # float64 / unsupported dtypes raise TypeError here
     if out_b.dtype != out_a.dtype:
-        raise TypeError(f"merged states must share a dtype, got {out_a.dtype} and {out_b.dtype}")
+        raise TypeError(f"attn_ext.merge_states: merged states must share a dtype, got {out_a.dtype} and "
+                        f"{out_b.dtype}")
     if lse_a.dtype != torch.float32 or lse_b.dtype != torch.float32:
-        raise TypeError(f"lse must be float32 for {out_a.dtype} states, got {lse_a.dtype} and {lse_b.dtype}")
+        raise TypeError(f"attn_ext.merge_states: lse must be float32 for {out_a.dtype} states, got {lse_a.dtype} "
+                        f"and {lse_b.dtype}")
 
 
 def _rows2d(t: torch.Tensor, rows: int, dv: int) -> torch.Tensor:
@@ -210,12 +212,12 @@ def merge_states_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor, out_a:
     _check_states(out_a, lse_a, out_b, lse_b)
     if grad_out.shape != out_a.shape or out.shape != out_a.shape or grad_lse.shape != lse_a.shape \
             or lse.shape != lse_a.shape:
-        raise ValueError(f"merge backward got grad_out {tuple(grad_out.shape)}, grad_lse "
+        raise ValueError(f"attn_ext.merge_states: merge backward got grad_out {tuple(grad_out.shape)}, grad_lse "
                          f"{tuple(grad_lse.shape)}, out {tuple(out.shape)}, lse {tuple(lse.shape)} for "
                          f"states of shape {tuple(out_a.shape)}")
     if grad_out.dtype != out_a.dtype or out.dtype != out_a.dtype or grad_lse.dtype != torch.float32 \
             or lse.dtype != torch.float32:
-        raise TypeError("merge backward dtypes must match the states'")
+        raise TypeError("attn_ext.merge_states: merge backward dtypes must match the states'")
     check_device(_merge_bwd_kernel, grad_out, grad_lse, out_a, lse_a, out_b, lse_b, out, lse)
     dv, rows = out_a.shape[-1], lse_a.numel()
     grads = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (out_a, lse_a, out_b, lse_b)]

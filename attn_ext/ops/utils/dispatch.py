@@ -197,7 +197,7 @@ def select_backend(op: str, requested: Optional[str], x: Tensor, **context: Any)
     if from_environment:
         requested = _environment_backend() or "auto"
     if requested != "auto" and requested not in BACKENDS:
-        raise ValueError(f"attn_ext: unknown backend {requested!r}; choose one of {', '.join(BACKENDS)} or 'auto'")
+        raise ValueError(f"attn_ext.{op}: unknown backend {requested!r}; choose one of {', '.join(BACKENDS)} or 'auto'")
     if from_environment and requested != "auto" and requested not in OPS[op]:
         requested = "auto"  # the process-wide preference names a backend this op does not have
     # Only the backends the choice needs are asked; every reason is formatted only for an error.

@@ -23,21 +23,28 @@ def is_int_scalar(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def check_scale(scale) -> Optional[float]:
+def error_prefix(op: Optional[str]) -> str:
+    """``"attn_ext.<op>: "``, the start of every error an op raises, so that the message names the public call
+    that was wrong; ``"attn_ext: "`` without an op (callers that rename the errors themselves, e.g. the
+    Intention variants' ``named``)."""
+    return f"attn_ext.{op}: " if op else "attn_ext: "
+
+
+def check_scale(scale, op: Optional[str] = None) -> Optional[float]:
     """``scale`` as a Python float (None stays None, the op's default); ValueError unless finite real."""
     if scale is None:
         return None
     if not (is_real_scalar(scale) and math.isfinite(scale)):
-        raise ValueError(f"attn_ext: scale must be a finite float, got {scale!r}")
+        raise ValueError(f"{error_prefix(op)}scale must be a finite float, got {scale!r}")
     return float(scale)
 
 
-def check_chunk_size(chunk_size) -> Optional[int]:
+def check_chunk_size(chunk_size, op: Optional[str] = None) -> Optional[int]:
     """``chunk_size`` as a Python int (None stays None); ValueError unless a positive integer."""
     if chunk_size is None:
         return None
     if not (is_int_scalar(chunk_size) and chunk_size > 0):
-        raise ValueError(f"attn_ext: chunk_size must be a positive int, got {chunk_size!r}")
+        raise ValueError(f"{error_prefix(op)}chunk_size must be a positive int, got {chunk_size!r}")
     return int(chunk_size)
 
 
@@ -62,56 +69,59 @@ def _valid_cross_attention_tensors(q, k, v, key_padding_mask) -> bool:
 
 
 def check_cross_attention_args(
-    q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], scale: Optional[float], chunk_size: Optional[int]
+    q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], scale: Optional[float],
+    chunk_size: Optional[int], op: Optional[str] = None,
 ) -> None:
-    """Raises TypeError/ValueError/RuntimeError for inputs that do not follow docs/spec.md §0.
+    """Raises TypeError/ValueError/RuntimeError for inputs that do not follow docs/spec.md §0, each message
+    starting with :func:`error_prefix` of ``op`` (the public op that was called).
 
     ``scale`` may be any finite real scalar and ``chunk_size`` any positive integer scalar (NumPy's
     included, bools not).
     """
     if _valid_cross_attention_tensors(q, k, v, key_padding_mask):
-        check_chunk_size(chunk_size)
-        check_scale(scale)
+        check_chunk_size(chunk_size, op)
+        check_scale(scale, op)
         return
+    prefix = error_prefix(op)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
-            raise TypeError(f"attn_ext: {name} must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(f"{prefix}{name} must be a torch.Tensor, got {type(t).__name__}")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
-            "attn_ext: q, k, v must be 4-D [B, H, M, D], [B, H, N, D], [B, H, N, Dv]; "
+            f"{prefix}q, k, v must be 4-D [B, H, M, D], [B, H, N, D], [B, H, N, Dv]; "
             f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
         )
     if not (q.shape[0] == k.shape[0] == v.shape[0] and q.shape[1] == k.shape[1] == v.shape[1]):
         raise ValueError(
-            f"attn_ext: batch and head sizes of q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must match"
+            f"{prefix}batch and head sizes of q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} must match"
         )
     if q.shape[3] != k.shape[3]:
-        raise ValueError(f"attn_ext: q {tuple(q.shape)} and k {tuple(k.shape)} must have the same head dim D")
+        raise ValueError(f"{prefix}q {tuple(q.shape)} and k {tuple(k.shape)} must have the same head dim D")
     if q.shape[3] == 0:
-        raise ValueError(f"attn_ext: head dim D must be positive, got q {tuple(q.shape)}")
+        raise ValueError(f"{prefix}head dim D must be positive, got q {tuple(q.shape)}")
     if k.shape[2] != v.shape[2]:
-        raise ValueError(f"attn_ext: k {tuple(k.shape)} and v {tuple(v.shape)} must have the same number of keys N")
+        raise ValueError(f"{prefix}k {tuple(k.shape)} and v {tuple(v.shape)} must have the same number of keys N")
     if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"attn_ext: q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
+        raise TypeError(f"{prefix}q, k, v must share a dtype; got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.dtype not in SUPPORTED_DTYPES:
-        raise TypeError(f"attn_ext: dtype {q.dtype} is not supported; use float16, bfloat16, float32 or float64")
+        raise TypeError(f"{prefix}dtype {q.dtype} is not supported; use float16, bfloat16, float32 or float64")
     if not (q.device == k.device == v.device):
-        raise RuntimeError(f"attn_ext: q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
+        raise RuntimeError(f"{prefix}q, k, v must be on one device; got {q.device}, {k.device}, {v.device}")
     if key_padding_mask is not None:
         if not isinstance(key_padding_mask, Tensor):
-            raise TypeError(f"attn_ext: key_padding_mask must be a bool tensor, got {type(key_padding_mask).__name__}")
+            raise TypeError(f"{prefix}key_padding_mask must be a bool tensor, got {type(key_padding_mask).__name__}")
         if key_padding_mask.dtype != torch.bool:
             raise TypeError(
-                f"attn_ext: key_padding_mask must be bool (True = padding, ignored), got {key_padding_mask.dtype}"
+                f"{prefix}key_padding_mask must be bool (True = padding, ignored), got {key_padding_mask.dtype}"
             )
         expected = (k.shape[0], k.shape[2])
         if tuple(key_padding_mask.shape) != expected:
             raise ValueError(
-                f"attn_ext: key_padding_mask must be [B, N] = {list(expected)} for k {tuple(k.shape)}, "
+                f"{prefix}key_padding_mask must be [B, N] = {list(expected)} for k {tuple(k.shape)}, "
                 f"got {list(key_padding_mask.shape)}"
             )
         if key_padding_mask.device != k.device:
-            raise RuntimeError(f"attn_ext: key_padding_mask is on {key_padding_mask.device} but k is on {k.device}")
+            raise RuntimeError(f"{prefix}key_padding_mask is on {key_padding_mask.device} but k is on {k.device}")
     # The callers convert with float() / int() (or check_scale / check_chunk_size) before the kernels.
-    check_chunk_size(chunk_size)
-    check_scale(scale)
+    check_chunk_size(chunk_size, op)
+    check_scale(scale, op)
