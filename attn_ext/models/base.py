@@ -14,6 +14,8 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Normal
 
+from attn_ext.nn.layer_norm import LayerNorm
+
 
 @dataclass
 class NPConfig:
@@ -67,7 +69,7 @@ class GaussianHead(nn.Module):
 
     def __init__(self, d_model: int, ff_dim: int, dim_y: int) -> None:
         super().__init__()
-        self.net = nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, ff_dim), nn.ReLU(),
+        self.net = nn.Sequential(LayerNorm(d_model), nn.Linear(d_model, ff_dim), nn.ReLU(),
                                  nn.Linear(ff_dim, 2 * dim_y))
 
     def forward(self, h: Tensor) -> Normal:

@@ -9,6 +9,7 @@ from torch.distributions import Normal
 
 from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points
 from attn_ext.nn.hypermixer import HyperMixer
+from attn_ext.nn.layer_norm import LayerNorm
 
 
 class HyperMixLayer(nn.Module):
@@ -21,7 +22,7 @@ class HyperMixLayer(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, ff_dim: int, mixing_dim: int) -> None:
         super().__init__()
-        self.norm, self.norm_ff = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.norm, self.norm_ff = LayerNorm(dim), LayerNorm(dim)
         self.mixer = HyperMixer(dim, mixing_dim, num_heads)
         self.ff = nn.Sequential(nn.Linear(dim, ff_dim), nn.ReLU(), nn.Linear(ff_dim, dim))
 
@@ -75,7 +76,7 @@ class HyperMixNP(NeuralProcess):
         c = self.config
         self.layers = nn.ModuleList(HyperMixLayer(c.d_model, c.num_heads, c.ff_dim, mixing_dim=c.ff_dim)
                                     for _ in range(c.num_layers))
-        self.norm = nn.LayerNorm(c.d_model)
+        self.norm = LayerNorm(c.d_model)
         self.head = GaussianHead(c.d_model, c.ff_dim, c.dim_y)
 
     def predict(self, xc: Tensor, yc: Tensor, xt: Tensor) -> Normal:

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from attn_ext.nn import Intention, MultiheadCrossAttention, OfficialPerceiverBlock, PerceiverBlock, PreNormBlock
 from attn_ext.models.linear_attention import LinearAttention
+from attn_ext.nn.layer_norm import LayerNorm
 
 #: Attention kinds of :class:`ContextAttentionLayer`: name -> factory(dim, heads) -> module(q, k, v) -> [B, M, dim].
 ATTENTIONS: dict = {
@@ -63,7 +64,7 @@ class ContextAttentionLayer(nn.Module):
         super().__init__()
         if attention not in ATTENTIONS:
             raise ValueError(f"unknown attention {attention!r}; choose one of {', '.join(ATTENTIONS)}")
-        self.norm, self.norm_ff = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.norm, self.norm_ff = LayerNorm(dim), LayerNorm(dim)
         self.attention = ATTENTIONS[attention](dim, num_heads)
         self.ff = nn.Sequential(nn.Linear(dim, ff_dim), nn.ReLU(), nn.Linear(ff_dim, dim))
 
@@ -81,7 +82,7 @@ class ContextEncoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(ContextAttentionLayer(dim, num_heads, ff_dim, attention)
                                     for _ in range(num_layers))
-        self.norm = nn.LayerNorm(dim)
+        self.norm = LayerNorm(dim)
 
     def forward(self, x: Tensor, num_context: int) -> Tensor:
         for layer in self.layers:

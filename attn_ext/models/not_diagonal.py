@@ -29,6 +29,7 @@ from torch.distributions import LowRankMultivariateNormal, MultivariateNormal, N
 
 from attn_ext.models.base import check_points, mlp
 from attn_ext.nn import PreNormBlock
+from attn_ext.nn.layer_norm import LayerNorm
 from attn_ext.ops.utils.validation import is_int_scalar
 
 #: Floor added to the Cholesky diagonal ``‖z_i‖²``: keeps ``Σ`` positive definite and its log
@@ -90,11 +91,11 @@ class NotDiagonalHead(nn.Module):
         check_nd_options(type(self).__name__, num_std_layers, prj_dim, prj_depth)
         self.dim_y, self.prj_dim = dim_y, prj_dim
         self.num_std_layers, self.prj_depth = num_std_layers, prj_depth
-        self.mean_net = nn.Sequential(nn.LayerNorm(d_model), nn.Linear(d_model, ff_dim), nn.ReLU(),
+        self.mean_net = nn.Sequential(LayerNorm(d_model), nn.Linear(d_model, ff_dim), nn.ReLU(),
                                       nn.Linear(ff_dim, dim_y))
         self.std_encoder = nn.ModuleList(PreNormBlock(d_model, num_heads, ff_dim, cross=False)
                                          for _ in range(num_std_layers))
-        self.std_norm = nn.LayerNorm(d_model)
+        self.std_norm = LayerNorm(d_model)
         self.projector = mlp(d_model, ff_dim, prj_dim * dim_y, prj_depth)
 
     def options(self) -> dict:

@@ -15,6 +15,7 @@ from torch.distributions import Normal
 from attn_ext import tree_num_selected
 from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points
 from attn_ext.nn import MultiheadCrossAttention, PreNormBlock, learned_latents
+from attn_ext.nn.layer_norm import LayerNorm
 
 #: Largest context of the GP regression task (the official sampler draws ``N_c`` in ``[3, 47)``).
 GP_MAX_CONTEXT = 46
@@ -87,7 +88,7 @@ class PerceiverIONP(NeuralProcess):
                                    for _ in range(c.num_layers))
         # The pre-norm residual stream is never normalised inside the blocks; the read-out attends over
         # normalised latents, as the other models' context encoders end with a LayerNorm.
-        self.norm_latents = nn.LayerNorm(c.d_model)
+        self.norm_latents = LayerNorm(c.d_model)
         self.cross_attention = MultiheadCrossAttention(c.d_model, c.num_heads)
         self.head = GaussianHead(c.d_model, c.ff_dim, c.dim_y)
 

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from torch.distributions import Normal
 
 from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points, mlp
+from attn_ext.nn.layer_norm import LayerNorm
 from attn_ext.nn.te_attention import TEMultiheadAttention
 
 
@@ -19,7 +20,7 @@ class TEContextAttentionLayer(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, ff_dim: int, dim_x: int, kernel_hidden: Optional[int]) -> None:
         super().__init__()
-        self.norm, self.norm_ff = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.norm, self.norm_ff = LayerNorm(dim), LayerNorm(dim)
         self.attention = TEMultiheadAttention(dim, num_heads, dim_x, kernel_hidden)
         self.ff = nn.Sequential(nn.Linear(dim, ff_dim), nn.ReLU(), nn.Linear(ff_dim, dim))
 
@@ -80,7 +81,7 @@ class TETNP(NeuralProcess):
         self.token_embedder = mlp(c.dim_y + 1, c.d_model, c.d_model, c.emb_depth)
         self.layers = nn.ModuleList(TEContextAttentionLayer(c.d_model, c.num_heads, c.ff_dim, c.dim_x,
                                                             self.kernel_hidden) for _ in range(c.num_layers))
-        self.norm = nn.LayerNorm(c.d_model)
+        self.norm = LayerNorm(c.d_model)
         self.head = GaussianHead(c.d_model, c.ff_dim, c.dim_y)
 
     def options(self) -> dict:

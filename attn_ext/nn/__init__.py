@@ -15,6 +15,7 @@ from attn_ext.nn.hypermixer import HyperMixer
 from attn_ext.nn.informer import Informer, InformerLayer
 from attn_ext.nn.intention import Intention
 from attn_ext.nn.latents import learned_latents
+from attn_ext.nn.layer_norm import LayerNorm
 from attn_ext.nn.multihead_attention import MultiheadAttention
 from attn_ext.nn.multihead_cross_attention import MultiheadCrossAttention
 from attn_ext.nn.perceiver_block import OfficialPerceiverBlock, PerceiverBlock
@@ -29,6 +30,7 @@ __all__ = [
     "HyperMixer",
     "Informer",
     "InformerLayer",
+    "LayerNorm",
     "Intention",
     "MultiheadAttention",
     "MultiheadCrossAttention",

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attn_ext.nn.layer_norm import LayerNorm
+
 
 class _HeadwiseMLP(nn.Module):
     """``num_heads`` independent two-layer MLPs, head ``h`` reading the ``h``-th slice of the features.
@@ -121,7 +123,7 @@ class HyperMixer(nn.Module):
         self.dim, self.mixing_dim, self.num_heads, self.hidden_dim = dim, mixing_dim, num_heads, hidden_dim
         self.hyper_query = _HeadwiseMLP(dim, hidden_dim, mixing_dim, num_heads, bias)
         self.hyper_key = _HeadwiseMLP(dim, hidden_dim, mixing_dim, num_heads, bias)
-        self.norm = nn.LayerNorm(dim) if layer_norm else None
+        self.norm = LayerNorm(dim) if layer_norm else None
 
     def extra_repr(self) -> str:
         return (f"dim={self.dim}, mixing_dim={self.mixing_dim}, num_heads={self.num_heads}, "

@@ -6,6 +6,7 @@ from typing import Optional
 from torch import Tensor, nn
 
 from attn_ext.nn.intention import Intention
+from attn_ext.nn.layer_norm import LayerNorm
 
 
 class InformerLayer(nn.Module):
@@ -45,7 +46,7 @@ class InformerLayer(nn.Module):
                  **intention_kwargs) -> None:
         super().__init__()
         self.norm_first = bool(norm_first)
-        self.norm_attention, self.norm_mlp = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.norm_attention, self.norm_mlp = LayerNorm(dim), LayerNorm(dim)
         self.intention = Intention(dim, num_heads, **intention_kwargs)
         hidden = hidden_dim or 2 * dim
         self.mlp = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, dim))
@@ -83,7 +84,7 @@ class Informer(nn.Module):
             raise ValueError(f"num_layers must be positive, got {num_layers}")
         self.layers = nn.ModuleList(InformerLayer(dim, num_heads, hidden_dim, norm_first, **intention_kwargs)
                                     for _ in range(num_layers))
-        self.norm = nn.LayerNorm(dim) if (norm_first if final_norm is None else final_norm) else None
+        self.norm = LayerNorm(dim) if (norm_first if final_norm is None else final_norm) else None
 
     def forward(self, x: Tensor, key_padding_mask: Optional[Tensor] = None) -> Tensor:
         for layer in self.layers:

@@ -6,6 +6,7 @@ from typing import Optional, Tuple
 
 from torch import Tensor, nn
 
+from attn_ext.nn.layer_norm import LayerNorm
 from attn_ext.nn.multihead_cross_attention import MultiheadCrossAttention
 
 
@@ -34,12 +35,12 @@ class PreNormBlock(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, ff_dim: int, cross: bool) -> None:
         super().__init__()
-        self.norm_query = nn.LayerNorm(dim)
+        self.norm_query = LayerNorm(dim)
         # Queries and context come from different distributions, so a cross attention gets its own
         # context norm (as in Perceiver); a self attention attends over its normalised queries.
-        self.norm_context = nn.LayerNorm(dim) if cross else None
+        self.norm_context = LayerNorm(dim) if cross else None
         self.attention = MultiheadCrossAttention(dim, num_heads, batch_first=True)
-        self.norm_ff = nn.LayerNorm(dim)
+        self.norm_ff = LayerNorm(dim)
         self.ff = self.feed_forward_net(dim, ff_dim)
 
     @staticmethod

@@ -4,6 +4,8 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import attn_ext as ae
 from _sdpa_ref import backends, require
@@ -92,10 +94,17 @@ def test_opcheck(backend, kind):
     torch.library.opcheck(bwd, bwd_args, test_utils=OPCHECK_TESTS)
 
 
-def test_mask_gradient_is_refused():
+def test_a_float_mask_gets_the_gradient_of_torchs_math_path():
     q, k, v = _leaves(Hkv=2)
-    mask = torch.zeros(5, 7, dtype=F64, requires_grad=True)
-    with pytest.raises(RuntimeError, match="no gradient with respect to attn_mask"):
-        ae.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    with torch.no_grad():  # fine without autograd
-        ae.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    mask = torch.randn(5, 7, dtype=F64, generator=torch.Generator().manual_seed(3))
+    mask[1, 2] = -math.inf
+    ours = mask.clone().requires_grad_()
+    out = ae.scaled_dot_product_attention(q, k, v, attn_mask=ours, enable_gqa=True)
+    grads = torch.autograd.grad(out.pow(2).sum(), (ours, q, k, v))
+    theirs = mask.clone().requires_grad_()
+    with sdpa_kernel(SDPBackend.MATH):
+        ref = F.scaled_dot_product_attention(q, k, v, attn_mask=theirs, enable_gqa=True)
+    expected = torch.autograd.grad(ref.pow(2).sum(), (theirs, q, k, v))
+    assert expected[0].abs().max() > 1e-2 and expected[0][1, 2] == 0
+    for a, b in zip(grads, expected):
+        torch.testing.assert_close(a, b)

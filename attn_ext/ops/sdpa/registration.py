@@ -27,6 +27,7 @@ from attn_ext.ops.utils.dispatch import Implementation, declare
 from attn_ext.ops.utils.dtypes import accumulation_dtype
 from attn_ext.ops.utils.extension import extension_error
 from attn_ext.ops.utils.registration import define_op, register_op_pair
+from attn_ext.ops.utils.score_range import check_scores_in_range
 
 _FwdResult = Tuple[Tensor, Tensor]
 _BwdResult = Tuple[Tensor, Tensor, Tensor]
@@ -37,8 +38,11 @@ def _attention_fwd_reference(
     q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], scale: float,
     is_causal: bool, dropout_p: float, dropout_seed: Optional[Tensor], chunk_size: int,
 ) -> _FwdResult:
-    return reference.attention_forward(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p,
-                                       dropout_seed, chunk_size)
+    out, lse = reference.attention_forward(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p,
+                                           dropout_seed, chunk_size)
+    check_scores_in_range("scaled_dot_product_attention", q, k, v, out, lse, scale, attn_mask, key_padding_mask,
+                          is_causal)
+    return out, lse
 
 
 @define_op("attn_ext::attention_bwd_reference")
@@ -87,15 +91,15 @@ def _fake_backward(grad_out, grad_lse, q, k, v, attn_mask, key_padding_mask, out
 def _derivatives(backward_op: Callable[..., _BwdResult]) -> Derivatives:
     def backward(inputs, outputs, grads):
         q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p, dropout_seed, chunk_size = inputs
-        if attn_mask is not None and attn_mask.requires_grad:
-            raise RuntimeError("attn_ext.scaled_dot_product_attention: no gradient with respect to a float attn_mask "
-                               "(it would be the [L, S] score gradient); detach the mask")
         out, lse = outputs
         grad_q, grad_k, grad_v = backward_op(grads[0], grads[1], q, k, v, attn_mask, key_padding_mask, out, lse,
                                              scale, is_causal, dropout_p, dropout_seed, chunk_size)
         return grad_q, grad_k, grad_v, None, None, None, None, None, None, None
 
-    return Derivatives(backward, composite.attention, differentiable_inputs=(0, 1, 2), differentiable_outputs=(0, 1))
+    # A float attn_mask is differentiable too, in both modes: its gradient is the [L, S] score gradient, which
+    # the fused kernels do not form, so the composite gives it (holding the scores, as PyTorch's math path).
+    return Derivatives(backward, composite.attention, differentiable_inputs=(0, 1, 2), differentiable_outputs=(0, 1),
+                       composite_inputs=(3,))
 
 
 def _register(forward_name: str, backward_name: str) -> None:

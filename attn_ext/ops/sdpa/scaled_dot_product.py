@@ -7,6 +7,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
+from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from attn_ext.ops.cross_attention.chunked import DEFAULT_CHUNK_SIZE
 from attn_ext.ops.sdpa.dropout import draw_seed
@@ -65,9 +66,26 @@ def _check_mask(attn_mask: Tensor, query: Tensor, keys: int) -> None:
         raise ValueError(f"{_OP}: attn_mask {_shape(attn_mask)} does not broadcast to (..., L, S) = {target}")
     if attn_mask.device != query.device:
         raise RuntimeError(f"{_OP}: attn_mask is on {attn_mask.device} but query is on {query.device}")
-    if attn_mask.requires_grad and torch.is_grad_enabled():
-        raise RuntimeError(f"{_OP}: no gradient with respect to attn_mask (it would be the [L, S] score gradient); "
-                           "detach the mask")
+
+
+def _from_causal_bias(attn_mask: Tensor, is_causal: bool, queries: int, keys: int) -> Tuple[Optional[Tensor], bool]:
+    """``attn_mask=torch.nn.attention.bias.CausalBias`` as this function's own arguments.
+
+    A ``CausalBias`` is a tensor subclass that stands for a causal rule and holds no mask values: read as an
+    ordinary tensor it would add garbage to the scores. Upper-left is ``is_causal=True``; lower-right (query
+    ``i`` sees keys ``j <= i + S - L``, queries aligned to the end of the keys) becomes its bool mask, read
+    tile by tile as any other ``attn_mask``."""
+    if is_causal:
+        raise ValueError(f"{_OP}: attn_mask is a CausalBias, which already is the causal rule; do not also set "
+                         "is_causal=True (as in PyTorch)")
+    if (attn_mask.seq_len_q, attn_mask.seq_len_kv) != (queries, keys):
+        raise ValueError(f"{_OP}: attn_mask is a CausalBias for (L, S) = ({attn_mask.seq_len_q}, "
+                         f"{attn_mask.seq_len_kv}) but the call has (L, S) = ({queries}, {keys})")
+    if attn_mask.variant == CausalVariant.UPPER_LEFT:
+        return None, True
+    if attn_mask.variant == CausalVariant.LOWER_RIGHT:
+        return attn_mask._materialize(), False
+    raise ValueError(f"{_OP}: attn_mask is a CausalBias of variant {attn_mask.variant!r}, which it does not know")
 
 
 def _check_padding(key_padding_mask: Tensor, query: Tensor, keys: int) -> None:
@@ -121,8 +139,12 @@ def scaled_dot_product_attention(
     attn_mask : Tensor, optional
         Broadcastable to ``(..., Hq, L, S)``. Bool: **True means the pair takes part** (SDPA's convention,
         the opposite of ``key_padding_mask`` and of ``torch.nn.MultiheadAttention``'s bool masks). Float
-        (the query's dtype): added to the scaled scores; ``-inf`` excludes the pair. No gradient flows
-        to it (a mask that requires grad raises).
+        (the query's dtype): added to the scaled scores; ``-inf`` excludes the pair. Differentiable in
+        both modes (a learned bias): its gradient is the ``[..., L, S]`` score gradient, which the fused
+        kernels do not form, so a call that differentiates the mask runs the dense composition (as
+        PyTorch's math path) instead of the fused backward. A ``torch.nn.attention.bias.CausalBias``
+        (``causal_upper_left(L, S)``, ``causal_lower_right(L, S)``) is understood as the causal rule it
+        stands for: upper-left is ``is_causal=True``, lower-right aligns the queries to the end of the keys.
     dropout_p : float
         Attention dropout probability in ``[0, 1)``, applied whenever it is > 0 (as PyTorch's function,
         which has no training flag). The keep mask comes from a counter-based generator seeded from
@@ -155,8 +177,8 @@ def scaled_dot_product_attention(
     Notes
     -----
     A query row for which no key takes part (all masked) gives ``0`` and ``lse = -inf``, with zero
-    gradients; PyTorch gives NaN there. A masked pair is never read: NaN or inf in a key or value that is
-    masked for a row does not reach that row (PyTorch's math path lets it through as ``0 · NaN``).
+    gradients, as PyTorch's SDPA does (torch >= 2.5). A masked pair is never read: NaN or inf in a key or
+    value that is masked for a row does not reach that row (PyTorch lets it through as ``0 · NaN``).
 
     Examples
     --------
@@ -169,6 +191,9 @@ def scaled_dot_product_attention(
     """
     _check_qkv(query, key, value, enable_gqa)
     keys = key.shape[-2]
+    if isinstance(attn_mask, CausalBias):
+        attn_mask, is_causal = _from_causal_bias(attn_mask, is_causal, query.shape[-2], keys)
+        attn_mask = None if attn_mask is None else attn_mask.to(query.device)
     if attn_mask is not None:
         if is_causal:
             raise ValueError(f"{_OP}: attn_mask cannot be combined with is_causal=True (as in PyTorch); "
@@ -180,9 +205,9 @@ def scaled_dot_product_attention(
         raise ValueError(f"{_OP}: dropout_p must be a float in [0, 1), got {dropout_p!r}")
     if not isinstance(is_causal, bool):
         raise TypeError(f"{_OP}: is_causal must be a bool, got {type(is_causal).__name__}")
-    scale = check_scale(scale)
+    scale = check_scale(scale, "scaled_dot_product_attention")
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
-    chunk_size = check_chunk_size(chunk_size) or DEFAULT_CHUNK_SIZE
+    chunk_size = check_chunk_size(chunk_size, "scaled_dot_product_attention") or DEFAULT_CHUNK_SIZE
     dropout_p = float(dropout_p)
 
     q, k, v = _as_4d(query), _as_4d(key), _as_4d(value)

@@ -13,6 +13,11 @@ Each forward op gets one ``torch.autograd.Function`` built from a :class:`Deriva
   math path of SDPA does; only graphs that ask for second derivatives pay for it;
 * **forward mode** (``torch.autograd.forward_ad``, ``torch.func.jvp``): the op's ``jvp`` rule where it
   has one, else the Jacobian-vector product of the composite;
+* **forward over forward** (two ``torch.func.jvp`` levels: ``jacfwd(jacfwd(f))``, a ``jvp`` of a ``jvp``):
+  the composite itself, with no ``autograd.Function`` in between. PyTorch differentiates a Function's
+  ``jvp`` rule by an enclosing ``jvp`` level as if the rule's saved tensors were constants, so its
+  second-order tangents come out silently wrong (0 for ``sin``): see
+  :func:`attn_ext.ops.utils.nested_forward.forward_over_forward`;
 * **vmap**: the op's batching rule folds the vmapped dimension into the batch dimension
   (:mod:`attn_ext.ops.utils.vmap`); the Function's derivatives are vmapped by PyTorch's generated rule.
 
@@ -31,6 +36,7 @@ import torch
 from torch import Tensor
 from torch.autograd import forward_ad
 
+from attn_ext.ops.utils.nested_forward import composite_entry, forward_over_forward
 from attn_ext.ops.utils.vmap import register_batch_folding_vmap
 
 try:
@@ -41,6 +47,8 @@ except ImportError:  # no compiled extension: the Python backends still work (ut
 LIBRARY = torch.library.Library("attn_ext", "FRAGMENT")
 # The functorch-aware Function of each forward op, by the op's short name, for functorch_entry.
 _FUNCTIONS: Dict[str, type] = {}
+# The Derivatives of each forward op, by short name: functorch_entry's composite under forward over forward.
+_SPECS: Dict[str, "Derivatives"] = {}
 # The extension's index of the C++ autograd of a forward op (Derivatives.fused_backward), by short name.
 _CPP_AUTOGRAD: Dict[str, int] = {}
 # Calls the kernels below the Autograd dispatch key, skipping the Python autograd kernel registered there.
@@ -75,6 +83,14 @@ class Derivatives:
     #: differentiable input, exact for any gradients: then ordinary reverse-mode calls of the public
     #: functions get the same rule as a C++ autograd node (csrc/python_autograd.cpp), much cheaper.
     fused_backward: Optional[Tuple[str, str]] = None
+    #: Inputs whose derivatives only the composite gives (the fused kernels have none: an additive
+    #: ``attn_mask``, whose gradient is the ``[L, S]`` score gradient). A call that differentiates one of
+    #: them, in either mode, runs the composite; the others keep the fused backward.
+    composite_inputs: Tuple[int, ...] = ()
+
+    @property
+    def all_differentiable_inputs(self) -> Tuple[int, ...]:
+        return self.differentiable_inputs + self.composite_inputs
 
 
 def _has_tangent(tensors) -> bool:
@@ -123,7 +139,8 @@ def _make_function(name: str, op, spec: Derivatives) -> type:
 
     def backward(ctx, *grads):
         inputs, outputs = restore(ctx)
-        exact = spec.exact_first_order([grads[i] for i in spec.differentiable_outputs])
+        exact = spec.exact_first_order([grads[i] for i in spec.differentiable_outputs]) and \
+            not any(ctx.needs_input_grad[i] for i in spec.composite_inputs)
         grads = [(_float_zeros_like(outputs[i]) if grads[i] is None else grads[i]) for i in spec.differentiable_outputs]
         if _needs_graph([*inputs, *outputs, *grads]) or not exact:
             return composite_vjp(spec, inputs, outputs, grads, ctx.needs_input_grad)
@@ -133,7 +150,8 @@ def _make_function(name: str, op, spec: Derivatives) -> type:
     def jvp(ctx, *tangents):
         inputs, outputs = restore(ctx)
         # A jvp rule may call attn_ext ops, which torch.func transforms cannot enter from here.
-        if spec.jvp is not None and not torch._C._are_functorch_transforms_active():
+        composite_only = any(isinstance(tangents[i], Tensor) for i in spec.composite_inputs)
+        if spec.jvp is not None and not composite_only and not torch._C._are_functorch_transforms_active():
             diff = spec.jvp(inputs, outputs, tangents)
         else:
             diff = composite_jvp(spec, inputs, outputs, tangents)
@@ -161,7 +179,7 @@ def _composite_of(spec: Derivatives, inputs, outputs, wrt):
 
 def composite_vjp(spec: Derivatives, inputs, outputs, grads, needs_input_grad) -> Tuple[Optional[Tensor], ...]:
     """Input gradients from the composite: differentiable again, to any order."""
-    wrt = [i for i in spec.differentiable_inputs
+    wrt = [i for i in spec.all_differentiable_inputs
            if isinstance(inputs[i], Tensor) and needs_input_grad[i] and inputs[i].is_floating_point()]
     if not wrt:
         return (None,) * len(inputs)
@@ -179,7 +197,7 @@ def composite_jvp(spec: Derivatives, inputs, outputs, tangents) -> Tuple[Tensor,
     ``J t`` is taken as the vector-Jacobian product of the linear map ``u -> Jᵀu`` with ``t``: two reverse
     passes, because ``torch.func.jvp`` cannot open its dual level inside ``torch.autograd.forward_ad``'s.
     """
-    wrt = [i for i in spec.differentiable_inputs if isinstance(tangents[i], Tensor)]
+    wrt = [i for i in spec.all_differentiable_inputs if isinstance(tangents[i], Tensor)]
     composite = _composite_of(spec, inputs, outputs, wrt)
     if not wrt:
         return tuple(torch.zeros_like(o) for o in composite())
@@ -205,6 +223,7 @@ def register_derivatives(qualname: str, spec: Derivatives, public: str) -> None:
     op = getattr(torch.ops.attn_ext, name).default
     function = _make_function(name, op, spec)
     _FUNCTIONS[name] = function
+    _SPECS[name] = spec
     # Without functorch the C-level apply is what Function.apply calls, minus its per-call signature binding.
     apply = super(torch.autograd.Function, function).apply
 
@@ -335,8 +354,14 @@ def _make_entry(name: str) -> Callable:
 
 
 def functorch_entry(op):
-    """``op`` itself, or under ``torch.func`` transforms its Function's ``apply`` (see the module docstring)."""
+    """``op`` itself, or under ``torch.func`` transforms its Function's ``apply`` (see the module docstring),
+    or under forward over forward (:func:`forward_over_forward`) its composite."""
     if torch.compiler.is_compiling() or not torch._C._are_functorch_transforms_active():
         return op
-    function = _FUNCTIONS.get(op._qualified_op_name.split("::")[1])
-    return op if function is None else function.apply
+    name = op._qualified_op_name.split("::")[1]
+    function = _FUNCTIONS.get(name)
+    if function is None:
+        return op
+    if forward_over_forward():
+        return composite_entry(_SPECS[name], function)
+    return function.apply
