@@ -67,6 +67,8 @@ def _setup_environment() -> None:
     # The kernels must be decorated as compiled kernels, not interpreter objects: before any import
     # of attn_ext. Spawned compile workers inherit this environment.
     os.environ.pop("TRITON_INTERPRET", None)
+    # Every kept config of every autotuned kernel, not the one that ATTN_EXT_TRITON_PIN=1 would run.
+    os.environ.pop("ATTN_EXT_TRITON_PIN", None)
     # Triton's own cache (every IR of every compile, ~1 MB each) would only repeat the result cache: a
     # scratch directory for this run.
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="attn_ext_triton_aot_")

@@ -57,8 +57,8 @@ def _bwd_preprocess(
     tl.store(DELTA + pid_bh.to(tl.int64) * M + offs_m, delta, mask=m_ok)
 
 
-_bwd_dkdv_tuned = autotuned(_bwd_dkdv)
-_bwd_dq_tuned = autotuned(_bwd_dq)
+_bwd_dkdv_tuned = autotuned(_bwd_dkdv, "backward")
+_bwd_dq_tuned = autotuned(_bwd_dq, "backward")
 
 
 def has_saturated_rows(lse: torch.Tensor) -> bool:

@@ -120,7 +120,7 @@ def _fwd_kernel(
     tl.store(LSE + off_b * slb + off_h * slh + offs_m * slm, lse, mask=m_ok)
 
 
-_fwd_kernel_tuned = autotuned(_fwd_kernel)
+_fwd_kernel_tuned = autotuned(_fwd_kernel, "forward")
 
 
 # --------------------------------------------------------------------------- wrapper

@@ -4,6 +4,7 @@ by cross attention and the general attention op.
 Under the interpreter the tiles are fixed and small (each interpreted op is a numpy call); on a GPU
 ``BLOCK_M``/``BLOCK_N``/warps/stages are autotuned per padded head dims, the chunk-size hint and
 power-of-two buckets of M and N, within the shared memory of the device.
+With ``ATTN_EXT_TRITON_PIN=1`` each launch runs one of the kept configs (``PINNED_TILES``; docs/backends.md).
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import triton
 from attn_ext.ops.utils.triton import block_dim as block_d
 from attn_ext.ops.utils.triton import interpreting, lazily_autotuned, next_pow2
 
-__all__ = ["autotuned", "block_d", "block_m_interpreted", "launch"]
+__all__ = ["PINNED_TILES", "autotuned", "block_d", "block_m_interpreted", "launch"]
 
 
 def _pow2_floor(x: int) -> int:
@@ -82,9 +83,25 @@ def _prune_configs(configs, named_args, **kwargs):
 _TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "BLOCK_N_MAX", "M_BUCKET", "N_BUCKET", "ATTN_MASK", "IS_CAUSAL", "HAS_DROPOUT"]
 
 
-def autotuned(kernel):
-    """``kernel`` in ``triton.autotune`` over the tiles above, built on first use."""
-    return lazily_autotuned(kernel, _gpu_configs, _TUNE_KEY, prune_configs_by={"early_config_prune": _prune_configs})
+#: The tiles each kernel runs under ``ATTN_EXT_TRITON_PIN=1`` when its pruning keeps them (else the largest
+#: smaller survivor, see ``pinned_configs``): not measured (no GPU run yet), the usual picks of
+#: FlashAttention-2-style Triton kernels. The forward streams K/V past a 128-row query tile with 8 warps
+#: (estimated 96 KiB of shared memory at D = 64 in 16-bit: within every card's limit; 176 KiB at D = 128:
+#: sm_90, while sm_80 falls back to 64 x 64, 3 stages). The backward kernels each hold two fp32
+#: accumulators per program, so a 64 x 64 tile keeps them in registers (56 / 104 KiB at D = 64 / 128).
+PINNED_TILES = {"forward": (128, 64, 8, 2), "backward": (64, 64, 4, 2)}
+
+
+def _tiles_key(bm: int, bn: int, warps: int, stages: int) -> tuple:
+    # config_tiles() of the triton.Config of these tiles
+    return (("BLOCK_M", bm), ("BLOCK_N", bn)), warps, stages
+
+
+def autotuned(kernel, pinned: str):
+    """``kernel`` in ``triton.autotune`` over the tiles above, built on first use; ``pinned`` names its entry
+    of ``PINNED_TILES`` (the one config under ``ATTN_EXT_TRITON_PIN=1``)."""
+    return lazily_autotuned(kernel, _gpu_configs, _TUNE_KEY, prune=_prune_configs,
+                            preferred=_tiles_key(*PINNED_TILES[pinned]))
 
 
 def launch(kernel, tuned, grid, args, meta, m: int, n: int, chunk_size: int) -> None:

@@ -40,7 +40,7 @@ import triton.language as tl
 
 from attn_ext.ops.intention import naive
 from attn_ext.ops.intention.triton_solve import cholesky_solve_batched
-from attn_ext.ops.utils.triton import SUPPORTED_DTYPES, block_dim, check_device, interpreting
+from attn_ext.ops.utils.triton import SUPPORTED_DTYPES, block_dim, check_device, interpreting, lazily_autotuned
 from attn_ext.ops.utils.triton_jit import load_tile, valid_rows
 from attn_ext.ops.utils.validation import check_scale
 
@@ -172,12 +172,24 @@ def _column_tile(width: int, gpu_cap: int = 64) -> int:
     return block_dim(width) if interpreting() else min(block_dim(width), gpu_cap)
 
 
+#: (row tile, warps, stages) of the autotuned kernels, from the smallest tile to the largest.
+_ROW_TILES = ((16, 2, 1), (32, 4, 2), (64, 4, 2), (64, 8, 3))
+#: The one under ``ATTN_EXT_TRITON_PIN=1``: the largest tile that fits about 99 KB of shared memory for
+#: every kernel, dtype and head dim (64 x 8 x 3 does not for ``_dkdv_kernel`` at D = 128 on sm_86/sm_89,
+#: where the autotuner skips it but a pinned launch would fail).
+_PINNED_ROW_TILE = (64, 4, 2)
+
+
+def row_configs(row_block: str) -> list:
+    """The autotune configs over ``row_block`` (the kernel's row tile name) and warps/stages."""
+    return [triton.Config({row_block: r}, num_warps=w, num_stages=s) for r, w, s in _ROW_TILES]
+
+
 @functools.lru_cache(maxsize=None)
 def _tuned(kernel, row_block: str, key: tuple):
     """``kernel`` autotuned over its row tile and warps (lazily: the autotuner needs a GPU driver)."""
-    configs = [triton.Config({row_block: r}, num_warps=w, num_stages=s)
-               for r, w, s in ((16, 2, 1), (32, 4, 2), (64, 4, 2), (64, 8, 3))]
-    return triton.autotune(configs=configs, key=list(key))(kernel)
+    configs = row_configs(row_block)
+    return lazily_autotuned(kernel, configs, key, preferred=configs[_ROW_TILES.index(_PINNED_ROW_TILE)])()
 
 
 def _launch(kernel, row_block: str, key: tuple, rows: int, grid, args, meta) -> None:

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from attn_ext.ops.utils.triton import SUPPORTED_DTYPES, check_device, interpreting
+from attn_ext.ops.utils.triton import SUPPORTED_DTYPES, check_device, interpreting, lazily_autotuned
 
 __all__ = ["tree_cross_attention_fwd_triton"]
 
@@ -243,13 +243,19 @@ def _block_m_cap(m: int, block_h: int, block_width: int, num_warps: int) -> int:
     return max(1, min(cap, 64, triton.next_power_of_2(max(m, 1))))
 
 
+def tree_configs(block_m_caps: tuple) -> list:
+    """The autotune configs: query tiles up to ``block_m_caps[i]`` (and a half and a quarter of it) with
+    ``_WARPS[i]`` warps, from the smallest to the largest tile per warp count."""
+    return [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=1)
+            for w, cap in zip(_WARPS, block_m_caps) for bm in sorted({max(1, cap >> shift) for shift in range(3)})]
+
+
 @functools.lru_cache(maxsize=None)
 def _tuned_kernel(block_m_caps: tuple):
-    """The kernel autotuned over query tiles up to ``block_m_caps[i]`` with ``_WARPS[i]`` warps (lazily:
-    autotune needs a GPU driver)."""
-    configs = [triton.Config({"BLOCK_M": bm}, num_warps=w, num_stages=1)
-               for w, cap in zip(_WARPS, block_m_caps) for bm in sorted({max(1, cap >> shift) for shift in range(3)})]
-    return triton.autotune(configs=configs, key=["H", "D", "DV", "height", "group_size"])(_tree_fwd_kernel)
+    """The kernel autotuned over ``tree_configs(block_m_caps)`` (lazily: autotune needs a GPU driver). Under
+    ``ATTN_EXT_TRITON_PIN=1`` it runs the last of them: the largest query tile with the most warps, which
+    the register budget above keeps free of spills (every config is valid for the shape it was made for)."""
+    return lazily_autotuned(_tree_fwd_kernel, tree_configs(block_m_caps), ["H", "D", "DV", "height", "group_size"])()
 
 
 # --------------------------------------------------------------------------- wrapper

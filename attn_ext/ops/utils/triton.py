@@ -122,10 +122,83 @@ def block_dim(d: int) -> int:
     return max(16, next_pow2(d))
 
 
-def lazily_autotuned(kernel, configs, key, **autotune_kwargs):
-    """A function returning ``kernel`` wrapped in ``triton.autotune``, built on first call: the
-    autotuner needs a GPU driver, which the interpreter (and ``import attn_ext``) must not."""
-    import triton
+#: Environment variable that pins every autotuned kernel to one config (see :func:`pinning`).
+PIN_ENV = "ATTN_EXT_TRITON_PIN"
 
-    return functools.lru_cache(maxsize=None)(
-        lambda: triton.autotune(configs=configs() if callable(configs) else configs, key=key, **autotune_kwargs)(kernel))
+
+def pinning() -> bool:
+    """Whether ``ATTN_EXT_TRITON_PIN=1``: every autotuned Triton kernel runs one config, not a sweep.
+
+    Autotuning compiles and times every kept config on the first call of each tuning key (6 to 12
+    compiles, one tree kernel alone takes about 12 s), which a test suite of many small shapes pays
+    over and over, for speed it does not measure. Pinned, each call runs the one config that
+    :func:`pinned_configs` chooses among the configs its pruning keeps for that call, so the result is
+    as correct as the autotuned one (every config computes the same thing; the GPU test
+    ``python_tests/gpu/test_gpu_triton_configs.py`` runs every config). Read lazily, when a kernel's
+    autotuner is built (its first launch on a GPU): set it before the first launch of the process.
+    """
+    return os.environ.get(PIN_ENV) == "1"
+
+
+def config_tiles(config) -> tuple:
+    """``(sorted constexpr items, num_warps, num_stages)`` of a ``triton.Config``: what identifies it."""
+    return tuple(sorted(config.kwargs.items())), config.num_warps, config.num_stages
+
+
+def pinned_configs(survivors, full=None, preferred=None) -> list:
+    """The one config, as a one-element list, that a pinned autotuner runs among ``survivors``.
+
+    ``survivors`` are the configs of ``full`` (default: ``survivors`` itself) that the kernel's pruning
+    kept for this call, in ``full``'s order; ``full`` lists each kernel's configs from the smallest to the
+    largest tiles. The choice is ``preferred`` (a ``triton.Config`` or its :func:`config_tiles`: the
+    kernel's named default, what its autotuner is expected to pick at typical sizes) when it survived,
+    else the last survivor listed before it (the largest smaller tile), else the first survivor; with no
+    ``preferred``, the last survivor (the largest tile that the pruning allows). Always one of
+    ``survivors``, so the pruning's guarantees (shared memory, problem size) hold for the pinned config.
+    """
+    survivors = list(survivors)
+    if not survivors:
+        raise ValueError("pinned_configs: no config to pin (the pruning kept none)")
+    full = survivors if full is None else list(full)
+    if preferred is None:
+        return [survivors[-1]]
+    want = preferred if isinstance(preferred, tuple) else config_tiles(preferred)
+    order = [config_tiles(c) for c in full]
+    limit = order.index(want) if want in order else len(order)
+    before = [c for c in survivors if config_tiles(c) in order and order.index(config_tiles(c)) <= limit]
+    return [before[-1] if before else survivors[0]]
+
+
+def tuning_plan(configs, prune=None, preferred=None):
+    """``(configs, early_config_prune)`` that ``triton.autotune`` gets for a kernel, as :func:`pinning` says.
+
+    Not pinned: ``configs`` and ``prune`` as given. Pinned without a pruning: the one config of
+    :func:`pinned_configs` (the autotuner runs it without timing). Pinned with a pruning: all
+    ``configs`` and a pruning that keeps the one pinned survivor of ``prune`` per call (Triton times
+    nothing when the pruning keeps one config), so a shape-dependent pruning still chooses per call.
+    """
+    configs = list(configs() if callable(configs) else configs)
+    if not pinning():
+        return configs, prune
+    if prune is None:
+        return pinned_configs(configs, preferred=preferred), None
+
+    def pinned_prune(candidates, named_args, **kwargs):
+        return pinned_configs(prune(candidates, named_args, **kwargs), configs, preferred)
+
+    return configs, pinned_prune
+
+
+def lazily_autotuned(kernel, configs, key, prune=None, preferred=None):
+    """A function returning ``kernel`` wrapped in ``triton.autotune`` over :func:`tuning_plan`'s configs,
+    built on first call: the autotuner needs a GPU driver, which the interpreter (and ``import attn_ext``)
+    must not. ``configs`` is a list or a function returning one; ``prune`` an ``early_config_prune``."""
+
+    def build():
+        import triton
+
+        tuned, pruning = tuning_plan(configs, prune, preferred)
+        kwargs = {"prune_configs_by": {"early_config_prune": pruning}} if pruning is not None else {}
+        return triton.autotune(configs=tuned, key=list(key), **kwargs)(kernel)
+
+    return functools.lru_cache(maxsize=None)(build)
