@@ -6,7 +6,9 @@
 #                      hour), rewriting the committed bench/results/ and the README's summary blocks
 #   make gpu-check     on a machine with an NVIDIA GPU: build, GPU tests, compute-sanitizer, GPU benchmarks,
 #                      with the Python and CUDA toolkit already there and no network (no set-up, no .venv
-#                      needed); STAGES="build tests" runs some stages only; docs/gpu_check.md
+#                      needed), within 8 minutes, report and logs into $OUT (else bench/out/gpu/);
+#                      STAGES="build tests" runs some stages only; GPU_CHECK_DRY_RUN=1 runs the stage
+#                      control alone on any machine (fake stages); docs/gpu_check.md
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python

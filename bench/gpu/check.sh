@@ -1,36 +1,45 @@
 #!/usr/bin/env bash
 # `make gpu-check`: validate attn_ext on a machine with an NVIDIA GPU, offline, with the Python, torch and
-# CUDA toolkit already there (nothing is installed). User documentation: docs/gpu_check.md.
+# CUDA toolkit already there (nothing is installed), in one command of at most 8 minutes (it is made for
+# a lent machine: one command of at most 10 minutes, results brought back from $OUT only).
+# User documentation: docs/gpu_check.md.
 #
 #   bash bench/gpu/check.sh [stage ...]        default: env build tests sanitize bench
 #
-# Stages (env always runs first and stops everything at once when the machine cannot run the check):
+# Stages, in order of value per second (env always runs first and stops everything at once when the
+# machine cannot run the check):
 #   env       nvidia-smi answers, nvcc found, torch >= 2.4 is a CUDA build that sees the GPU, Triton,
 #             pytest and hypothesis import; prints the card, its capability and the versions
 #   build     python setup.py build_ext --inplace for this card's architecture only, then checks that
 #             the CUDA kernels are registered and that the extension has machine code for the card
 #   tests     python_tests/gpu with CUDA tensors for the cuda and triton backends (TRITON_INTERPRET=0;
-#             pytest -x; a skipped GPU test counts as a failure here)
+#             pytest -n 16 when pytest-xdist is there; Triton's tile configs pinned to one per kernel,
+#             ATTN_EXT_TRITON_PIN=1; a skipped GPU test counts as a failure here)
 #   sanitize  compute-sanitizer memcheck (cuda, triton) and racecheck (cuda) on the small cases
-#   bench     TFLOP/s of cross attention fwd and fwd+bwd vs SDPA's flash kernel, state update, tree
-#             attention, state merge, Intention, Cholesky (bench/gpu/bench_cuda.py)
+#   bench     the GPU benchmarks (bench/gpu/bench_cuda.py)
 #   suite     optional, not in the default list: the CPU test suite (python_tests, bench/tests)
 #
-# Everything goes to bench/out/gpu/ (GPU_CHECK_OUT): <stage>.log, bench.md/.json, report.md (one file
-# with every stage's result, rebuilt after each run from the stages recorded so far) and stages.tsv.
+# The run keeps going past a failed stage (a failed build skips the stages that need it, a failed env
+# stops everything); GPU_CHECK_STOP_ON_FAILURE=1 (or GPU_CHECK_KEEP_GOING=0) stops at the first failure.
+# Where things go: the working folder (GPU_CHECK_WORK, default bench/out/gpu-work) gets every file:
+# <stage>.log, env.txt, stages.tsv, bench.md/.json, report.md. The result folder (GPU_CHECK_OUT, else
+# $OUT when set, else bench/out/gpu) gets three, rewritten before and after every stage so that a run cut
+# off at any point brings back everything done so far: report.md, stages.tsv and logs.tar.gz (the whole
+# working folder).
 # Variables: PYTHON (default: .venv/bin/python if present, else python3), CUDA_HOME, MAX_JOBS,
 # TORCH_CUDA_ARCH_LIST (default: this card's capability), GPU_CHECK_DEADLINE (seconds for the whole run,
-# default 570: under the 10 minutes of a lent machine's command), GPU_CHECK_BUDGET_<STAGE> (seconds per
-# stage), GPU_CHECK_KEEP_GOING=1 (run the later stages after a failed tests/sanitize stage, let pytest
-# report up to 25 failures and the benchmark go on past a wrong result),
-# GPU_CHECK_WORKERS (pytest-xdist workers for the tests, when xdist is installed).
+# default 480), GPU_CHECK_BUDGET_<STAGE> (seconds per stage), GPU_CHECK_WORKERS (pytest-xdist workers,
+# default the number of cores up to 16). GPU_CHECK_DRY_RUN=1 runs the stage control only, every stage
+# replaced by a fake of a fraction of a second (no GPU needed): GPU_CHECK_DRY_RUN_FAIL="tests ..." makes
+# those stages fail, GPU_CHECK_DRY_RUN_HANG="sanitize ..." makes them hang until their time limit.
 # Exit status: 0 all stages passed (or were skipped with a stated reason); 2 the env stage failed;
-# 1 another stage failed or timed out; 64 bad usage.
+# 1 another stage failed, timed out or was not run; 64 bad usage.
 # shellcheck disable=SC2329  # the body_* functions are called by name: "body_$stage"
 set -uo pipefail  # no -e: a failed stage is recorded and decides what runs next
 self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
 cd "$(dirname "$0")/../.." || exit 1
-out_dir="${GPU_CHECK_OUT:-bench/out/gpu}"
+out_dir="${GPU_CHECK_OUT:-${OUT:-bench/out/gpu}}"
+work_dir="${GPU_CHECK_WORK:-bench/out/gpu-work}"
 nvidia_smi="${GPU_CHECK_NVIDIA_SMI:-nvidia-smi}"
 if [[ -z "${PYTHON:-}" ]]; then
   if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
@@ -42,9 +51,20 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # sets by default) CUDA tensors would go through the interpreter and the GPU kernels would not be tested.
 export TRITON_INTERPRET=0
 unset ATTN_EXT_BACKEND
+# Keep going unless asked to stop; the benchmark and the tests stage read the same variable.
+if [[ "${GPU_CHECK_STOP_ON_FAILURE:-0}" == 1 || "${GPU_CHECK_KEEP_GOING:-1}" == 0 ]]; then
+  export GPU_CHECK_KEEP_GOING=0
+else
+  export GPU_CHECK_KEEP_GOING=1
+fi
 
 STAGES_ALL=(env build tests sanitize bench suite)
-declare -A BUDGET=([env]=60 [build]=240 [tests]=150 [sanitize]=120 [bench]=200 [suite]=400)
+# Seconds per stage: 470 in all for the default stages, inside the 480 s deadline (the rest is for the
+# reports), itself inside the 10 minutes of a lent machine's command with room for its start.
+declare -A BUDGET=([env]=20 [build]=120 [tests]=120 [sanitize]=90 [bench]=120 [suite]=400)
+DEADLINE="${GPU_CHECK_DEADLINE:-480}"
+# The stages that use the extension the build stage makes: not run after a failed build.
+NEEDS_BUILD=" tests sanitize bench suite "
 
 # The CUDA toolkit: $CUDA_HOME, else the first nvcc whose install has the runtime headers (an nvcc on PATH
 # may be a wrapper script in /usr/local/bin, whose parent is not the toolkit).
@@ -82,17 +102,17 @@ body_env() {
   "$nvidia_smi" --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null \
     | sed 's/^/nvidia-smi: /'
   echo "cuda_home: $CUDA_HOME"
-  "$PYTHON" bench/gpu/env_check.py --nvcc "$CUDA_HOME/bin/nvcc" --out "$out_dir/env.txt" || return 2
+  "$PYTHON" bench/gpu/env_check.py --nvcc "$CUDA_HOME/bin/nvcc" --out "$work_dir/env.txt" || return 2
   "$nvidia_smi" --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1 \
-    | sed 's/^/driver: /' >>"$out_dir/env.txt"
+    | sed 's/^/driver: /' >>"$work_dir/env.txt"
   for tool in compute-sanitizer cuobjdump ncu; do
     echo "$tool: $(command -v "$tool" || echo 'not found (the sanitize stage needs compute-sanitizer)')"
-  done
+  done | tee -a "$work_dir/env.txt"
 }
 
 body_build() {
   local arch
-  arch="$(sed -n 's/^arch: //p' "$out_dir/env.txt")"
+  arch="$(sed -n 's/^arch: //p' "$work_dir/env.txt")"
   # One architecture, this card's, is all a check needs and compiles fastest.
   export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-$arch}" MAX_JOBS="${MAX_JOBS:-$(nproc)}"
   if [[ ! -f "$CUDA_HOME/include/cusparse.h" ]]; then
@@ -113,27 +133,31 @@ print(":".join(sorted(glob.glob(os.path.join(root, "nvidia", "*", "include")))))
 pytest_workers() {
   # pytest-xdist spreads the tests (mostly Triton compiles, CPU-bound) over processes sharing the GPU.
   if "$PYTHON" -c "import xdist" 2>/dev/null; then
-    local n="${GPU_CHECK_WORKERS:-$(( $(nproc) < 8 ? $(nproc) : 8 ))}"
+    local n="${GPU_CHECK_WORKERS:-$(( $(nproc) < 16 ? $(nproc) : 16 ))}"
     ((n > 1)) && echo "-n $n"
   fi
 }
 
 body_tests() {
   # ATTN_EXT_REQUIRE_GPU=1: python_tests/gpu/conftest.py turns a skipped GPU test into a failure.
-  # Stop at the first wrong result, or with GPU_CHECK_KEEP_GOING=1 collect up to 25 of them in one run.
-  local stop=-x
-  [[ "${GPU_CHECK_KEEP_GOING:-0}" == 1 ]] && stop=--maxfail=25
+  # ATTN_EXT_TRITON_PIN=1: one tile config per Triton kernel instead of autotuning 6-12 of them on every
+  # new shape (each compile takes seconds); the tests check results, not speed.
+  # Collect up to 25 wrong results in one run, or stop at the first with GPU_CHECK_STOP_ON_FAILURE=1.
+  local stop=--maxfail=25
+  [[ "$GPU_CHECK_KEEP_GOING" == 1 ]] || stop=-x
   # shellcheck disable=SC2046  # the worker option is two words or none
-  ATTN_EXT_REQUIRE_GPU=1 "$PYTHON" -m pytest python_tests/gpu "$stop" -q -rs -p no:cacheprovider $(pytest_workers)
+  ATTN_EXT_REQUIRE_GPU=1 ATTN_EXT_TRITON_PIN=1 "$PYTHON" -m pytest python_tests/gpu "$stop" -q -rs \
+    -p no:cacheprovider $(pytest_workers)
 }
 
 body_sanitize() {
-  CUDA_HOME="$CUDA_HOME" bash bench/gpu/sanitize.sh
+  # Pinned tiles: the sanitizer slows every compile and launch, one config per kernel is what fits.
+  CUDA_HOME="$CUDA_HOME" ATTN_EXT_TRITON_PIN=1 bash bench/gpu/sanitize.sh
 }
 
 body_bench() {
   # 15 s of the stage's limit for importing torch before the benchmark's own clock starts.
-  "$PYTHON" -m bench.gpu.bench_cuda --out "$out_dir" --time-limit "$((${GPU_CHECK_STAGE_LIMIT:-200} - 15))"
+  "$PYTHON" -m bench.gpu.bench_cuda --out "$work_dir" --time-limit "$((${GPU_CHECK_STAGE_LIMIT:-120} - 15))"
 }
 
 body_suite() {
@@ -143,14 +167,41 @@ body_suite() {
     -p no:cacheprovider $(pytest_workers)
 }
 
+# The dry run (GPU_CHECK_DRY_RUN=1): every stage a fake that prints a line and sleeps a moment, fails
+# when named in GPU_CHECK_DRY_RUN_FAIL, or sleeps past any limit when named in GPU_CHECK_DRY_RUN_HANG, so
+# that the deadlines, the keep-going and the packaging are tested on a machine without a GPU.
+body_dry_run() {
+  local stage=$1
+  echo "dry run: stage $stage (no GPU used)"
+  if [[ $stage == env ]]; then
+    printf 'card: dry run (no GPU)\ntorch: not imported\n' >"$work_dir/env.txt"
+  elif [[ $stage == bench ]]; then
+    printf '# Benchmarks\n\ndry run: nothing measured\n' >"$work_dir/bench.md"
+    echo '{"dry_run": true}' >"$work_dir/bench.json"
+  fi
+  if [[ " ${GPU_CHECK_DRY_RUN_HANG:-} " == *" $stage "* ]]; then
+    echo "dry run: $stage hangs"
+    sleep 100000
+  fi
+  sleep "${GPU_CHECK_DRY_RUN_SLEEP:-0.1}"
+  if [[ " ${GPU_CHECK_DRY_RUN_FAIL:-} " == *" $stage "* ]]; then
+    echo "dry run: $stage fails"
+    return $([[ $stage == env ]] && echo 2 || echo 1)
+  fi
+}
+
 # ------------------------------------------------------------------------------------------ the driver
 
-CUDA_HOME="$(find_cuda_home)"
+if [[ "${GPU_CHECK_DRY_RUN:-0}" == 1 ]]; then
+  CUDA_HOME=""
+else
+  CUDA_HOME="$(find_cuda_home)"
+fi
 export CUDA_HOME
 [[ -n "$CUDA_HOME" ]] && export PATH="$CUDA_HOME/bin:$PATH"
 
 if [[ "${1:-}" == "__body" ]]; then
-  "body_$2"
+  if [[ "${GPU_CHECK_DRY_RUN:-0}" == 1 ]]; then body_dry_run "$2"; else "body_$2"; fi
   exit $?
 fi
 
@@ -163,15 +214,22 @@ for stage in "${stages[@]}"; do
   fi
 done
 [[ "${stages[0]}" == env ]] || stages=(env "${stages[@]/env/}")
-mkdir -p "$out_dir"
+mkdir -p "$out_dir" "$work_dir"
+# The result folder must hold the few files meant to come back, and nothing else.
+if [[ "$(realpath "$work_dir")/" == "$(realpath "$out_dir")/"* ]]; then
+  echo "GPU_CHECK_WORK ($work_dir) must not be inside the result folder ($out_dir)" >&2
+  exit 64
+fi
 run_started="$(date +%s)"
-deadline=$((run_started + ${GPU_CHECK_DEADLINE:-570}))
+deadline=$((run_started + DEADLINE))
 if commit="$(git rev-parse --short HEAD 2>/dev/null)"; then
   git diff --quiet HEAD 2>/dev/null || commit="$commit+changes"
 else
   commit="unknown (no git)"
 fi
-status_file="$out_dir/stages.tsv"
+status_file="$work_dir/stages.tsv"
+report_python="$PYTHON"
+command -v "$report_python" >/dev/null 2>&1 || report_python=python3
 
 # Replaces the stage's row of stages.tsv: stage, status, seconds, note, finished (UTC), commit.
 record() {
@@ -181,67 +239,99 @@ record() {
   mv "$tmp" "$status_file"
 }
 
-# run_stage <stage>: 0 passed (or skipped with a reason), else failed.
+# Copies a file into the result folder under a temporary name, then renames it: a run cut off during
+# the copy leaves the previous version whole.
+publish() {
+  cp "$1" "$out_dir/$2.part" && mv -f "$out_dir/$2.part" "$out_dir/$2"
+}
+
+# Rewrites report.md, stages.tsv and logs.tar.gz in the result folder from the working folder. A file
+# over 4 MiB (a runaway log) goes into the archive as its last 4 MiB, so that the archive stays far
+# under the 16 MiB a lent machine brings back.
+package() {
+  local quiet=$1 pack="$work_dir/.pack" file
+  "$report_python" bench/gpu/report.py "$work_dir" --elapsed "$(($(date +%s) - run_started))" \
+    --stages "${stages[@]}" ${quiet:+--quiet} || echo "(report.py failed; the stage logs are in $work_dir)"
+  rm -rf "$pack" && mkdir -p "$pack"
+  for file in "$work_dir"/*; do
+    [[ -f "$file" ]] || continue
+    if (($(stat -c %s "$file") > 4194304)); then
+      { echo "[first $(($(stat -c %s "$file") - 4194304)) bytes cut]"; tail -c 4194304 "$file"; } >"$pack/${file##*/}"
+    else
+      cp "$file" "$pack/"
+    fi
+  done
+  tar -czf "$work_dir/.logs.tar.gz" -C "$pack" . && publish "$work_dir/.logs.tar.gz" logs.tar.gz
+  rm -rf "$pack" "$work_dir/.logs.tar.gz"
+  [[ -f "$work_dir/report.md" ]] && publish "$work_dir/report.md" report.md
+  publish "$status_file" stages.tsv
+}
+
+# run_stage <stage>: runs it under its limit and records PASS, FAIL, TIMEOUT or SKIPPED; 0 when passed
+# (or skipped with a reason).
 run_stage() {
-  local stage=$1 left budget started rc elapsed note=""
-  left=$((deadline - $(date +%s) - 10))  # 10 s for the report
+  local stage=$1 left budget started rc elapsed note="" result
+  left=$((deadline - $(date +%s) - 5))  # 5 s for the last report
   local override="GPU_CHECK_BUDGET_${stage^^}"
   budget="${!override:-${BUDGET[$stage]}}"
-  if ((left < 15)); then
-    record "$stage" "NOT RUN" 0 "no time left of the ${GPU_CHECK_DEADLINE:-570} s deadline"
+  if ((left < 1)); then
+    record "$stage" "NOT RUN" 0 "no time left of the $DEADLINE s deadline"
     echo "== $stage: not run, no time left of the deadline"
     return 1
   fi
   ((budget > left)) && budget=$left
+  record "$stage" RUNNING 0 "started, at most $budget s"
+  package quiet
   echo "== $stage (at most ${budget} s) ..."
   started="$(date +%s)"
+  # timeout signals its whole process group, so the stage's children (pytest workers) stop with it.
   if [[ $stage == build ]]; then  # ninja's lines would bury the rest: the log has them
-    GPU_CHECK_STAGE_LIMIT=$budget timeout -k 10 "$budget" bash "$self" __body "$stage" >"$out_dir/$stage.log" 2>&1
+    GPU_CHECK_STAGE_LIMIT=$budget timeout -k 5 "$budget" bash "$self" __body "$stage" >"$work_dir/$stage.log" 2>&1
     rc=$?
-    tail -n 4 "$out_dir/$stage.log"
+    tail -n 4 "$work_dir/$stage.log"
   else
-    GPU_CHECK_STAGE_LIMIT=$budget timeout -k 10 "$budget" bash "$self" __body "$stage" 2>&1 | tee "$out_dir/$stage.log"
+    GPU_CHECK_STAGE_LIMIT=$budget timeout -k 5 "$budget" bash "$self" __body "$stage" 2>&1 | tee "$work_dir/$stage.log"
     rc=${PIPESTATUS[0]}
   fi
   elapsed=$(($(date +%s) - started))
   if ((rc == 0)); then
-    record "$stage" PASS "$elapsed" ""
+    result=PASS
   elif ((rc == 3)) && [[ $stage == sanitize ]]; then
-    note="$(grep -m1 'cannot run' "$out_dir/$stage.log" || echo 'compute-sanitizer unavailable')"
-    record "$stage" SKIPPED "$elapsed" "$note"
+    result=SKIPPED note="$(grep -m1 'cannot run' "$work_dir/$stage.log" || echo 'compute-sanitizer unavailable')"
+  elif ((rc == 124 || rc == 137)); then
+    result=TIMEOUT note="stopped at its limit of ${budget} s"
   else
-    if ((rc == 124 || rc == 137)); then note="timed out after ${budget} s"
-    elif [[ $stage == env ]]; then note="$(grep -m1 '^  - ' "$out_dir/$stage.log" | sed 's/^  - //')"
-    else note="exit status $rc"
-    fi
-    record "$stage" FAIL "$elapsed" "${note:-exit status $rc}"
-    if [[ $stage != env ]]; then  # env's message is already on the screen, and short
-      echo "-- $stage FAILED (${note:-exit status $rc}); last lines of $out_dir/$stage.log:"
-      tail -n 25 "$out_dir/$stage.log"
-    fi
+    result=FAIL note="exit status $rc"
+    [[ $stage == env ]] && note="$(grep -m1 '^  - ' "$work_dir/$stage.log" | sed 's/^  - //')"
   fi
-  echo "== $stage: $(grep "^$stage	" "$status_file" | cut -f2) in ${elapsed} s"
-  [[ $(grep "^$stage	" "$status_file" | cut -f2) != FAIL ]]
+  [[ $result == FAIL ]] && note="${note:-exit status $rc}"
+  record "$stage" "$result" "$elapsed" "$note"
+  if [[ $result == FAIL || $result == TIMEOUT ]] && [[ $stage != env ]]; then  # env's message is short
+    echo "-- $stage $result (${note}); last lines of $work_dir/$stage.log:"
+    tail -n 25 "$work_dir/$stage.log"
+  fi
+  echo "== $stage: $result in ${elapsed} s"
+  [[ $result == PASS || $result == SKIPPED ]]
 }
 
-status=0
+status=0 stopped="" build_failed=0
 for stage in "${stages[@]}"; do
   [[ -n "$stage" ]] || continue
-  if ((status != 0)); then
-    record "$stage" "NOT RUN" 0 "an earlier stage failed"
-    continue
-  fi
-  if ! run_stage "$stage"; then
-    if [[ $stage == env ]]; then status=2
-    elif [[ "${GPU_CHECK_KEEP_GOING:-0}" == 1 && $stage != build ]]; then status=0; failed_any=1
-    else status=1
+  if [[ -n "$stopped" ]]; then
+    record "$stage" "NOT RUN" 0 "$stopped"
+  elif ((build_failed)) && [[ $NEEDS_BUILD == *" $stage "* ]]; then
+    record "$stage" "NOT RUN" 0 "needs the build, which failed"
+  elif ! run_stage "$stage"; then
+    if [[ $stage == env ]]; then status=2 stopped="the env stage failed: this machine cannot run the check"
+    else
+      status=1
+      [[ $stage == build ]] && build_failed=1
+      [[ $GPU_CHECK_KEEP_GOING == 1 ]] || stopped="an earlier stage failed (GPU_CHECK_STOP_ON_FAILURE=1)"
     fi
   fi
+  package quiet
 done
-((${failed_any:-0})) && ((status == 0)) && status=1
 
-report_python="$PYTHON"
-command -v "$report_python" >/dev/null 2>&1 || report_python=python3
-"$report_python" bench/gpu/report.py "$out_dir" --elapsed "$(($(date +%s) - run_started))" --stages "${stages[@]}" \
-  || echo "(report.py failed; the stage logs are in $out_dir)"
+package ""
+echo "results: $out_dir/report.md, $out_dir/logs.tar.gz (every file of $work_dir)"
 exit "$status"

@@ -9,6 +9,8 @@ reason, because every later stage would fail on it after minutes of building:
 - pytest and hypothesis (the tests stage);
 - nvcc's CUDA major version equal to torch's (torch's extension builder refuses a mismatch).
 
+It also records the sha256 prefix of Triton's ``libtriton.so`` (which build of Triton compiled the kernels).
+
 Prints one ``key: value`` line per fact (card, capability, versions) and writes them to ``--out`` for
 the build stage (``arch`` feeds ``TORCH_CUDA_ARCH_LIST``) and the report. Exit status 0 when
 everything needed is there, 2 otherwise (the message says what is missing).
@@ -16,6 +18,7 @@ everything needed is there, 2 otherwise (the message says what is missing).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import platform
 import re
@@ -47,6 +50,22 @@ def _module_version(name: str) -> tuple[str | None, str | None]:
     except Exception as exc:  # noqa: BLE001 - a broken install raises more than ImportError
         return None, f"{type(exc).__name__}: {exc}"
     return getattr(module, "__version__", "unknown"), None
+
+
+def libtriton_digest() -> str:
+    """``path (sha256 prefix)`` of Triton's compiled core: two images with the same version string can ship
+    different builds, and a kernel's behaviour is that build's."""
+    try:
+        import triton
+    except Exception:  # noqa: BLE001 - reported as missing below
+        return "not found (triton does not import)"
+    for path in sorted(Path(triton.__file__).parent.glob("_C/libtriton*.so")):
+        digest = hashlib.sha256()
+        with path.open("rb") as file:
+            for block in iter(lambda: file.read(1 << 20), b""):
+                digest.update(block)
+        return f"{path} (sha256 {digest.hexdigest()[:16]})"
+    return "not found (no triton/_C/libtriton*.so)"
 
 
 def collect(nvcc: str) -> tuple[dict[str, str], list[str], list[str]]:
@@ -92,6 +111,7 @@ def collect(nvcc: str) -> tuple[dict[str, str], list[str], list[str]]:
         facts[name] = version or f"missing ({error})"
         if error:
             problems.append(f"{name} cannot be imported ({error}); it is needed for {needed_for}")
+    facts["libtriton"] = libtriton_digest()
     for name in ("xdist", "matplotlib"):  # optional: parallel tests; nothing else
         version, error = _module_version(name)
         facts[name] = version or "not installed (optional)"

@@ -1,7 +1,9 @@
-"""The report of ``make gpu-check``: ``report.md`` from what the stages left in the output folder.
+"""The report of ``make gpu-check``: ``report.md`` from what the stages left in the working folder.
 
 ``bench/gpu/check.sh`` records one row per stage in ``stages.tsv`` (stage, status, seconds, note, finished,
-commit) and each stage's output in ``<stage>.log``; the env stage writes ``env.txt`` and the bench stage
+commit; status PASS, FAIL, TIMEOUT, SKIPPED, NOT RUN, or RUNNING while the stage runs) and each stage's
+output in ``<stage>.log``, in its working folder, and calls this module before and after every stage (so
+that a run cut off anywhere still has its report); the env stage writes ``env.txt`` and the bench stage
 ``bench.md``. This module (standard library only: it must run when torch cannot be imported) turns them
 into one Markdown file, with the card and versions first so that the figures can be copied into
 ``bench/results/gpu.md`` as they are, and prints the stage summary. Rows from earlier runs (stages run
@@ -58,11 +60,11 @@ def stage_section(out: Path, row: dict[str, str]) -> list[str]:
         # The tables already hold their headings; one level down under this stage.
         tables = [("#" + line) if line.startswith("#") else line for line in (out / "bench.md").read_text().splitlines()]
         extra = ["", "Last lines of bench.log:", "", "```text", *lines[-FAILURE_TAIL:], "```"] \
-            if row["status"] == "FAIL" else []
+            if row["status"] in ("FAIL", "TIMEOUT", "RUNNING") else []
         return head + tables + extra + [""]
     pattern = KEY_LINES.get(stage)
     kept = [line for line in lines if pattern and re.search(pattern, line)]
-    if row["status"] == "FAIL":
+    if row["status"] in ("FAIL", "TIMEOUT", "RUNNING"):
         kept += ["", f"(last {FAILURE_TAIL} lines of {stage}.log)", *lines[-FAILURE_TAIL:]]
     return head + (["```text", *kept, "```"] if kept else [f"(see {stage}.log)"]) + [""]
 
@@ -94,7 +96,6 @@ def render(out: Path, stages_run: list[str], elapsed: str | None) -> tuple[str, 
     for stage in ORDER:
         if stage in rows and rows[stage]["status"] != "NOT RUN":
             lines += stage_section(out, rows[stage])
-    summary.append(f"report: {out / 'report.md'}")
     return "\n".join(lines), "\n".join(summary)
 
 
@@ -103,10 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--stages", nargs="*", default=[])
     parser.add_argument("--elapsed", default=None)
+    parser.add_argument("--quiet", action="store_true", help="write report.md only (the report between stages)")
     args = parser.parse_args(argv)
     report, summary = render(args.out, [s for s in args.stages if s], args.elapsed)
     (args.out / "report.md").write_text(report + "\n")
-    print(summary)
+    if not args.quiet:
+        print(summary)
     return 0
 
 

@@ -7,7 +7,9 @@
 #   synccheck  invalid barrier use (divergent __syncthreads)         (cuda; only when asked for)
 #   initcheck  reads of uninitialised device memory                  (cuda; only when asked for)
 # Usage: bash bench/gpu/sanitize.sh [tool ...]   (default: memcheck racecheck; SANITIZE_TOOLS works too)
-# PYTHON picks the interpreter (default python3). Each tool slows the tests 10-100x.
+# PYTHON picks the interpreter (default python3). Each tool slows the tests 10-100x; a failing tool does not
+# stop the next one (GPU_CHECK_KEEP_GOING=0 does). `make gpu-check` runs it with ATTN_EXT_TRITON_PIN=1
+# (one tile config per Triton kernel: fewer compiles under the tool).
 # Exit status: 0 no error; 1 a tool reported an error (or a test failed); 3 compute-sanitizer cannot run
 # here (not installed, or it refuses the device, as in some sandboxed virtual machines).
 set -uo pipefail
@@ -33,17 +35,37 @@ if ! self_test="$("$sanitizer" --tool memcheck --error-exitcode 1 "$python" -c \
   exit 3
 fi
 
+# Under `make gpu-check` (GPU_CHECK_STAGE_LIMIT: the stage's seconds) each tool gets an equal share of
+# the stage, so that a slow memcheck cannot leave racecheck no time at all.
+tool_limit=0
+if [[ -n "${GPU_CHECK_STAGE_LIMIT:-}" ]]; then
+  tool_limit=$(( (GPU_CHECK_STAGE_LIMIT - 10 - (SECONDS)) / ${#tools[@]} ))
+  ((tool_limit < 5)) && tool_limit=5
+fi
+failed=()
 for tool in "${tools[@]}"; do
   # opcheck adds tracing, not kernel launches worth instrumenting.
   selection="cuda and not opcheck"
   [[ $tool == memcheck ]] && selection="(cuda or triton) and not opcheck"
   echo "== compute-sanitizer --tool $tool, tests selected by -k '$selection'"
   started=$(date +%s)
-  "$sanitizer" --tool "$tool" --error-exitcode 1 --target-processes all \
-    "$python" -m pytest python_tests/gpu -q -x -p no:cacheprovider -k "$selection" || {
-      echo "== $tool: FAILED (a sanitizer error, or a test failed under the tool; see above)"
-      exit 1
-    }
-  echo "== $tool: no error ($(($(date +%s) - started)) s)"
+  timeout -k 5 "$tool_limit" "$sanitizer" --tool "$tool" --error-exitcode 1 --target-processes all \
+    "$python" -m pytest python_tests/gpu -q -x -p no:cacheprovider -k "$selection"
+  rc=$?
+  if ((rc == 0)); then
+    echo "== $tool: no error ($(($(date +%s) - started)) s)"
+  elif ((rc == 124 || rc == 137)); then
+    echo "== $tool: TIMED OUT after its share of $tool_limit s (no error found before; the rest untested)"
+    failed+=("$tool(timed out)")
+  else
+    # The next tool still runs (unless GPU_CHECK_KEEP_GOING=0): one window, as much found as it allows.
+    echo "== $tool: FAILED (a sanitizer error, or a test failed under the tool; see above)"
+    failed+=("$tool")
+    [[ "${GPU_CHECK_KEEP_GOING:-1}" == 0 ]] && exit 1
+  fi
 done
+if ((${#failed[@]})); then
+  echo "FAILED: ${failed[*]}"
+  exit 1
+fi
 echo "OK: no sanitizer errors (${tools[*]})"

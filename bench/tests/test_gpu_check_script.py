@@ -3,7 +3,8 @@ first stage, with a message naming the reason, and exit nonzero, having built an
 
 The machine's own GPU state does not matter: the tests point the script at a missing or a fake
 ``nvidia-smi`` (``GPU_CHECK_NVIDIA_SMI``) and, where they need one, at a fake CUDA toolkit, and write to a
-temporary output folder.
+temporary output folder. The stage control itself (deadlines, keep-going, what comes back) is tested by
+its dry run in test_gpu_check_dry_run.py.
 """
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ def _executable(path: Path, text: str) -> Path:
 
 def _run(tmp_path: Path, *args: str, command=None, **env: str) -> tuple[int, str, float]:
     """``(exit status, stdout and stderr, seconds)`` (the script shows each stage's output as it comes)."""
-    environment = {**os.environ, "GPU_CHECK_OUT": str(tmp_path / "out"), "PYTHON": sys.executable, **env}
+    environment = {**os.environ, "GPU_CHECK_OUT": str(tmp_path / "out"), "GPU_CHECK_WORK": str(tmp_path / "work"),
+                   "PYTHON": sys.executable, **env}
+    environment.pop("GPU_CHECK_DRY_RUN", None)
     started = time.monotonic()
     done = subprocess.run(command or ["bash", str(SCRIPT), *args], cwd=ROOT, env=environment, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=120)
@@ -64,7 +67,8 @@ def test_no_nvidia_driver_stops_at_once(tmp_path):
     assert stages == {"env": "FAIL", "build": "NOT RUN", "tests": "NOT RUN", "sanitize": "NOT RUN", "bench": "NOT RUN"}
     report = (tmp_path / "out" / "report.md").read_text()
     assert "no NVIDIA GPU driver" in report and "Not validated by this report: env, build, tests, sanitize, bench" in report
-    assert not (tmp_path / "out" / "build.log").exists()  # nothing was built
+    assert not (tmp_path / "work" / "build.log").exists()  # nothing was built
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["logs.tar.gz", "report.md", "stages.tsv"]
 
 
 def test_nvidia_smi_without_gpu_stops_at_once(tmp_path):
@@ -100,6 +104,11 @@ def test_unknown_stage_is_a_usage_error(tmp_path):
     status, output, _ = _run(tmp_path, "tests", "benchmark")
     assert status == 64 and "unknown: 'benchmark'" in output
     assert not (tmp_path / "out").exists()
+
+
+def test_work_folder_inside_the_result_folder_is_a_usage_error(tmp_path):
+    status, output, _ = _run(tmp_path, GPU_CHECK_WORK=str(tmp_path / "out" / "work"))
+    assert status == 64 and "must not be inside the result folder" in output
 
 
 def test_script_parses():
