@@ -5,13 +5,15 @@
 Sections (one module each, run in this order; each checks a call's result before timing it and stops the
 benchmark with :class:`bench.gpu.checks.WrongResult` if it is wrong):
 
-- ``attention`` (:mod:`bench.gpu.attention`): cross attention fwd and fwd+bwd TFLOP/s, fp16/bf16,
-  B=8, H=16, D in {64, 128}, M = N in {1k, 4k, 16k}, vs SDPA's flash kernel;
+- ``attention`` (:mod:`bench.gpu.attention`): attention fwd and fwd+bwd TFLOP/s, fp16/bf16, B=8, H=16,
+  D in {64, 128}, M = N in {1k, 4k, 16k}, causal and not; ours (``ae.scaled_dot_product_attention``, cuda and
+  triton) vs SDPA's flash, cuDNN and memory-efficient kernels and FlexAttention;
 - ``states`` (:mod:`bench.gpu.states`): state update vs recomputation (the CPU benchmark's problem), merge;
 - ``tree`` (:mod:`bench.gpu.tree`): tree cross attention vs full cross attention and SDPA;
 - ``other_ops`` (:mod:`bench.gpu.other_ops`): Intention, σIntention vs SDPA; batched Cholesky vs torch.
 
-First the Triton kernels of every case are compiled in parallel worker processes (:mod:`bench.gpu.warm`).
+The card's ceilings come first (:mod:`bench.gpu.ceilings`: bf16 matrix-product rate, copy bandwidth, in a
+second), then the Triton kernels of every case are compiled in parallel worker processes (:mod:`bench.gpu.warm`).
 Writes ``bench.md`` (the tables, rewritten after every case, so a run stopped at its time limit still
 leaves what it measured) and ``bench.json`` (every row, with the raw samples) to ``--out``; the tables
 also go to stdout, progress to stderr. Exit status 0; 1 when a result was wrong or a call failed; 2 when
@@ -30,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from bench.gpu import warm
+from bench.gpu import ceilings, warm
 from bench.harness.report import progress
 
 #: Seconds kept at the end of the time limit to write the files.
@@ -63,13 +65,19 @@ def run(out: Path, time_limit: float, sections: list[str], jobs: int, keep_going
     started = time.monotonic()
     deadline = started + time_limit - RESERVE_S
     meta = {"header": header(shorter_autotuning()), "errors": [], "warm_up": None}
+    try:
+        meta["ceilings"] = ceilings.measure()
+        meta["header"] += " " + ceilings.sentence(meta["ceilings"])
+    except Exception as exc:  # noqa: BLE001 - not a wrong result: the benchmark runs on, the header says why
+        meta["header"] += f" Ceilings not measured: {type(exc).__name__}: {exc}."
+    progress(meta["header"])
     if jobs > 0:
         # Half the time at most: a warm-up that overran only leaves compiling to the timing process.
         meta["warm_up"] = warm.warm_in_parallel(sections, jobs, time_limit_s=0.5 * (deadline - time.monotonic()))
         progress(meta["warm_up"])
     rows: list[dict] = []
     parts: dict[str, str] = {}
-    titles = {"attention": "Cross attention", "states": "Attention states", "tree": "Tree cross attention",
+    titles = {"attention": "Attention", "states": "Attention states", "tree": "Tree cross attention",
               "other_ops": "Intention and Cholesky"}
     for name in sections:
         module = warm.section(name)

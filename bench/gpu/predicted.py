@@ -80,7 +80,7 @@ def attention_rows() -> list[Row]:
             for n in NS:
                 for causal in (False, True):
                     for pass_ in ("fwd", "fwd+bwd"):
-                        flops = attention_flops(B, H, n, n, d, pass_) * (0.5 if causal else 1.0)
+                        flops = attention_flops(B, H, n, n, d, pass_, causal)
                         label = f"{dtype} D={d} L=S={n} {'causal' if causal else 'full'} {pass_}"
                         for impl in IMPLEMENTATIONS:
                             share = _attention_share(impl, pass_, d, n, causal)

@@ -23,10 +23,13 @@ def test_attention_flops_follow_the_cpu_benchmark_convention():
 
 def test_benchmark_grids_are_the_ones_documented():
     grid = attention.cases()
-    assert {(c.dtype, c.d, c.n) for c in grid} == {(dt, d, n) for dt in ("fp16", "bf16") for d in (64, 128)
-                                                  for n in (1024, 4096, 16384)}
+    assert {(c.dtype, c.d, c.n, c.causal) for c in grid} == {
+        (dt, d, n, causal) for dt in ("fp16", "bf16") for d in (64, 128) for n in (1024, 4096, 16384)
+        for causal in (False, True)}
     assert (attention.B, attention.H) == (8, 16)
-    assert attention.IMPLS == ("sdpa-flash", "cuda", "triton")
+    assert attention.IMPLS == ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex", "cuda", "triton")
+    assert attention.attention_flops(8, 16, 4096, 4096, 64, "fwd", causal=True) * 2 == \
+        attention.attention_flops(8, 16, 4096, 4096, 64, "fwd")
     # The state and tree sections take the CPU benchmarks' problems.
     assert [c.n for c in states.cases() if c.kind == "update" and c.backend == "cuda"] == [10**3, 10**4, 10**5, 10**6]
     assert [c.n for c in tree.cases()] == [10**3, 10**4, 10**5, 10**6]
@@ -103,10 +106,33 @@ def test_report_names_the_card_and_what_was_not_validated(tmp_path):
     assert "CUDA kernels registered: 12 of 12" in text and "ninja: lots" not in text  # key lines only
     assert "1 failed, 40 passed" in text and "FAILED python_tests/gpu/test_gpu_tree.py" in text
     assert "### Cross attention" in text  # the bench tables, one heading level down
-    assert "tests     FAIL" in summary and summary.endswith(str(out / "report.md"))
+    assert "tests     FAIL" in summary  # check.sh prints where the report went (the result folder)
     assert report.main([str(out), "--stages", "env"]) == 0 and (out / "report.md").exists()
 
 
 def test_report_without_any_stage_file(tmp_path):
     text, summary = report.render(tmp_path, [], None)
     assert "no GPU found" in text and "Not validated by this report: env, build, tests, sanitize, bench." in text
+
+
+def test_attention_calls_take_the_input_copies_in_turn_and_the_table_has_causal_rows():
+    seen = []
+
+    def fn(q, k, v, causal):
+        seen.append((q.data_ptr(), causal))
+        return q * k.sum() + v
+
+    copies = [tuple(torch.randn(2, 3, requires_grad=False) for _ in range(4)) for _ in range(3)]
+    call = attention.pass_call(fn, "fwd", copies, True)
+    for _ in range(4):
+        call()
+    assert [p for p, _ in seen] == [c[0].data_ptr() for c in copies] + [copies[0][0].data_ptr()]
+    assert all(causal for _, causal in seen)
+    grads = attention.pass_call(fn, "fwd+bwd", copies[:1], False)()
+    assert len(grads) == 3 and torch.equal(grads[2], copies[0][3])  # d(out)/dv = grad_out
+    rows = [{"section": "attention", "dtype": "bf16", "D": 64, "N": 1024, "M": 1024, "causal": causal, "pass": "fwd",
+             "impl": impl, "flops": 1.0, "tflops": 100.0, "vs_sdpa": 1.0, "peak_mib": 1.0}
+            for causal in (False, True) for impl in attention.IMPLS[:-1]]
+    rows.append({**rows[0], "impl": "triton", "note": "not measured: why"})
+    text = attention.markdown(rows)
+    assert "| causal |" in text and "| none |" in text and "triton bf16 D=64 N=1,024 none fwd: not measured: why" in text

@@ -1,0 +1,96 @@
+"""The attention implementations the GPU benchmark times, each a ``fn(q, k, v, causal)`` on ``[B, H, N, D]``
+CUDA tensors, and why one cannot run.
+
+* ``sdpa-flash``, ``sdpa-cudnn``, ``sdpa-efficient``: ``torch.nn.functional.scaled_dot_product_attention``
+  restricted to one backend with ``sdpa_kernel`` (it raises rather than falling back to another kernel);
+* ``flex``: ``torch.nn.attention.flex_attention`` compiled once per process (``torch.compile``), with a
+  block mask per causal shape built once and reused (building it is not timed);
+* ``cuda``, ``triton``: ``attn_ext.scaled_dot_product_attention`` on that backend, the drop-in a user swaps in.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import torch
+
+SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
+                 "sdpa-efficient": "EFFICIENT_ATTENTION"}
+OURS = ("cuda", "triton")
+IMPLS = (*SDPA_BACKENDS, "flex", *OURS)
+#: The implementation every other one is checked against (the one FlashAttention's own tests trust).
+REFERENCE = "sdpa-flash"
+
+
+def _sdpa(backend_name: str) -> Callable:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, backend_name)
+
+    def call(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    return call
+
+
+#: FlexAttention compiles a kernel per shape, dtype and mask (tens of seconds each, not timed): the benchmark
+#: runs it on bf16 only, 12 of the grid's 24 cases, which its compile-cache limit must hold.
+FLEX_DTYPES = (torch.bfloat16,)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_flex() -> Callable:
+    from torch._dynamo import config as dynamo_config
+    from torch.nn.attention.flex_attention import flex_attention
+
+    for name in ("recompile_limit", "cache_size_limit"):  # the name differs between torch releases
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, max(getattr(dynamo_config, name), 64))
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@functools.lru_cache(maxsize=None)
+def _causal_block_mask(n: int, device: str):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, B=None, H=None, Q_LEN=n, KV_LEN=n,
+                             device=device)
+
+
+def _flex(q, k, v, causal):
+    block_mask = _causal_block_mask(q.shape[-2], str(q.device)) if causal else None
+    return _compiled_flex()(q, k, v, block_mask=block_mask)
+
+
+def _ours(backend: str) -> Callable:
+    import attn_ext as ae
+
+    return lambda q, k, v, causal: ae.scaled_dot_product_attention(q, k, v, is_causal=causal, backend=backend)
+
+
+def implementation(impl: str) -> Callable:
+    if impl in SDPA_BACKENDS:
+        return _sdpa(SDPA_BACKENDS[impl])
+    if impl == "flex":
+        return _flex
+    if impl in OURS:
+        return _ours(impl)
+    raise ValueError(f"unknown implementation {impl!r}; one of {IMPLS}")
+
+
+def unavailable(impl: str, q: torch.Tensor) -> str | None:
+    """Why ``impl`` cannot run on ``q``'s device and dtype, None if it may (SDPA's backends and Flex say so by
+    raising on the first call, which the benchmark records as the row's note)."""
+    if impl in OURS:
+        import attn_ext as ae
+
+        return ae.available_backends(q)[impl]
+    if impl == "flex":
+        if q.dtype not in FLEX_DTYPES:
+            return "FlexAttention is benchmarked in bf16 only (each case costs a compile)"
+        try:
+            import torch.nn.attention.flex_attention  # noqa: F401
+        except ImportError as exc:
+            return f"this torch has no FlexAttention ({exc})"
+    return None
