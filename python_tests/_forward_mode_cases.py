@@ -113,26 +113,27 @@ def tree_cross_attention(dtype):
     return fn, (q, leaves)
 
 
+def _with_tensor_scalar(op, keyword, value, dtype, seed, shape=None, **fixed):
+    """``op(q, k, v, keyword=scalar, **fixed)`` differentiated with respect to q, k, v and the tensor scalar."""
+    q, k, v = _qkv(dtype, seed, **(shape or dict(N=5)))
+    scalar = torch.tensor(value, dtype=dtype)
+    return (lambda q, k, v, scalar: op(q, k, v, **{keyword: scalar}, **fixed)), (q, k, v, scalar)
+
+
 @case
 def intention_alpha(dtype):
-    q, k, v = _qkv(dtype, 9, N=5, D=3)
-    alpha = torch.tensor(0.7, dtype=dtype)
-    return (lambda q, k, v, alpha: ae.intention(q, k, v, alpha=alpha, key_padding_mask=PADDING.new_zeros(1, 5))), \
-        (q, k, v, alpha)
+    return _with_tensor_scalar(ae.intention, "alpha", 0.7, dtype, 9, dict(N=5, D=3),
+                               key_padding_mask=PADDING.new_zeros(1, 5))
 
 
 @case
 def intention_dual_form(dtype):
-    q, k, v = _qkv(dtype, 10, N=2, D=4)  # fewer keys than D: the N x N system
-    alpha = torch.tensor(0.3, dtype=dtype)
-    return (lambda q, k, v, alpha: ae.intention(q, k, v, alpha=alpha)), (q, k, v, alpha)
+    return _with_tensor_scalar(ae.intention, "alpha", 0.3, dtype, 10, dict(N=2, D=4))  # fewer keys than D: N x N
 
 
 @case
 def sigma_intention(dtype):
-    q, k, v = _qkv(dtype, 11, N=5)
-    alpha = torch.tensor(1.3, dtype=dtype)
-    return (lambda q, k, v, alpha: ae.sigma_intention(q, k, v, alpha=alpha)), (q, k, v, alpha)
+    return _with_tensor_scalar(ae.sigma_intention, "alpha", 1.3, dtype, 11)
 
 
 @case
@@ -151,9 +152,7 @@ def intention_map_and_states(dtype):
 
 @case
 def convex_intention(dtype):
-    q, k, v = _qkv(dtype, 14, N=5)
-    theta = torch.tensor(0.4, dtype=dtype)
-    return (lambda q, k, v, theta: ae.convex_intention(q, k, v, theta=theta)), (q, k, v, theta)
+    return _with_tensor_scalar(ae.convex_intention, "theta", 0.4, dtype, 14)
 
 
 @case
