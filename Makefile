@@ -51,4 +51,4 @@ gpu-check:
 	bash bench/gpu/check.sh $(STAGES)
 
 clean:
-	rm -rf build dist $(VENV) *.egg-info attn_ext/*.so attn_ext/_build_info.json bench/out
+	rm -rf build dist $(VENV) *.egg-info attn_ext/*.so attn_ext/_build_info.json attn_ext/_op_schemas.json bench/out

@@ -10,7 +10,8 @@ Environment (docs/install.md describes each):
   CUDA_HOME                 the CUDA toolkit (default: found from nvcc on PATH, then /usr/local/cuda).
   MAX_JOBS                  parallel compile jobs (read by torch's ninja builder).
 
-`python setup.py --version` resolves and prints the configuration without compiling anything.
+`python setup.py --version` resolves and prints the configuration without compiling anything. Every run writes
+attn_ext/_op_schemas.json, the op schemas of csrc/op_list.h (build_support/schemas.py).
 """
 import os
 import sys
@@ -19,6 +20,8 @@ from setuptools import setup
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # build_support/ is a folder of the source tree, not an installed package
+
+from build_support.schemas import write_schemas  # noqa: E402  (torch-free; needs the path above)
 
 
 def _extensions():
@@ -34,5 +37,7 @@ def _extensions():
     return [make_extension(plan, HERE)], {"build_ext": build_command(plan, torch_version, HERE)}
 
 
+# Every run, ATTN_EXT_SKIP_BUILD=1 included: the Python side needs the schemas with or without the kernels.
+write_schemas(HERE)
 ext_modules, cmdclass = _extensions()
 setup(ext_modules=ext_modules, cmdclass=cmdclass)

@@ -9,9 +9,11 @@ of ``attn_ext.models`` are built on them. Every public op is importable from her
 >>> out.shape
 torch.Size([1, 2, 8, 16])
 """
+import importlib
+
 from attn_ext import ops  # noqa: F401  (registers the custom ops, fake kernels, autograd and backends)
 from attn_ext import nn
-from attn_ext.ops.cross_attention import (
+from attn_ext.ops.attention import (
     DEFAULT_CHUNK_SIZE,
     AttentionState,
     attention_state,
@@ -19,6 +21,7 @@ from attn_ext.ops.cross_attention import (
     empty_state,
     merge_states,
     remove_from_state,
+    scaled_dot_product_attention,
     stream_attention,
     update_state,
 )
@@ -42,7 +45,6 @@ from attn_ext.ops.intention import (
     sigma_intention,
     update_intention_state,
 )
-from attn_ext.ops.sdpa import scaled_dot_product_attention
 from attn_ext.ops.tree import Tree, TreeAttentionResult, build_tree, tree_aggregate, tree_cross_attention, tree_num_selected
 from attn_ext.ops.utils.dispatch import BACKENDS, available_backends
 
@@ -53,8 +55,6 @@ def __getattr__(name):
     # Lazy, so that `python -m attn_ext.distributed` (the torchrun demo) does not find its own
     # module already imported by the package (runpy warns about that on every rank).
     if name == "distributed":
-        import importlib
-
         return importlib.import_module("attn_ext.distributed")
     raise AttributeError(f"module 'attn_ext' has no attribute {name!r}")
 

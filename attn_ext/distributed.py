@@ -1,6 +1,6 @@
 """``attn_ext.distributed``: keys sharded over ``torch.distributed`` ranks (docs/spec.md §1 "Distributed").
 
-The op lives in :mod:`attn_ext.ops.cross_attention.sharded`; this module is its public name and the demo
+The op lives in :mod:`attn_ext.ops.attention.sharded`; this module is its public name and the demo
 ``torchrun --nproc_per_node=2 -m attn_ext.distributed`` (2 CPU processes over gloo, max error vs one process).
 """
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
-from attn_ext.ops.cross_attention.sharded import sharded_cross_attention
+from attn_ext.ops.attention import cross_attention
+from attn_ext.ops.attention.sharded import sharded_cross_attention
 
 __all__ = ["sharded_cross_attention"]
 
@@ -29,8 +30,6 @@ def _demo() -> None:
     """``torchrun --nproc_per_node=N -m attn_ext.distributed``: compare sharded and single-process attention."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         raise SystemExit("run this demo under torchrun, e.g.: torchrun --nproc_per_node=2 -m attn_ext.distributed")
-    import attn_ext as ae
-
     dist.init_process_group("gloo")
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -53,7 +52,7 @@ def _demo() -> None:
         q.grad = None
 
         k_full, v_full = k.clone().requires_grad_(), v.clone().requires_grad_()
-        out_ref, lse_ref = ae.cross_attention(q, k_full, v_full, key_padding_mask=mask, return_lse=True)
+        out_ref, lse_ref = cross_attention(q, k_full, v_full, key_padding_mask=mask, return_lse=True)
         ((out_ref * g_out).sum() + (lse_ref * g_lse).sum()).backward()
         err = {
             "out": (out - out_ref).abs().max().item(),

@@ -1,8 +1,9 @@
 """``python -m bench``: the command line of the harness, run from the root of a clone.
 
 Subcommands live in :data:`SUBCOMMANDS` (name -> :class:`Subcommand`); adding one means writing its
-``add_arguments`` and ``run`` and registering it there. Heavy imports (torch, attn_ext, the
-benchmarks) happen inside ``run`` so that ``--help`` is instant.
+``add_arguments`` and ``run`` and registering it there. This module imports only the light ``bench`` and
+``bench.harness`` modules (no torch); a subcommand's module is imported by name on first use (:func:`_lazy`),
+and a benchmark only when it runs (:func:`bench.run_benchmark`).
 
 Examples
 --------
@@ -37,11 +38,18 @@ Examples
 from __future__ import annotations
 
 import argparse
+import importlib
 import shlex
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
+
+import bench
+from bench import BENCHMARKS, DEFAULT_BENCHMARKS
+from bench.harness import OUT_DIR, RESULTS_DIR, BenchOptions, goals
+from bench.harness.report import progress
 
 PROG = "python -m bench"
 
@@ -73,9 +81,6 @@ def _positive_int(text: str) -> int:
 
 
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
-    from bench import BENCHMARKS, DEFAULT_BENCHMARKS  # light: no torch import
-    from bench.harness import OUT_DIR, RESULTS_DIR
-
     # Validated in _run: argparse rejects an empty nargs="*" list against choices on 3.11.
     parser.add_argument("benchmarks", nargs="*", metavar="NAME",
                         help=f"benchmarks to run (default: {', '.join(DEFAULT_BENCHMARKS)}; also: "
@@ -98,12 +103,6 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import time
-
-    from bench import BENCHMARKS, DEFAULT_BENCHMARKS, run_benchmark
-    from bench.harness import OUT_DIR, RESULTS_DIR, BenchOptions, goals
-    from bench.harness.report import progress
-
     unknown = [n for n in args.benchmarks if n not in BENCHMARKS]
     if unknown:
         print(f"{PROG} run: error: unknown benchmark(s) {', '.join(unknown)}; "
@@ -126,7 +125,7 @@ def _run(args: argparse.Namespace) -> int:
     for i, name in enumerate(names, 1):
         progress(f"=== [{i}/{len(names)}] {name} ({options.grid} grid)")
         t0 = time.perf_counter()
-        status = max(status, run_benchmark(name, options))
+        status = max(status, bench.run_benchmark(name, options))
         times.append(f"{name} {time.perf_counter() - t0:.0f} s")
     progress(f"=== done in {time.perf_counter() - start:.0f} s ({', '.join(times)}); "
              f"results in {options.out_dir}/" + ("" if status == 0 else f"; exit status {status}"))
@@ -136,8 +135,6 @@ def _run(args: argparse.Namespace) -> int:
 def _lazy(module: str, attr: str) -> Callable:
     """``module.attr`` imported on first call, so that ``--help`` imports neither torch nor the models."""
     def call(*args):
-        import importlib
-
         return getattr(importlib.import_module(module), attr)(*args)
 
     return call

@@ -43,6 +43,7 @@ from typing import Callable
 
 import torch
 
+import attn_ext as ae
 from bench.harness import BenchOptions
 from bench.harness.calls import check_ours
 from bench.harness.goals import combined, confirm, confirmed_text
@@ -131,8 +132,6 @@ def make_inputs(row: Row, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, to
 
 def implementations(row: Row, backend: str) -> dict[str, Callable]:
     """Name -> ``f(q, k, v)`` returning the output: ours, SDPA, and in no-grad rows the raw op."""
-    import attn_ext as ae
-
     fns = {"ours": lambda q, k, v: ae.cross_attention(q, k, v, backend=backend),
            "sdpa": torch.nn.functional.scaled_dot_product_attention}
     if row.pass_ == "no_grad":

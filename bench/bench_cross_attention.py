@@ -24,6 +24,7 @@ import sys
 from typing import Callable
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from bench.harness import BenchOptions
 from bench.harness.calls import PASSES, Attention, check_ours, make_call, start_run
@@ -80,8 +81,6 @@ def implementation(impl: str, backend: str = "cpp") -> Attention:
     if impl == "sdpa":
         return torch.nn.functional.scaled_dot_product_attention
     if impl == "sdpa-math":
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
         def sdpa_math(q, k, v):
             with sdpa_kernel(SDPBackend.MATH):
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v)

@@ -32,8 +32,9 @@ in fp32 a ReLU pre-activation within rounding of 0 may flip and move a gradient 
 to its tensor's largest entry (floored at :data:`GRAD_FLOOR` of the largest gradient, for gradients zero but
 for rounding, e.g. a key bias under softmax); the replayed attention of attn_ext against SDPA's on fp64 copies.
 
-**Goal** (issue 40): the attention of the step, attn_ext / SDPA on the same calls <= :data:`MAX_ATTENTION_RATIO`
-for TNP-D, LBANP and CMANP (:data:`GOAL_KEYS`), re-measured first when failing or borderline
+**Goal** (issue 40, :mod:`bench.bench_np_step_goals`): the attention of the step, attn_ext / SDPA on the same
+calls <= :data:`~bench.bench_np_step_goals.MAX_ATTENTION_RATIO` for TNP-D, LBANP and CMANP
+(:data:`~bench.bench_np_step_goals.GOAL_KEYS`), re-measured first when failing or borderline
 (:func:`bench.harness.goals.confirm`); judged on the quick grid's smaller batch too, with a note. Issue 29's
 goal, the whole step <= 0.8x the twin's, asked attention for what it cannot give: with the rest of the step the
 same work in both, it needs ``A_ours <= 0.8 A_twin - 0.2 R`` (attention times A, the rest R), i.e. attention in
@@ -52,22 +53,23 @@ from typing import Callable
 
 import torch
 
+from attn_ext.data import GPSampler
+from attn_ext.models import build_model
+from bench import bench_np_step_report as report
 from bench import np_step_attention as attention
+from bench.bench_np_step_goals import GOAL_KEYS, MAX_ATTENTION_RATIO, attention_ratio, ratio
 from bench.harness import BenchOptions
 from bench.harness.goals import combined, confirm, grid_note
 from bench.harness.machine import load_average, machine_info, machine_markdown
 from bench.harness.report import format_ms, progress, publish_run, timing_dict
 from bench.harness.timing import gc_frozen, time_interleaved, torch_threads
+from bench.torch_twin import CMANPBlockStack, torch_twin
 
 NAME = "np_step"
 NUM_CONTEXT, NUM_TARGET = 25, 14
 KERNEL = "rbf"
 LR = 5e-4
 THREADS = 1
-#: The goal: the step's attention on attn_ext takes at most this fraction of SDPA's time on the same calls
-#: (no slower than PyTorch's; the bound the call_overhead benchmark sets on single NP-shaped calls).
-MAX_ATTENTION_RATIO = 1.0
-GOAL_KEYS: tuple[str, ...] = ("tnpd", "lbanp", "cmanp")
 CHECK_RTOL, CHECK_TASKS, GRAD_FLOOR = 1e-5, 2, 1e-6
 #: Batch of the quick grid (the full grid's is the training config's 16).
 QUICK_BATCH = 4
@@ -107,8 +109,6 @@ QUICK = Grid("quick", QUICK_BATCH, min_timed_s=1.0, min_replay_s=0.5, profiled_s
 
 def gp_batch(batch: int, seed: int = 0, dtype: torch.dtype = torch.float32):
     """One GP training batch (:class:`attn_ext.data.NPBatch`) of ``batch`` tasks, N_c and N_t fixed."""
-    from attn_ext.data import GPSampler
-
     return GPSampler(KERNEL).sample(batch, torch.Generator().manual_seed(seed), num_context=NUM_CONTEXT,
                                     num_target=NUM_TARGET, dtype=dtype)
 
@@ -116,9 +116,6 @@ def gp_batch(batch: int, seed: int = 0, dtype: torch.dtype = torch.float32):
 def build(key: str, overrides: dict, backend: str) -> tuple[torch.nn.Module, torch.nn.Module | None, dict]:
     """``(ours, twin or None, info)`` for a workload; ``info`` holds the replaced modules' count and why there
     is no twin. Ours runs ``backend`` in every attn_ext module that takes one."""
-    from attn_ext.models import build_model
-    from bench.torch_twin import CMANPBlockStack, torch_twin
-
     torch.manual_seed(0)
     model = build_model(WORKLOADS[key][1], **overrides).train()
     for module in model.modules():
@@ -250,25 +247,10 @@ def measure(options: BenchOptions, grid: Grid) -> tuple[list[dict], dict, list[s
     return rows, timed, warnings
 
 
-def ratio(impls: dict | None, num: str, den: str) -> float | None:
-    """``impls[num]``'s median over ``impls[den]``'s; None when either is missing or failed."""
-    a, b = ((impls or {}).get(i, {}).get("median_ms") for i in (num, den))
-    return a / b if a and b else None
-
-
-def step_ratio(row: dict) -> float | None:
-    """Ours' step time over the twin's (None without a twin)."""
-    return ratio(row["impls"], "ours", "twin")
-
-
-def attention_ratio(row: dict) -> float | None:
-    """The step's attention on attn_ext over SDPA's on the same calls (None without softmax attention)."""
-    return ratio(row.get("attention", {}).get("impls"), "ours", "sdpa")
-
-
 def judge_goals(rows: list[dict], grid: Grid, remeasure: Callable[[dict], dict] | None) -> dict:
-    """Judge :data:`GOAL_KEYS`'s attention ratios against :data:`MAX_ATTENTION_RATIO`, re-measuring a failing or
-    borderline row once (``remeasure(row) -> the replays' impls``); returns ``{"met", "verdict", "grid_note", ...}``."""
+    """Judge :data:`GOAL_KEYS`'s attention ratios against :data:`MAX_ATTENTION_RATIO` (both
+    :mod:`bench.bench_np_step_goals`), re-measuring a failing or borderline row once (``remeasure(row) -> the
+    replays' impls``); returns ``{"met", "verdict", "grid_note", ...}``."""
     picked = [r for r in rows if r["key"] in GOAL_KEYS]
     for r in picked:
         again = None if remeasure is None else (
@@ -285,8 +267,6 @@ def run(options: BenchOptions, grid: Grid | None = None) -> int:
     """Run the benchmark (module docstring) on ``grid`` (default: the options' quick or full grid). Exit
     status 0 whether or not the goal is met (the report says); 1 when a step failed or the README could not
     be updated."""
-    from bench import bench_np_step_report as report
-
     grid = grid or (QUICK if options.quick else FULL)
     machine = machine_info()
     progress(f"{NAME} benchmark ({grid.name} grid): {len(grid.keys)} models, batch {grid.batch}, "

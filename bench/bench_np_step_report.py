@@ -1,10 +1,11 @@
-"""The ``np_step`` benchmark's report: the Markdown table, the goal text, the README summary and the figure (the
-measurements are :mod:`bench.bench_np_step`). Every ratio is a time ratio, ours over the other: below 1 = ours
-faster."""
+"""The ``np_step`` benchmark's report: the Markdown table, the goal text, the README summary and the figure of a
+result (the measurements are :mod:`bench.bench_np_step`, which writes its report with this module; the goal and
+the ratios both use are :mod:`bench.bench_np_step_goals`). Every ratio is a time ratio, ours over the other:
+below 1 = ours faster."""
 
 from __future__ import annotations
 
-from bench import bench_np_step as ns
+from bench.bench_np_step_goals import MAX_ATTENTION_RATIO, attention_ratio, step_ratio
 from bench.np_step_attention import ATTENTION_OPS
 from bench.harness.goals import confirmed_text
 from bench.harness.machine import timing_footer
@@ -43,8 +44,8 @@ def tables(result: dict) -> str:
     for r in result["rows"]:
         a, c = r["attention"], r["check"]
         body.append([r["label"], r["replaced"] or "—", _ms(r["impls"], "ours"), _ms(r["impls"], "twin"),
-                     _x(ns.step_ratio(r)), _share(r), a["calls"] or "—", _ms(a.get("impls"), "ours"),
-                     _ms(a.get("impls"), "sdpa"), _x(ns.attention_ratio(r)),
+                     _x(step_ratio(r)), _share(r), a["calls"] or "—", _ms(a.get("impls"), "ours"),
+                     _ms(a.get("impls"), "sdpa"), _x(attention_ratio(r)),
                      confirmed_text(r["judged"], lambda v: f"{v:.2f}x") if "judged" in r else "—",
                      *(f"{c[k]:.1e}" if k in c else "—" for k in ("loss_rel_diff_fp32", "grad_max_rel_diff_fp64")),
                      f"{a['replay_rel_diff_fp64']:.1e}" if "replay_rel_diff_fp64" in a else "—"])
@@ -76,7 +77,7 @@ def tables(result: dict) -> str:
         "",
         markdown_table(["model", "attention modules replaced", "ours step ms", "twin step ms", "step: ours / twin",
                         "share of ours' step in attn_ext ops", "softmax attention calls", "ours attention ms",
-                        "SDPA attention ms", "attention: ours / SDPA", f"goal <= {ns.MAX_ATTENTION_RATIO:g}",
+                        "SDPA attention ms", "attention: ours / SDPA", f"goal <= {MAX_ATTENTION_RATIO:g}",
                         "check: loss rel diff (fp32)", "grads max rel diff (fp64)", "attention rel diff (fp64)"],
                        body, align="lrrrrrrrrrlrrr"),
         "",
@@ -90,7 +91,7 @@ def tables(result: dict) -> str:
 
 def summary(result: dict) -> tuple[str, str]:
     """The README's short table (time ratios per model) and its sentence with the goal."""
-    body = [[r["label"], _share(r), _x(ns.step_ratio(r)), _x(ns.attention_ratio(r)),
+    body = [[r["label"], _share(r), _x(step_ratio(r)), _x(attention_ratio(r)),
              r.get("judged", {}).get("verdict", "—")] for r in result["rows"]]
     g, cfg = result["goals"], result["config"]
     return (markdown_table(["model", "attn_ext ops' share of the step", "step time, ours / torch twin",
@@ -105,14 +106,14 @@ def summary(result: dict) -> tuple[str, str]:
 def plot(result: dict, path) -> None:
     """SDPA's attention time against ours, one point per model with softmax attention, and the lines of
     equality and of the goal."""
-    rows = [r for r in result["rows"] if ns.attention_ratio(r) is not None]
+    rows = [r for r in result["rows"] if attention_ratio(r) is not None]
     times = [(r["attention"]["impls"]["ours"]["median_ms"], r["attention"]["impls"]["sdpa"]["median_ms"]) for r in rows]
     series = [Series(r["label"], [ours], [sdpa], "", "os^vD<>ph"[i % 9]) for i, (r, (ours, sdpa)) in
               enumerate(zip(rows, times))]
     span = [min((t[0] for t in times), default=1) / 2, max((t[0] for t in times), default=1) * 2]
-    limit = ns.MAX_ATTENTION_RATIO
+    limit = MAX_ATTENTION_RATIO
     series += [Series("SDPA = ours", span, span, "--", "", "k")]
     if limit != 1:
         series.append(Series(f"goal: ours = {limit:g} x SDPA", span, [x / limit for x in span], ":", "", "C3"))
     plot_panel(series, path, title=f"The attention of an NP training step, batch {result['config']['batch']}, "
-               f"{ns.THREADS} thread", xlabel="attn_ext (ms per step, median)", ylabel="SDPA (ms per step, median)")
+               f"{result['config']['threads']} thread", xlabel="attn_ext (ms per step, median)", ylabel="SDPA (ms per step, median)")

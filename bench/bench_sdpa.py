@@ -5,8 +5,9 @@ load hits both alike), fp32, CPU, PyTorch's default thread count:
 
 1. **Causal self-attention**, B=4, H=8, D=64, L = S in :data:`FULL_LS` (quick grid :data:`QUICK_LS`),
    forward and forward+backward (:func:`bench.harness.calls.make_call`): ours ``is_causal=True`` vs
-   SDPA ``is_causal=True`` (goal: ours / SDPA <= :data:`MAX_SDPA_RATIO`), and ours causal vs ours
-   non-causal (goal: <= :data:`MAX_CAUSAL_RATIO` at L = :data:`CAUSAL_GOAL_L`: the causal kernels skip
+   SDPA ``is_causal=True`` (goal: ours / SDPA <= :data:`~bench.bench_sdpa_goals.MAX_SDPA_RATIO`), and ours
+   causal vs ours non-causal (goal: <= :data:`~bench.bench_sdpa_goals.MAX_CAUSAL_RATIO` at L =
+   :data:`~bench.bench_sdpa_goals.CAUSAL_GOAL_L`: the causal kernels skip
    the key chunks above the diagonal, about half the work). SDPA non-causal is timed too, for scale,
    up to :data:`SDPA_NONCAUSAL_MAX_L` (at 16k it would add many minutes and judges nothing).
 2. **Padding-plus-causal bool mask** ``[B, 1, L, S]`` (:func:`padding_causal_mask`) given to both as
@@ -16,8 +17,9 @@ load hits both alike), fp32, CPU, PyTorch's default thread count:
    (:mod:`bench.bench_sdpa_transformer`; no goal, the ratio is reported).
 
 Before timing, ours is checked against SDPA on a small problem (:func:`check_sdpa`). A failing or
-borderline goal is re-measured before it is judged (:mod:`bench.harness.goals`). The tables, goal
-text and figure are :mod:`bench.bench_sdpa_report`; writes ``sdpa.{md,json,png}``.
+borderline goal is re-measured before it is judged (:mod:`bench.harness.goals`); the goals, their limits
+and the implementations' labels are :mod:`bench.bench_sdpa_goals`. The tables, goal text and figure are
+:mod:`bench.bench_sdpa_report`; writes ``sdpa.{md,json,png}``.
 
 Large sizes take long on a 2-core machine (16k causal forward+backward: tens of seconds per call), so
 rows at L >= :data:`LARGE_L` take :data:`LARGE_REPEATS` samples without a warm-up round
@@ -36,6 +38,9 @@ from typing import Callable, Mapping
 import torch
 
 import attn_ext as ae
+from bench import bench_sdpa_report as report
+from bench import bench_sdpa_transformer as transformer
+from bench.bench_sdpa_goals import CAUSAL_GOAL_L, GOALS, LABELS, ratio
 from bench.harness import BenchOptions
 from bench.harness.calls import PASSES, make_call
 from bench.harness.goals import combined, confirm, grid_note
@@ -54,11 +59,6 @@ MASK_QUICK_LS: tuple[int, ...] = (1024,)
 MASK_TINY_LS: tuple[int, ...] = (64,)
 #: The last batch entry pads this share of its keys; entry b pads (b + 1) / B of it.
 PAD_FRACTION = 0.25
-#: Goals: ours / SDPA at most MAX_SDPA_RATIO (causal and masked); ours causal / ours non-causal at most
-#: MAX_CAUSAL_RATIO at L = CAUSAL_GOAL_L (at small L fixed costs keep the ratio nearer 1).
-MAX_SDPA_RATIO = 1.0
-MAX_CAUSAL_RATIO = 0.6
-CAUSAL_GOAL_L = 16384
 #: SDPA without the causal rule is timed (for scale only) up to this L.
 SDPA_NONCAUSAL_MAX_L = 4096
 #: From this L on a call takes seconds to minutes: few samples, no warm-up round, a dot per call.
@@ -72,9 +72,6 @@ CHECK_ATOL = 1e-4
 
 CAUSAL_IMPLS: tuple[str, ...] = ("ours_causal", "sdpa_causal", "ours_full", "sdpa_full")
 MASK_IMPLS: tuple[str, ...] = ("ours_mask", "sdpa_mask", "ours_causal_kpm")
-LABELS = {"ours_causal": "ours causal", "sdpa_causal": "SDPA causal", "ours_full": "ours non-causal",
-          "sdpa_full": "SDPA non-causal", "ours_mask": "ours mask", "sdpa_mask": "SDPA mask",
-          "ours_causal_kpm": "ours is_causal + key_padding_mask"}
 
 
 @dataclass(frozen=True)
@@ -91,13 +88,11 @@ class Grid:
 
 def grid(quick: bool, env: Mapping[str, str] = os.environ) -> Grid:
     """The grid of a run: the tiny debug grid when ``env`` sets :data:`TINY_ENV`, else quick or full."""
-    from bench import bench_sdpa_transformer as tr
-
     if env.get(TINY_ENV, "") not in ("", "0"):
-        return Grid("tiny", TINY_LS, MASK_TINY_LS, tr.TINY_LS, tr.TINY_BATCH)
+        return Grid("tiny", TINY_LS, MASK_TINY_LS, transformer.TINY_LS, transformer.TINY_BATCH)
     if quick:
-        return Grid("quick", QUICK_LS, MASK_QUICK_LS, tr.QUICK_LS, tr.QUICK_BATCH)
-    return Grid("full", FULL_LS, MASK_FULL_LS, tr.FULL_LS, tr.BATCH)
+        return Grid("quick", QUICK_LS, MASK_QUICK_LS, transformer.QUICK_LS, transformer.QUICK_BATCH)
+    return Grid("full", FULL_LS, MASK_FULL_LS, transformer.FULL_LS, transformer.BATCH)
 
 
 def timing_plan(length: int, quick: bool, repeats: int) -> dict:
@@ -221,12 +216,6 @@ def time_row(section: str, length: int, pass_: str, impls: tuple[str, ...], opti
     return row
 
 
-def ratio(row: dict, a: str, b: str) -> float | None:
-    """``a``'s median time over ``b``'s in ``row``; None when either is missing."""
-    ta, tb = (row["impls"].get(i, {}).get("median_ms") for i in (a, b))
-    return ta / tb if ta and tb else None
-
-
 def _measure_section(section: str, lengths: tuple[int, ...], options: BenchOptions, first_step: int,
                      total: int) -> list[dict]:
     rows, step = [], first_step
@@ -248,12 +237,6 @@ def _measure_section(section: str, lengths: tuple[int, ...], options: BenchOptio
         del inputs, mask, pad
         gc.collect()
     return rows
-
-
-#: Goal name -> (section, numerator, denominator, limit).
-GOALS = {"causal_vs_sdpa": ("causal", "ours_causal", "sdpa_causal", MAX_SDPA_RATIO),
-         "causal_vs_noncausal": ("causal", "ours_causal", "ours_full", MAX_CAUSAL_RATIO),
-         "mask_vs_sdpa": ("mask", "ours_mask", "sdpa_mask", MAX_SDPA_RATIO)}
 
 
 def goal_rows(goal: str, rows: list[dict]) -> list[dict]:
@@ -305,9 +288,6 @@ def run(options: BenchOptions) -> int:
     """Run the benchmark (module docstring). Exit status 0 on success whether or not the goals are met
     (the report says); 2 when ours cannot run with the backend; 1 when a measurement failed or the
     README could not be updated."""
-    from bench import bench_sdpa_report as report
-    from bench import bench_sdpa_transformer as transformer
-
     grid_ = grid(options.quick)
     error, warnings, check = check_sdpa(options.backend)
     if error:

@@ -1,10 +1,11 @@
-"""The ``sdpa`` benchmark's report: Markdown tables, the goal text, the README summary and the figure
-(the measurements are :mod:`bench.bench_sdpa`)."""
+"""The ``sdpa`` benchmark's report: Markdown tables, the goal text, the README summary and the figure of a
+result (the measurements are :mod:`bench.bench_sdpa`, which writes its report with this module; the goals
+and labels both read are :mod:`bench.bench_sdpa_goals`)."""
 
 from __future__ import annotations
 
-from bench import bench_sdpa as sd
 from bench import bench_sdpa_transformer as tr
+from bench.bench_sdpa_goals import CAUSAL_GOAL_L, LABELS, MAX_CAUSAL_RATIO, MAX_SDPA_RATIO, ratio
 from bench.harness.calls import PASSES
 from bench.harness.goals import confirmed_text
 from bench.harness.machine import timing_footer
@@ -13,9 +14,9 @@ from bench.harness.report import format_ms, markdown_table
 from bench.harness.timing import WARMUP_TEXT
 
 GOAL_TEXT = {
-    "causal_vs_sdpa": f"causal, ours / SDPA `is_causal=True` <= {sd.MAX_SDPA_RATIO:g}",
-    "causal_vs_noncausal": f"ours causal / ours non-causal <= {sd.MAX_CAUSAL_RATIO:g} at L = S = {sd.CAUSAL_GOAL_L:,}",
-    "mask_vs_sdpa": f"padding-plus-causal bool mask, ours / SDPA with the same mask <= {sd.MAX_SDPA_RATIO:g}",
+    "causal_vs_sdpa": f"causal, ours / SDPA `is_causal=True` <= {MAX_SDPA_RATIO:g}",
+    "causal_vs_noncausal": f"ours causal / ours non-causal <= {MAX_CAUSAL_RATIO:g} at L = S = {CAUSAL_GOAL_L:,}",
+    "mask_vs_sdpa": f"padding-plus-causal bool mask, ours / SDPA with the same mask <= {MAX_SDPA_RATIO:g}",
 }
 
 
@@ -38,22 +39,22 @@ def _verdict(row: dict, goal: str) -> str:
 
 def causal_table(rows: list[dict]) -> str:
     body = [[f"{r['L']:,}", r["pass"], _ms(r, "ours_causal"), _ms(r, "sdpa_causal"),
-             _x(sd.ratio(r, "ours_causal", "sdpa_causal")), _verdict(r, "causal_vs_sdpa"), _ms(r, "ours_full"),
-             _x(sd.ratio(r, "ours_causal", "ours_full")), _verdict(r, "causal_vs_noncausal"),
-             _ms(r, "sdpa_full") or "—", _x(sd.ratio(r, "sdpa_causal", "sdpa_full")) or "—"]
+             _x(ratio(r, "ours_causal", "sdpa_causal")), _verdict(r, "causal_vs_sdpa"), _ms(r, "ours_full"),
+             _x(ratio(r, "ours_causal", "ours_full")), _verdict(r, "causal_vs_noncausal"),
+             _ms(r, "sdpa_full") or "—", _x(ratio(r, "sdpa_causal", "sdpa_full")) or "—"]
             for r in rows if r["section"] == "causal"]
     return markdown_table(
-        ["L = S", "pass", "ours causal ms", "SDPA causal ms", "ours / SDPA", f"<= {sd.MAX_SDPA_RATIO:g}",
-         "ours non-causal ms", "ours causal / non-causal", f"<= {sd.MAX_CAUSAL_RATIO:g} (at {sd.CAUSAL_GOAL_L:,})",
+        ["L = S", "pass", "ours causal ms", "SDPA causal ms", "ours / SDPA", f"<= {MAX_SDPA_RATIO:g}",
+         "ours non-causal ms", "ours causal / non-causal", f"<= {MAX_CAUSAL_RATIO:g} (at {CAUSAL_GOAL_L:,})",
          "SDPA non-causal ms", "SDPA causal / non-causal"], body, align="llrrrlrrlrr")
 
 
 def mask_table(rows: list[dict]) -> str:
     body = [[f"{r['L']:,}", r["pass"], _ms(r, "ours_mask"), _ms(r, "sdpa_mask"),
-             _x(sd.ratio(r, "ours_mask", "sdpa_mask")), _verdict(r, "mask_vs_sdpa"), _ms(r, "ours_causal_kpm"),
-             _x(sd.ratio(r, "ours_causal_kpm", "sdpa_mask"))]
+             _x(ratio(r, "ours_mask", "sdpa_mask")), _verdict(r, "mask_vs_sdpa"), _ms(r, "ours_causal_kpm"),
+             _x(ratio(r, "ours_causal_kpm", "sdpa_mask"))]
             for r in rows if r["section"] == "mask"]
-    return markdown_table(["L = S", "pass", "ours mask ms", "SDPA mask ms", "ours / SDPA", f"<= {sd.MAX_SDPA_RATIO:g}",
+    return markdown_table(["L = S", "pass", "ours mask ms", "SDPA mask ms", "ours / SDPA", f"<= {MAX_SDPA_RATIO:g}",
                            "ours is_causal + key_padding_mask ms", "that / SDPA mask"], body, align="llrrrlrr")
 
 
@@ -119,7 +120,7 @@ def summary(result: dict) -> tuple[str, str]:
 
     def cell(section, length, pass_, a, b):
         row = by.get((section, length, pass_))
-        return "—" if row is None else _x(sd.ratio(row, a, b))
+        return "—" if row is None else _x(ratio(row, a, b))
 
     body = [[f"{n:,}", *(cell("causal", n, p, "ours_causal", "sdpa_causal") for p in PASSES),
              *(cell("causal", n, p, "ours_causal", "ours_full") for p in PASSES),
@@ -145,7 +146,7 @@ def plot(result: dict, path) -> None:
                    if r["pass"] == pass_ and impl in r["impls"]]
             if pts:
                 xs, ys = zip(*pts)
-                out.append(Series(sd.LABELS[impl], xs, ys, ls, marker, color))
+                out.append(Series(LABELS[impl], xs, ys, ls, marker, color))
         return out
 
     cfg = result["config"]

@@ -22,6 +22,7 @@ from typing import Callable
 
 import torch
 
+import attn_ext.nn
 from bench.harness import BenchOptions
 from bench.harness.report import format_ms, markdown_table, progress, timing_dict
 from bench.harness.timing import time_interleaved
@@ -56,8 +57,6 @@ def make_batch(length: int, batch: int = BATCH, seed: int = 0) -> tuple[torch.Te
 
 def models(backend: str) -> tuple[torch.nn.Module, torch.nn.Module, str]:
     """``(torch_model, swapped_model, swap report text)``: the swapped one a deep copy of the first."""
-    import attn_ext.nn
-
     reference = make_model()
     swapped = copy.deepcopy(reference)
     report = attn_ext.nn.swap_attention(swapped, backend=backend)

@@ -37,6 +37,7 @@ from typing import Callable
 
 import torch
 
+import attn_ext as ae
 from bench.harness import BenchOptions
 from bench.harness.calls import check_ours, start_run
 from bench.harness.goals import confirm, confirmed_text, grid_note, sizes
@@ -103,8 +104,6 @@ def split_keys(k_all: torch.Tensor, v_all: torch.Tensor) -> tuple[torch.Tensor, 
 
 def initial_state(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, backend: str):
     """State of ``q`` over the first ``n`` keys, and the new keys: ``(state, k_new, v_new)``."""
-    import attn_ext as ae
-
     k_old, v_old, k_new, v_new = split_keys(k_all, v_all)
     return ae.attention_state(q, k_old, v_old, backend=backend), k_new, v_new
 
@@ -112,23 +111,17 @@ def initial_state(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor, bac
 def update_call(state, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor,
                 backend: str) -> Callable[[], object]:
     """Zero-argument callable: ``ae.update_state(state, q, k_new, v_new)``."""
-    import attn_ext as ae
-
     return lambda: ae.update_state(state, q, k_new, v_new, backend=backend)
 
 
 def recompute_call(q: torch.Tensor, k_all: torch.Tensor, v_all: torch.Tensor,
                    backend: str) -> Callable[[], object]:
     """Zero-argument callable: ``ae.attention_state(q, k_all, v_all)`` over all keys."""
-    import attn_ext as ae
-
     return lambda: ae.attention_state(q, k_all, v_all, backend=backend)
 
 
 def _measure(options: BenchOptions, ns: tuple[int, ...]) -> tuple[list[dict], dict[str, Callable[[], object]]]:
     """Recompute timings and exactness per N, then all N's updates timed together."""
-    import attn_ext as ae
-
     rows: list[dict] = []
     updates: dict[str, Callable[[], object]] = {}
     recompute_repeats = _recompute_repeats(options)

@@ -25,6 +25,7 @@ from typing import Callable, Iterator
 
 import torch
 
+import attn_ext as ae
 from bench.harness import BenchOptions
 from bench.harness.calls import start_run
 from bench.harness.goals import confirm, confirmed_text, grid_note, sizes
@@ -79,8 +80,6 @@ def memory_probe(impl: str, n: int, backend: str = "cpp") -> Callable[[], object
     """
     q = make_query()
     if impl == "stream":
-        import attn_ext as ae
-
         return lambda: ae.stream_attention(q, chunk_stream(n), backend=backend)
     if impl == "sdpa":
         def sdpa():

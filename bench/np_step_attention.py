@@ -36,6 +36,10 @@ from typing import Callable, Iterator, Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.profiler import ProfilerActivity, profile
+
+import attn_ext
+from attn_ext.ops.utils import dispatch
 
 #: Profiler events of attn_ext's ops start with this (``torch.ops.attn_ext.<name>``).
 OP_PREFIX = "attn_ext::"
@@ -73,8 +77,6 @@ def _copy(t):
 def _recording(calls: list[Call], counts: dict[str, int]) -> Iterator[None]:
     """attn_ext's dispatch wrapped for the block: the softmax-attention calls appended to ``calls``, every op
     dispatched counted in ``counts``."""
-    from attn_ext.ops.utils import dispatch
-
     original = dispatch.entry
 
     def entry(op: str, backend: str):
@@ -113,8 +115,6 @@ def record_calls(step: Callable[[], object], seed: int = 0) -> tuple[list[Call],
 def ours_call(call: Call) -> Tensor:
     """attn_ext's public op on the call's arguments: the output (the lse the kernels return alongside is not
     used by the modules' calls, so its gradient is zero, as in the step)."""
-    import attn_ext
-
     if call.op == "cross_attention":
         q, k, v, padding, scale, chunk_size = call.args
         return attn_ext.cross_attention(q, k, v, key_padding_mask=padding, scale=scale, chunk_size=chunk_size,
@@ -228,8 +228,6 @@ def attention_share(step: Callable[[], object], steps: int) -> dict:
     """``steps`` calls of ``step()`` under ``torch.profiler`` (CPU): ``{"share", "op_ms", "step_ms", "steps"}``,
     ``share`` the fraction of the steps' wall time spent inside attn_ext's ops, the times per step (both
     include the profiler's own overhead, which is small at these sizes)."""
-    from torch.profiler import ProfilerActivity, profile
-
     with _stderr_silenced():  # this torch build's profiler prints a line to stderr when it starts and stops
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             start = time.perf_counter()

@@ -21,7 +21,7 @@ from typing import Optional, Tuple
 from torch import Tensor, nn
 
 from attn_ext.nn import MultiheadAttention, MultiheadCrossAttention
-from attn_ext.nn.swap import rebuilt_as
+from attn_ext.nn.rebuild import rebuilt_as
 
 
 class TorchMultiheadCrossAttention(nn.MultiheadAttention):

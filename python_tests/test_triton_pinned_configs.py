@@ -16,7 +16,7 @@ from attn_ext.ops.utils import triton as tu
 
 triton = pytest.importorskip("triton")
 
-from attn_ext.ops.cross_attention import triton_tiles  # noqa: E402
+from attn_ext.ops.attention import triton_tiles  # noqa: E402
 from attn_ext.ops.intention import triton_ridge  # noqa: E402
 from attn_ext.ops.tree import triton_fwd as tree_fwd  # noqa: E402
 

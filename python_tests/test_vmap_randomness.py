@@ -17,7 +17,7 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 import attn_ext as ae
-import attn_ext.ops.sdpa.scaled_dot_product as sdpa_front
+import attn_ext.ops.attention.scaled_dot_product as sdpa_front
 import attn_ext.ops.tree.retrieval as tree_front
 from _helpers import ALL_BACKENDS, require_backend
 

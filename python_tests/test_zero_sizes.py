@@ -38,7 +38,7 @@ def _causal(M, N):
 
 def _keep(q, S, p):
     """The keep mask of the SDPA call that draws its seed right after ``torch.manual_seed(1)``."""
-    from attn_ext.ops.sdpa.dropout import keep_mask
+    from attn_ext.ops.attention.dropout import keep_mask
 
     seed = torch.randint(0, 2**63 - 1, (1,), dtype=torch.int64)
     return keep_mask(int(seed), p, (q.shape[0], q.shape[1], q.shape[2], S))

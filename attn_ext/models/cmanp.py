@@ -12,7 +12,7 @@ from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_po
 from attn_ext.models.layers import CLONED_STACKS, LatentDecoder, block_class, layer_stack
 from attn_ext.nn import CMAB, CMABState
 from attn_ext.nn.latents import learned_latents
-from attn_ext.ops.cross_attention.state import DEFAULT_MIN_REMAINING
+from attn_ext.ops.attention.state import DEFAULT_MIN_REMAINING
 from attn_ext.ops.utils.validation import is_int_scalar
 
 #: Context points embedded at a time when ``config.chunk_size`` is None. Conditioning, updating and

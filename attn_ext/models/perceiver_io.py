@@ -12,10 +12,10 @@ from typing import Optional
 from torch import Tensor, nn
 from torch.distributions import Normal
 
-from attn_ext import tree_num_selected
 from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points
 from attn_ext.nn import MultiheadCrossAttention, PreNormBlock, learned_latents
 from attn_ext.nn.layer_norm import LayerNorm
+from attn_ext.ops.tree import tree_num_selected
 
 #: Largest context of the GP regression task (the official sampler draws ``N_c`` in ``[3, 47)``).
 GP_MAX_CONTEXT = 46

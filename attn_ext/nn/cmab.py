@@ -3,7 +3,7 @@
 ``CMAB(L_I, D) = SA(CA(L_I, SA(CA(L_B, D))))``. Only the first cross attention, ``CA(L_B, D)``, sees
 the context, and its queries are the block's own learned latents ``L_B``, fixed whatever the
 context is. Its attention state therefore summarises the context in constant size and absorbs or
-forgets context points in O(points) (:mod:`attn_ext.ops.cross_attention.state`); everything after it works on
+forgets context points in O(points) (:mod:`attn_ext.ops.attention.state`); everything after it works on
 ``num_latents`` tokens. The context is layer-normed per token, so an update only touches new tokens.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from attn_ext.nn.latents import learned_latents
 from attn_ext.nn.prenorm_block import PreNormBlock
-from attn_ext.ops.cross_attention.state import DEFAULT_MIN_REMAINING, AttentionState
+from attn_ext.ops.attention.state import DEFAULT_MIN_REMAINING, AttentionState
 from attn_ext.ops.utils.validation import is_int_scalar
 
 

@@ -14,10 +14,11 @@ import torch
 from torch import Tensor, nn
 from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 
-import attn_ext
-import attn_ext.ops.cross_attention.state as st
+import attn_ext.ops.attention.state as st
 from attn_ext.nn import mha_inputs
-from attn_ext.ops.cross_attention.state import AttentionState
+from attn_ext.nn.rebuild import rebuilt_as, why_not_swappable
+from attn_ext.ops.attention import scaled_dot_product_attention
+from attn_ext.ops.attention.state import AttentionState
 
 
 class MultiheadAttention(nn.Module):
@@ -185,9 +186,11 @@ class MultiheadAttention(nn.Module):
                    backend: Optional[str] = None) -> "MultiheadAttention":
         """The drop-in for one ``torch.nn.MultiheadAttention``, holding that module's own parameters and
         ``out_proj`` (shared, not copied) and its training mode; see :func:`attn_ext.nn.swap_attention`."""
-        from attn_ext.nn.swap import from_torch  # here, because swap.py imports this module
-
-        return from_torch(module, chunk_size=chunk_size, backend=backend)
+        reason = why_not_swappable(module)
+        if reason is not None:
+            raise ValueError(f"attn_ext.nn.swap_attention: cannot replace this module: it {reason}")
+        return rebuilt_as(cls, module, "attn_ext.nn.swap_attention", chunk_size=chunk_size,
+                          backend=backend)
 
     # torch's TransformerEncoderLayer calls it on its inference fast path; it only reads num_heads.
     merge_masks = nn.MultiheadAttention.merge_masks
@@ -267,7 +270,7 @@ class MultiheadAttention(nn.Module):
             elif not batched:
                 weights = weights.squeeze(0)
         else:
-            out = attn_ext.scaled_dot_product_attention(
+            out = scaled_dot_product_attention(
                 p.q, p.k, p.v, attn_mask=p.attn_mask, dropout_p=dropout_p, is_causal=p.is_causal,
                 key_padding_mask=p.key_padding_mask, chunk_size=self.chunk_size, backend=self.backend)
         out = self.out_proj(out.transpose(1, 2).flatten(2))

@@ -13,6 +13,10 @@ import functools
 from typing import Callable
 
 import torch
+from torch._dynamo import config as dynamo_config
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import attn_ext as ae
 
 SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
                  "sdpa-efficient": "EFFICIENT_ATTENTION"}
@@ -23,8 +27,6 @@ REFERENCE = "sdpa-flash"
 
 
 def _sdpa(backend_name: str) -> Callable:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
     backend = getattr(SDPBackend, backend_name)
 
     def call(q, k, v, causal):
@@ -41,7 +43,8 @@ FLEX_DTYPES = (torch.bfloat16,)
 
 @functools.lru_cache(maxsize=None)
 def _compiled_flex() -> Callable:
-    from torch._dynamo import config as dynamo_config
+    # FlexAttention is imported where it is used: torch has it from 2.5 on, attn_ext supports 2.4, and
+    # :func:`unavailable` reports its absence as the row's note instead of failing this module's import.
     from torch.nn.attention.flex_attention import flex_attention
 
     for name in ("recompile_limit", "cache_size_limit"):  # the name differs between torch releases
@@ -52,7 +55,7 @@ def _compiled_flex() -> Callable:
 
 @functools.lru_cache(maxsize=None)
 def _causal_block_mask(n: int, device: str):
-    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.nn.attention.flex_attention import create_block_mask  # torch >= 2.5, see _compiled_flex
 
     return create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, B=None, H=None, Q_LEN=n, KV_LEN=n,
                              device=device)
@@ -64,8 +67,6 @@ def _flex(q, k, v, causal):
 
 
 def _ours(backend: str) -> Callable:
-    import attn_ext as ae
-
     return lambda q, k, v, causal: ae.scaled_dot_product_attention(q, k, v, is_causal=causal, backend=backend)
 
 
@@ -83,14 +84,12 @@ def unavailable(impl: str, q: torch.Tensor) -> str | None:
     """Why ``impl`` cannot run on ``q``'s device and dtype, None if it may (SDPA's backends and Flex say so by
     raising on the first call, which the benchmark records as the row's note)."""
     if impl in OURS:
-        import attn_ext as ae
-
         return ae.available_backends(q)[impl]
     if impl == "flex":
         if q.dtype not in FLEX_DTYPES:
             return "FlexAttention is benchmarked in bf16 only (each case costs a compile)"
         try:
-            import torch.nn.attention.flex_attention  # noqa: F401
+            import torch.nn.attention.flex_attention  # noqa: F401 - torch >= 2.5 only, see _compiled_flex
         except ImportError as exc:
             return f"this torch has no FlexAttention ({exc})"
     return None

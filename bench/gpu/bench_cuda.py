@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from bench.gpu import ceilings, warm
+from bench.gpu.timing import shorter_autotuning
 from bench.harness.report import progress
 
 #: Seconds kept at the end of the time limit to write the files.
@@ -40,7 +41,7 @@ RESERVE_S = 10
 
 
 def header(autotuning_problem: str | None) -> str:
-    import triton
+    import triton  # Triton is optional: this module imports without it
 
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     return (f"GPU benchmarks on **{torch.cuda.get_device_name()}** (compute capability {props.major}.{props.minor}, "
@@ -60,8 +61,6 @@ def write(out: Path, parts: dict[str, str], rows: list[dict], meta: dict) -> Non
 
 
 def run(out: Path, time_limit: float, sections: list[str], jobs: int, keep_going: bool) -> int:
-    from bench.gpu.timing import shorter_autotuning
-
     started = time.monotonic()
     deadline = started + time_limit - RESERVE_S
     meta = {"header": header(shorter_autotuning()), "errors": [], "warm_up": None}

@@ -20,6 +20,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
+import attn_ext
+from attn_ext.ops.utils.extension import extension_error
+
 ROOT = Path(__file__).resolve().parents[2]
 REGISTRATION = ROOT / "csrc" / "cuda" / "bindings" / "registration.cpp"
 
@@ -69,10 +74,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cuda-home", default=None)
     args = parser.parse_args(argv)
-    import torch
-
-    import attn_ext
-    from attn_ext.ops.utils.extension import extension_error
 
     problems = []
     location = Path(attn_ext.__file__).resolve().parent

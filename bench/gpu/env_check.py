@@ -26,6 +26,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 MIN_TORCH = (2, 4)
 
 
@@ -56,7 +58,7 @@ def libtriton_digest() -> str:
     """``path (sha256 prefix)`` of Triton's compiled core: two images with the same version string can ship
     different builds, and a kernel's behaviour is that build's."""
     try:
-        import triton
+        import triton  # optional: what this check looks for, so imported here, its absence reported
     except Exception:  # noqa: BLE001 - reported as missing below
         return "not found (triton does not import)"
     for path in sorted(Path(triton.__file__).parent.glob("_C/libtriton*.so")):
@@ -73,7 +75,6 @@ def collect(nvcc: str) -> tuple[dict[str, str], list[str], list[str]]:
     facts: dict[str, str] = {"python": f"{sys.executable} ({platform.python_version()})"}
     problems: list[str] = []
     warnings: list[str] = []
-    import torch
 
     facts["torch"] = torch.__version__
     facts["torch_cuda"] = str(torch.version.cuda)

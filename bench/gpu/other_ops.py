@@ -17,6 +17,7 @@ from typing import Callable
 
 import torch
 
+import attn_ext as ae
 from bench.gpu.checks import require_close
 from bench.gpu.timing import cuda_time
 from bench.harness.report import format_ms, markdown_table
@@ -49,8 +50,6 @@ def _intention_inputs(seed: int = 0):
 
 
 def _attention_fn(case: Case) -> Callable:
-    import attn_ext as ae
-
     if case.what == "sdpa":
         return torch.nn.functional.scaled_dot_product_attention
     op = getattr(ae, case.what)
@@ -74,7 +73,6 @@ def _cholesky_call(impl: str, a, b) -> Callable[[], torch.Tensor]:
 def _unavailable(case: Case) -> str | None:
     if case.impl == "torch":
         return None
-    import attn_ext as ae
 
     op = "batched_cholesky" if case.what == "cholesky" else case.what
     return ae.available_backends(torch.zeros(1, device="cuda"), op)[case.impl]

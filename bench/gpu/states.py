@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+import attn_ext as ae
 from bench.bench_state_update import B, D, DV, FLAT_MAX_RATIO, FULL_NS, H, M, MIN_SPEEDUP, NEW_KEYS
 from bench.gpu.checks import require_close
 from bench.gpu.timing import cuda_time
@@ -61,8 +62,6 @@ def update_problem(n: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
 
 def _update_calls(case: Case) -> tuple[Callable[[], object], Callable[[], object], tuple]:
     """``(update, recompute, (q, k_all, v_all))`` for ``case``; the state over the first N keys is made now."""
-    import attn_ext as ae
-
     q, k_all, v_all = update_problem(case.n)
     n = case.n
     state = ae.attention_state(q, k_all[:, :, :n], v_all[:, :, :n], backend=case.backend)
@@ -72,8 +71,6 @@ def _update_calls(case: Case) -> tuple[Callable[[], object], Callable[[], object
 
 
 def merge_problem(dtype: str, seed: int = 0):
-    import attn_ext as ae
-
     gen = torch.Generator(device="cuda").manual_seed(seed)
     return tuple(ae.AttentionState(torch.randn(MERGE_SHAPE, device="cuda", generator=gen).to(MERGE_DTYPES[dtype]),
                                    torch.randn(MERGE_SHAPE[:-1], device="cuda", generator=gen)) for _ in range(2))
@@ -87,8 +84,6 @@ def merge_in_torch(a, b):
 
 
 def _measure_update(case: Case) -> dict:
-    import attn_ext as ae
-
     update, recompute, (q, k_all, v_all) = _update_calls(case)
     ref_out, ref_lse = ae.cross_attention(q.double(), k_all.double(), v_all.double(), return_lse=True,
                                           backend="reference")
@@ -106,8 +101,6 @@ def _measure_update(case: Case) -> dict:
 
 
 def _measure_merge(case: Case) -> dict:
-    import attn_ext as ae
-
     a, b = merge_problem(case.dtype)
     out, lse = merge_in_torch(a, b)
     got = ae.merge_states(a, b, backend=case.backend)
@@ -119,8 +112,6 @@ def _measure_merge(case: Case) -> dict:
 
 
 def measure(case: Case, deadline: float, progress: Callable[[str], None]) -> list[dict]:
-    import attn_ext as ae
-
     row = {"section": NAME, "kind": case.kind, "backend": case.backend, "N": case.n, "dtype": case.dtype}
     reason = ae.available_backends(torch.zeros(1, device="cuda"))[case.backend]
     if reason or time.monotonic() > deadline:
@@ -135,8 +126,6 @@ def measure(case: Case, deadline: float, progress: Callable[[str], None]) -> lis
 
 def triton_work(case: Case) -> None:
     """Every Triton call :func:`measure` makes for ``case`` (for :mod:`bench.gpu.warm`)."""
-    import attn_ext as ae
-
     if case.backend != "triton":
         return
     if case.kind == "update":

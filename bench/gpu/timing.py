@@ -64,7 +64,7 @@ def _set_benchmarker(benchmarker) -> str | None:
     """Makes every Triton autotuner created from now on time configurations with ``benchmarker``;
     None on success, else why not (Triton's internals differ between versions: then the default stays)."""
     try:
-        from triton.runtime import driver
+        from triton.runtime import driver  # Triton is optional: this module imports without it
 
         driver.active.get_benchmarker = lambda: benchmarker
     except Exception as exc:  # noqa: BLE001 - a missing internal only costs time
@@ -74,7 +74,7 @@ def _set_benchmarker(benchmarker) -> str | None:
 
 def shorter_autotuning() -> str | None:
     """Autotuning with 5 ms of warm-up and 20 ms of repeats per configuration (see the module docstring)."""
-    from triton.testing import do_bench
+    from triton.testing import do_bench  # Triton is optional: this module imports without it
 
     return _set_benchmarker(functools.partial(do_bench, warmup=AUTOTUNE_WARMUP_MS, rep=AUTOTUNE_REP_MS))
 

@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+import attn_ext as ae
 from bench.bench_tree_attention import (B, D, DV, FULL_NS, GOAL_B, GOAL_N, H, M, MIN_SPEEDUP, QUICK_BRANCHINGS,
                                         build_and_aggregate, heads)
 from bench.gpu.checks import WrongResult, require_close
@@ -57,22 +58,17 @@ def make_problem(n: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
 
 
 def _tree(q, node_k, node_v, tree, backend: str) -> Callable[[], object]:
-    import attn_ext as ae
-
     return lambda: ae.tree_cross_attention(q, node_k, node_v, tree, policy="greedy", backend=backend)
 
 
 def _full(backend: str, q, k, v) -> Callable[[], object]:
     if backend == "sdpa":
         return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)
-    import attn_ext as ae
 
     return lambda: ae.cross_attention(q, k, v, backend=backend)
 
 
 def _available(backend: str) -> str | None:
-    import attn_ext as ae
-
     x = torch.zeros(1, device="cuda")
     return ae.available_backends(x, "tree_cross_attention")[backend] or ae.available_backends(x)[backend]
 
@@ -93,8 +89,6 @@ def check_tree(label: str, got, expected) -> tuple[float, int]:
 
 
 def measure(case: Case, deadline: float, progress: Callable[[str], None]) -> list[dict]:
-    import attn_ext as ae
-
     rows = []
     q, points, leaf_k, leaf_v = make_problem(case.n)
     k, v = heads(leaf_k, D).contiguous(), heads(leaf_v, DV).contiguous()

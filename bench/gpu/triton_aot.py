@@ -55,7 +55,7 @@ def _parse(argv):
     p.add_argument("--out", type=Path, default=OUT, help=f"the Markdown table (default {OUT.relative_to(ROOT)})")
     p.add_argument("--list", action="store_true", help="print the jobs and exit without compiling")
     args = p.parse_args(argv)
-    from triton_aot_target import TARGETS
+    from triton_aot_target import TARGETS  # beside this file: importable once main() put it on sys.path
 
     args.targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     if not args.targets or any(t not in TARGETS for t in args.targets):
@@ -85,10 +85,13 @@ def main(argv=None) -> int:
     args = _parse(argv)
     _setup_environment()
     try:
-        import triton
+        import triton  # optional: checked here, after _setup_environment, so that its absence is reported
     except Exception as exc:  # noqa: BLE001 - any broken install
         print(f"triton_aot: Triton is not importable ({type(exc).__name__}: {exc})", file=sys.stderr)
         return 2
+    # The triton_aot_* modules beside this file, imported only now: importable once their folder is on sys.path,
+    # and loaded after _setup_environment, since what they import of attn_ext decorates its Triton kernels
+    # (reading TRITON_INTERPRET) when first imported.
     from triton_aot_capture import capture, dot_kernels, kernel_hashes, uncovered_kernels
     from triton_aot_cases import all_cases, select
     from triton_aot_compile import ResultCache, compile_job, job_key

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
+# attn_ext decorates its Triton kernels (reading TRITON_INTERPRET) when its modules load: triton_aot.main
+# imports this module only after clearing it.
+import attn_ext.ops as ops
 from triton_aot_cases import Case
 from triton_aot_target import Target, targeting
 
@@ -73,8 +76,6 @@ def _arg_spec(value):
 
 def _kernel_modules() -> list:
     """Every ``attn_ext.ops`` module named ``triton*`` (kernels and their shared device functions)."""
-    import attn_ext.ops as ops
-
     names = [m.name for m in pkgutil.walk_packages(ops.__path__, "attn_ext.ops.")
              if m.name.rsplit(".", 1)[-1].startswith("triton")]
     return [importlib.import_module(name) for name in sorted(names)]
@@ -82,6 +83,7 @@ def _kernel_modules() -> list:
 
 @contextlib.contextmanager
 def _recording(records: list):
+    # Triton is optional: the triton_aot_* modules import without it (their tests then skip).
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
 
@@ -135,7 +137,7 @@ def capture(target: Target, cases: list[Case]) -> dict[Job, list[Case]]:
 
 def _call_graph() -> dict[str, tuple[str, set]]:
     """``{name: (module, names it calls)}`` of every ``triton.jit`` function of the ``triton*`` modules."""
-    from triton.runtime.jit import JITFunction
+    from triton.runtime.jit import JITFunction  # optional, see _recording
 
     graph = {}
     for module in _kernel_modules():

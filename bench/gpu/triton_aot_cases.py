@@ -55,9 +55,12 @@ def _key_mask(n: int) -> torch.Tensor:
     return mask
 
 
+# Each case imports its launchers when it runs, not with this module: their modules need Triton (optional; this
+# module imports without it) and decorate their kernels when first imported, reading TRITON_INTERPRET, which
+# triton_aot.main clears first.
 def _cross_attention(dtype, d: int) -> None:
-    from attn_ext.ops.cross_attention.triton_bwd import cross_attention_backward
-    from attn_ext.ops.cross_attention.triton_fwd import cross_attention_forward
+    from attn_ext.ops.attention.triton_bwd import cross_attention_backward
+    from attn_ext.ops.attention.triton_fwd import cross_attention_forward
 
     q, k, v = _randn(B, H, M, d, dtype=dtype), _randn(B, H, N, d, dtype=dtype), _randn(B, H, N, d, dtype=dtype)
     mask, scale, chunk = _key_mask(N), d ** -0.5, 128  # 128: the largest key tile the hint allows
@@ -72,8 +75,8 @@ def _attention(dtype, d: int, causal: bool) -> None:
     """The general attention op with grouped key/value heads (2 query heads per key/value head) and
     dropout: either an additive float mask (broadcast over heads, stride 0) with key padding, or the
     causal rule alone (the two ways the public API combines them)."""
-    from attn_ext.ops.sdpa.triton_bwd import attention_backward
-    from attn_ext.ops.sdpa.triton_fwd import attention_forward
+    from attn_ext.ops.attention.triton_bwd import attention_backward
+    from attn_ext.ops.attention.triton_fwd import attention_forward
 
     hq = 2 * H
     q, k, v = _randn(B, hq, M, d, dtype=dtype), _randn(B, H, N, d, dtype=dtype), _randn(B, H, N, d, dtype=dtype)
@@ -86,7 +89,7 @@ def _attention(dtype, d: int, causal: bool) -> None:
 
 
 def _merge(dtype, dv: int) -> None:
-    from attn_ext.ops.cross_attention.triton_merge import merge_states_backward, merge_states_forward
+    from attn_ext.ops.attention.triton_merge import merge_states_backward, merge_states_forward
 
     out_a, out_b = _randn(B, H, M, dv, dtype=dtype), _randn(B, H, M, dv, dtype=dtype)
     lse_a, lse_b = torch.zeros(B, H, M), torch.zeros(B, H, M)

@@ -24,6 +24,10 @@ import time
 import warnings
 from pathlib import Path
 
+import torch
+
+from triton_aot_target import TARGETS, targeting
+
 __all__ = ["ResultCache", "compile_job", "job_key", "resource_usage"]
 
 _FUNCTION = re.compile(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
@@ -38,6 +42,7 @@ def resource_usage(dump: str, name: str) -> dict:
 
 
 def _cuobjdump() -> str:
+    # Triton is optional: the triton_aot_* modules import without it (their tests then skip).
     import triton
 
     try:
@@ -59,8 +64,6 @@ def _cubin_resources(cubin: bytes, name: str) -> dict:
 
 
 def _materialise(spec):
-    import torch
-
     if isinstance(spec, (tuple, list)) and len(spec) == 2 and spec[0] == "tensor":
         return torch.empty(1, dtype=getattr(torch, spec[1]))
     return spec
@@ -72,8 +75,6 @@ def compile_job(job: dict) -> dict:
     Returns ``{"regs", "stack", "local", "shared", "num_warps", "num_stages", "seconds"}``, or
     ``{"error", "seconds"}`` when the compile fails (any exception: the message is the finding).
     """
-    from triton_aot_target import TARGETS, targeting
-
     start = time.perf_counter()
     try:
         with warnings.catch_warnings():
@@ -97,7 +98,7 @@ def compile_job(job: dict) -> dict:
 def job_key(job: dict, kernel_hash: str) -> str:
     """Cache key: the job, the kernel's source hash (Triton's, which covers the device functions it
     calls), the Triton version and a ptxas override if any; a change to any of them recompiles."""
-    import triton
+    import triton  # optional, see _cuobjdump
 
     text = json.dumps([job, kernel_hash, triton.__version__, os.environ.get("TRITON_PTXAS_PATH", "")],
                       sort_keys=True, default=str)

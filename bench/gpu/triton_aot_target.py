@@ -47,6 +47,7 @@ class _TargetDriver:
     """The subset of Triton's ``DriverBase`` that compiling (not launching) touches."""
 
     def __init__(self, target: Target):
+        # Triton is optional: the triton_aot_* modules import without it (their tests then skip).
         from triton.backends.compiler import GPUTarget
 
         self._target = target
@@ -72,7 +73,7 @@ class _TargetDriver:
 @contextlib.contextmanager
 def targeting(target: Target):
     """Triton's active driver is ``target``'s stand-in inside the block; the previous one after."""
-    from triton.runtime import driver
+    from triton.runtime import driver  # optional, see _TargetDriver
 
     # None unless something chose a driver: then the real one is again created lazily on first use
     # (restoring through reset_active would create it now, which fails without a GPU).

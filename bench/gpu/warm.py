@@ -16,6 +16,10 @@ import sys
 import time
 from importlib import import_module
 
+import torch
+
+from bench.gpu.timing import compile_only_autotuning
+
 #: The benchmark sections, in the order they run (module names under bench.gpu).
 SECTIONS = ("attention", "states", "tree", "other_ops")
 
@@ -54,12 +58,9 @@ def warm_in_parallel(sections, jobs: int, time_limit_s: float) -> str:
 
 
 def main(ids: list[str]) -> int:
-    from bench.gpu.timing import compile_only_autotuning
-
     problem = compile_only_autotuning()
     if problem:
         print(f"cannot skip the tuning in the warm-up worker ({problem}): it tunes as well", file=sys.stderr)
-    import torch
 
     failed = 0
     for case_id in ids:

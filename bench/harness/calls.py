@@ -8,6 +8,9 @@ from typing import Callable
 
 import torch
 
+from bench.harness.machine import machine_info, machine_markdown
+from bench.harness.report import progress
+
 #: ``"fwd"``: inputs without ``requires_grad``; ``"fwd+bwd"``: forward, then
 #: ``torch.autograd.grad(out, (q, k, v), grad_out)`` with a fixed random ``grad_out``.
 PASSES: tuple[str, ...] = ("fwd", "fwd+bwd")
@@ -69,9 +72,6 @@ def start_run(name: str, options, quick_ns, full_ns):
 
     Returns ``(ns, machine, warnings)``, or an exit status (2) when the op cannot run with the backend.
     """
-    from bench.harness.machine import machine_info, machine_markdown
-    from bench.harness.report import progress
-
     error, warning = check_ours(options.backend)
     if error:
         progress(f"error: {error}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import platform
 
+import torch
+
 
 def cpu_model() -> str:
     """CPU model name from ``/proc/cpuinfo``, else :func:`platform.processor`.
@@ -34,8 +36,6 @@ def machine_info() -> dict:
         ``torch_threads``, ``python``, ``platform``, ``load_average`` (1-minute,
         None where unsupported).
     """
-    import torch
-
     return {
         "cpu": cpu_model(),
         "logical_cpus": os.cpu_count(),

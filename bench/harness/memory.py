@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 _CLEAR_REFS = "/proc/self/clear_refs"
 _STATUS = "/proc/self/status"
 # Above this, large blocks come from mmap and go back to the kernel on free.
@@ -142,8 +144,9 @@ def _measure_rss(run: Callable[[], object]) -> dict:
 
 
 def _measure_profiler(run: Callable[[], object], note: str) -> dict:
-    import torch
-    from torch._C._profiler import _EventType  # private, hence the broad except below
+    # torch's private API, imported here rather than at the top: if another torch version moves it, the
+    # ImportError lands in _child's broad except (a result of n/a) instead of breaking this module's import.
+    from torch._C._profiler import _EventType
 
     with torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True

@@ -67,6 +67,7 @@ def plot_time_and_memory(
 
     Uses the non-interactive Agg backend so it works without a display.
     """
+    # matplotlib is optional (figures only): imported when plotting, on the Agg backend (files, no display).
     import matplotlib
 
     matplotlib.use("Agg")
@@ -89,6 +90,7 @@ def plot_time_and_memory(
 
 def plot_panel(series: Sequence[Series], path: str | Path, title: str, xlabel: str, ylabel: str) -> None:
     """Write a one-panel log-log PNG to ``path`` (Agg backend, no display needed)."""
+    # matplotlib is optional (figures only): imported when plotting, on the Agg backend (files, no display).
     import matplotlib
 
     matplotlib.use("Agg")

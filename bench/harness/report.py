@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import sys
 from pathlib import Path
@@ -106,8 +107,6 @@ def format_ms(x: float | None) -> str | None:
 
 def provenance(options, name: str, note: str = "") -> str:
     """The sentence every report ends with: the command and the grid that produced it, and when."""
-    import datetime
-
     grid = ("the **quick grid** (goals defined on the full grid say so)" if options.quick
             else "the full grid")
     return (f"Produced by `{options.command}` on {grid}, {datetime.date.today().isoformat()}"

@@ -9,6 +9,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping
 
+import torch
+
 
 @dataclass(frozen=True)
 class Timing:
@@ -136,8 +138,6 @@ def torch_threads(count: int | None) -> Iterator[int]:
     would time all the later ones, and label them, with the wrong number of threads. Yields the count
     in force inside the block.
     """
-    import torch
-
     previous = torch.get_num_threads()
     torch.set_num_threads(count or previous)
     try:

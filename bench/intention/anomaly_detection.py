@@ -13,8 +13,19 @@ an untrained rule (the item farthest from the mean of the rest) is the reference
 """
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
+
+import torch
+
+from bench.harness.machine import machine_info
+from bench.harness.report import markdown_table, progress
+from bench.intention.anomaly_models import FORMERS, build_former, farthest_from_rest
+from bench.intention.embedding_data import sample_outlier_sets
+from bench.intention.feature_bank import add_feature_arguments, world_from_args
+from bench.intention.report_common import moving_average, publish_runs, pyplot, report_sections, save_figure
+from bench.intention.training import adam_on_stream, log_mean_loss
 
 NAME = "intention_anomaly_detection"
 #: Table 3 of the paper: test accuracy (percent) with 1 and 4 layers.
@@ -23,9 +34,6 @@ PAPER = {"np_former": (93.9, 94.0), "lin_transformer": (94.4, 94.4), "informer":
 
 
 def add_arguments(parser) -> None:
-    from bench.intention.anomaly_models import FORMERS
-    from bench.intention.feature_bank import add_feature_arguments
-
     parser.add_argument("--out", type=Path, default=Path("bench/out"), help="output folder (default bench/out)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
@@ -53,10 +61,6 @@ def outlier_accuracy(logits, outlier) -> float:
 
 def warmup_cosine(opt, steps: int, warmup: float):
     """Linear warm-up over ``warmup·steps`` steps, then cosine decay to 0; ``warmup < 0``: constant rate."""
-    import math
-
-    import torch
-
     ramp = max(1, round(warmup * steps))
     if warmup < 0:
         return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
@@ -68,11 +72,6 @@ def train(model, world, *, steps: int, batch: int, lr: float, seed: int, set_siz
           warmup: float = -1.0, log=None) -> dict:
     """Adam with cross-entropy over the set on fresh training sets (seeded: the same stream for every model),
     at a constant rate or with :func:`warmup_cosine` (``warmup >= 0``)."""
-    import torch
-
-    from bench.intention.embedding_data import sample_outlier_sets
-    from bench.intention.training import adam_on_stream, log_mean_loss
-
     def step_loss(m, gen):
         x, outlier = sample_outlier_sets(world, batch, set_size=set_size, generator=gen)
         return torch.nn.functional.cross_entropy(m(x), outlier)
@@ -88,10 +87,6 @@ def schedule_text(warmup: float) -> str:
 
 
 def tables(result: dict) -> str:
-    from bench.harness.report import markdown_table
-    from bench.intention.anomaly_models import FORMERS
-    from bench.intention.report_common import report_sections
-
     cfg, runs = result["config"], result["runs"]
     layers = cfg["layers"]
     cell = lambda m, n: f"{runs[m][str(n)]['accuracy']:.1f} %" if str(n) in runs.get(m, {}) else "–"
@@ -141,9 +136,6 @@ def tables(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    from bench.intention.anomaly_models import FORMERS
-    from bench.intention.report_common import moving_average, pyplot, save_figure
-
     plt = pyplot()
     layers = result["config"]["layers"]
     fig, axes = plt.subplots(1, len(layers), figsize=(5 * len(layers), 3.8), squeeze=False, sharey=True)
@@ -161,15 +153,6 @@ def plot(result: dict, path: Path) -> None:
 
 
 def run(args) -> int:
-    import torch
-
-    from bench.harness.machine import machine_info
-    from bench.harness.report import progress
-    from bench.intention.anomaly_models import FORMERS, build_former, farthest_from_rest
-    from bench.intention.embedding_data import sample_outlier_sets
-    from bench.intention.feature_bank import world_from_args
-    from bench.intention.report_common import publish_runs
-
     if min(args.steps, args.batch, args.eval_sets, args.heads, args.head_dim, *args.layers) < 1 or args.set_size < 2:
         raise ValueError(f"anomaly_detection: steps, batch, eval-sets, heads, head-dim, layers must be >= 1 and "
                          f"set-size >= 2; got {args.steps}, {args.batch}, {args.eval_sets}, {args.heads}, "

@@ -18,6 +18,11 @@ the paper's shared ``E_X = relu(e_X(X))`` and per-head linear ``e_Q``, ``e_K``, 
 """
 from __future__ import annotations
 
+import torch
+from torch import nn
+
+import attn_ext as ae
+
 #: Model names in the order of the paper's Table 3, with its names.
 FORMERS = {"np_former": "NP-Former", "lin_transformer": "Lin-Transformer", "informer": "Informer",
            "transformer": "Transformer", "sigma_informer": "σ-Informer"}
@@ -38,11 +43,6 @@ def build_former(name: str, dim: int, *, layers: int = 1, heads: int = 4, head_d
     dropout : float
         Input dropout (the paper's 20 %, against overfitting).
     """
-    import torch
-    from torch import nn
-
-    import attn_ext as ae
-
     if name not in FORMERS:
         raise ValueError(f"build_former: unknown model {name!r}; choose from {list(FORMERS)}")
     if min(layers, heads, head_dim, dim) < 1:

@@ -29,6 +29,12 @@ encoders (our inputs are feature vectors, not pixels), followed by the paper's o
 """
 from __future__ import annotations
 
+import torch
+from torch import nn
+
+import attn_ext as ae
+from bench.intention.models_common import maml_adapt_and_apply, mlp
+
 #: Model names in report order, with the paper's names.
 CLASSIFIERS = {"attention": "Attention", "np": "NP", "maml": "MAML", "prototypical": "Prototypical (not in the paper)",
                "intention": "Intention (LS-SVM)", "intention_qda": "Intention - QDA",
@@ -58,12 +64,6 @@ def build_classifier(name: str, dim: int, *, ways: int = 5, hidden: int = 64, la
     maml_steps, maml_lr : int, float
         MAML's inner gradient steps and rate (Finn et al. on MiniImageNet: 5 steps at 0.01).
     """
-    import torch
-    from torch import nn
-
-    import attn_ext as ae
-    from bench.intention.models_common import maml_adapt_and_apply, mlp
-
     if name not in CLASSIFIERS:
         raise ValueError(f"build_classifier: unknown model {name!r}; choose from {list(CLASSIFIERS)}")
 
@@ -215,10 +215,6 @@ def build_classifier(name: str, dim: int, *, ways: int = 5, hidden: int = 64, la
 
 def raw_feature_scores(name: str, xc, yc, xq, ways: int = 5):
     """Untrained references on the raw features: ``"nearest_mean"`` or the ``"ls_svm"`` of Intention (α = 1)."""
-    import torch
-
-    import attn_ext as ae
-
     onehot = torch.nn.functional.one_hot(yc, ways).to(xc.dtype)
     if name == "nearest_mean":
         means = (onehot.mT @ xc) / onehot.sum(1)[..., None]

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 
 class SplitByClass:
     """The papers' split by class: ids ``0 .. num_train_classes − 1`` train, the rest up to ``num_classes`` test."""
@@ -36,8 +38,6 @@ class SplitByClass:
 
     def classes(self, split: str):
         """The class ids of ``split`` ("train" or "test") as a tensor."""
-        import torch
-
         if split == "train":
             return torch.arange(self.num_train_classes)
         if split == "test":
@@ -81,8 +81,6 @@ class EmbeddingWorld(SplitByClass):
     seed: int = 0
 
     def __post_init__(self) -> None:
-        import torch
-
         if not 0 < self.num_train_classes < self.num_classes:
             raise ValueError(f"EmbeddingWorld: need 0 < num_train_classes < num_classes, got "
                              f"{self.num_train_classes}, {self.num_classes}")
@@ -99,8 +97,6 @@ class EmbeddingWorld(SplitByClass):
 
     def sample(self, labels, generator=None, dtype=None):
         """Features ``x [..., dim]`` and latents ``z [..., latent_dim + nuisance_dim]`` of items of ``labels``."""
-        import torch
-
         dtype = dtype or torch.get_default_dtype()
         labels = torch.as_tensor(labels)
         if labels.dtype not in (torch.int32, torch.int64) or labels.numel() == 0 or \
@@ -117,8 +113,6 @@ class EmbeddingWorld(SplitByClass):
 
 def _pick_classes(world: EmbeddingWorld, batch: int, count: int, split: str, generator):
     """``[batch, count]`` distinct classes of ``split`` per row (a random subset in random order)."""
-    import torch
-
     pool = world.classes(split)
     if count > len(pool):
         raise ValueError(f"need {count} distinct {split} classes, the world has {len(pool)}")
@@ -137,8 +131,6 @@ def sample_episodes(world: EmbeddingWorld, batch: int, *, ways: int = 5, shots: 
         ``0..ways-1``; query features ``[B, ways·queries, dim]`` and labels. Items are ordered by
         episode label (the models are permutation invariant over the context).
     """
-    import torch
-
     if min(batch, ways, shots, queries) < 1:
         raise ValueError(f"sample_episodes: batch, ways, shots, queries must be >= 1, got "
                          f"{batch}, {ways}, {shots}, {queries}")
@@ -166,8 +158,6 @@ def sample_outlier_sets(world: EmbeddingWorld, batch: int, *, set_size: int = 10
     outlier : Tensor
         ``[B]`` position of the outlier (uniform over the set).
     """
-    import torch
-
     if batch < 1 or set_size < 2:
         raise ValueError(f"sample_outlier_sets: need batch >= 1 and set_size >= 2, got {batch}, {set_size}")
     pair = _pick_classes(world, batch, 2, split, generator)                   # inlier class, outlier class

@@ -17,6 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+import torch
+
 from bench.intention.embedding_data import EmbeddingWorld, SplitByClass
 
 
@@ -46,8 +48,6 @@ class FeatureBank(SplitByClass):
     distinct_items = True
 
     def __init__(self, features, labels, num_train_classes: Optional[int] = None, source: str = "in memory"):
-        import torch
-
         if not isinstance(features, torch.Tensor) or features.dim() != 2 or not features.is_floating_point():
             raise ValueError(f"FeatureBank: features must be a real [n, dim] tensor, got "
                              f"{getattr(features, 'shape', type(features).__name__)}")
@@ -74,8 +74,6 @@ class FeatureBank(SplitByClass):
     @classmethod
     def load(cls, path, num_train_classes: Optional[int] = None) -> "FeatureBank":
         """The bank saved at ``path`` as ``{"features": [n, dim], "labels": [n]}`` (``torch.save``)."""
-        import torch
-
         data = torch.load(Path(path), map_location="cpu", weights_only=True)
         if not isinstance(data, dict) or not {"features", "labels"} <= set(data):
             raise ValueError(f"FeatureBank.load: {path} must hold a dict with 'features' [n, dim] and 'labels' [n] "
@@ -95,8 +93,6 @@ class FeatureBank(SplitByClass):
         The items of one row (the last dimension) are distinct: each class's items are drawn without
         replacement. A class with fewer items than a row asks of it raises ``ValueError``.
         """
-        import torch
-
         dtype = dtype or torch.get_default_dtype()
         labels = torch.as_tensor(labels)
         if labels.dim() == 0 or labels.is_floating_point() or labels.numel() == 0 or \

@@ -18,6 +18,16 @@ import math
 import time
 from pathlib import Path
 
+import torch
+
+from bench.harness.machine import machine_info
+from bench.harness.report import markdown_table, progress
+from bench.intention.classification_models import CLASSIFIERS, build_classifier, raw_feature_scores
+from bench.intention.embedding_data import sample_episodes
+from bench.intention.feature_bank import add_feature_arguments, world_from_args
+from bench.intention.report_common import moving_average, publish_runs, pyplot, report_sections, save_figure
+from bench.intention.training import adam_on_stream, log_mean_loss
+
 NAME = "intention_few_shot_classification"
 #: The paper's accuracies (percent, ± its interval) where the model is in its tables.
 PAPER = {"attention": ("Table 1", 54.26, 0.51), "np": ("Table 1", 60.10, 0.51), "maml": ("Table 1", 63.15, 0.91),
@@ -29,9 +39,6 @@ PAPER_ORDER = ["intention_kernel", "intention", "intention_qda", "maml", "np", "
 
 
 def add_arguments(parser) -> None:
-    from bench.intention.classification_models import CLASSIFIERS
-    from bench.intention.feature_bank import add_feature_arguments
-
     parser.add_argument("--out", type=Path, default=Path("bench/out"), help="output folder (default bench/out)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
@@ -62,8 +69,6 @@ def summary(per_episode) -> dict:
 
 
 def evaluate(model, episodes, chunk: int = 100) -> dict:
-    import torch
-
     xc, yc, xq, yq = episodes
     with torch.no_grad():
         accs = torch.cat([accuracy(model(xc[i:i + chunk], yc[i:i + chunk], xq[i:i + chunk]), yq[i:i + chunk])
@@ -73,18 +78,11 @@ def evaluate(model, episodes, chunk: int = 100) -> dict:
 
 def train(model, world, *, steps: int, batch: int, lr: float, seed: int, log=None) -> dict:
     """Adam on fresh training episodes (seeded: every model sees the same stream); returns the losses."""
-    from bench.intention.embedding_data import sample_episodes
-    from bench.intention.training import adam_on_stream, log_mean_loss
-
     return adam_on_stream(model, lambda m, gen: m.loss(*sample_episodes(world, batch, generator=gen)), steps=steps,
                           lr=lr, seed=seed, after_step=log_mean_loss(log, steps, 4))
 
 
 def tables(result: dict) -> str:
-    from bench.harness.report import markdown_table
-    from bench.intention.classification_models import CLASSIFIERS
-    from bench.intention.report_common import report_sections
-
     cfg, runs, refs = result["config"], result["runs"], result["references"]
     order = sorted(runs, key=lambda m: -runs[m]["accuracy"])
     rows = [[CLASSIFIERS[m], f"{runs[m]['accuracy']:.2f} % ± {runs[m]['ci95']:.2f} %", runs[m]["loss"],
@@ -131,9 +129,6 @@ def tables(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    from bench.intention.classification_models import CLASSIFIERS
-    from bench.intention.report_common import moving_average, pyplot, save_figure
-
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     window = max(1, result["config"]["steps"] // 20)
@@ -151,15 +146,6 @@ def plot(result: dict, path: Path) -> None:
 
 
 def run(args) -> int:
-    import torch
-
-    from bench.harness.machine import machine_info
-    from bench.harness.report import progress
-    from bench.intention.classification_models import CLASSIFIERS, build_classifier, raw_feature_scores
-    from bench.intention.embedding_data import sample_episodes
-    from bench.intention.feature_bank import world_from_args
-    from bench.intention.report_common import publish_runs
-
     if min(args.steps, args.batch, args.eval_episodes, args.hidden, args.latent) < 1:
         raise ValueError(f"few_shot_classification: steps, batch, eval-episodes, hidden, latent must be >= 1; got "
                          f"{args.steps}, {args.batch}, {args.eval_episodes}, {args.hidden}, {args.latent}")

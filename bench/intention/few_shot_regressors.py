@@ -9,6 +9,12 @@ docstring; ``width`` replaces them to fit a CPU budget.
 """
 from __future__ import annotations
 
+import torch
+from torch import nn
+
+import attn_ext as ae
+from bench.intention.models_common import maml_adapt_and_apply, mlp
+
 #: The regressors' keys, in the order of the reports.
 REGRESSOR_NAMES = ("intention", "sigma_intention", "attention", "np", "maml")
 
@@ -63,12 +69,6 @@ def build_few_shot_regressor(name: str, width: int, *, dim: int, prepare, heads:
     >>> tuple(model(torch.randn(2, 5, 1), torch.randn(2, 5, 1), torch.randn(2, 7, 1)).shape)
     (2, 7, 1)
     """
-    import torch
-    from torch import nn
-
-    import attn_ext as ae
-    from bench.intention.models_common import maml_adapt_and_apply, mlp
-
     class IntentionRegressor(nn.Module):
         """``Intention(e(xt), e(xc), yc)``: ridge regression of the context values on learned features.
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 
 class ImageBank:
     """Train and test images ``[n, side, side]`` with intensities in [0, 1]; see the module docstring.
@@ -24,8 +26,6 @@ class ImageBank:
     """
 
     def __init__(self, data: dict, source: str = "in memory"):
-        import torch
-
         if not isinstance(data, dict) or not {"train", "test"} <= set(data):
             raise ValueError("ImageBank: need a dict with 'train' [n, side, side] and 'test' [m, side, side] images "
                              f"(torch.save({{'train': x, 'test': y}}, path)), got "
@@ -54,8 +54,6 @@ class ImageBank:
 
     @classmethod
     def load(cls, path) -> "ImageBank":
-        import torch
-
         return cls(torch.load(Path(path), map_location="cpu", weights_only=True), source=Path(path).name)
 
     def describe(self) -> str:
@@ -65,8 +63,6 @@ class ImageBank:
 
     def sample(self, batch: int, generator):
         """``batch`` training images drawn uniformly (with replacement), ``[batch, side, side]`` in float32."""
-        import torch
-
         index = torch.randint(len(self.train), (batch,), generator=generator)
         return self.train[index].float()
 

@@ -10,6 +10,8 @@ reproducible from a ``torch.Generator``.
 """
 from __future__ import annotations
 
+import torch
+
 #: Polyline templates of the digits 0–9 in the unit box (x to the right, y downwards).
 DIGIT_TEMPLATES = (
     ((0.5, 0.1), (0.72, 0.22), (0.78, 0.5), (0.72, 0.78), (0.5, 0.9), (0.28, 0.78), (0.22, 0.5), (0.28, 0.22),
@@ -46,8 +48,6 @@ def render_polylines(vertices, half_width, side: int):
     -------
     Tensor ``[B, side, side]`` (row = y, column = x)
     """
-    import torch
-
     if (vertices.dim() != 3 or vertices.shape[-1] != 2 or vertices.shape[1] < 2
             or half_width.shape != vertices.shape[:1]):
         raise ValueError(f"render_polylines: expected vertices [B, V >= 2, 2] and half_width [B], got "
@@ -79,8 +79,6 @@ def sample_glyphs(batch: int, side: int, generator):
     >>> tuple(g["images"].shape), bool(g["images"].min() >= 0), bool(g["images"].max() <= 1)
     ((3, 28, 28), True, True)
     """
-    import torch
-
     if batch < 1 or side < 4:
         raise ValueError(f"sample_glyphs: need batch >= 1 and side >= 4, got batch={batch}, side={side}")
     most = max(len(t) for t in DIGIT_TEMPLATES)
@@ -112,8 +110,6 @@ def pixel_tasks(images, num_context: int, generator):
         ``xc [B, N, 2], yc [B, N, 1]`` (``num_context`` pixels drawn without replacement per image),
         ``x [B, P, 2], y [B, P, 1]`` (all ``P = side²`` pixels in raster order) and ``index [B, N]``.
     """
-    import torch
-
     b, h, w = images.shape
     if not 1 <= num_context <= h * w:
         raise ValueError(f"pixel_tasks: need 1 <= num_context <= {h * w} pixels, got {num_context}")

@@ -9,6 +9,12 @@ and is trained with their MSE. The paper's layer sizes are those of the sine tas
 """
 from __future__ import annotations
 
+import math
+
+import torch
+
+from bench.intention.few_shot_regressors import build_few_shot_regressor, check_context_shapes, check_regressor_options
+
 #: Model names in the order of the report, with the paper's name.
 IMAGE_MODELS = {"intention": "Intention", "sigma_intention": "σIntention", "attention": "Attention",
                 "np": "Neural Process", "maml": "MAML"}
@@ -16,10 +22,6 @@ IMAGE_MODELS = {"intention": "Intention", "sigma_intention": "σIntention", "att
 
 def fourier_features(p, frequencies: int):
     """``[p, sin(2^k π p), cos(2^k π p)]_k``: ``[..., 2] -> [..., 2 + 4·frequencies]``."""
-    import math
-
-    import torch
-
     scales = (2.0 ** torch.arange(frequencies, dtype=p.dtype)) * math.pi
     angles = (p.unsqueeze(-1) * scales).flatten(-2)
     return torch.cat([p, torch.sin(angles), torch.cos(angles)], -1)
@@ -48,9 +50,6 @@ def build_image_model(name: str, width: int = 64, *, frequencies: int = 4, heads
     >>> [tuple(build_image_model(n, 16)(xc, yc, xt).shape) for n in IMAGE_MODELS]
     [(2, 7, 1), (2, 7, 1), (2, 7, 1), (2, 7, 1), (2, 7, 1)]
     """
-    from bench.intention.few_shot_regressors import (build_few_shot_regressor, check_context_shapes,
-                                                     check_regressor_options)
-
     def encode(xc, yc, xt, cls):
         check_context_shapes(xc, yc, xt, cls, positions=2)
         return fourier_features(xc, frequencies), fourier_features(xt, frequencies)

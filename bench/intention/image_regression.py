@@ -14,8 +14,17 @@ import argparse
 import time
 from pathlib import Path
 
+import torch
+
+from bench.harness.machine import load_average, machine_info
+from bench.harness.report import progress, publish
 from bench.intention import command_line
+from bench.intention.image_bank import ImageBank
+from bench.intention.image_glyphs import pixel_tasks, sample_glyphs
+from bench.intention.image_models import IMAGE_MODELS, build_image_model
+from bench.intention.image_report import plot, tables
 from bench.intention.training import mse_per_context as evaluate  # this task's score (MSE per N), for callers
+from bench.intention.training import scored_training, train_mse_curve
 
 NAME = "intention_image_regression"
 
@@ -47,8 +56,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def glyph_images(side: int):
     """``draw(batch, generator) -> [batch, side, side]``: the procedural glyphs, the default training images."""
-    from bench.intention.image_glyphs import sample_glyphs
-
     return lambda batch, gen: sample_glyphs(batch, side, gen)["images"]
 
 
@@ -56,10 +63,6 @@ def train(model, steps: int, lr: float, args, log_every: int = 100, draw=None) -
     """Adam on the MSE of all pixels given ``args.train_context`` random ones, the same image stream (seed
     ``args.seed``) for every model; images from ``draw(batch, generator)`` (default: the glyphs of side
     ``args.side``); returns the logged loss curve."""
-    from bench.harness.report import progress
-    from bench.intention.image_glyphs import pixel_tasks
-    from bench.intention.training import train_mse_curve
-
     draw = draw or glyph_images(args.side)
 
     def sample(gen):
@@ -71,23 +74,11 @@ def train(model, steps: int, lr: float, args, log_every: int = 100, draw=None) -
 
 def completions(model, show: dict) -> dict:
     """Fig. 13's images: the predicted intensities of the shown images for each number of observations."""
-    import torch
-
     with torch.no_grad():
         return {n: model(t["xc"], t["yc"], t["x"]).squeeze(-1).tolist() for n, t in show.items()}
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from bench.harness.machine import load_average, machine_info
-    from bench.harness.report import progress, publish
-    from bench.intention.image_bank import ImageBank
-    from bench.intention.image_glyphs import pixel_tasks, sample_glyphs
-    from bench.intention.image_models import IMAGE_MODELS, build_image_model
-    from bench.intention.image_report import plot, tables
-    from bench.intention.training import scored_training
-
     torch.set_num_threads(args.threads)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     contexts = [int(n) for n in args.eval_context.split(",")]

@@ -3,6 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
+from bench.intention.image_models import IMAGE_MODELS
+from bench.intention.regression_report import closing_sections, lowest_trained_line, mse_table, plot_mse_curves
+from bench.intention.report_common import pyplot
+
 #: What the paper's Fig. 7 (MNIST panel), Fig. 13 and §5.1 say (its MSE values are in the figure images only).
 PAPER_CLAIMS = (
     "Untrained, Intention's MSE with many observed pixels matches that of the trained models.",
@@ -12,8 +18,6 @@ PAPER_CLAIMS = (
 
 
 def _names() -> dict:
-    from bench.intention.image_models import IMAGE_MODELS
-
     return IMAGE_MODELS
 
 
@@ -26,8 +30,6 @@ def images_text(cfg: dict) -> str:
 
 
 def tables(result: dict) -> str:
-    from bench.intention.regression_report import closing_sections, lowest_trained_line, mse_table
-
     cfg, rows, names = result["config"], result["rows"], _names()
     contexts = [str(n) for n in cfg["eval_context"]]
     mse = mse_table(result, names, 4)
@@ -99,11 +101,6 @@ def tables(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> None:
     """Top: MSE vs observed pixels (dashed untrained, solid trained; Fig. 7). Below: completions (Fig. 13)."""
-    import numpy as np
-
-    from bench.intention.regression_report import plot_mse_curves
-    from bench.intention.report_common import pyplot
-
     plt = pyplot()
     cfg, rows, names, shown = result["config"], result["rows"], _names(), result["figure_images"]
     contexts, models, side = [str(n) for n in cfg["eval_context"]], cfg["models"], cfg["side"]

@@ -13,6 +13,14 @@ import argparse
 import time
 from pathlib import Path
 
+import torch
+
+from bench.harness.machine import machine_markdown
+from bench.harness.report import markdown_table
+from bench.intention.kernelised_size_data import EpisodeSampler
+from bench.intention.kernelised_size_models import MODELS, build_classifier, evaluate, train_classifier
+from bench.intention.report_common import pyplot, run_sweep, save_figure
+
 NAME = "intention_kernelised_size"
 DEFAULT_LATENTS = (16, 32, 64, 128)
 PAPER_BUDGET = ("SGD with momentum 0.9, weight decay 5e-4, lr 0.1 decayed ×0.8 from step 10,000, trained to "
@@ -47,11 +55,6 @@ def _validate(args) -> None:
 
 def sweep(args, log) -> list[dict]:
     """Train and evaluate every (latent size, model, seed)."""
-    import torch
-
-    from bench.intention.kernelised_size_data import EpisodeSampler
-    from bench.intention.kernelised_size_models import MODELS, build_classifier, evaluate, train_classifier
-
     sampler = EpisodeSampler()
     gen = torch.Generator().manual_seed(args.seed + EVAL_SEED)
     # Evaluated in chunks of 100 episodes so that memory stays small whatever --eval-episodes is.
@@ -82,9 +85,6 @@ def summary(rows: list[dict], model: str, latent: int) -> tuple[float, float]:
 
 
 def tables(result: dict) -> str:
-    from bench.harness.machine import machine_markdown
-    from bench.harness.report import markdown_table
-
     cfg, rows = result["config"], result["rows"]
     models = ("intention", "kernelised")
 
@@ -135,8 +135,6 @@ def tables(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    from bench.intention.report_common import pyplot, save_figure
-
     plt = pyplot()
     cfg, rows = result["config"], result["rows"]
     fig, ax = plt.subplots(figsize=(5.5, 4))
@@ -152,8 +150,6 @@ def plot(result: dict, path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.intention.report_common import run_sweep
-
     return run_sweep(NAME, "kernelised_size", args, validate=_validate, sweep=lambda log: sweep(args, log),
                      tables=tables, plot=plot,
                      config={"latents": list(args.latents), "steps": args.steps, "batch": args.batch, "lr": args.lr,

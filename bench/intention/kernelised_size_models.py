@@ -17,6 +17,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+import attn_ext as ae
+
 #: Classifier names, as the report shows them.
 MODELS = ("intention", "kernelised")
 
@@ -55,8 +57,6 @@ class FewShotIntention(nn.Module):
 
     def forward(self, xc: Tensor, yc: Tensor, xt: Tensor) -> Tensor:
         """Class scores ``[B, N_t, ways]`` of the targets given the labelled context (labels ``[B, N_c]``)."""
-        import attn_ext as ae
-
         ek = self.embed(self.encoder(xc)).unsqueeze(1)  # [B, 1, N_c, latent]: one head
         eq = self.embed(self.encoder(xt)).unsqueeze(1)
         values = F.one_hot(yc, self.ways).to(ek.dtype).unsqueeze(1)

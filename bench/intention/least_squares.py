@@ -13,6 +13,13 @@ import argparse
 import time
 from pathlib import Path
 
+import torch
+
+from bench.harness.machine import machine_markdown
+from bench.harness.report import markdown_table
+from bench.intention.least_squares_models import REGRESSORS, build_regressor, least_squares_batch, train_regressor
+from bench.intention.report_common import pyplot, run_sweep, save_figure
+
 NAME = "intention_least_squares"
 DEFAULT_DIMS = (2, 4, 6, 8)
 DEFAULT_LATENTS = (2, 4, 8, 16, 32, 64)
@@ -40,8 +47,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _validate(args) -> None:
-    from bench.intention.least_squares_models import REGRESSORS
-
     if min(args.dims) < 1 or min(args.latents) < 1 or args.steps < 1 or args.batch < 1 or args.eval_tasks < 1:
         raise ValueError("least_squares: --dims, --latents, --steps, --batch and --eval-tasks must be >= 1")
     if not args.threshold > 0 or not args.lr > 0:
@@ -53,10 +58,6 @@ def _validate(args) -> None:
 
 def search(args, models, log) -> list[dict]:
     """For every (model, d), train at each latent size in turn until the evaluation MSE reaches the threshold."""
-    import torch
-
-    from bench.intention.least_squares_models import build_regressor, least_squares_batch, train_regressor
-
     rows = []
     for d in args.dims:
         eval_set = least_squares_batch(args.eval_tasks, d,
@@ -85,9 +86,6 @@ def needed_latent(rows: list[dict], model: str, d: int):
 
 
 def tables(result: dict) -> str:
-    from bench.harness.machine import machine_markdown
-    from bench.harness.report import markdown_table
-
     cfg, rows = result["config"], result["rows"]
     over = f"> {max(cfg['latents'])}"
     needed = markdown_table(["d"] + cfg["models"],
@@ -128,8 +126,6 @@ def tables(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    from bench.intention.report_common import pyplot, save_figure
-
     plt = pyplot()
     cfg, rows = result["config"], result["rows"]
     ceiling = 2 * max(cfg["latents"])
@@ -152,9 +148,6 @@ def plot(result: dict, path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from bench.intention.least_squares_models import REGRESSORS
-    from bench.intention.report_common import run_sweep
-
     models = list(args.models or REGRESSORS)
     return run_sweep(NAME, "least_squares", args, validate=_validate, sweep=lambda log: search(args, models, log),
                      tables=tables, plot=plot,

@@ -34,6 +34,11 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
+import attn_ext as ae
+from bench.harness.machine import load_average, machine_info, machine_markdown
+from bench.harness.report import markdown_table, progress, publish
 from bench.intention import command_line
 
 NAME = "intention_map_variance"
@@ -61,8 +66,6 @@ def add_arguments(parser) -> None:
 
 def sample_keys_queries(n_keys: int, dim: int, n_queries: int, draws: int, generator):
     """Standard-normal queries ``[draws, 1, M, d]`` and keys ``[draws, 1, N, d]`` (float64)."""
-    import torch
-
     if min(n_keys, dim, n_queries, draws) < 1:
         raise ValueError(f"sample_keys_queries: need positive sizes, got N={n_keys}, d={dim}, M={n_queries}, "
                          f"draws={draws}")
@@ -73,10 +76,6 @@ def sample_keys_queries(n_keys: int, dim: int, n_queries: int, draws: int, gener
 
 def intention_z(q, k, form: str):
     """The map ``Z [B, 1, M, N]`` of ``form`` (one of :data:`FORMS`) for queries ``q`` and keys ``k``."""
-    import torch
-
-    import attn_ext as ae
-
     if form not in FORMS:
         raise ValueError(f"intention_z: unknown form {form!r}; choose one of {', '.join(FORMS)}")
     n_keys, dim = k.shape[-2], k.shape[-1]
@@ -112,8 +111,6 @@ def explicit_inverse_variance(q, k):
     up by the reciprocal of a tiny pivot: what a literal implementation of the formula produces there.
     Plain PyTorch on purpose: it shows a failure mode, it is not a model.
     """
-    import torch
-
     inverse, info = torch.linalg.inv_ex(k @ k.mT)
     ok = info.flatten(1).eq(0).all(1)          # draws where LU met an exactly zero pivot are left out
     if not bool(ok.any()):
@@ -123,8 +120,6 @@ def explicit_inverse_variance(q, k):
 
 def measure(keys, dims, *, draws: int, queries: int, seed: int, log=None) -> list:
     """One row per (N, d): the pooled variance of the entries of ``Z`` for every form, and the theory."""
-    import torch
-
     rows = []
     cells = [(n, d) for n in keys for d in dims]
     for i, (n, d) in enumerate(cells, 1):
@@ -174,9 +169,6 @@ def verdicts(rows: list) -> dict:
 
 
 def tables(result: dict) -> str:
-    from bench.harness.machine import machine_markdown
-    from bench.harness.report import markdown_table
-
     cfg, rows = result["config"], result["rows"]
     body = markdown_table(
         ["N", "d", "unscaled", "theory", "explicit inv(KKᵀ)", "scaled (√d)", "theory",
@@ -212,6 +204,7 @@ def tables(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
+    # matplotlib is optional (figures only): imported when plotting, on the Agg backend (files, no display).
     import matplotlib
 
     matplotlib.use("Agg")
@@ -247,11 +240,6 @@ def plot(result: dict, path: Path) -> None:
 
 
 def run(args) -> int:
-    import torch
-
-    from bench.harness.machine import load_average, machine_info
-    from bench.harness.report import progress, publish
-
     if args.draws < 2 or args.queries < 1 or min(args.keys) < 1 or min(args.dims) < 1:
         raise ValueError(f"map_variance: need draws >= 2 and positive keys, dims, queries; got draws={args.draws}, "
                          f"keys={args.keys}, dims={args.dims}, queries={args.queries}")

@@ -1,6 +1,9 @@
 """Model building blocks shared by the Intention experiments' model modules: MLPs, second-order MAML."""
 from __future__ import annotations
 
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
 
 def mlp(sizes, relu_last: bool = False):
     """Linear layers of ``sizes`` (input first) with ReLU between them (and after the last if ``relu_last``).
@@ -14,8 +17,6 @@ def mlp(sizes, relu_last: bool = False):
       (2): Linear(in_features=8, out_features=1, bias=True)
     )
     """
-    from torch import nn
-
     layers = []
     for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
         layers.append(nn.Linear(a, b))
@@ -54,8 +55,6 @@ def maml_adapt_and_apply(net, inner_loss, xc, yc, xq, *, steps: int, lr: float):
     >>> tuple(maml_adapt_and_apply(net, mse, x, x, torch.randn(3, 7, 1), steps=2, lr=0.1).shape)
     (3, 7, 1)
     """
-    from torch.func import functional_call, grad, vmap
-
     def context_loss(params, x, y):
         return inner_loss(functional_call(net, params, (x,)), y)
 

@@ -18,6 +18,17 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import torch
+
+from bench.harness.machine import machine_info
+from bench.harness.report import markdown_table, progress
+from bench.intention.point_cloud_data import (NOISE_STD, apply_similarity, normalised_cloud, rabbit_cloud,
+                                              random_similarity, sample_remap_tasks, umeyama)
+from bench.intention.point_cloud_models import build
+from bench.intention.report_common import (intention_margin, moving_average, publish_runs, pyplot, report_sections,
+                                           save_figure)
+from bench.intention.training import model_mse, train_on_fresh_tasks
+
 NAME = "intention_point_cloud"
 #: The paper's models in its legend's order (Figure 10) and their appendix widths.
 PAPER_WIDTHS = {"intention": 128, "attention": 256, "np": 256, "mlp": 256}
@@ -50,28 +61,18 @@ def remap_inputs(batch) -> tuple:
 
 def evaluate(model, batch) -> float:
     """MSE of ``model`` on a fixed :class:`~bench.intention.point_cloud_data.RemapBatch`."""
-    from bench.intention.training import model_mse
-
     return model_mse(model, batch, remap_inputs, lambda b: b.z)
 
 
 def train(model, **budget) -> dict:
     """:func:`~bench.intention.training.train_on_fresh_tasks` on remapping tasks; ``budget``: its ``steps,
     batch, lr, seed, eval_batch, eval_every, log``."""
-    from bench.intention.point_cloud_data import sample_remap_tasks
-    from bench.intention.training import train_on_fresh_tasks
-
     return train_on_fresh_tasks(model, sample=sample_remap_tasks, inputs=remap_inputs, target=lambda b: b.z, **budget)
 
 
 def rabbit_demo(models: dict, n_points: int, seed: int, shape=None) -> dict:
     """Show every model 5 transformed rabbit points and ask for the whole transformed rabbit (Figure 11);
     ``shape``, a ``[n, 2]`` point cloud, replaces the procedural rabbit."""
-    import torch
-
-    from bench.intention.point_cloud_data import (NOISE_STD, apply_similarity, normalised_cloud, rabbit_cloud,
-                                                  random_similarity)
-
     gen = torch.Generator().manual_seed(seed + 7919)
     cloud = (rabbit_cloud(n_points, gen) if shape is None else normalised_cloud(shape, n_points, gen))[None]
     transform = random_similarity(1, gen)
@@ -96,8 +97,6 @@ def rabbit_demo(models: dict, n_points: int, seed: int, shape=None) -> dict:
 
 def references(eval_batch) -> dict:
     """MSE of two fixed rules on the evaluation tasks: the exact similarity fit, and predicting mean(v)."""
-    from bench.intention.point_cloud_data import apply_similarity, umeyama
-
     fit = apply_similarity(eval_batch.q.double(), *umeyama(eval_batch.k.double(), eval_batch.v.double()))
     mean_v = eval_batch.v.mean(1, keepdim=True).expand_as(eval_batch.z)
     return {"umeyama": float((fit - eval_batch.z.double()).pow(2).mean()),
@@ -126,9 +125,6 @@ def still_falling(runs: dict) -> str:
 
 
 def tables(result: dict) -> str:
-    from bench.harness.report import markdown_table
-    from bench.intention.report_common import intention_margin, report_sections
-
     cfg, runs, ref = result["config"], result["runs"], result["references"]
     order = sorted(runs, key=lambda m: runs[m]["final_eval_mse"])
     rows = [[LABELS[m], runs[m]["width"], f"{runs[m]['parameters']:,}", f"{runs[m]['final_eval_mse']:.4f}",
@@ -171,8 +167,6 @@ def tables(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    from bench.intention.report_common import moving_average, pyplot, save_figure
-
     plt = pyplot()
     runs, rabbit = result["runs"], result["rabbit"]
     fig = plt.figure(figsize=(13, 7.5))
@@ -216,14 +210,6 @@ def plot(result: dict, path: Path) -> None:
 
 
 def run(args) -> int:
-    import torch
-
-    from bench.harness.machine import machine_info
-    from bench.harness.report import progress
-    from bench.intention.point_cloud_data import NOISE_STD, sample_remap_tasks
-    from bench.intention.point_cloud_models import build
-    from bench.intention.report_common import publish_runs
-
     if args.steps < 1 or args.batch < 1 or args.eval_tasks < 1 or args.eval_every < 1 or args.rabbit_points < 5:
         raise ValueError(f"point_cloud: need steps, batch, eval-tasks, eval-every >= 1 and rabbit-points >= 5; got "
                          f"{args.steps}, {args.batch}, {args.eval_tasks}, {args.eval_every}, {args.rabbit_points}")

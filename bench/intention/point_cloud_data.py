@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import torch
+
 SCALE_RANGE = (0.5, 2.0)
 TRANSLATION_STD = 1.0
 NOISE_STD = 0.05
@@ -33,8 +35,6 @@ class RemapBatch(NamedTuple):
 
 def random_similarity(batch: int, generator, *, dtype=None):
     """Draw ``batch`` transforms: ``(a [B], R [B, 2, 2], w [B, 2])`` as described in the module notes."""
-    import torch
-
     dtype = dtype or torch.float32
     angle = torch.rand(batch, generator=generator, dtype=torch.float64) * (2 * math.pi)
     cos, sin = angle.cos(), angle.sin()
@@ -66,8 +66,6 @@ def sample_remap_tasks(batch: int, *, n_obs: int = 5, n_query: int = 5, noise_st
     >>> tuple(b.k.shape), tuple(b.q.shape), tuple(b.z.shape)
     ((3, 5, 2), (3, 5, 2), (3, 5, 2))
     """
-    import torch
-
     if batch < 1 or n_obs < 1 or n_query < 1 or not noise_std >= 0:
         raise ValueError(f"sample_remap_tasks: need batch, n_obs, n_query >= 1 and noise_std >= 0; got {batch}, "
                          f"{n_obs}, {n_query}, {noise_std}")
@@ -86,8 +84,6 @@ def umeyama(k, v):
     The closed-form Kabsch/Umeyama fit that the networks are asked to learn: returns
     ``(a [B], R [B, 2, 2], w [B, 2])`` minimising ``Σ_i ‖v_i − (a R k_i + w)‖²`` over proper rotations.
     """
-    import torch
-
     mk, mv = k.mean(1, keepdim=True), v.mean(1, keepdim=True)
     kc, vc = k - mk, v - mv
     cov = vc.mT @ kc / k.shape[1]                                   # [B, 2, 2]
@@ -121,8 +117,6 @@ def rabbit_cloud(n_points: int, generator=None, *, dtype=None):
     normalised like the training points (mean 0, standard deviation 1 pooled over both axes), so a
     model trained on ``N(0, I)`` points sees it in distribution.
     """
-    import torch
-
     if n_points < 1:
         raise ValueError(f"rabbit_cloud: need n_points >= 1, got {n_points}")
     dtype = dtype or torch.float32
@@ -147,8 +141,6 @@ def normalised_cloud(points, n_points: int, generator=None, *, dtype=None):
     """A user's 2-D point cloud (``--shape``) as the rabbit demo's input: ``n_points`` of its points (all of
     them if it has fewer; a random subset drawn from ``generator`` otherwise), normalised like
     :func:`rabbit_cloud` (mean 0, unit standard deviation pooled over both axes)."""
-    import torch
-
     if not isinstance(points, torch.Tensor) or points.dim() != 2 or points.shape[1] != 2 or points.shape[0] < 5 \
             or not points.is_floating_point() or not bool(torch.isfinite(points).all()):
         raise ValueError(f"normalised_cloud: need a finite real [n >= 5, 2] point cloud, got "

@@ -18,6 +18,10 @@ to predictions ``[B, M, 2]``, with the architectures of the paper's appendix sec
 """
 from __future__ import annotations
 
+import torch
+from torch import nn
+
+import attn_ext as ae
 from bench.intention.models_common import mlp as _mlp
 
 MODEL_NAMES = ("intention", "attention", "np", "mlp")
@@ -32,11 +36,6 @@ def _check(name, k, v, q):
 
 def build(name: str, width: int, *, heads: int = 5, n_obs: int = 5, n_query: int = 5, alpha_init: float = 1.0):
     """The model ``name`` (one of :data:`MODEL_NAMES`) with hidden width ``width``."""
-    import torch
-    from torch import nn
-
-    import attn_ext as ae
-
     class IntentionRemap(nn.Module):
         def __init__(self):
             super().__init__()

@@ -19,13 +19,21 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
+import torch
+
+from bench.harness.machine import machine_info
+from bench.harness.report import markdown_table, progress
+from bench.intention.policy_distillation_data import least_squares_target, rollout, sample_navigation_tasks
+from bench.intention.policy_distillation_models import MODEL_NAMES, PAPER_LR, PAPER_WIDTHS, build
+from bench.intention.report_common import intention_margin, publish_runs, pyplot, report_sections, save_figure
+from bench.intention.training import train_on_fresh_tasks
+
 NAME = "intention_policy_distillation"
 LABELS = {"intention": "Intention", "attention": "Attention", "np": "NP", "mlp": "MLP"}
 
 
 def add_arguments(parser) -> None:
-    from bench.intention.policy_distillation_models import MODEL_NAMES
-
     parser.add_argument("--out", type=Path, default=Path("bench/out"), help="output folder (default bench/out)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
@@ -44,17 +52,12 @@ def add_arguments(parser) -> None:
 def train(model, **budget) -> dict:
     """:func:`~bench.intention.training.train_on_fresh_tasks` on navigation tasks (the MSE of the predicted
     targets); ``budget``: its ``steps, batch, lr, seed, eval_batch, eval_every, log``."""
-    from bench.intention.policy_distillation_data import sample_navigation_tasks
-    from bench.intention.training import train_on_fresh_tasks
-
     return train_on_fresh_tasks(model, sample=sample_navigation_tasks, inputs=lambda b: (b.obs,),
                                 target=lambda b: b.target, **budget)
 
 
 def score(goal, target, horizon: int) -> dict:
     """Error of predicted targets ``goal`` and the return of the policy that navigates to them."""
-    from bench.intention.policy_distillation_data import rollout
-
     ret, final = rollout(goal.double(), target.double(), horizon)
     err = (goal.double() - target.double())
     return {"mse": float(err.pow(2).mean()), "mean_distance": float(err.norm(dim=-1).mean()),
@@ -63,9 +66,6 @@ def score(goal, target, horizon: int) -> dict:
 
 
 def tables(result: dict) -> str:
-    from bench.harness.report import markdown_table
-    from bench.intention.report_common import intention_margin, report_sections
-
     cfg, runs, ref = result["config"], result["runs"], result["references"]
     order = sorted(runs, key=lambda m: runs[m]["score"]["mse"])
     expert = ref["expert"]["return"]
@@ -120,10 +120,6 @@ def tables(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    import numpy as np
-
-    from bench.intention.report_common import pyplot, save_figure
-
     plt = pyplot()
     runs, ex = result["runs"], result["examples"]
     fig = plt.figure(figsize=(13, 10))
@@ -177,14 +173,6 @@ def plot(result: dict, path: Path) -> None:
 
 
 def run(args) -> int:
-    import torch
-
-    from bench.harness.machine import machine_info
-    from bench.harness.report import progress
-    from bench.intention.policy_distillation_data import least_squares_target, sample_navigation_tasks
-    from bench.intention.policy_distillation_models import PAPER_LR, PAPER_WIDTHS, build
-    from bench.intention.report_common import publish_runs
-
     if min(args.steps, args.batch, args.eval_tasks, args.eval_every, args.horizon) < 1 or args.width_scale <= 0:
         raise ValueError(f"policy_distillation: need steps, batch, eval-tasks, eval-every, horizon >= 1 and "
                          f"width-scale > 0; got {args.steps}, {args.batch}, {args.eval_tasks}, {args.eval_every}, "

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import torch
+
 TARGET_STD = 1.0          # t ~ N(0, 1) per coordinate (the paper's appendix)
 PROBE_STD = 0.5           # p_i ~ N(0, 1/4) per coordinate (variance 1/4)
 MAX_STEP = 0.1            # the navigation benchmark's action bound per coordinate
@@ -44,8 +46,6 @@ def sample_navigation_tasks(batch: int, *, n_obs: int = 5, generator=None, dtype
     >>> tuple(b.obs.shape), tuple(b.target.shape)
     ((2, 5, 3), (2, 2))
     """
-    import torch
-
     if batch < 1 or n_obs < 1:
         raise ValueError(f"sample_navigation_tasks: need batch >= 1 and n_obs >= 1; got {batch}, {n_obs}")
     dtype = dtype or torch.float32
@@ -62,8 +62,6 @@ def least_squares_target(obs):
     Solves ``‖p_i‖² − d_i = 2 p_i·t − c`` for ``(t, c)`` by least squares (``c`` stands for ``‖t‖²``;
     leaving it free keeps the problem linear).
     """
-    import torch
-
     if obs.dim() != 3 or obs.shape[-1] != 3 or obs.shape[1] < 3:
         raise ValueError(f"least_squares_target: need obs [B, N >= 3, 3]; got {tuple(obs.shape)}")
     p, d = obs[..., :2], obs[..., 2]
@@ -91,8 +89,6 @@ def rollout(goal, target, horizon: int = 100):
     >>> [round(x, 6) for x in (ret.item(), final.item())]
     [-0.3, 0.0]
     """
-    import torch
-
     if goal.dim() != 2 or goal.shape[-1] != 2 or goal.shape != target.shape or horizon < 1:
         raise ValueError(f"rollout: need goal and target [B, 2] and horizon >= 1; got {tuple(goal.shape)}, "
                          f"{tuple(target.shape)}, {horizon}")

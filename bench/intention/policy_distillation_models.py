@@ -20,6 +20,10 @@ the benchmark can shrink them; the paper's in brackets):
 """
 from __future__ import annotations
 
+import torch
+from torch import nn
+
+import attn_ext as ae
 from bench.intention.models_common import mlp as _mlp
 
 MODEL_NAMES = ("intention", "attention", "np", "mlp")
@@ -41,11 +45,6 @@ def build(name: str, width: int, *, heads: int = 5, n_obs: int = 5, alpha_init: 
     ``head_width`` is the hidden layer of ``e_P`` for Intention (paper 128) and attention (paper
     2048); by default the paper's, scaled with ``width`` relative to the paper's width.
     """
-    import torch
-    from torch import nn
-
-    import attn_ext as ae
-
     if name not in MODEL_NAMES:
         raise ValueError(f"policy_distillation_models.build: unknown model {name!r}; choose one of "
                          f"{', '.join(MODEL_NAMES)}")

@@ -26,6 +26,12 @@ import argparse
 import time
 from pathlib import Path
 
+import numpy as np
+import torch
+
+import attn_ext as ae
+from bench.harness.machine import load_average, machine_info, machine_markdown
+from bench.harness.report import markdown_table, progress, publish
 from bench.intention import command_line
 
 NAME = "intention_regression_2d"
@@ -62,8 +68,6 @@ def key_covariance():
     >>> bool(np.all(np.linalg.eigvalsh(c) > 0)), round(float(c[0, 1] / np.sqrt(c[0, 0] * c[1, 1])), 2)
     (True, 0.93)
     """
-    import numpy as np
-
     lam, u = np.linalg.eigh(np.asarray(PAPER_KEY_MATRIX, dtype=np.float64))
     return (u * np.abs(lam)) @ u.T
 
@@ -76,8 +80,6 @@ def sample_task(seed: int, num_context: int) -> dict:
     dict
         ``w [2]``, ``keys [num_context, 2]``, ``values [num_context]`` with ``values = keys @ w``.
     """
-    import numpy as np
-
     if num_context < 2:
         raise ValueError(f"regression_2d: num_context must be >= 2 for KᵀK to be invertible, got {num_context}")
     rng = np.random.default_rng(seed)
@@ -92,8 +94,6 @@ def query_grid(half_width: float, points_per_side: int):
     A regular grid stands in for the paper's uniform draw: it covers the square evenly and is what
     the prediction images need.
     """
-    import numpy as np
-
     axis = np.linspace(-half_width, half_width, points_per_side)
     xx, yy = np.meshgrid(axis, axis)
     return np.stack([xx.ravel(), yy.ravel()], axis=1)
@@ -116,10 +116,6 @@ def predict(method: str, queries, keys, values):
     numpy.ndarray
         ``[M]`` predictions.
     """
-    import torch
-
-    import attn_ext as ae
-
     # [1, 1, rows, features]: one batch entry and one head, float64 so the comparison is of the methods alone
     q, k = (torch.as_tensor(a, dtype=torch.float64).view(1, 1, *a.shape) for a in (queries, keys))
     v = torch.as_tensor(values, dtype=torch.float64).view(1, 1, -1, 1)
@@ -139,8 +135,6 @@ def predict(method: str, queries, keys, values):
 
 def pearson(x, y) -> float:
     """Pearson correlation of two equal-length vectors (NaN when one of them is constant)."""
-    import numpy as np
-
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if x.shape != y.shape or x.ndim != 1:
         raise ValueError(f"pearson: expected two vectors of one shape, got {x.shape} and {y.shape}")
@@ -161,9 +155,6 @@ def evaluate_task(task: dict, points_per_side: int) -> dict:
 
 
 def tables(result: dict) -> str:
-    from bench.harness.machine import machine_markdown
-    from bench.harness.report import markdown_table
-
     cfg, fig, many = result["config"], result["figure_task"]["r"], result["mean_r"]
     rows = [[m, f"{fig['interp'][m]:.3f}", f"{fig['extrap'][m]:.3f}",
              f"{many['interp'][m]['mean']:.3f} ± {many['interp'][m]['std']:.3f}",
@@ -207,11 +198,11 @@ KEY_NOTE = ("|Σ| = U|Λ|Uᵀ of the paper's printed matrix [[0.7, 0.9], [0.9, 1
 
 def plot(result: dict, path: Path) -> None:
     """Fig. 4's grid: rows interp image, interp scatter, extrap image, extrap scatter; one column per method."""
+    # matplotlib is optional (figures only): imported when plotting, on the Agg backend (files, no display).
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     cfg, fig_task = result["config"], result["figure_task"]
     g = cfg["grid"]
@@ -247,12 +238,6 @@ def plot(result: dict, path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import numpy as np
-    import torch
-
-    from bench.harness.machine import load_average, machine_info
-    from bench.harness.report import progress, publish
-
     torch.set_num_threads(args.threads)
     if args.grid < 2 or args.tasks < 1:
         raise ValueError(f"regression_2d: --grid must be >= 2 and --tasks >= 1, got {args.grid} and {args.tasks}")

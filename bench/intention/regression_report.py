@@ -2,11 +2,12 @@
 sections and the MSE-vs-observations panel."""
 from __future__ import annotations
 
+from bench.harness.machine import machine_markdown
+from bench.harness.report import markdown_table
+
 
 def mse_table(result: dict, names: dict, digits: int) -> str:
     """MSE ± standard error per model, untrained and trained, per number of observations N."""
-    from bench.harness.report import markdown_table
-
     cfg, rows = result["config"], result["rows"]
     contexts = [str(n) for n in cfg["eval_context"]]
 
@@ -21,8 +22,6 @@ def mse_table(result: dict, names: dict, digits: int) -> str:
 
 def budget_table(result: dict, names: dict, digits: int) -> str:
     """Parameters, Adam rate, training seconds and first / last logged train MSE per model."""
-    from bench.harness.report import markdown_table
-
     cfg, rows = result["config"], result["rows"]
     return markdown_table(
         ["model", "parameters", "Adam lr", "train s", "first / last logged train MSE"],
@@ -42,8 +41,6 @@ def lowest_trained_line(result: dict, names: dict) -> str:
 def closing_sections(result: dict, names: dict, digits: int, differences: str) -> list:
     """The report's last lines: the training table, ``differences`` (from the paper's setup), wall time,
     command and machine, with blank lines between them."""
-    from bench.harness.machine import machine_markdown
-
     cfg = result["config"]
     return ["Training:", "", budget_table(result, names, digits), "", differences, "",
             f"Total wall time {result['wall_seconds']:.0f} s on {cfg['threads']} thread(s).", "",
@@ -53,7 +50,7 @@ def closing_sections(result: dict, names: dict, digits: int, differences: str) -
 def plot_mse_curves(ax, result: dict, names: dict) -> None:
     """The Fig. 7 panel on ``ax``: MSE vs N per model, dashed untrained, solid trained, log-log with only
     the evaluated N labelled (the caller adds labels, title and legend)."""
-    import matplotlib.ticker
+    import matplotlib.ticker  # matplotlib is optional (figures only): imported when plotting
 
     cfg, rows = result["config"], result["rows"]
     contexts = [str(n) for n in cfg["eval_context"]]

@@ -3,12 +3,18 @@ tasks around it), the comparison with Intention, and the smoothing and saving of
 from __future__ import annotations
 
 import datetime
+import sys
+import time
+
+import torch
+
+from bench.harness.machine import load_average, machine_info, machine_markdown
+from bench.harness.report import progress, publish
+from bench.intention import command_line
 
 
 def report_sections(*sections: str, result: dict) -> str:
     """The report's paragraphs and tables separated by blank lines, closed by the wall time and the machine."""
-    from bench.harness.machine import machine_markdown
-
     return "\n\n".join([*sections, f"Wall time {result['wall_seconds']:.0f} s. " + machine_markdown(result["machine"])])
 
 
@@ -23,17 +29,12 @@ def produced_by(result: dict, threads: int | None = None) -> str:
 def publish_report(name: str, result: dict, args, tables, plot, *, dated: bool = True) -> int:
     """Print and write ``<name>.md`` (``tables(result)`` and :func:`produced_by`, with the threads and date
     when ``dated``), ``<name>.json`` and the PNG of ``plot`` to ``args.out``; returns the exit status 0."""
-    from bench.harness.report import publish
-
     publish(name, tables(result) + produced_by(result, args.threads if dated else None), result, args.out, plot)
     return 0
 
 
 def finish_run(machine: dict, task: str, args) -> str:
     """Record the load average at the end of the run in ``machine``; returns the command that names the run."""
-    from bench.harness.machine import load_average
-    from bench.intention import command_line
-
     machine["load_average_end"] = load_average()
     return command_line(task, args).strip()
 
@@ -44,8 +45,6 @@ def publish_runs(name: str, task: str, args, *, machine: dict, runs: dict, start
     few_shot_classification): the result ``{"benchmark", "machine", "command", "runs", **fields,
     "wall_seconds", "config"}`` (see :func:`finish_run`; wall time from ``start``), its report dated.
     Returns the exit status 0."""
-    import time
-
     command = finish_run(machine, task, args)
     result = {"benchmark": name, "machine": machine, "command": command, "runs": runs, **fields,
               "wall_seconds": time.perf_counter() - start, "config": config}
@@ -58,8 +57,6 @@ def publish_rows(name: str, task: str, args, *, machine: dict, rows: list, start
     the result ``{"benchmark", "command", "machine", "rows", **fields, "wall_seconds", "config"}`` (see
     :func:`finish_run`; wall time from ``start``, to 0.1 s), its report ending with the command, undated.
     Returns the exit status 0."""
-    import time
-
     command = finish_run(machine, task, args)
     result = {"benchmark": name, "command": command, "machine": machine, "rows": rows, **fields,
               "wall_seconds": round(time.perf_counter() - start, 1), "config": config}
@@ -73,13 +70,6 @@ def run_sweep(name: str, task: str, args, *, validate, sweep, config: dict, tabl
     ``sweep(progress)`` returns the rows, on ``args.threads`` torch threads, and :func:`publish_rows`
     publishes them with ``config``.
     """
-    import time
-
-    import torch
-
-    from bench.harness.machine import machine_info
-    from bench.harness.report import progress
-
     try:
         validate(args)
     except ValueError as exc:
@@ -93,8 +83,6 @@ def run_sweep(name: str, task: str, args, *, validate, sweep, config: dict, tabl
 
 def option_error(exc: ValueError) -> int:
     """Print a rejected option as the command line's ``error:`` line; returns the exit status 2."""
-    import sys
-
     print(f"error: {exc}", file=sys.stderr)
     return 2
 
@@ -126,7 +114,7 @@ def moving_average(values, window: int) -> list:
 
 def save_figure(fig, path, dpi: int, legends=()) -> None:
     """Give each axes of ``legends`` a small legend and a medium title, lay ``fig`` out, write it, close it."""
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional, figures only (the figure came from pyplot() below, on Agg)
 
     for ax in legends:
         ax.legend(fontsize="small")
@@ -138,6 +126,7 @@ def save_figure(fig, path, dpi: int, legends=()) -> None:
 
 def pyplot():
     """``matplotlib.pyplot`` on the Agg backend (the figures are written to files, never shown)."""
+    # matplotlib is optional (figures only): imported when plotting, on the Agg backend (files, no display).
     import matplotlib
 
     matplotlib.use("Agg")

@@ -16,8 +16,15 @@ import math
 import time
 from pathlib import Path
 
+import torch
+
+from bench.harness.machine import load_average, machine_info
+from bench.harness.report import progress, publish
 from bench.intention import command_line
+from bench.intention.sine_models import SINE_MODELS, build_sine_model
+from bench.intention.sine_report import plot, tables
 from bench.intention.training import mse_per_context as evaluate  # this task's score (MSE per N), for callers
+from bench.intention.training import scored_training, train_mse_curve
 
 NAME = "intention_sine_few_shot"
 AMPLITUDE_RANGE, PHASE_RANGE, X_RANGE = (0.1, 5.0), (0.0, math.pi), (-6.0, 6.0)
@@ -64,8 +71,6 @@ def sample_sine_tasks(batch: int, num_points: int, num_context: int, generator) 
     >>> tuple(t["xc"].shape), tuple(t["y"].shape)
     ((4, 10, 1), (4, 200, 1))
     """
-    import torch
-
     if not 1 <= num_context <= num_points or batch < 1:
         raise ValueError(f"sample_sine_tasks: need batch >= 1 and 1 <= num_context <= num_points, got batch={batch}, "
                          f"num_context={num_context}, num_points={num_points}")
@@ -79,30 +84,17 @@ def sample_sine_tasks(batch: int, num_points: int, num_context: int, generator) 
 def train(model, steps: int, lr: float, args, log_every: int = 250) -> list:
     """Adam on the paper's MSE, the same task stream (seed ``args.seed``) for every model; returns the loss
     curve (mean of each ``log_every`` steps)."""
-    from bench.harness.report import progress
-    from bench.intention.training import train_mse_curve
-
     return train_mse_curve(model, lambda gen: sample_sine_tasks(args.batch, args.num_points, args.train_context, gen),
                            steps=steps, lr=lr, seed=args.seed, log_every=log_every, digits=3, log=progress)
 
 
 def qualitative(model, task: dict, contexts, grid) -> dict:
     """Fig. 6's curves: predictions on a sorted grid of one task for each number of observations."""
-    import torch
-
     with torch.no_grad():
         return {str(n): model(task["x"][:, :n], task["y"][:, :n], grid).view(-1).tolist() for n in contexts}
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from bench.harness.machine import load_average, machine_info
-    from bench.harness.report import progress, publish
-    from bench.intention.sine_models import SINE_MODELS, build_sine_model
-    from bench.intention.sine_report import plot, tables
-    from bench.intention.training import scored_training
-
     torch.set_num_threads(args.threads)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     contexts = [int(n) for n in args.eval_context.split(",")]

@@ -10,6 +10,8 @@ Imports of torch and attn_ext happen in :func:`build_sine_model`, so that import
 """
 from __future__ import annotations
 
+from bench.intention.few_shot_regressors import build_few_shot_regressor, check_context_shapes, check_regressor_options
+
 #: Model names in the order of the report, with the paper's name.
 SINE_MODELS = {"intention": "Intention", "sigma_intention": "σIntention", "attention": "Attention",
                "np": "Neural Process", "maml": "MAML"}
@@ -48,9 +50,6 @@ def build_sine_model(name: str, width: int = 128, *, heads: int = 4, maml_steps:
     >>> [tuple(build_sine_model(n, 16)(xc, yc, xt).shape) for n in SINE_MODELS]
     [(2, 7, 1), (2, 7, 1), (2, 7, 1), (2, 7, 1), (2, 7, 1)]
     """
-    from bench.intention.few_shot_regressors import (build_few_shot_regressor, check_context_shapes,
-                                                     check_regressor_options)
-
     def check(xc, yc, xt, cls):
         check_context_shapes(xc, yc, xt, cls, positions=1)
         return xc, xt

@@ -1,7 +1,12 @@
 """The report of ``python -m bench intention sine_few_shot``: its tables beside the paper's Figs. 6–7, and its figure."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
+
+from bench.intention.regression_report import closing_sections, lowest_trained_line, mse_table, plot_mse_curves
+from bench.intention.report_common import pyplot
+from bench.intention.sine_models import SINE_MODELS
 
 #: What the paper's Figs. 6–7 and §5.1 say (its MSE values are in the figure images only).
 PAPER_CLAIMS = (
@@ -13,14 +18,10 @@ PAPER_CLAIMS = (
 
 
 def _names() -> dict:
-    from bench.intention.sine_models import SINE_MODELS
-
     return SINE_MODELS
 
 
 def tables(result: dict) -> str:
-    from bench.intention.regression_report import closing_sections, lowest_trained_line, mse_table
-
     cfg, names = result["config"], _names()
     differences = (
         "Differences from the paper's setup: hidden width "
@@ -59,11 +60,6 @@ def tables(result: dict) -> str:
 
 def plot(result: dict, path: Path) -> None:
     """Top: MSE vs observations (dashed untrained, solid trained; Fig. 7). Below: one task per N (Fig. 6)."""
-    import math
-
-    from bench.intention.regression_report import plot_mse_curves
-    from bench.intention.report_common import pyplot
-
     plt = pyplot()
     cfg, rows, names, task = result["config"], result["rows"], _names(), result["figure_task"]
     contexts, models = [str(n) for n in cfg["eval_context"]], cfg["models"]

@@ -15,8 +15,20 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
+import sys
 import time
 from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import attn_ext as ae
+from bench.harness.machine import machine_info, timing_footer
+from bench.harness.report import markdown_table, progress
+from bench.harness.timing import gc_frozen, time_interleaved, torch_threads
+from bench.intention.report_common import option_error, publish_rows, pyplot, save_figure
 
 NAME = "intention_slowdown"
 IMPLS = ("intention", "sigma_intention", "nxn_map", "sdpa")
@@ -51,8 +63,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def sample_grid(samples: int, n_range, d_range, seed: int) -> list[tuple[int, int]]:
     """``samples`` points ``(N, d)``, each log-uniform in its range and rounded, from a seeded generator."""
-    import torch
-
     for lo, hi in (n_range, d_range):
         if not 1 <= lo <= hi:
             raise ValueError(f"slowdown: a range must satisfy 1 <= MIN <= MAX, got {lo} {hi}")
@@ -70,8 +80,6 @@ def sample_grid(samples: int, n_range, d_range, seed: int) -> list[tuple[int, in
 def nxn_map_intention(q, k, v, alpha: float):
     """Intention in the order of the paper's complexity argument: the ``[N, N]`` map ``Q (KᵀK + αI)⁻¹ Kᵀ``
     (one Cholesky solve, then an N × N × d product, as attention's ``QKᵀ``), then times ``V``."""
-    import torch
-
     eye = torch.eye(k.shape[-1], dtype=k.dtype)
     factor = torch.linalg.cholesky(k.transpose(-1, -2) @ k + alpha * eye)
     solved = torch.cholesky_solve(q.transpose(-1, -2), factor).transpose(-1, -2)    # Q (KᵀK + αI)⁻¹
@@ -80,12 +88,6 @@ def nxn_map_intention(q, k, v, alpha: float):
 
 def time_point(n: int, d: int, *, batch: int, heads: int, repeats: int, backend, seed: int) -> dict:
     """Median forward times (ms) of the three implementations at one ``(N, d)``, and the two slowdowns."""
-    import torch
-    import torch.nn.functional as F
-
-    import attn_ext as ae
-    from bench.harness.timing import time_interleaved
-
     gen = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(batch, heads, n, d, generator=gen) for _ in range(3))
     fns = {"intention": lambda: ae.intention(q, k, v, alpha=1.0, backend=backend),
@@ -109,8 +111,6 @@ def time_point(n: int, d: int, *, batch: int, heads: int, repeats: int, backend,
 
 def quantiles(values) -> list[float]:
     """:data:`QUANTILES` of ``values`` (linear interpolation)."""
-    import numpy as np
-
     return [float(x) for x in np.quantile(np.asarray(values, dtype=float), QUANTILES)]
 
 
@@ -133,8 +133,6 @@ REGIMES = {"N ≥ d": lambda r: r["N"] >= r["d"], "N < d": lambda r: r["N"] < r[
 
 def regime_medians(rows: list[dict]) -> dict:
     """Per :data:`REGIMES` subset: its number of points and the median slowdown of each op (None if empty)."""
-    import statistics
-
     out = {}
     for label, keep in REGIMES.items():
         subset = [r for r in rows if keep(r)]
@@ -144,9 +142,6 @@ def regime_medians(rows: list[dict]) -> dict:
 
 
 def tables(result: dict) -> str:
-    from bench.harness.machine import timing_footer
-    from bench.harness.report import markdown_table
-
     cfg, stats = result["config"], result["summary"]
     qtable = markdown_table(
         ["slowdown over SDPA"] + [f"q{q:g}" if 0 < q < 1 else ("min" if q == 0 else "max") for q in QUANTILES]
@@ -208,10 +203,6 @@ def tables(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    import numpy as np
-
-    from bench.intention.report_common import pyplot, save_figure
-
     plt = pyplot()
     rows = result["rows"]
     fig, (hist, scatter) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -238,13 +229,6 @@ def plot(result: dict, path: Path) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
-    from bench.harness.machine import machine_info
-    from bench.harness.report import progress
-    from bench.harness.timing import gc_frozen, torch_threads
-    from bench.intention.report_common import option_error, publish_rows
-
     if args.repeats < 1 or args.batch < 1 or args.heads < 1 or args.threads < 1:
         print("error: slowdown: --repeats, --batch, --heads and --threads must be >= 1", file=sys.stderr)
         return 2

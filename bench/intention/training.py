@@ -9,7 +9,10 @@ after training (:func:`train_mse_curve`, :func:`scored_training`).
 """
 from __future__ import annotations
 
+import math
 import time
+
+import torch
 
 
 def adam_on_stream(model, step_loss, *, steps: int, lr: float, seed: int, schedule=None, after_step=None) -> dict:
@@ -20,8 +23,6 @@ def adam_on_stream(model, step_loss, *, steps: int, lr: float, seed: int, schedu
     after every optimiser step. ``after_step(step, losses, start)`` runs after each step with the
     losses so far and the loop's ``time.perf_counter()`` start (to log or evaluate).
     """
-    import torch
-
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     scheduler = None if schedule is None else schedule(opt)
@@ -52,8 +53,6 @@ def log_mean_loss(log, steps: int, times: int):
 
 def model_mse(model, batch, inputs, target) -> float:
     """MSE of ``model(*inputs(batch))`` against ``target(batch)`` without gradients (a fixed evaluation batch)."""
-    import torch
-
     with torch.no_grad():
         return float((model(*inputs(batch)) - target(batch)).pow(2).mean())
 
@@ -86,10 +85,6 @@ def train_on_fresh_tasks(model, *, sample, inputs, target, steps: int, batch: in
 def mse_per_context(model, eval_sets: dict) -> dict:
     """A few-shot regressor's MSE on ``eval_sets`` (number of observations -> task dict): the mean over
     tasks of each task's MSE over its targets, and its standard error over tasks, keyed by ``str(n)``."""
-    import math
-
-    import torch
-
     out = {}
     with torch.no_grad():
         for n, t in eval_sets.items():

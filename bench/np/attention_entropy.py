@@ -23,6 +23,9 @@ import torch
 from torch import Tensor, nn
 
 from attn_ext.nn import MultiheadCrossAttention
+from bench.harness.report import markdown_table
+from bench.np.checkpoint import load_checkpoint
+from bench.np.tasks.np_tasks import gp_task
 
 
 @dataclass
@@ -108,10 +111,6 @@ def sharpness_table(model: nn.Module, batches: Sequence) -> List[list]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from bench.harness.report import markdown_table
-    from bench.np.tasks.np_tasks import gp_task
-    from bench.np.train import load_checkpoint
-
     parser = argparse.ArgumentParser(prog="python -m bench.np.attention_entropy", description=__doc__.split("\n")[0])
     parser.add_argument("run", type=Path, help="run directory of `python -m bench train gp`")
     parser.add_argument("--batches", type=int, default=8, help="RBF batches of 16 tasks (default 8)")

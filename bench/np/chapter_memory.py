@@ -15,8 +15,16 @@ from __future__ import annotations
 
 import datetime
 import sys
+import time
 from pathlib import Path
 from typing import Optional, Sequence
+
+from attn_ext.models import MODELS, build_model
+from bench.harness.machine import load_average, machine_info, machine_markdown
+from bench.harness.memory import measure_peak_extra
+from bench.harness.plot import Series, plot_time_and_memory
+from bench.harness.report import markdown_table, progress, publish
+from bench.np.np_memory import _status
 
 NAME = "chapter_memory"
 #: The chapter's grid (Table 0.6.1), in its row order.
@@ -36,16 +44,12 @@ CHAPTER_MB = {
 
 def all_models() -> list:
     """Every registered model, plus ``tnpd_masked`` (TNP-D's official quadratic formulation)."""
-    from attn_ext.models import MODELS
-
     names = sorted(MODELS)
     return names[:names.index("tnpd") + 1] + ["tnpd_masked"] + names[names.index("tnpd") + 1:]
 
 
 def weights_mb(model: str) -> Optional[float]:
     """Parameter memory (MB, fp32) of ``model`` at its default sizes with 2-D inputs."""
-    from attn_ext.models import build_model
-
     try:
         net = build_model("tnpd" if model == "tnpd_masked" else model, dim_x=DIM_X)
     except Exception:  # a model that cannot be built shows up as `failed` in its cells with the reason
@@ -55,12 +59,6 @@ def weights_mb(model: str) -> Optional[float]:
 
 def measure(models: Sequence[str], grid: Sequence[tuple], *, cap_mb: float, timeout: float, log=None) -> list:
     """One fresh-process probe per (model, N_c, N_t)."""
-    import time
-
-    from bench.harness.memory import measure_peak_extra
-    from bench.harness.report import progress
-    from bench.np.np_memory import _status
-
     log = log or progress
     cells = [(m, nc, nt) for m in models for nc, nt in grid]
     rows = []
@@ -83,9 +81,6 @@ def _cell(rows, model, nc, nt) -> Optional[str]:
 
 
 def tables(result: dict) -> str:
-    from bench.harness.machine import machine_markdown
-    from bench.harness.report import markdown_table
-
     cfg, rows = result["config"], result["rows"]
     grid = [tuple(g) for g in cfg["grid"]]
     ours = markdown_table(["N_c", "N_t"] + cfg["models"],
@@ -126,8 +121,6 @@ def tables(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    from bench.harness.plot import Series, plot_time_and_memory
-
     cfg, rows = result["config"], result["rows"]
     grid = [tuple(g) for g in cfg["grid"]]
 
@@ -147,9 +140,6 @@ def plot(result: dict, path: Path) -> None:
 
 def run_chapter_memory(models: Sequence[str], grid: Sequence[tuple], *, out_dir: Path, cap_mb: float = 4000.0,
                        timeout: float = 300.0, readme=None, command: str = "python -m bench run chapter_memory") -> int:
-    from bench.harness.machine import load_average, machine_info
-    from bench.harness.report import publish
-
     machine = machine_info()
     rows = measure(models, grid, cap_mb=cap_mb, timeout=timeout)
     machine["load_average_end"] = load_average()

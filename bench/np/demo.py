@@ -14,6 +14,17 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+
+from attn_ext.models import build_model
+from bench.harness.machine import load_average, machine_info, machine_markdown
+from bench.harness.report import markdown_table, progress, provenance, publish
+from bench.harness.timing import torch_threads
+from bench.np.data.eval_set import evaluation_set
+from bench.np.evaluate import evaluate, score
+from bench.np.train import train
+from bench.np.training_curves import collect_curves, plot_training_curves
+
 NAME = "np_demo"
 MODEL = "tnpd"
 OVERRIDES = {"d_model": 32, "num_layers": 2, "num_heads": 2, "ff_dim": 64, "emb_depth": 2}
@@ -28,17 +39,6 @@ def _flags() -> str:
 
 def run(options) -> int:
     """Train, evaluate, publish; exit status 0, or 1 when training or publishing failed."""
-    import torch
-
-    from attn_ext.models import build_model
-    from bench.harness.machine import load_average, machine_info, machine_markdown
-    from bench.harness.report import markdown_table, progress, provenance, publish
-    from bench.harness.timing import torch_threads
-    from bench.np.data.eval_set import evaluation_set
-    from bench.np.evaluate import evaluate, score
-    from bench.np.train import train
-    from bench.np.training_curves import collect_curves, plot_training_curves
-
     machine = machine_info()
     progress(f"{NAME}: {MODEL} ({_flags()}) on GP RBF tasks, {STEPS} steps on 1 thread, then "
              f"{EVAL_BATCHES} evaluation batches; {machine_markdown(machine)}")

@@ -22,14 +22,20 @@ import time
 from pathlib import Path
 from typing import Iterable, Optional
 
-from bench.np.data.eval_set import FULL_NUM_BATCHES
+import torch
+
+from attn_ext.models import CMANPAND
+from bench.np.checkpoint import load_checkpoint, stored_options
+from bench.np.data.eval_set import FULL_NUM_BATCHES, evaluation_set, sawtooth_evaluation_set
+from bench.np.data.images import DATASETS
+from bench.np.tasks.image_plot import plot_completions
+from bench.np.tasks.np_tasks import image_task
+from bench.np.train import add_task_arguments
 
 EVAL_BATCH, EVAL_SEED = 16, 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from bench.np.train import add_task_arguments
-
     sub = parser.add_subparsers(dest="task", metavar="TASK", required=True)
     gp = sub.add_parser("gp", help="the fixed-seed GP evaluation set")
     sawtooth = sub.add_parser("sawtooth", help="the fixed-seed Sawtooth evaluation set")
@@ -56,10 +62,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def score(model, batches: Iterable, block_size: Optional[int] = None):
     """``(per-batch mean log-likelihood [num_batches], seconds, extra result fields)``."""
-    import torch
-
-    from attn_ext.models import CMANPAND
-
     model.eval()
     kwargs = {"block_size": block_size} if isinstance(model, CMANPAND) else {}
     start = time.perf_counter()
@@ -70,8 +72,6 @@ def score(model, batches: Iterable, block_size: Optional[int] = None):
 
 
 def _result(ckpt: dict, per_batch, seconds: float, extra: dict, **fields) -> dict:
-    from bench.np.train import stored_options
-
     return {"model": ckpt["model"], "model_options": stored_options(ckpt), **fields, "num_batches": len(per_batch),
             "train_steps": ckpt["step"],
             "schedule_steps": ckpt.get("steps", ckpt["step"]), "train_seconds": ckpt["elapsed"],
@@ -87,8 +87,6 @@ def _out_dir(run_dir: Path) -> Path:
 def _run_task(run_dir: Path, task: str, num_context: Optional[int], num_target: Optional[int]):
     """``(model, checkpoint, the run's task settings with the counts overridden)``; a run of another task
     is an error (checkpoints from before tasks were stored are GP runs)."""
-    from bench.np.train import load_checkpoint
-
     model, ckpt = load_checkpoint(run_dir)
     if ckpt.get("task", "gp") != task:
         raise ValueError(f"{run_dir} is a {ckpt.get('task', 'gp')!r} run; `eval {task}` needs a {task} run")
@@ -107,8 +105,6 @@ def evaluate(run_dir: Path, kernel: str = "rbf", *, num_batches: int = FULL_NUM_
              num_context: Optional[int] = None, num_target: Optional[int] = None) -> dict:
     """Evaluate a GP checkpoint on the set of its input dimension and counts (``num_context``/``num_target``
     override the run's); returns (and writes next to it) the result dict."""
-    from bench.np.data.eval_set import evaluation_set
-
     model, ckpt, settings = _run_task(run_dir, "gp", num_context, num_target)
     dim_x, nc, nt = settings.get("dim_x", 1), settings.get("num_context"), settings.get("num_target")
     batches = evaluation_set(kernel, num_batches, length_range=length_range, dim_x=dim_x, num_context=nc,
@@ -126,8 +122,6 @@ def evaluate_sawtooth(run_dir: Path, *, num_batches: int = FULL_NUM_BATCHES, blo
                       data_dir: Optional[Path] = None, num_context: Optional[int] = None,
                       num_target: Optional[int] = None) -> dict:
     """Evaluate a Sawtooth checkpoint on the fixed-seed set of its settings; returns (and writes) the result."""
-    from bench.np.data.eval_set import sawtooth_evaluation_set
-
     model, ckpt, settings = _run_task(run_dir, "sawtooth", num_context, num_target)
     batches = sawtooth_evaluation_set(num_batches, dim_x=settings["dim_x"], num_context=settings["num_context"],
                                       num_target=settings["num_target"], noise_std=settings["noise_std"],
@@ -140,8 +134,6 @@ def evaluate_sawtooth(run_dir: Path, *, num_batches: int = FULL_NUM_BATCHES, blo
 
 def image_batches(sampler, num_batches: Optional[int] = None, seed: int = EVAL_SEED):
     """The fixed evaluation tasks of an image split: its images in order, batches of 16, seeded splits."""
-    import torch
-
     generator = torch.Generator().manual_seed(seed)
     stops = range(0, len(sampler), EVAL_BATCH)
     for lo in list(stops)[:num_batches]:
@@ -152,10 +144,6 @@ def evaluate_images(run_dir: Path, *, dataset: Optional[str] = None, data_dir: O
                     split: Optional[str] = None, num_batches: Optional[int] = None, block_size: Optional[int] = None,
                     plot_images: int = 4) -> list:
     """Evaluate an image-completion checkpoint on each evaluation split; one result dict per split."""
-    from bench.np.data.images import DATASETS
-    from bench.np.tasks.np_tasks import image_task
-    from bench.np.train import load_checkpoint
-
     model, ckpt = load_checkpoint(run_dir)
     if ckpt.get("task") != "images" and dataset is None:
         raise ValueError(f"{run_dir} is a {ckpt.get('task', 'gp')!r} run; `eval images` needs an image-completion run")
@@ -167,8 +155,6 @@ def evaluate_images(run_dir: Path, *, dataset: Optional[str] = None, data_dir: O
         per_batch, seconds, extra = score(model, image_batches(sampler, num_batches), block_size)
         result = _result(ckpt, per_batch, seconds, extra, dataset=dataset, split=name, batch_size=EVAL_BATCH)
         if plot_images > 0:
-            from bench.np.tasks.image_plot import plot_completions
-
             path = _out_dir(run_dir) / f"completions_{name}.png"
             result["figure"] = str(plot_completions(model, sampler, path, plot_images))
         (_out_dir(run_dir) / f"eval_{dataset}_{name}.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -189,8 +175,6 @@ def _describe(task: str, result: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     torch.set_num_threads(args.threads)
     try:
         if args.task == "gp":

@@ -10,10 +10,26 @@ stopped on the way, as ``gp_full``.
 """
 from __future__ import annotations
 
+import argparse
+import inspect
 import json
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional
+
+import torch
+
+from attn_ext.models import MODELS as MODEL_CLASSES
+# The modules of publish, train and evaluate, not the functions: looked up at each call, so that a test can
+# stand in for them.
+from bench.harness import report as harness_report
+from bench.harness.report import markdown_table, progress
+from bench.harness.timing import torch_threads
+from bench.np import evaluate, train
+from bench.np.checkpoint import CHECKPOINT, stored_options
+from bench.np.train_history import HISTORY
+from bench.np.training_curves import collect_curves, plot_training_curves
 
 NAME = "gp_quick"
 MODELS = ("tnpd", "lbanp", "cmanp", "cmanp_and", "retreever", "intention_np", "linear_tnp", "tnp_nd", "lbanp_nd",
@@ -55,13 +71,8 @@ def _steps_cell(result: dict) -> str:
 def _label(result: dict) -> str:
     """The model's name, and the options it was trained with that differ from the model's defaults
     (e.g. ReTreever's aggregator)."""
-    import inspect
-
-    from attn_ext.models import MODELS
-    from bench.np.train import stored_options
-
     model, options = result["model"], stored_options(result)
-    params = inspect.signature(MODELS[model].__init__).parameters if model in MODELS else {}
+    params = inspect.signature(MODEL_CLASSES[model].__init__).parameters if model in MODEL_CLASSES else {}
     shown = [f"{k}={v}" for k, v in options.items() if k not in params or params[k].default != v]
     return model + (f" ({', '.join(shown)})" if shown else "")
 
@@ -80,10 +91,6 @@ def _runs(runs_dir: Path) -> list:
 
 def _checkpoint_identity(run: Path) -> Optional[dict]:
     """``{"model", "model_options"}`` of a run without an evaluation yet, from its checkpoint."""
-    import torch
-
-    from bench.np.train import CHECKPOINT
-
     path = run / CHECKPOINT
     if not path.exists():
         return None
@@ -93,10 +100,6 @@ def _checkpoint_identity(run: Path) -> Optional[dict]:
 
 def _curves(runs_dir: Path, evaluated: dict) -> dict:
     """Training curves of every run with a history, labelled like the table's rows."""
-    from bench.np.train_history import HISTORY
-
-    from bench.np.training_curves import collect_curves
-
     identities = {name: next(iter(evals.values())) for name, evals in evaluated.items()}
     for run in sorted(p for p in runs_dir.iterdir() if (p / HISTORY).exists()):
         if run.name not in identities:
@@ -117,8 +120,6 @@ def report(runs_dir: Path, command: str, protocol: str = "quick", published_as: 
     checkpoint; one row per run, so variants of a model sit side by side); ``protocol`` ("quick" or
     "paper") picks the text that says what was measured; ``published_as`` is the stem the curves' PNG
     is published under."""
-    from bench.harness.report import markdown_table
-
     rows, raw = [], {}
     for name, evals in _runs(runs_dir):
         first = next(iter(evals.values()))
@@ -150,32 +151,22 @@ def report(runs_dir: Path, command: str, protocol: str = "quick", published_as: 
 
 def _publish(name: str, text: str, result: dict, curves: dict, out_dir: Path, readme: Optional[Path]) -> bool:
     """Publish the report, with the curves' PNG when there are curves."""
-    from bench.harness.report import publish
-    from bench.np.training_curves import plot_training_curves
-
     def plot(_result, path):
         plot_training_curves(curves, path, f"GP meta-regression ({name}): training loss on RBF tasks")
 
-    return publish(name, text, {**result, "curves": curves}, out_dir, plot if curves else None, readme)
+    return harness_report.publish(name, text, {**result, "curves": curves}, out_dir, plot if curves else None, readme)
 
 
 def run_protocol(out_dir: Path, runs_dir: Path, steps: int, eval_batches: int, overrides: dict,
                  readme: Path | None = None, name: str = NAME) -> int:
     """Train and evaluate every model into ``runs_dir``, then publish ``<name>.md/.json``."""
-
-    from bench.np.evaluate import evaluate
-    from bench.np.train import train
-
-    from bench.harness.report import progress
-    from bench.harness.timing import torch_threads
-
     with torch_threads(1):  # the protocol's budget is one thread; the benchmarks after it keep theirs
         for model in MODELS:
             progress(f"{NAME}: training {model} for {steps} steps")
-            train(model, steps, runs_dir / model, overrides=overrides, checkpoint_every=steps,
-                  log_every=max(steps // 2, 1))
+            train.train(model, steps, runs_dir / model, overrides=overrides, checkpoint_every=steps,
+                        log_every=max(steps // 2, 1))
             for kernel in KERNELS:
-                evaluate(runs_dir / model, kernel, num_batches=eval_batches)
+                evaluate.evaluate(runs_dir / model, kernel, num_batches=eval_batches)
     flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in overrides.items())
     text, raw, curves = report(runs_dir, f"python -m bench train gp --model MODEL --steps {steps} {flags} && python -m bench eval "
                                          f"gp --ckpt RUN --kernel KERNEL --num-batches {eval_batches}", published_as=name)
@@ -185,8 +176,6 @@ def run_protocol(out_dir: Path, runs_dir: Path, steps: int, eval_batches: int, o
 def run(options) -> int:
     """``python -m bench run gp_quick``; quick mode publishes as ``gp_smoke`` so that it never overwrites the
     accuracy table of the full quick protocol."""
-    import tempfile
-
     cfg = QUICK if options.quick else FULL
     with tempfile.TemporaryDirectory(prefix="attn_ext_gp_") as runs_dir:
         return run_protocol(Path(options.out_dir), Path(runs_dir), cfg["steps"], cfg["eval_batches"],
@@ -197,8 +186,6 @@ def main(argv=None) -> int:
     """``python -m bench.np.gp_report RUNS_DIR [OUT_DIR [README]] [--protocol paper]``: the report
     of finished runs (``RUNS_DIR/<model>/eval_rbf.json``), as ``gp_quick`` or, for the paper protocol,
     ``gp_full``."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m bench.np.gp_report")
     parser.add_argument("runs", type=Path)
     parser.add_argument("out", type=Path, nargs="?", default=Path("bench/out"))

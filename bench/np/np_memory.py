@@ -15,6 +15,7 @@ A cell whose allocation exceeds ``--cap-mb`` (an ``RLIMIT_DATA`` set in the chil
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import math
 import resource
@@ -22,6 +23,16 @@ import sys
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from attn_ext.models import build_model
+from bench.harness.goals import verdict
+from bench.harness.machine import load_average, machine_info, machine_markdown
+from bench.harness.memory import measure_peak_extra
+from bench.harness.plot import Series, plot_time_and_memory
+from bench.harness.report import markdown_table, progress, publish
 
 NAME = "np_memory"
 MODEL_NAMES = ("tnpd", "tnpd_masked", "lbanp", "cmanp", "cmanp_and", "retreever", "intention_np", "linear_tnp",
@@ -53,9 +64,6 @@ def _vm_data_bytes() -> int:
 def _masked_tnpd(model, xc, yc, xt):
     """TNP-D's official formulation on ``model``'s weights: a ``[N, N]`` mask and SDPA per layer (the
     attention module's public parameters, laid out as ``torch.nn.MultiheadAttention``'s)."""
-    import torch
-    import torch.nn.functional as F
-
     tokens = torch.cat([model.embed_pairs(xc, yc), model.embed_pairs(xt, None)], 1)
     n, nc = tokens.shape[1], xc.shape[1]
     allowed = torch.zeros(n, n, dtype=torch.bool)
@@ -79,10 +87,6 @@ def memory_probe(model: str, n_context: int, n_target: int, chunk_size: int = 10
     """Target of :func:`bench.harness.memory.measure_peak_extra`: builds the model (inputs of ``dim_x``
     dimensions in [−2, 2)) and the inputs, caps further allocations at ``cap_mb`` MB, returns the
     prediction to measure."""
-    import torch
-
-    from attn_ext.models import build_model
-
     torch.manual_seed(seed)
     base = "tnpd" if model == "tnpd_masked" else model
     net = build_model(base, chunk_size=chunk_size, dim_x=dim_x).eval()
@@ -119,9 +123,6 @@ def measure(models: Sequence[str], ncs: Sequence[int], nts: Sequence[int], *, fi
             fixed_nc: int = FIXED_NC, chunk_size: int = 1024, cap_mb: float = 4000.0,
             timeout: float = 600.0, log=None) -> list:
     """One fresh-process probe per (model, sweep, N); returns the rows."""
-    from bench.harness.memory import measure_peak_extra
-    from bench.harness.report import progress
-
     log = log or progress
     cells = ([("N_c", m, n, fixed_nt) for m in models for n in ncs]
              + [("N_t", m, fixed_nc, n) for m in models for n in nts]
@@ -171,9 +172,6 @@ def goals(rows: list, models: Sequence[str], ncs: Sequence[int]) -> dict:
 
 
 def tables(result: dict) -> str:
-    from bench.harness.machine import machine_markdown
-    from bench.harness.report import markdown_table
-
     cfg, rows, g = result["config"], result["rows"], result["goals"]
 
     def table(sweep, ns, label):
@@ -215,8 +213,6 @@ def tables(result: dict) -> str:
 
 
 def _goal_line(result: dict) -> str:
-    from bench.harness.goals import verdict
-
     g = result["goals"]
     cm, ct = g["cmanp_ratio"], g.get("cmanp_tensor_ratio", {"ratio": None, "flat": None})
 
@@ -232,8 +228,6 @@ def _goal_line(result: dict) -> str:
 def summary(result: dict) -> str:
     """The README's short form: the N_c sweep of the goals' models and the goal (all models, the N_t sweep
     and more in ``<name>.md``)."""
-    from bench.harness.report import markdown_table
-
     cfg, rows = result["config"], result["rows"]
     models = [m for m in cfg["models"] if m in QUICK_MODELS] or cfg["models"]
     body = [[m] + [(_peak(rows, "N_c", m, n) or {}).get("status") for n in cfg["ncs"]] for m in models]
@@ -250,8 +244,6 @@ def summary(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
-    from bench.harness.plot import Series, plot_time_and_memory
-
     cfg, rows = result["config"], result["rows"]
 
     def series(sweep, ns):
@@ -273,11 +265,6 @@ def run_memory(models, ncs, nts, *, out_dir: Path, fixed_nt=FIXED_NT, fixed_nc=F
     ``reuse``: a previous ``<name>.json`` whose rows of models not in ``models`` are kept (same grid),
     to re-measure some models without repeating the others. ``command`` is named in the report.
     """
-    import datetime
-
-    from bench.harness.machine import load_average, machine_info
-    from bench.harness.report import publish
-
     machine = machine_info()
     rows = measure(models, ncs, nts, fixed_nt=fixed_nt, fixed_nc=fixed_nc, chunk_size=chunk_size, cap_mb=cap_mb,
                    timeout=timeout)

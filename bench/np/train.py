@@ -24,7 +24,17 @@ import time
 from pathlib import Path
 from typing import Optional
 
-CHECKPOINT = "checkpoint.pt"
+import torch
+
+from attn_ext.data import KERNELS, LENGTH_RANGES
+from attn_ext.models import MODELS, build_model
+from bench.np.checkpoint import CHECKPOINT, save_checkpoint, stored_options
+from bench.np.data.images import DATASETS
+from bench.np.tasks.copy_cli import add_copy_arguments, run_copy
+from bench.np.tasks.image_plot import plot_run
+from bench.np.tasks.np_tasks import CHAPTER_2D, gp_task, image_task, sawtooth_task, wheel_task
+from bench.np.train_history import LogPoint, append_history, start_history
+
 #: NPConfig fields settable from the command line.
 CONFIG_FLAGS = ("d_model", "num_layers", "num_heads", "ff_dim", "emb_depth", "num_latents", "chunk_size")
 
@@ -37,8 +47,6 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _common_arguments(parser: argparse.ArgumentParser) -> None:
-    from attn_ext.models import MODELS
-
     parser.add_argument("--model", required=True, choices=sorted(MODELS))
     parser.add_argument("--steps", type=int, default=100_000)
     parser.add_argument("--out", type=Path, required=True, help="run directory (checkpoint, logs)")
@@ -89,13 +97,9 @@ def add_task_arguments(parser: argparse.ArgumentParser, name: str) -> None:
         parser.add_argument("--context-rewards", choices=["all", "pulled"], default="all",
                             help="context y: every arm's reward (paper) or one random pulled arm's, as at deployment")
     elif name == "gp":
-        from attn_ext.data import KERNELS, LENGTH_RANGES
-
         parser.add_argument("--kernel", choices=KERNELS, default="rbf")
         parser.add_argument("--length-range", choices=sorted(LENGTH_RANGES), default="code")
     elif name != "sawtooth":
-        from bench.np.data.images import DATASETS
-
         parser.add_argument("--dataset", choices=list(DATASETS), required=(name == "images-train"),
                             help="emnist and celeba* read --data-dir; digits is scikit-learn's, offline")
         parser.add_argument("--data-dir", type=Path, default=None, help="directory of the dataset's files")
@@ -115,8 +119,6 @@ def _add_size_arguments(parser: argparse.ArgumentParser, name: str) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from bench.np.tasks.copy_cli import add_copy_arguments
-
     sub = parser.add_subparsers(dest="task", metavar="TASK", required=True)
     gp = sub.add_parser("gp", help="GP meta-regression (docs/spec.md §6), 1-D or --dim-x D")
     _common_arguments(gp)
@@ -150,19 +152,6 @@ def model_overrides(args: argparse.Namespace) -> dict:
 MODEL_OPTION_FLAGS = {"retreever": ("aggregator", "backprop_through_tree", "tree_design", "lambda_rl", "lambda_ca"),
                       "lbanp": ("block",), "cmanp": ("block",),
                       "cmanp_and": ("block", "covariance"), "intention_np": ("intention_form",)}
-#: The options of checkpoints written before they were stored: the defaults of that time.
-LEGACY_OPTIONS = {"retreever": {"aggregator": "mean", "backprop_through_tree": True},
-                  **{name: {"block": "prenorm"} for name in ("lbanp", "cmanp")},
-                  "cmanp_and": {"block": "prenorm", "covariance": "lowrank"},
-                  "intention_np": {"intention_form": "linear"}}
-
-
-def stored_options(ckpt: dict) -> dict:
-    """The model options a checkpoint (or an evaluation result written from one) was trained with; an
-    option it does not store had, when it was written, the value in :data:`LEGACY_OPTIONS`."""
-    return {**LEGACY_OPTIONS.get(ckpt["model"], {}), **ckpt.get("model_options", {})}
-
-
 def model_options(args: argparse.Namespace) -> dict:
     """The model-specific options given on the command line; an error names any the model lacks."""
     given = {f: getattr(args, f) for flags in MODEL_OPTION_FLAGS.values() for f in flags
@@ -174,29 +163,6 @@ def model_options(args: argparse.Namespace) -> dict:
         raise ValueError("; ".join(f"--{f.replace('_', '-')} applies to {', '.join(owners[f])} only"
                                    for f in wrong) + f", not {args.model}")
     return given
-
-
-def _save(path: Path, payload: dict) -> None:
-    import torch
-
-    tmp = path.with_suffix(".tmp")
-    torch.save(payload, tmp)
-    tmp.replace(path)
-
-
-def load_checkpoint(run_dir: Path):
-    """``(model, checkpoint dict)`` of a run directory (or a checkpoint file)."""
-    import torch
-
-    from attn_ext.models import build_model
-
-    path = run_dir if run_dir.is_file() else run_dir / CHECKPOINT
-    if not path.exists():
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    ckpt = torch.load(path, weights_only=False)
-    model = build_model(ckpt["model"], **ckpt["config"], **stored_options(ckpt))
-    model.load_state_dict(ckpt["model_state"])
-    return model, ckpt
 
 
 def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, batch_size: int = 16,
@@ -217,12 +183,6 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
     ``checkpoint-STEP.pt``: copied into an empty directory as ``checkpoint.pt``, it replays the run
     from that step bit for bit (the batch generator and RNG states are in it), e.g. to look at a spike.
     """
-    import torch
-
-    from attn_ext.models import build_model
-    from bench.np.tasks.np_tasks import gp_task
-    from bench.np.train_history import LogPoint, append_history, start_history
-
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     if min(steps, batch_size, checkpoint_every, log_every, 1 if keep_every is None else keep_every) <= 0:
         raise ValueError("steps, batch_size, checkpoint_every, log_every and keep_every must be positive")
@@ -273,9 +233,9 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
             "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay, "clip_grad_norm": clip_grad_norm}
 
     def checkpoint() -> None:
-        _save(ckpt_path, {**meta, "model_state": model.state_dict(), "optimiser": optimiser.state_dict(),
-                          "schedule": schedule.state_dict(), "generator": generator.get_state(),
-                          "torch_rng": torch.get_rng_state(), "step": step, "elapsed": elapsed})
+        save_checkpoint(ckpt_path, {**meta, "model_state": model.state_dict(), "optimiser": optimiser.state_dict(),
+                                    "schedule": schedule.state_dict(), "generator": generator.get_state(),
+                                    "torch_rng": torch.get_rng_state(), "step": step, "elapsed": elapsed})
 
     model.train()
     parameters = [p for p in model.parameters() if p.requires_grad]
@@ -320,8 +280,6 @@ def train(model_name: str, steps: int, out: Path, *, task=None, seed: int = 0, b
 
 def gradient_norm(parameters) -> float:
     """The global L2 norm of the parameters' gradients (parameters without one count as zero)."""
-    import torch
-
     grads = [p.grad.detach() for p in parameters if p.grad is not None]
     if not grads:
         return 0.0
@@ -331,8 +289,6 @@ def gradient_norm(parameters) -> float:
 
 def task_from_arguments(args: argparse.Namespace):
     """The :class:`~bench.np.tasks.np_tasks.NPTask` that ``python -m bench train TASK ...`` names."""
-    from bench.np.tasks.np_tasks import CHAPTER_2D, gp_task, image_task, sawtooth_task, wheel_task
-
     if args.task in ("gp", "sawtooth"):
         chapter = args.task == "sawtooth" or args.chapter_2d
         preset = CHAPTER_2D if chapter else {"dim_x": 1, "num_context": None, "num_target": None}
@@ -346,11 +302,7 @@ def task_from_arguments(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     if args.task == "copy":
-        from bench.np.tasks.copy_cli import run_copy
-
         return run_copy(args)
     torch.set_num_threads(args.threads)
     try:
@@ -362,8 +314,6 @@ def run(args: argparse.Namespace) -> int:
                         overrides=model_overrides(args),
                         options=model_options(args), stop_after=args.stop_after)
         if args.task == "images" and args.plot_images > 0:
-            from bench.np.tasks.image_plot import plot_run
-
             summary["figure"] = str(plot_run(args.out, args.plot_images))
     except (ValueError, FloatingPointError, FileNotFoundError, ImportError) as exc:
         print(f"python -m bench train: error: {exc}", file=sys.stderr)

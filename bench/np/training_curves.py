@@ -4,6 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, Optional
 
+from bench.np.train_history import read_history
+
 #: Log points averaged for the drawn line: one log point is the mean of a few hundred steps, and GP
 #: tasks differ so much from batch to batch that single points hide the trend.
 SMOOTHING = 8
@@ -13,8 +15,6 @@ def collect_curves(runs_dir: Path, labels: Dict[str, str], targets: Dict[str, Op
     """``{run name: {"label", "steps", "loss", "target"}}`` for every run directory of ``runs_dir``
     with a training history; ``labels``/``targets`` (the paper's RBF log-likelihood, drawn as its
     negative) by run name, where known."""
-    from bench.np.train_history import read_history
-
     curves = {}
     for run in sorted(p for p in Path(runs_dir).iterdir() if p.is_dir()):
         points = read_history(run)
@@ -38,6 +38,7 @@ def plot_training_curves(curves: dict, path: Path, title: str) -> None:
     """Training loss against step, one line per run, with the paper's −log-likelihood dotted in the
     same colour where the run has a ``target`` (the training loss is then the per-target NLL on RBF
     tasks, which the evaluation's log-likelihood negates)."""
+    # matplotlib is optional (figures only): imported when plotting, on the Agg backend (files, no display).
     import matplotlib
 
     matplotlib.use("Agg")

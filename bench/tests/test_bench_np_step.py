@@ -9,6 +9,7 @@ import torch
 import attn_ext.nn
 import bench
 import bench.bench_np_step as ns
+from bench.bench_np_step_goals import attention_ratio, step_ratio
 from attn_ext.models import MODELS, build_model
 from bench.harness import BenchOptions, goals
 from bench.harness.timing import torch_threads
@@ -118,7 +119,7 @@ def test_goal_is_on_the_attention_and_re_measures_a_failing_model():
     assert judged["verdict"] == "met" and judged["rows_met"] == 3 and "batch 4" in judged["grid_note"]
     assert ns.judge_goals([_row("tnpd", 13.0, 10.0, step=(5.0, 10.0))], ns.FULL, None)["verdict"] == "NOT met"
     assert ns.judge_goals([_row("lbanp", 5.0, 10.0, step=(11.0, 10.0))], ns.FULL, None)["verdict"] == "met"
-    assert ns.step_ratio(rows[0]) == 0.5 and ns.attention_ratio(rows[0]) == 1.3
+    assert step_ratio(rows[0]) == 0.5 and attention_ratio(rows[0]) == 1.3
 
 
 def test_summary_reads_time_ratios_the_same_way():

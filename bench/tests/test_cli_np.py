@@ -31,7 +31,8 @@ def test_train_eval_memory_end_to_end(tmp_path, capsys, monkeypatch):
 
 
 def test_resume_matches_uninterrupted(tmp_path):
-    from bench.np.train import load_checkpoint, train
+    from bench.np.checkpoint import load_checkpoint
+    from bench.np.train import train
     from bench.np.train_history import LogPoint, append_history, read_history
 
     tiny = dict(d_model=8, num_layers=1, num_heads=2, ff_dim=16, emb_depth=2)
@@ -62,7 +63,7 @@ def test_train_rejects_a_foreign_checkpoint(tmp_path, capsys):
 
 
 def test_model_options_are_kept_in_the_checkpoint(tmp_path, capsys):
-    from bench.np.train import load_checkpoint
+    from bench.np.checkpoint import load_checkpoint
 
     run = tmp_path / "run"
     args = ["train", "gp", "--model", "retreever", "--steps", "2", "--out", str(run), *TINY]
@@ -79,7 +80,7 @@ def test_model_options_are_kept_in_the_checkpoint(tmp_path, capsys):
 
 
 def test_block_is_kept_and_old_lbanp_checkpoints_resume_as_prenorm(tmp_path, capsys):
-    from bench.np.train import load_checkpoint
+    from bench.np.checkpoint import load_checkpoint
 
     args = ["train", "gp", "--model", "lbanp", "--steps", "2", *TINY]
     assert main([*args, "--out", str(tmp_path / "p"), "--block", "perceiver"]) == 0
@@ -107,7 +108,8 @@ def test_block_is_kept_and_old_lbanp_checkpoints_resume_as_prenorm(tmp_path, cap
 
 
 def test_checkpoints_from_before_options_were_stored_load_with_the_defaults_of_their_time(tmp_path):
-    from bench.np.train import load_checkpoint, train
+    from bench.np.checkpoint import load_checkpoint
+    from bench.np.train import train
 
     tiny = dict(d_model=8, num_layers=1, num_heads=2, ff_dim=16, emb_depth=2)
     train("retreever", 1, tmp_path, overrides=tiny, options={"aggregator": "mean", "backprop_through_tree": True},
@@ -125,7 +127,7 @@ def test_checkpoints_from_before_options_were_stored_load_with_the_defaults_of_t
 
 
 def test_weight_decay_reaches_adam_and_resuming_keeps_the_recipe(tmp_path, capsys):
-    from bench.np.train import load_checkpoint
+    from bench.np.checkpoint import load_checkpoint
 
     run = tmp_path / "run"
     args = ["train", "gp", "--model", "lbanp", "--steps", "3", "--out", str(run), *TINY]

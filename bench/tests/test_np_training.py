@@ -5,7 +5,8 @@ import torch
 
 from attn_ext.data import GPSampler
 from attn_ext.models import build_model
-from bench.np.train import load_checkpoint, train
+from bench.np.checkpoint import load_checkpoint
+from bench.np.train import train
 
 
 def _held_out_nll(model, batches):

@@ -6,7 +6,8 @@ import shutil
 import pytest
 import torch
 
-from bench.np.train import load_checkpoint, train
+from bench.np.checkpoint import load_checkpoint
+from bench.np.train import train
 from bench.np.train_history import HISTORY, read_history, start_history
 
 TINY = dict(d_model=8, num_layers=1, num_heads=2, ff_dim=16, emb_depth=2)

@@ -12,7 +12,7 @@
 
 #include <c10/util/StringUtil.h>
 
-#include "checks/cross_attention_checks.h"
+#include "checks/attention_checks.h"
 
 namespace attn_ext {
 

@@ -9,7 +9,6 @@
 
 #include "attention_kernels.h"
 #include "checks/attention_checks.h"
-#include "checks/cross_attention_checks.h"
 #include "ops.h"
 
 namespace attn_ext::cpu {

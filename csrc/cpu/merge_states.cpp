@@ -8,7 +8,7 @@
 #include <tuple>
 
 #include "attn_ext/online_softmax.h"
-#include "checks/cross_attention_checks.h"
+#include "checks/attention_checks.h"
 #include "ops.h"
 
 namespace attn_ext::cpu {

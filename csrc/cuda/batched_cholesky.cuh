@@ -1,6 +1,6 @@
 // Host-side interface of the CUDA batched Cholesky factorisation and solves (the attn_ext ops
 // batched_cholesky / batched_cholesky_solve, and the factor+solve step of Intention, docs/spec.md §4).
-// Only CUDA runtime types (no ATen/c10), like cross_attention_fwd.cuh.
+// Only CUDA runtime types (no ATen/c10), like attention_fwd.cuh.
 #pragma once
 
 #include <cstdint>

@@ -17,8 +17,8 @@
 #include <random>
 #include <vector>
 
-#include "cross_attention_fwd_kernel.cuh"
-#include "cross_attention_fwd_wmma_kernel.cuh"
+#include "attention_fwd_kernel.cuh"
+#include "attention_fwd_wmma_kernel.cuh"
 #include "cuda_emulation/emulator_extras_tree.h"  // smem_raw
 #include "cuda_emulation/scalar_types.h"
 

@@ -13,8 +13,8 @@
 
 #include "batched_cholesky_plan.h"
 #include "check.h"
-#include "cross_attention_bwd_plan.h"
-#include "cross_attention_fwd_plan.h"
+#include "attention_bwd_plan.h"
+#include "attention_fwd_plan.h"
 #include "intention_plan.h"
 #include "small_gemm_plan.h"
 #include "tree_plan.h"

@@ -1,4 +1,4 @@
-// Host tests of attn_ext/online_softmax.h and cuda/cross_attention_fwd_plan.h: plain C++17, no torch, no GPU.
+// Host tests of attn_ext/online_softmax.h and cuda/attention_fwd_plan.h: plain C++17, no torch, no GPU.
 // Exit status = number of failed checks (capped), so ctest reports any failure.
 #include <algorithm>
 #include <cmath>
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "attn_ext/online_softmax.h"
-#include "cuda/cross_attention_fwd_plan.h"
+#include "cuda/attention_fwd_plan.h"
 
 #include "tests/check.h"
 

@@ -85,7 +85,7 @@ def test_forward_backward_flash_rule(backend, dtype, case):
 
 @pytest.mark.parametrize("backend", backends("scaled_dot_product_attention", ("triton",)))
 def test_dropout_keep_mask_equals_the_reference_generator(backend):
-    from attn_ext.ops.sdpa.dropout import keep_mask
+    from attn_ext.ops.attention.dropout import keep_mask
 
     B, H, L, S = 2, 3, 64, 80
     q = torch.zeros(B, H, L, 16, device="cuda")  # equal scores: out = kept value rows / (S (1 - p))

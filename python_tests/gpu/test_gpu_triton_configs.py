@@ -23,7 +23,7 @@ from _helpers import assert_within_flash_rule, backward_case, forward_case
 
 triton = pytest.importorskip("triton")
 
-from attn_ext.ops.cross_attention import triton_bwd, triton_fwd, triton_tiles  # noqa: E402
+from attn_ext.ops.attention import triton_bwd, triton_fwd, triton_tiles  # noqa: E402
 from attn_ext.ops.tree import triton_fwd as tree_fwd  # noqa: E402
 
 SHAPE = (1, 2, 136, 136, 64, 64)  # (B, H, M, N, D, Dv)

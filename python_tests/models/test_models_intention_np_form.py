@@ -77,7 +77,8 @@ def test_unknown_form_raises_naming_the_class():
 
 
 def test_harness_flag_and_legacy_checkpoints():
-    from bench.np.train import model_options, stored_options
+    from bench.np.checkpoint import stored_options
+    from bench.np.train import model_options
 
     args = argparse.Namespace(model="intention_np", intention_form="paper")
     assert model_options(args) == {"intention_form": "paper"}

@@ -5,7 +5,7 @@ and backward (batch-first batched inputs, no dropout):
   rounded to float64;
 - :func:`mha_rounding_floors`: the rounding every implementation of the attention commits (each score
   rounded once, the backward's two dot products rounded once), to first order, carried through the
-  projections: the floor of the rule, as python_tests/sdpa/_opinfo_reference.py's ``rounding_floors`` is
+  projections: the floor of the rule, as python_tests/attention/_opinfo_reference.py's ``rounding_floors`` is
   for SDPA (scores of size |s| move the probabilities by about |s|·eps).
 
 The masking comes as one float64 additive bias ``[B, H, L, S']`` over the keys and the extra ones of
@@ -125,7 +125,7 @@ def mha_rounding_floors(module: torch.nn.MultiheadAttention, query: Tensor, key:
     ``s`` moved by ``u |s|``, ``dO·v_j`` and ``dO·out_i`` by ``u`` times their absolute sums) on ``out`` and on
     the gradients of the inputs and parameters (names as :func:`mha_longdouble`'s), in float64.
 
-    Per element, as ``rounding_floors`` of python_tests/sdpa/_opinfo_reference.py: ``δP_ij <= P_ij (τ_ij +
+    Per element, as ``rounding_floors`` of python_tests/attention/_opinfo_reference.py: ``δP_ij <= P_ij (τ_ij +
     Σ_k P_ik τ_ik)`` with ``τ = u |s|``, then out, ``dS = P (dP − Δ)``, dq, dk, dv of the core; the module's
     linear maps carry them with absolute weights (the projections' own roundings are torch's too)."""
     E, H = module.embed_dim, module.num_heads

@@ -118,7 +118,8 @@ def test_float_padding_of_zeros_and_minus_inf_runs_as_bool_padding(monkeypatch):
     expected = ours(x, x, x, attn_mask=causal, key_padding_mask=padding, is_causal=True, need_weights=False)[0]
     calls = []
     op = attn_ext.scaled_dot_product_attention
-    monkeypatch.setattr(attn_ext, "scaled_dot_product_attention", lambda *a, **kw: calls.append(kw) or op(*a, **kw))
+    monkeypatch.setattr(mha_module, "scaled_dot_product_attention",
+                        lambda *a, **kw: calls.append(kw) or op(*a, **kw))
     got = ours(x, x, x, attn_mask=causal, key_padding_mask=additive, is_causal=True, need_weights=False)[0]
     torch.testing.assert_close(got, expected, **TOL)
     assert not calls[0]["is_causal"] and torch.equal(calls[0]["attn_mask"], causal)

@@ -4,7 +4,7 @@ import torch
 
 import attn_ext as ae
 from attn_ext.ops.tree import build_tree, tree_aggregate
-from attn_ext.ops.tree.registration import token_leaf_of
+from attn_ext.ops.tree.build import token_leaf_of
 
 from _helpers import assert_within_flash_rule
 

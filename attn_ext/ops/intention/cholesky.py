@@ -15,55 +15,16 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
-from attn_ext.ops.utils import dispatch
+from attn_ext.ops.intention.cholesky_checks import check_dtype_and_device, check_matrix_and_rhs, check_square
+from attn_ext.ops.intention.registration import BATCHED_CHOLESKY, BATCHED_CHOLESKY_SOLVE, BATCHED_SPD_SOLVE
 from attn_ext.ops.utils.autograd import functorch_entry
 from attn_ext.ops.utils.concrete import check_on_device, concrete, tracing
 
 __all__ = ["batched_cholesky", "batched_cholesky_solve", "batched_spd_solve"]
 
-_SUPPORTED_DTYPES = (torch.float32, torch.float64)
-
-
-def _check_square(op: str, name: str, t: Tensor) -> None:
-    if not isinstance(t, Tensor):
-        raise TypeError(f"attn_ext.{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dim() < 2 or t.shape[-1] != t.shape[-2]:
-        raise ValueError(f"attn_ext.{op}: {name} must be a batch of square matrices [..., n, n], "
-                         f"got shape {tuple(t.shape)}")
-
-
-def _check_dtype_and_device(op: str, name: str, t: Tensor) -> None:
-    # Half precision is refused rather than upcast: a factor of a half-precision Gram matrix is too
-    # inexact to return, and the Intention op forms KᵀK in fp32 anyway.
-    if t.dtype not in _SUPPORTED_DTYPES:
-        raise TypeError(f"attn_ext.{op}: {name} must be float32 or float64, got {t.dtype} "
-                        "(convert with .float(); a half-precision factor would be too inexact)")
-    if t.device.type != "meta":
-        dispatch.select_backend(op, None, t)  # compiled kernels only: raises with each backend's reason
-
-
-def _check_matrix_and_rhs(op: str, matrix_name: str, matrix: Tensor, B: Tensor) -> None:
-    """``matrix [..., n, n]`` and right-hand sides ``B [..., n, r]``: same batch dims, dtype and device."""
-    _check_square(op, matrix_name, matrix)
-    if not isinstance(B, Tensor):
-        raise TypeError(f"attn_ext.{op}: B must be a torch.Tensor, got {type(B).__name__}")
-    if B.dim() != matrix.dim() or B.shape[:-2] != matrix.shape[:-2]:
-        raise ValueError(f"attn_ext.{op}: B must be [..., n, r] with the batch dimensions of {matrix_name} "
-                         f"(no broadcasting); got {matrix_name} {tuple(matrix.shape)} and B {tuple(B.shape)}")
-    if B.shape[-2] != matrix.shape[-1]:
-        raise ValueError(f"attn_ext.{op}: {matrix_name} {tuple(matrix.shape)} is n×n with n = {matrix.shape[-1]} "
-                         f"but B {tuple(B.shape)} has {B.shape[-2]} rows")
-    _check_dtype_and_device(op, matrix_name, matrix)
-    _check_dtype_and_device(op, "B", B)
-    if matrix.dtype != B.dtype:
-        raise TypeError(f"attn_ext.{op}: {matrix_name} and B must share a dtype, got {matrix.dtype} and {B.dtype}")
-    if matrix.device != B.device:
-        raise RuntimeError(f"attn_ext.{op}: {matrix_name} and B must be on one device, got {matrix.device} "
-                           f"and {B.device}")
-
 
 def _check_solve_args(L: Tensor, B: Tensor) -> None:
-    _check_matrix_and_rhs("batched_cholesky_solve", "L", L, B)
+    check_matrix_and_rhs(BATCHED_CHOLESKY_SOLVE, "L", L, B)
 
 
 def batched_cholesky(A: Tensor) -> Tuple[Tensor, Tensor]:
@@ -107,8 +68,8 @@ def batched_cholesky(A: Tensor) -> Tuple[Tensor, Tensor]:
     >>> info  # the second matrix is indefinite: its pivot at column 1 is 1 - 2² < 0
     tensor([0, 2], dtype=torch.int32)
     """
-    _check_square("batched_cholesky", "A", A)
-    _check_dtype_and_device("batched_cholesky", "A", A)
+    check_square(BATCHED_CHOLESKY, "A", A)
+    check_dtype_and_device(BATCHED_CHOLESKY, "A", A)
     return torch.ops.attn_ext.batched_cholesky(A)
 
 
@@ -191,7 +152,7 @@ def batched_spd_solve(A: Tensor, B: Tensor, *, check_errors: bool = True) -> Ten
     tensor([[[1.0000, 0.3750],
              [1.0000, 0.2500]]])
     """
-    _check_matrix_and_rhs("batched_spd_solve", "A", A, B)
+    check_matrix_and_rhs(BATCHED_SPD_SOLVE, "A", A, B)
     X, info = functorch_entry(torch.ops.attn_ext.batched_spd_solve)(A, B)
     if check_errors and tracing():  # torch.compile: asserted when the compiled graph runs
         check_on_device(info == 0, "attn_ext.batched_spd_solve: A is not positive definite (a Cholesky pivot is "

@@ -12,7 +12,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from attn_ext.ops.cross_attention.composite import attention
+from attn_ext.ops.utils.dense_attention import dense_attention
 from attn_ext.ops.utils.dtypes import accumulation_dtype
 
 
@@ -48,7 +48,7 @@ def sigma_intention(inputs: Sequence, outputs: Sequence[Tensor]) -> Tuple[Tensor
     """The composite of ``sigma_intention_fwd``: ``(out, lse, q̃, L, (KᵀK + αI)⁻¹)``."""
     q, k, v, key_padding_mask, alpha, scale, _chunk_size = inputs
     q_tilde, factor, inverse = ridge(q, k, None, key_padding_mask, alpha, scale)
-    out, lse = attention(q_tilde, k, v, key_padding_mask, 1.0)
+    out, lse = dense_attention(q_tilde, k, v, key_padding_mask, 1.0)
     return out.to(q.dtype), lse, q_tilde, factor, inverse
 
 

@@ -1,25 +1,59 @@
-"""Custom ops of the Intention family: the Python backends' schemas, fake kernels, autograd, and the
-backends each public op has (the dispatch table of :mod:`attn_ext.ops.utils.dispatch`).
+"""Custom ops of the Intention family: the Python backends' ops, fake kernels, autograd, and the backends
+each public op declares (the dispatch table of :mod:`attn_ext.ops.utils.dispatch`).
 
-**Intention** (docs/spec.md §0, §4).
+Public function → op → backend → kernel function (a forward op ``<op>_fwd…`` has its backward
+``<op>_bwd…``, registered as its autograd)::
 
-``attn_ext::intention_fwd`` (C++, csrc/cpu/intention.cpp; schema in csrc/schemas.cpp) returns
-``(out, factor, weights)``: the output, the Cholesky factor ``L`` of ``KᵀK + αI`` and
-``W = (KᵀK + αI)⁻¹KᵀV``, both kept for ``attn_ext::intention_bwd``, which needs one more solve with
-``L`` and no inverse. ``factor`` and ``weights`` are intermediates the public functions never return: the fused backward
-ignores gradients reaching them, so such gradients (and higher derivatives) go through
-:mod:`.composite`. ``..._fwd_triton`` / ``..._bwd_triton`` are the
-same contract on the Triton kernels (:mod:`.triton_ridge`, :mod:`.triton_solve`), defined here.
+    public function         op (torch.ops.attn_ext.)    backend    kernel functions
+    ----------------------  --------------------------  ---------  ----------------------------------------------
+    intention (ridge.py)    intention_fwd               cpp        attn_ext::cpu::intention_{fwd,bwd}_cpu
+                                                                   (csrc/cpu/intention.cpp)
+                            intention_fwd               cuda       attn_ext::cuda::intention_{fwd,bwd}_cuda
+                                                                   (csrc/cuda/bindings/intention.cpp)
+                            intention_fwd_triton        triton     triton_ridge.intention_fwd_triton,
+                                                                   triton_ridge.intention_bwd_triton
+                            — (PyTorch code)            reference  naive.intention_primal
+    sigma_intention         sigma_intention_fwd         cpp        attn_ext::cpu::sigma_intention_fwd_cpu
+      (ridge.py)                                                   (csrc/cpu/sigma_intention.cpp); backward:
+                                                                   cross_attention_bwd, then intention_bwd
+                            intention_fwd               cuda       Q̃ = attn_ext::cuda::intention_fwd_cuda without
+                                                                   values, then attn_ext.cross_attention
+                            cross_attention_fwd_triton  triton     Q̃ = naive.transformed_queries, then
+                                                                   attn_ext.cross_attention
+                            — (PyTorch code)            reference  the same on the reference backend
+    batched_cholesky,       batched_cholesky,           cpp        attn_ext::cpu::batched_cholesky{,_solve}_cpu
+    batched_cholesky_solve  batched_cholesky_solve                 (csrc/cpu/batched_cholesky.cpp)
+      (cholesky.py)                                     cuda       attn_ext::cuda::batched_cholesky{,_solve}_cuda
+                                                                   (csrc/cuda/bindings/intention.cpp)
+    batched_spd_solve       batched_spd_solve           cpp        attn_ext::cpu::batched_spd_solve_cpu
+      (cholesky.py)                                                (csrc/cpu/batched_cholesky.cpp)
+                                                        cuda       _cuda_composition below: batched_cholesky,
+                                                                   then batched_cholesky_solve
+
+The dual form (``intention``'s ``form``, and the heads ``sigma_intention`` solves in the dual) is PyTorch
+code on every backend (:mod:`.dual`). The compiled ops (cpp for CPU tensors, cuda for CUDA tensors) are
+defined and implemented in C++ (``csrc/op_list.h``); the Triton backend's ops below take the same schemas
+(:func:`~attn_ext.ops.utils.schemas.op_schema`).
+
+**Intention** (docs/spec.md §0, §4). ``intention_fwd`` returns ``(out, factor, weights)``: the output, the
+Cholesky factor ``L`` of ``KᵀK + αI`` and ``W = (KᵀK + αI)⁻¹KᵀV``, both kept for ``intention_bwd``, which
+needs one more solve with ``L`` and no inverse. ``factor`` and ``weights`` are intermediates the public
+functions never return: the fused backward ignores gradients reaching them, so such gradients (and higher
+derivatives) go through :mod:`.composite`.
+
+The Triton kernel module is imported inside the Triton backend functions: Triton is an optional
+dependency, and it reads ``TRITON_INTERPRET`` when a kernel is decorated, so it loads on the first
+Triton call (:mod:`attn_ext.ops.utils.triton`).
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Tuple
 
 import torch
 from torch import Tensor
 
 from attn_ext.ops.intention import composite
-from attn_ext.ops.intention.cholesky import _check_matrix_and_rhs, _check_square
+from attn_ext.ops.intention.cholesky_checks import check_matrix_and_rhs, check_square
 from attn_ext.ops.utils.autograd import Derivatives, register_derivatives, register_not_differentiable
 from attn_ext.ops.utils.dispatch import Implementation, declare
 from attn_ext.ops.utils.dtypes import accumulation_dtype
@@ -27,20 +61,21 @@ from attn_ext.ops.utils.extension import extension_error
 from attn_ext.ops.utils.registration import define_op, register_op_pair
 
 
-@define_op("attn_ext::intention_fwd_triton")
-def _intention_fwd_triton(q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor], alpha: Tensor,
-                          scale: float) -> Tuple[Tensor, Tensor, Tensor]:
-    from attn_ext.ops.intention.triton_ridge import intention_fwd_triton
+# ---- intention_fwd: the ridge regression's prediction, with the factor and weights for the backward
 
-    return intention_fwd_triton(q, k, v, key_padding_mask, alpha, scale)
+
+@define_op("attn_ext::intention_fwd_triton")
+def intention_fwd_triton_op(q, k, v, key_padding_mask, alpha, scale):
+    from attn_ext.ops.intention import triton_ridge  # optional dependency (Triton)
+
+    return triton_ridge.intention_fwd_triton(q, k, v, key_padding_mask, alpha, scale)
 
 
 @define_op("attn_ext::intention_bwd_triton")
-def _intention_bwd_triton(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
-                          factor: Tensor, weights: Tensor, scale: float) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    from attn_ext.ops.intention.triton_ridge import intention_bwd_triton
+def intention_bwd_triton_op(grad_out, q, k, v, key_padding_mask, factor, weights, scale):
+    from attn_ext.ops.intention import triton_ridge  # optional dependency (Triton)
 
-    return intention_bwd_triton(grad_out, q, k, v, key_padding_mask, factor, weights, scale)
+    return triton_ridge.intention_bwd_triton(grad_out, q, k, v, key_padding_mask, factor, weights, scale)
 
 
 def _fake_forward(q, k, v, key_padding_mask, alpha, scale):
@@ -78,8 +113,9 @@ if extension_error() is None:
                      _derivatives, "attn_ext.intention")
 
 
-# σIntention's fused CPU forward (csrc/cpu/sigma_intention.cpp) returns what intention_fwd(v=None) and
-# cross_attention_fwd(q_tilde, k, v, scale=1) would: its backward is theirs, composed (no op of its own).
+# ---- sigma_intention_fwd: σIntention fused on the CPU (csrc/cpu/sigma_intention.cpp). It returns what
+# intention_fwd(v=None) and cross_attention_fwd(q_tilde, k, v, scale=1) would: its backward is theirs,
+# composed (no op of its own).
 def _fake_sigma_forward(q, k, v, key_padding_mask, alpha, scale, chunk_size):
     B, H, M, D = q.shape
     acc = accumulation_dtype(q.dtype)
@@ -111,16 +147,17 @@ if extension_error() is None:
                          "attn_ext.sigma_intention")
 
 
-# Batched Cholesky (docs/spec.md §4): fakes, and an autograd formula for the factor and the solve that raises
-# (without any formula torch would only warn and let gradients silently stop at these ops).
+# ---- batched_cholesky, batched_cholesky_solve, batched_spd_solve (docs/spec.md §4): fakes, and an autograd
+# formula for the factor and the solve that raises (without any formula torch would only warn and let
+# gradients silently stop at these ops).
 
 def _fake_cholesky(A: Tensor) -> Tuple[Tensor, Tensor]:
-    _check_square("batched_cholesky", "A", A)
+    check_square("batched_cholesky", "A", A)
     return A.new_empty(A.shape), A.new_empty(A.shape[:-2], dtype=torch.int32)
 
 
 def _fake_cholesky_solve(L: Tensor, B: Tensor) -> Tensor:
-    _check_matrix_and_rhs("batched_cholesky_solve", "L", L, B)
+    check_matrix_and_rhs("batched_cholesky_solve", "L", L, B)
     return B.new_empty(B.shape)
 
 
@@ -134,7 +171,7 @@ if extension_error() is None:
 
 
 def _fake_spd_solve(A: Tensor, B: Tensor) -> Tuple[Tensor, Tensor]:
-    _check_matrix_and_rhs("batched_spd_solve", "A", A, B)
+    check_matrix_and_rhs("batched_spd_solve", "A", A, B)
     return B.new_empty(B.shape), A.new_empty(A.shape[:-2], dtype=torch.int32)
 
 
@@ -164,7 +201,7 @@ if extension_error() is None:
 
 
 def _within_triton_tiles(q, context):
-    from attn_ext.ops.intention.triton_ridge import MAX_HEAD_DIM, MAX_VALUE_DIM
+    from attn_ext.ops.intention.triton_ridge import MAX_HEAD_DIM, MAX_VALUE_DIM  # optional dependency (Triton)
 
     if q.shape[-1] > MAX_HEAD_DIM or context.get("value_dim", 0) > MAX_VALUE_DIM:
         return (f"the Triton kernels hold the [D, D] factor in registers: D <= {MAX_HEAD_DIM} and "
@@ -172,12 +209,30 @@ def _within_triton_tiles(q, context):
     return None
 
 
+# ---- the backends of each public op (the front ends dispatch through these names)
+
 # The dual form (N < D) is PyTorch code whatever the backend (see ``form`` of attn_ext.intention).
-declare("intention", cpp=Implementation("intention_fwd"), cuda=Implementation("intention_fwd"),
-        triton=Implementation("intention_fwd_triton", (_within_triton_tiles,)), reference=Implementation())
-# σIntention: fused on the CPU; CUDA and Triton make Q̃ with the Intention kernel without values (C = I) or
-# the reference, then run their cross attention.
-declare("sigma_intention", cpp=Implementation("sigma_intention_fwd"), cuda=Implementation("intention_fwd"),
-        triton=Implementation("cross_attention_fwd_triton"), reference=Implementation())
-for _op in ("batched_cholesky", "batched_cholesky_solve", "batched_spd_solve"):
-    declare(_op, cpp=Implementation(_op), cuda=Implementation(_op))
+INTENTION = declare(
+    "intention",
+    cpp=Implementation("intention_fwd"),
+    cuda=Implementation("intention_fwd"),
+    triton=Implementation(intention_fwd_triton_op, (_within_triton_tiles,)),
+    reference=Implementation())
+# σIntention: fused on the CPU; CUDA makes Q̃ with the Intention kernel without values (C = I), Triton and
+# the reference with the reference code, then each runs its cross attention. The Triton backend names the
+# attention family's op by its name: this family may import only the package attn_ext.ops.attention (its
+# public functions), not its registration module, where the function behind that op is defined (the
+# import rule of bench/tests/import_graph.py).
+SIGMA_INTENTION = declare(
+    "sigma_intention",
+    cpp=Implementation("sigma_intention_fwd"),
+    cuda=Implementation("intention_fwd"),
+    triton=Implementation("cross_attention_fwd_triton"),
+    reference=Implementation())
+# Compiled kernels only: no Python backend (torch.linalg.cholesky_ex is the PyTorch equivalent).
+BATCHED_CHOLESKY = declare("batched_cholesky", cpp=Implementation("batched_cholesky"),
+                           cuda=Implementation("batched_cholesky"))
+BATCHED_CHOLESKY_SOLVE = declare("batched_cholesky_solve", cpp=Implementation("batched_cholesky_solve"),
+                                 cuda=Implementation("batched_cholesky_solve"))
+BATCHED_SPD_SOLVE = declare("batched_spd_solve", cpp=Implementation("batched_spd_solve"),
+                            cuda=Implementation("batched_spd_solve"))

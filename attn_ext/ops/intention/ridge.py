@@ -7,12 +7,13 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from attn_ext.ops.cross_attention.chunked import DEFAULT_CHUNK_SIZE, cross_attention
+from attn_ext.ops.attention import DEFAULT_CHUNK_SIZE, cross_attention
 from attn_ext.ops.intention import dual as dual_forms
 from attn_ext.ops.intention import naive as reference
 from attn_ext.ops.intention.conditioning import Plan, auto_plan, key_trace, settle, split_by_plan
 from attn_ext.ops.intention.dual import valid_keys_first
 from attn_ext.ops.intention.per_head import broadcast_per_head
+from attn_ext.ops.intention.registration import INTENTION, SIGMA_INTENTION
 from attn_ext.ops.utils import dispatch
 from attn_ext.ops.utils.concrete import check_on_device, concrete, tracing
 from attn_ext.ops.utils.dtypes import accumulation_dtype, compute_dtype
@@ -98,13 +99,13 @@ def intention(
     alpha_t = _alpha_tensor(alpha, q)
     if form not in FORMS:
         raise ValueError(f"attn_ext.intention: unknown form {form!r}; choose one of {', '.join(FORMS)}")
-    name = dispatch.select_backend("intention", backend, q, value_dim=v.shape[-1])
+    name = dispatch.select_backend(INTENTION, backend, q, value_dim=v.shape[-1])
     scale = float(scale)
     plan, keep, trace = _plan(form, alpha, alpha_t, k, key_padding_mask)
 
     def primal(a: Tensor) -> Tensor:
         if name != "reference":
-            return dispatch.entry("intention", name)(q, k, v, key_padding_mask, a, scale)[0]
+            return dispatch.entry(INTENTION, name)(q, k, v, key_padding_mask, a, scale)[0]
         q_, k_, v_, a_ = _upcast(q, k, v, a)
         return reference.intention_primal(q_, k_, v_, a_, key_padding_mask, scale).to(q.dtype)
 
@@ -159,15 +160,15 @@ def sigma_intention(
     """
     check_cross_attention_args(q, k, v, key_padding_mask, _scale(scale), None, op="sigma_intention")
     alpha_t = _alpha_tensor(alpha, q, "sigma_intention")
-    name = dispatch.select_backend("sigma_intention", backend, q)
+    name = dispatch.select_backend(SIGMA_INTENTION, backend, q)
     scale = float(scale)
     plan, keep, trace = _plan("auto", alpha, alpha_t, k, key_padding_mask, by_cost=False)
 
     def primal(a: Tensor) -> Tensor:
         if name == "cpp":  # fused on the CPU: Q̃ is made per query tile where the attention consumes it
-            return dispatch.entry("sigma_intention", name)(q, k, v, key_padding_mask, a, scale, DEFAULT_CHUNK_SIZE)[0]
+            return dispatch.entry(SIGMA_INTENTION, name)(q, k, v, key_padding_mask, a, scale, DEFAULT_CHUNK_SIZE)[0]
         if name == "cuda":  # the Intention kernel without values (C = I) gives Q̃ with its backward
-            q_tilde = dispatch.entry("sigma_intention", name)(q, k, None, key_padding_mask, a, scale)[0]
+            q_tilde = dispatch.entry(SIGMA_INTENTION, name)(q, k, None, key_padding_mask, a, scale)[0]
         else:
             q_, k_, _, a_ = _upcast(q, k, v, a)
             q_tilde = reference.transformed_queries(q_, k_, a_, key_padding_mask, scale).to(q.dtype)

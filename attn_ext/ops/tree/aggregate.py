@@ -12,6 +12,7 @@ from torch import Tensor
 
 from attn_ext.ops.tree.build import Tree
 from attn_ext.ops.tree.naive import Reducer, masked_mean, tree_aggregate_reference
+from attn_ext.ops.tree.registration import TREE_AGGREGATE
 from attn_ext.ops.utils import dispatch
 
 _REDUCERS = {"mean": masked_mean}
@@ -60,10 +61,10 @@ def tree_aggregate(
     """
     reducer = _resolve_reducer(reduce)
     _check_leaf_values(tree, leaf_values)
-    name = dispatch.select_backend("tree_aggregate", backend, leaf_values, reduce=reduce)
+    name = dispatch.select_backend(TREE_AGGREGATE, backend, leaf_values, reduce=reduce)
     if name != "reference":
-        return dispatch.entry("tree_aggregate", name)(leaf_values, tree.leaf_token, tree.node_padding_mask,
-                                                       tree.branching, tree.height, tree.group_size)
+        return dispatch.entry(TREE_AGGREGATE, name)(leaf_values, tree.leaf_token, tree.node_padding_mask,
+                                                     tree.branching, tree.height, tree.group_size)
     return tree_aggregate_reference(tree, leaf_values, reducer)
 
 

@@ -149,6 +149,16 @@ class Tree(NamedTuple):
         return self._replace(**moved)
 
 
+def token_leaf_of(leaf_token: Tensor, num_tokens: int) -> Tensor:
+    """Inverse map ``[B, num_tokens]`` of ``leaf_token [B, L]`` (``-1`` at padding slots), as ``Tree.token_leaf``."""
+    B, L = leaf_token.shape
+    slots = torch.arange(L, device=leaf_token.device).expand(B, L)
+    # The padding slots all land in an extra column, dropped afterwards.
+    inverse = leaf_token.new_full((B, num_tokens + 1), -1)
+    inverse.scatter_(1, torch.where(leaf_token >= 0, leaf_token, num_tokens), slots)
+    return inverse[:, :num_tokens]
+
+
 def build_tree(
     points: Tensor,
     *,

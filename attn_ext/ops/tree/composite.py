@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from attn_ext.ops.tree import naive
-from attn_ext.ops.tree.build import Tree
+from attn_ext.ops.tree.build import Tree, token_leaf_of
 
 
 def tree_cross_attention(inputs: Sequence, outputs: Sequence[Tensor]) -> Tuple[Tensor, ...]:
@@ -26,8 +26,6 @@ def tree_cross_attention(inputs: Sequence, outputs: Sequence[Tensor]) -> Tuple[T
 def tree_of(leaf_token: Tensor, node_padding_mask: Tensor, branching: int, height: int, group_size: int,
             num_tokens: int) -> Tree:
     """The :class:`Tree` that the aggregation op's arguments describe (no sort axis: it is not needed)."""
-    from attn_ext.ops.tree.registration import token_leaf_of
-
     sizes = [branching**level for level in range(height + 1)]
     offsets = torch.tensor([0] + sizes, device=leaf_token.device).cumsum(0)
     axis = torch.full((leaf_token.shape[0],), -1, dtype=torch.long, device=leaf_token.device)

@@ -1,28 +1,55 @@
-"""Custom ops of the tree family: the Python backends' schemas, fake kernels, autograd, and the backends
-each public op has (the dispatch table of :mod:`attn_ext.ops.utils.dispatch`).
+"""Custom ops of the tree family: the Python backends' ops, fake kernels, autograd, and the backends each
+public op declares (the dispatch table of :mod:`attn_ext.ops.utils.dispatch`).
 
-**Tree cross attention** (docs/spec.md §0, §3).
+Public function → op → backend → kernel function (each forward op ``<op>_fwd…`` has its backward
+``<op>_bwd…``, registered as its autograd)::
 
-``attn_ext::tree_cross_attention_fwd`` (C++, csrc/cpu/tree_cross_attention.cpp; schemas in csrc/schemas.cpp)
-returns ``(out, lse, selected, log_prob, entropy)``; ``attn_ext::tree_cross_attention_bwd``
-(csrc/cpu/tree_cross_attention_bwd.cpp) returns ``(grad_q, grad_node_k, grad_node_v)`` from the
-forward's ``selected`` and ``lse``, without repeating the descent. ``..._fwd_triton`` / ``..._bwd_triton``
-are the same contract on the Triton kernels (:mod:`.triton_fwd`, :mod:`.triton_bwd`), defined here.
-Each pair gets fake kernels (shapes only; ``S = height·(b − 1) + group_size``) for meta tensors and
-torch.compile, and the forward its autograd formula.
+    public function        op (torch.ops.attn_ext.)         backend    kernel functions
+    --------------------   -------------------------------  ---------  ------------------------------------------------
+    tree_cross_attention   tree_cross_attention_fwd         cpp        attn_ext::cpu::tree_cross_attention_fwd_cpu
+      (retrieval.py)                                                   (csrc/cpu/tree_cross_attention.cpp),
+                                                                       attn_ext::cpu::tree_cross_attention_bwd_cpu
+                                                                       (csrc/cpu/tree_cross_attention_bwd.cpp)
+                           tree_cross_attention_fwd         cuda       attn_ext::cuda::tree_cross_attention_fwd_cuda,
+                                                                       attn_ext::cuda::tree_cross_attention_bwd_cuda
+                                                                       (csrc/cuda/bindings/tree.cpp)
+                           tree_cross_attention_fwd_triton  triton     triton_fwd.tree_cross_attention_fwd_triton,
+                                                                       triton_bwd.tree_cross_attention_bwd_triton
+                           — (PyTorch code)                 reference  naive.tree_cross_attention_reference
+    tree_aggregate         tree_aggregate_fwd               cpp        attn_ext::cpu::tree_aggregate_{fwd,bwd}_cpu
+      (aggregate.py)                                                   (csrc/cpu/tree_aggregate.cpp)
+                           tree_aggregate_fwd               cuda       attn_ext::cuda::tree_aggregate_{fwd,bwd}_cuda
+                                                                       (csrc/cuda/bindings/tree.cpp)
+                           — (PyTorch code)                 reference  naive.tree_aggregate_reference
 
-**Aggregation** (docs/spec.md §3 "Aggregate"): ``attn_ext::tree_aggregate_fwd`` (the compiled masked mean,
-one depth-first pass) gets a fake kernel and an autograd formula calling ``attn_ext::tree_aggregate_bwd``.
-The aggregation is linear: the backward is its transpose and the tangent is aggregated like the values.
+With ``policy="full"`` the fused backends of ``tree_cross_attention`` run :func:`attn_ext.cross_attention`
+over the leaves instead (the attention family's ops). The compiled ops (cpp for CPU tensors, cuda for CUDA
+tensors) are defined and implemented in C++ (``csrc/op_list.h``); the Triton backend's ops below take the
+same schemas (:func:`~attn_ext.ops.utils.schemas.op_schema`).
+
+**Tree cross attention** (docs/spec.md §0, §3). ``tree_cross_attention_fwd`` returns
+``(out, lse, selected, log_prob, entropy)``; ``tree_cross_attention_bwd`` returns
+``(grad_q, grad_node_k, grad_node_v)`` from the forward's ``selected`` and ``lse``, without repeating the
+descent. Each pair gets fake kernels (shapes only; ``S = height·(b − 1) + group_size``) for meta tensors
+and torch.compile, and the forward its autograd formula.
+
+**Aggregation** (docs/spec.md §3 "Aggregate"): ``tree_aggregate_fwd`` (the compiled masked mean, one
+depth-first pass) gets a fake kernel and an autograd formula calling ``tree_aggregate_bwd``. The
+aggregation is linear: the backward is its transpose and the tangent is aggregated like the values.
+
+The Triton kernel modules are imported inside the Triton backend functions: Triton is an optional
+dependency, and it reads ``TRITON_INTERPRET`` when a kernel is decorated, so they load on the first
+Triton call (:mod:`attn_ext.ops.utils.triton`).
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+from typing import Callable, Tuple
 
 import torch
 from torch import Tensor
 
 from attn_ext.ops.tree import composite
+from attn_ext.ops.tree.build import token_leaf_of
 from attn_ext.ops.utils.autograd import Derivatives, register_derivatives
 from attn_ext.ops.utils.dispatch import Implementation, declare
 from attn_ext.ops.utils.dtypes import SUPPORTED_DTYPES, accumulation_dtype
@@ -30,32 +57,26 @@ from attn_ext.ops.utils.extension import extension_error
 from attn_ext.ops.utils.registration import define_op, register_op_pair
 
 
-def _fake_backward(grad_out, grad_lse, grad_log_prob, grad_entropy, q, node_k, node_v, node_padding_mask, selected,
-                   lse, branching, height, group_size, scale):
-    return q.new_empty(q.shape), node_k.new_empty(node_k.shape), node_v.new_empty(node_v.shape)
+# ---- tree_cross_attention_fwd: each query descends the tree and attends over the nodes it selected
 
 
 @define_op("attn_ext::tree_cross_attention_fwd_triton")
-def _tree_cross_attention_fwd_triton(
-    q: Tensor, node_k: Tensor, node_v: Tensor, node_padding_mask: Tensor, branching: int, height: int,
-    group_size: int, scale: float, uniforms: Optional[Tensor],
-) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-    from attn_ext.ops.tree.triton_fwd import tree_cross_attention_fwd_triton
+def tree_cross_attention_fwd_triton_op(q, node_k, node_v, node_padding_mask, branching, height, group_size, scale,
+                                       uniforms):
+    from attn_ext.ops.tree import triton_fwd  # optional dependency (Triton)
 
-    return tree_cross_attention_fwd_triton(q, node_k, node_v, node_padding_mask, branching, height, group_size, scale,
-                                           uniforms)
+    return triton_fwd.tree_cross_attention_fwd_triton(q, node_k, node_v, node_padding_mask, branching, height,
+                                                      group_size, scale, uniforms)
 
 
 @define_op("attn_ext::tree_cross_attention_bwd_triton")
-def _tree_cross_attention_bwd_triton(
-    grad_out: Tensor, grad_lse: Tensor, grad_log_prob: Tensor, grad_entropy: Tensor, q: Tensor, node_k: Tensor,
-    node_v: Tensor, node_padding_mask: Tensor, selected: Tensor, lse: Tensor, branching: int, height: int,
-    group_size: int, scale: float,
-) -> Tuple[Tensor, Tensor, Tensor]:
-    from attn_ext.ops.tree.triton_bwd import tree_cross_attention_bwd_triton
+def tree_cross_attention_bwd_triton_op(grad_out, grad_lse, grad_log_prob, grad_entropy, q, node_k, node_v,
+                                       node_padding_mask, selected, lse, branching, height, group_size, scale):
+    from attn_ext.ops.tree import triton_bwd  # optional dependency (Triton)
 
-    return tree_cross_attention_bwd_triton(grad_out, grad_lse, grad_log_prob, grad_entropy, q, node_k, node_v,
-                                           node_padding_mask, selected, lse, branching, height, group_size, scale)
+    return triton_bwd.tree_cross_attention_bwd_triton(grad_out, grad_lse, grad_log_prob, grad_entropy, q, node_k,
+                                                      node_v, node_padding_mask, selected, lse, branching, height,
+                                                      group_size, scale)
 
 
 def _fake_forward(q, node_k, node_v, node_padding_mask, branching, height, group_size, scale, uniforms):
@@ -64,6 +85,11 @@ def _fake_forward(q, node_k, node_v, node_padding_mask, branching, height, group
     S = height * (branching - 1) + group_size
     return (q.new_empty((B, H, M, node_v.shape[-1])), q.new_empty((B, H, M), dtype=acc),
             q.new_empty((B, M, S), dtype=torch.long), q.new_empty((B, M), dtype=acc), q.new_empty((B, M), dtype=acc))
+
+
+def _fake_backward(grad_out, grad_lse, grad_log_prob, grad_entropy, q, node_k, node_v, node_padding_mask, selected,
+                   lse, branching, height, group_size, scale):
+    return q.new_empty(q.shape), node_k.new_empty(node_k.shape), node_v.new_empty(node_v.shape)
 
 
 def _derivatives(backward_op: Callable[..., Tuple[Tensor, Tensor, Tensor]]) -> Derivatives:
@@ -88,7 +114,8 @@ if extension_error() is None:
     _register("attn_ext::tree_cross_attention_fwd", "attn_ext::tree_cross_attention_bwd")
 
 
-# Aggregation (docs/spec.md §3 "Aggregate")
+# ---- tree_aggregate_fwd: node values, the masked mean of their children (docs/spec.md §3 "Aggregate")
+
 
 def _fake_aggregate_forward(leaf_values, leaf_token, node_padding_mask, branching, height, group_size):
     return leaf_values.new_empty((leaf_values.shape[0], node_padding_mask.shape[1], leaf_values.shape[2]))
@@ -97,16 +124,6 @@ def _fake_aggregate_forward(leaf_values, leaf_token, node_padding_mask, branchin
 def _fake_aggregate_backward(grad_nodes, leaf_token, token_leaf, node_padding_mask, branching, height, group_size,
                              num_tokens):
     return grad_nodes.new_empty((grad_nodes.shape[0], num_tokens, grad_nodes.shape[2]))
-
-
-def token_leaf_of(leaf_token: Tensor, num_tokens: int) -> Tensor:
-    """Inverse map ``[B, num_tokens]`` of ``leaf_token [B, L]`` (``-1`` at padding slots), as ``Tree.token_leaf``."""
-    B, L = leaf_token.shape
-    slots = torch.arange(L, device=leaf_token.device).expand(B, L)
-    # The padding slots all land in an extra column, dropped afterwards.
-    inverse = leaf_token.new_full((B, num_tokens + 1), -1)
-    inverse.scatter_(1, torch.where(leaf_token >= 0, leaf_token, num_tokens), slots)
-    return inverse[:, :num_tokens]
 
 
 def _aggregate_derivatives(backward_op) -> Derivatives:
@@ -159,8 +176,16 @@ def _mean_of_floats(x, context):
     return None
 
 
-declare("tree_cross_attention", cpp=Implementation("tree_cross_attention_fwd"),
-        cuda=Implementation("tree_cross_attention_fwd"), triton=Implementation("tree_cross_attention_fwd_triton"),
-        reference=Implementation())
-declare("tree_aggregate", cpp=Implementation("tree_aggregate_fwd", (_mean_of_floats,)),
-        cuda=Implementation("tree_aggregate_fwd", (_mean_of_floats,)), reference=Implementation())
+# ---- the backends of each public op (the front ends dispatch through these names)
+
+TREE_CROSS_ATTENTION = declare(
+    "tree_cross_attention",
+    cpp=Implementation("tree_cross_attention_fwd"),
+    cuda=Implementation("tree_cross_attention_fwd"),
+    triton=Implementation(tree_cross_attention_fwd_triton_op),
+    reference=Implementation())
+TREE_AGGREGATE = declare(
+    "tree_aggregate",
+    cpp=Implementation("tree_aggregate_fwd", (_mean_of_floats,)),
+    cuda=Implementation("tree_aggregate_fwd", (_mean_of_floats,)),
+    reference=Implementation())  # no Triton kernel

@@ -11,13 +11,13 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from attn_ext.ops.utils.validation import is_real_scalar
-
-from attn_ext.ops.cross_attention.chunked import cross_attention
+from attn_ext.ops.attention import cross_attention
 from attn_ext.ops.tree.build import Tree
 from attn_ext.ops.tree.naive import TreeAttentionResult, tree_cross_attention_reference
+from attn_ext.ops.tree.registration import TREE_CROSS_ATTENTION
 from attn_ext.ops.utils import dispatch
 from attn_ext.ops.utils.dtypes import accumulation_dtype
+from attn_ext.ops.utils.validation import is_real_scalar
 
 POLICIES = ("greedy", "sample", "full")
 
@@ -89,7 +89,7 @@ def tree_cross_attention(
     """
     _check_args(q, node_k, node_v, tree, policy, scale, generator)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
-    name = dispatch.select_backend("tree_cross_attention", backend, q)
+    name = dispatch.select_backend(TREE_CROSS_ATTENTION, backend, q)
     uniforms = _draw_uniforms(q, tree, generator) if policy == "sample" else None
     if name != "reference":
         return _tree_cross_attention_fused(name, q, node_k, node_v, tree, policy, scale, uniforms)
@@ -113,7 +113,7 @@ def _tree_cross_attention_fused(backend, q, node_k, node_v, tree, policy, scale,
                               scale=scale, backend=backend)
         zero = q.new_zeros(B, M, dtype=acc_dtype)
         return TreeAttentionResult(out, selected, zero, zero)
-    op = dispatch.entry("tree_cross_attention", backend)
+    op = dispatch.entry(TREE_CROSS_ATTENTION, backend)
     out, _, selected, log_prob, entropy = op(
         q, node_k, node_v, tree.node_padding_mask, tree.branching, tree.height, tree.group_size, scale, uniforms
     )

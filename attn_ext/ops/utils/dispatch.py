@@ -23,15 +23,15 @@ order prefers Triton.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 import torch
-
-from attn_ext.ops.utils.autograd import fast_entry, functorch_entry
 from torch import Tensor
 
 from attn_ext.ops.utils import extension
+from attn_ext.ops.utils.autograd import fast_entry, functorch_entry
+from attn_ext.ops.utils.triton import triton_unavailable_reason
 
 BACKENDS = ("cpp", "cuda", "triton", "reference")
 #: Backends whose kernels are the compiled ``torch.ops.attn_ext`` ops (dispatched on the device).
@@ -50,27 +50,40 @@ class Implementation:
 
     Attributes
     ----------
-    kernel : str or None
-        Name of the forward op in ``torch.ops.attn_ext`` (its backward is registered as its autograd),
-        or None when the op's own module runs PyTorch code.
+    kernel : str, callable or None
+        Name of the forward op in ``torch.ops.attn_ext`` (its backward is registered as its autograd), or
+        the Python function that op was defined with (its name is then taken from it), or None when the
+        op's own module runs PyTorch code.
     requires : tuple of Requirement
         Op-specific conditions, checked after the backend's own (device, dtype, build).
     """
 
-    kernel: Optional[str] = None
+    kernel: Union[str, Callable, None] = None
     requires: Tuple[Requirement, ...] = ()
+    #: The Python function that implements the op (a Python backend's, defined with
+    #: :func:`~attn_ext.ops.utils.registration.define_op`); None for the compiled kernels (C++).
+    function: Optional[Callable] = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        # A Python backend is declared by its function (an editor follows it to the kernel); the table
+        # keeps the op name it was defined under.
+        if callable(self.kernel):
+            object.__setattr__(self, "function", self.kernel)
+            object.__setattr__(self, "kernel", self.kernel.op_name)
 
 
 #: public op name -> backend -> implementation; filled by each op family's ``registration`` module.
 OPS: Dict[str, Dict[str, Implementation]] = {}
 
 
-def declare(op: str, **implementations: Implementation) -> None:
-    """Declares the backends of ``op`` (keyword per backend name); a backend left out cannot run it."""
+def declare(op: str, **implementations: Implementation) -> str:
+    """Declares the backends of ``op`` (keyword per backend name); a backend left out cannot run it. Returns
+    ``op``, for the front end to dispatch with a name whose definition shows its backends."""
     unknown = set(implementations) - set(BACKENDS)
     if unknown:
         raise ValueError(f"attn_ext: {op} declares unknown backends {sorted(unknown)}")
     OPS[op] = dict(implementations)
+    return op
 
 
 def kernel(op: str, backend: str):
@@ -121,8 +134,6 @@ def _compiled_reason(backend: str, x: Tensor, kernel_name: Optional[str]) -> Opt
 
 
 def _triton_reason(x: Tensor) -> Optional[str]:
-    from attn_ext.ops.utils.triton import triton_unavailable_reason
-
     reason = triton_unavailable_reason(x.device)
     if reason is None and x.dtype == torch.float64:
         reason = "Triton kernels take float16, bfloat16 or float32, not float64"

@@ -14,14 +14,26 @@ import torch
 
 from attn_ext.ops.utils.autograd import (LIBRARY, Derivatives, below_autograd_call, register_derivatives,
                                          register_not_differentiable)
+from attn_ext.ops.utils.schemas import arguments_and_returns
+
+
+#: A Python backend's op ``<op>_reference`` or ``<op>_triton`` has the schema of the compiled op ``<op>``.
+PYTHON_BACKEND_SUFFIXES = ("_reference", "_triton")
 
 
 def define_op(qualname: str) -> Callable[[Callable], Callable]:
-    """Decorator: defines op ``qualname`` with the schema of the function's annotations, implemented by it."""
+    """Decorator: defines op ``qualname`` (``attn_ext::<op>_<backend>``) with the schema of the compiled op
+    ``<op>`` (written once, in C++: :mod:`attn_ext.ops.utils.schemas`), implemented by the function, and
+    records the op's name on it (``fn.op_name``), so a dispatch table can hold the function itself."""
+    name = qualname.split("::")[1]
+    compiled = next((name[: -len(suffix)] for suffix in PYTHON_BACKEND_SUFFIXES if name.endswith(suffix)), None)
+    if compiled is None:
+        raise ValueError(f"attn_ext: {qualname} is not named <op>_reference or <op>_triton after a compiled op")
+
     def decorate(fn: Callable) -> Callable:
-        name = qualname.split("::")[1]
-        LIBRARY.define(name + torch.library.infer_schema(fn, mutates_args=()))
+        LIBRARY.define(name + arguments_and_returns(compiled))
         LIBRARY.impl(name, fn, "CompositeExplicitAutograd")
+        fn.op_name = name
         return fn
 
     return decorate

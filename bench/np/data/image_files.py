@@ -11,6 +11,7 @@ import json
 import os
 import struct
 import sys
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
@@ -163,7 +164,6 @@ def _read_cache(path: Path, key: dict, shape: Tuple[int, ...]) -> Optional[Tenso
         return None
     if array.shape != shape or array.dtype != np.uint8:
         return None
-    import warnings
 
     with warnings.catch_warnings():  # a read-only memory map: torch warns that it cannot be written to
         warnings.simplefilter("ignore", UserWarning)
@@ -192,7 +192,7 @@ def load_digits(split: str = "train") -> Tuple[Tensor, Tensor]:
     if split not in ("train", "test"):
         raise ValueError(f"digits split must be 'train' or 'test', got {split!r}")
     try:
-        from sklearn.datasets import load_digits as sk_load_digits
+        from sklearn.datasets import load_digits as sk_load_digits  # optional: only the digits set needs it
     except ImportError as exc:
         raise ImportError("the 'digits' image set needs scikit-learn: pip install scikit-learn") from exc
     bunch = sk_load_digits()

@@ -17,7 +17,11 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
+from bench.np.checkpoint import load_checkpoint
 from bench.np.data.wheel import DELTAS
+from bench.np.tasks.bandit import PAPER, binned, history_blind_regret_pct, mean_std, run_bandits
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,8 +44,6 @@ def _label(name: str, res: dict) -> str:
 
 def write_table(results: dict, deltas, steps: int, seeds: int, path: Path, header: str = "") -> str:
     """Markdown: regret per δ (ours ± std over seeds, the paper's), per-step cost at the start and end."""
-    from bench.np.tasks.bandit import PAPER, history_blind_regret_pct, mean_std
-
     cols = " | ".join(f"δ = {d}" for d in deltas)
     lines = [header, f"Cumulative regret after {steps} steps, % of the uniform policy (mean ± std over {seeds} "
              f"seeds; lower is better). Paper: CMANP Table 7 (2000 steps, 50 seeds).", "",
@@ -70,12 +72,11 @@ def write_table(results: dict, deltas, steps: int, seeds: int, path: Path, heade
 
 def plot(results: dict, delta: float, path: Path) -> Path:
     """Cumulative regret at ``delta`` (with the uniform policy's) and per-step time vs step."""
+    # matplotlib is optional (figures only): imported when plotting, on the Agg backend (files, no display).
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from bench.np.tasks.bandit import binned
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     uniform = None
@@ -98,11 +99,6 @@ def plot(results: dict, delta: float, path: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from bench.np.tasks.bandit import run_bandits
-    from bench.np.train import load_checkpoint
-
     torch.set_num_threads(args.threads)
     try:
         models = {}

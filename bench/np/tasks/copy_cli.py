@@ -6,6 +6,11 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
+from bench.np.tasks.copy import CopyConfig, summary_line, train
+from bench.np.tasks.copy_models import TREE_DESIGNS
+
 #: CLI model names -> :data:`bench.np.tasks.copy.KINDS` (``retreever`` = tree cross attention + TCA loss).
 MODEL_KINDS = {"retreever": "tca", "tca": "tca", "ca": "ca", "perceiver": "perceiver"}
 #: Options that only the tree cross attention model takes (``--model both`` gives them to tca only).
@@ -14,8 +19,6 @@ TCA_OPTIONS = ("tree_design", "reward", "lambda_rl", "lambda_ca")
 
 def add_copy_arguments(parser: argparse.ArgumentParser) -> None:
     """The copy task's options (``--model both`` trains TCA then CA)."""
-    from bench.np.tasks.copy_models import TREE_DESIGNS
-
     parser.add_argument("--seq-len", type=int, default=64, help="N = 2^k; the context is the first N/2 tokens")
     parser.add_argument("--steps", type=int, default=2200, help="maximum training steps per model")
     parser.add_argument("--model", choices=sorted(MODEL_KINDS) + ["both"], default="retreever",
@@ -52,8 +55,6 @@ def add_copy_arguments(parser: argparse.ArgumentParser) -> None:
 
 def copy_configs(args: argparse.Namespace) -> list:
     """The :class:`~bench.np.tasks.copy.CopyConfig` of each model ``args`` asks for (``ValueError`` if bad)."""
-    from bench.np.tasks.copy import CopyConfig
-
     kinds = ["tca", "ca"] if args.model == "both" else [MODEL_KINDS[args.model]]
     common = dict(seq_len=args.seq_len, steps=args.steps, batch=args.batch, dim=args.dim, heads=args.heads,
                   branching=args.branching, lr=args.lr, seed=args.seed, alpha=args.alpha, baseline=args.baseline,
@@ -70,10 +71,6 @@ def copy_configs(args: argparse.Namespace) -> list:
 
 def run_copy(args: argparse.Namespace) -> int:
     """Train the chosen model(s), print the summary; exit status 1 on bad settings."""
-    import torch
-
-    from bench.np.tasks.copy import summary_line, train
-
     torch.set_num_threads(args.threads)
     try:
         configs = copy_configs(args)

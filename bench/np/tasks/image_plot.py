@@ -7,6 +7,10 @@ from typing import Optional
 
 import torch
 
+from bench.np.checkpoint import load_checkpoint
+from bench.np.data.images import DATASETS, image_points
+from bench.np.tasks.np_tasks import image_task
+
 #: Colour of the pixels outside the context in the "context" column (a blue no image contains much of).
 _HIDDEN = torch.tensor([0.15, 0.25, 0.6])
 
@@ -18,8 +22,6 @@ def completions(model, sampler, num_images: int, num_context: Optional[int] = No
     The first ``num_images`` images of ``sampler`` with ``num_context`` random context pixels (default
     ``M / 4``, a quarter of the papers' largest N_c + N_t); the model predicts every pixel.
     """
-    from bench.np.data.images import image_points
-
     images = sampler.images[:num_images]
     n, C, H, W = images.shape
     x, y = image_points(images)
@@ -43,6 +45,7 @@ def completions(model, sampler, num_images: int, num_context: Optional[int] = No
 
 def plot_completions(model, sampler, path: Path, num_images: int = 4, title: str = "") -> Path:
     """Write the completions of ``num_images`` images of ``sampler`` to ``path`` (PNG); returns it."""
+    # matplotlib is optional (figures only): imported when plotting, on the Agg backend (files, no display).
     import matplotlib
 
     matplotlib.use("Agg")
@@ -71,10 +74,6 @@ def plot_completions(model, sampler, path: Path, num_images: int = 4, title: str
 
 def plot_run(run_dir: Path, num_images: int = 4) -> Path:
     """``completions.png`` in ``run_dir``: the run's model on its dataset's first evaluation split."""
-    from bench.np.data.images import DATASETS
-    from bench.np.tasks.np_tasks import image_task
-    from bench.np.train import load_checkpoint
-
     model, ckpt = load_checkpoint(Path(run_dir))
     dataset = ckpt["dataset"]
     split = DATASETS[dataset].eval_splits[0]

@@ -13,7 +13,11 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from attn_ext.data import NPBatch
+from attn_ext.data import GPSampler, NPBatch, SawtoothSampler
+from attn_ext.data.gp import check_counts
+from attn_ext.data.sawtooth import NOISE_STD
+from bench.np.data.images import DATASETS, ImageCompletionSampler, load_images
+from bench.np.data.wheel import NUM_ARMS, WheelSampler
 
 TASK_NAMES = ("gp", "sawtooth", "images", "wheel")
 #: The efficient-NP chapter's 2-D setting (its Table 0.5.1): inputs in 2-D, 64 context and 128 target points.
@@ -53,8 +57,6 @@ def gp_task(kernel: str = "rbf", length_range: str = "code", dim_x: int = 1, num
     The settings name ``dim_x`` and the counts only where they differ from the defaults, so that the
     settings of a 1-D run are those that runs stored before these options existed (resuming compares them).
     """
-    from attn_ext.data import GPSampler
-
     sampler = GPSampler(kernel, length_range=length_range, dim_x=dim_x)
     extra = {"dim_x": dim_x} if dim_x != 1 else {}
     extra.update({k: v for k, v in (("num_context", num_context), ("num_target", num_target)) if v is not None})
@@ -66,9 +68,6 @@ def sawtooth_task(dim_x: int = CHAPTER_2D["dim_x"], num_context: Optional[int] =
                   num_target: Optional[int] = CHAPTER_2D["num_target"], noise_std: Optional[float] = None) -> NPTask:
     """Sawtooth regression with :class:`attn_ext.data.SawtoothSampler`; the defaults are the chapter's
     2-D setting (``num_context=None``/``num_target=None``: the GP sampler's random counts)."""
-    from attn_ext.data import SawtoothSampler
-    from attn_ext.data.sawtooth import NOISE_STD
-
     noise_std = NOISE_STD if noise_std is None else noise_std
     sampler = SawtoothSampler(dim_x=dim_x, noise_std=noise_std)
     # Every setting is stored, the noise included: a later change of default cannot change a run.
@@ -77,8 +76,6 @@ def sawtooth_task(dim_x: int = CHAPTER_2D["dim_x"], num_context: Optional[int] =
 
 
 def _sampling(sampler, num_context: Optional[int], num_target: Optional[int]):
-    from attn_ext.data.gp import check_counts
-
     check_counts(type(sampler).__name__, num_context, num_target)  # at once, not at the first step
     return lambda batch_size, generator: sampler.sample(batch_size, generator=generator, num_context=num_context,
                                                         num_target=num_target)
@@ -87,8 +84,6 @@ def _sampling(sampler, num_context: Optional[int], num_target: Optional[int]):
 def image_task(dataset: str, data_dir: Optional[Path] = None, split: Optional[str] = None) -> NPTask:
     """Image completion on ``dataset`` (a key of :data:`bench.np.data.images.DATASETS`); ``split``
     defaults to the dataset's training split. The images are loaded once, here."""
-    from bench.np.data.images import DATASETS, ImageCompletionSampler, load_images
-
     if dataset not in DATASETS:
         raise ValueError(f"unknown image dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
     split = split or DATASETS[dataset].train_split
@@ -99,8 +94,6 @@ def image_task(dataset: str, data_dir: Optional[Path] = None, split: Optional[st
 
 def wheel_task(num_context: int = 512, num_target: int = 50, context_rewards: str = "all") -> NPTask:
     """Wheel-bandit pre-training (CMANP App. C.2): x the 2-D context, y the 5 arms' rewards."""
-    from bench.np.data.wheel import NUM_ARMS, WheelSampler
-
     sampler = WheelSampler(num_context, num_target, context_rewards)
     settings = {"num_context": num_context, "num_target": num_target, "context_rewards": context_rewards}
     return NPTask("wheel", settings, 2, NUM_ARMS, sampler.sample, sampler)

@@ -1,22 +1,28 @@
-// Typed wrappers of attention_fwd / attention_bwd for CUDA tensors (declared in ops.h, registered in
-// registration.cpp): the cross-attention kernels with their per-pair masks (causal, attn_mask) and
-// grouped-query heads (AttentionMaskLayout). Inputs are validated by the checks the CPU ops use
-// (csrc/checks/attention_checks.h, same messages); outputs have the CPU ops' shapes and dtypes.
+// Typed wrappers of the CUDA attention kernels for CUDA tensors (declared in ops.h, registered in
+// registration.cpp): attention_fwd / attention_bwd, with per-pair masks (causal, attn_mask) and
+// grouped-query heads (AttentionMaskLayout), and cross_attention_fwd / cross_attention_bwd
+// (docs/spec.md §1), their case without any of them (Hq = Hkv, no dropout). Each op validates its
+// inputs with the checks its CPU op uses (csrc/checks/attention_checks.h, same messages), then both
+// run the one launch code below; outputs have the CPU ops' shapes and dtypes.
 //
 // What the CUDA kernels do not take raises here, naming the op and the reason, so that the Python
 // dispatch can route such calls elsewhere: dropout (dropout_p > 0: NotImplementedError), float64.
 // attn_mask is read in place through its strides (a broadcast mask is an expand()ed view with
-// stride 0, never materialised); chunk_size is validated but unused, as in cross_attention.cpp.
+// stride 0, never materialised). chunk_size is validated but otherwise unused: the kernels stream the
+// keys in their own tiles, and the result does not depend on the chunking (it is the exact softmax
+// either way).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
+#include <utility>
 
 #include "checks/attention_checks.h"
-#include "cuda/cross_attention_bwd.cuh"
-#include "cuda/cross_attention_fwd.cuh"
+#include "cuda/attention_bwd.cuh"
+#include "cuda/attention_fwd.cuh"
 #include "ops.h"
 #include "tensor_checks.h"
 
@@ -24,7 +30,7 @@ namespace attn_ext {
 namespace cuda {
 namespace {
 
-using namespace bindings;  // tensor_checks.h
+using namespace bindings;  // tensor_checks.h: dtype mapping, device checks, mask bytes, launch errors
 
 /// The unpacked inputs of a call (kept alive while the kernel's params point at them).
 struct Inputs {
@@ -33,12 +39,18 @@ struct Inputs {
   ScalarType dtype;
 };
 
+/// A cross-attention problem as the attention problem it is: as many key/value heads as query heads.
+AttentionShape as_attention_shape(const CrossAttentionShape& s) {
+  return AttentionShape{s.batch, s.heads, s.heads, s.queries, s.keys, s.head_dim, s.value_dim};
+}
+
+/// The checks after the op's argument checks (which gave `s`): a CUDA device, a kernel dtype, no
+/// dropout; then the views the kernels read.
 Inputs prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_padding_mask,
-               double scale, double dropout_p, const std::optional<at::Tensor>& dropout_seed, int64_t chunk_size,
-               const char* op) {
+               const AttentionShape& s, double dropout_p, const char* op) {
   Inputs in;
-  in.s = check_attention_inputs(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size);
+  in.s = s;
   check_is_cuda(q, "tensors", op);
   in.dtype = kernel_scalar_type(q.scalar_type(), op);
   TORCH_CHECK_NOT_IMPLEMENTED(dropout_p == 0.0, "attn_ext.", op, " (CUDA): dropout (dropout_p = ", dropout_p,
@@ -49,7 +61,9 @@ Inputs prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   return in;
 }
 
-/// Fills the fields the forward and backward params share.
+/// Fills the fields the forward and backward params share (the two structs name them alike). Without
+/// attn_mask, causal or grouped heads the AttentionMaskLayout part stays at its defaults, which
+/// selects the kernels without pair masks.
 template <typename Params>
 void fill_inputs(Params& p, const Inputs& in, double scale, bool is_causal) {
   const AttentionShape& s = in.s;
@@ -68,27 +82,18 @@ void fill_inputs(Params& p, const Inputs& in, double scale, bool is_causal) {
   }
 }
 
-std::string describe(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  return c10::str("q ", q.sizes(), " ", q.scalar_type(), ", k ", k.sizes(), ", v ", v.sizes());
-}
-
-}  // namespace
-
-std::tuple<at::Tensor, at::Tensor> attention_fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                                      const std::optional<at::Tensor>& attn_mask,
-                                                      const std::optional<at::Tensor>& key_padding_mask, double scale,
-                                                      bool is_causal, double dropout_p,
-                                                      const std::optional<at::Tensor>& dropout_seed,
-                                                      int64_t chunk_size) {
-  const char* op = "attention_fwd";
-  const Inputs in = prepare(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size, op);
+/// The forward of both ops: plan, outputs, launch. `describe()` names the call's arguments in a plan error.
+template <typename Describe>
+std::tuple<at::Tensor, at::Tensor> launch_forward(const Inputs& in, double scale, bool is_causal, const char* op,
+                                                  Describe&& describe) {
   const AttentionShape& s = in.s;
+  const at::Tensor& q = in.q;
   CrossAttentionFwdParams p;
   fill_inputs(p, in, scale, is_causal);
   const CrossAttentionLaunchPlan plan =
       plan_cross_attention_fwd(s.batch, s.q_heads, s.queries, s.keys, s.head_dim, s.value_dim, in.dtype,
                                smem_limit_of(q.device(), op), capability_of(q.device(), op), p.has_pair_masks());
-  check_plan(plan, op, [&] { return describe(q, k, v); });
+  check_plan(plan, op, std::forward<Describe>(describe));
   at::Tensor out = at::empty({s.batch, s.q_heads, s.queries, s.value_dim}, q.options());
   at::Tensor lse = at::empty({s.batch, s.q_heads, s.queries}, q.options().dtype(accumulation_dtype(q.scalar_type())));
   if (plan.empty) return {out, lse};
@@ -98,26 +103,25 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_cuda(const at::Tensor& q, const
   return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_cuda(
-    const at::Tensor& grad_out, const at::Tensor& grad_lse, const at::Tensor& q, const at::Tensor& k,
-    const at::Tensor& v, const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_padding_mask,
-    const at::Tensor& out, const at::Tensor& lse, double scale, bool is_causal, double dropout_p,
-    const std::optional<at::Tensor>& dropout_seed, int64_t chunk_size) {
-  const char* op = "attention_bwd";
-  const Inputs in = prepare(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size, op);
+/// The backward of both ops, after their checks of the gradients and saved outputs.
+template <typename Describe>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> launch_backward(const Inputs& in, const at::Tensor& grad_out,
+                                                               const at::Tensor& grad_lse, const at::Tensor& out,
+                                                               const at::Tensor& lse, double scale, bool is_causal,
+                                                               const char* op, Describe&& describe) {
   const AttentionShape& s = in.s;
-  check_attention_grads(s, q, grad_out, grad_lse, out, lse);
+  const at::Tensor& q = in.q;
   CrossAttentionBwdParams p;
   fill_inputs(p, in, scale, is_causal);
   const CrossAttentionBwdPlan plan =
       plan_cross_attention_bwd(s.batch, s.q_heads, s.queries, s.keys, s.head_dim, s.value_dim, in.dtype,
                                smem_limit_of(q.device(), op), capability_of(q.device(), op), p.kv_group);
-  check_plan(plan, op, [&] { return describe(q, k, v); });
+  check_plan(plan, op, std::forward<Describe>(describe));
   const at::Tensor o = with_unit_inner_stride(out), go = with_unit_inner_stride(grad_out);
   const at::Tensor lse_c = lse.contiguous(), glse_c = grad_lse.contiguous();
   at::Tensor grad_q = at::empty({s.batch, s.q_heads, s.queries, s.head_dim}, q.options());
-  at::Tensor grad_k = at::empty({s.batch, s.kv_heads, s.keys, s.head_dim}, k.options());
-  at::Tensor grad_v = at::empty({s.batch, s.kv_heads, s.keys, s.value_dim}, v.options());
+  at::Tensor grad_k = at::empty({s.batch, s.kv_heads, s.keys, s.head_dim}, in.k.options());
+  at::Tensor grad_v = at::empty({s.batch, s.kv_heads, s.keys, s.value_dim}, in.v.options());
   at::Tensor delta =
       at::empty({s.batch, s.q_heads, s.queries}, q.options().dtype(accumulation_dtype(q.scalar_type())));
   p.out = o.data_ptr(), p.grad_out = go.data_ptr();
@@ -129,6 +133,67 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_cuda(
   const c10::cuda::CUDAGuard guard(q.device());
   check_launch(launch_cross_attention_bwd(p, at::cuda::getCurrentCUDAStream()), op);
   return {grad_q, grad_k, grad_v};
+}
+
+std::string describe_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  return c10::str("q ", q.sizes(), " ", q.scalar_type(), ", k ", k.sizes(), ", v ", v.sizes());
+}
+
+std::string describe_qv(const at::Tensor& q, const at::Tensor& v) {
+  return c10::str("q ", q.sizes(), " ", q.scalar_type(), ", v ", v.sizes());
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> attention_fwd_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                      const std::optional<at::Tensor>& attn_mask,
+                                                      const std::optional<at::Tensor>& key_padding_mask, double scale,
+                                                      bool is_causal, double dropout_p,
+                                                      const std::optional<at::Tensor>& dropout_seed,
+                                                      int64_t chunk_size) {
+  const char* op = "attention_fwd";
+  const AttentionShape s =
+      check_attention_inputs(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size);
+  const Inputs in = prepare(q, k, v, attn_mask, key_padding_mask, s, dropout_p, op);
+  return launch_forward(in, scale, is_causal, op, [&] { return describe_qkv(q, k, v); });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_cuda(
+    const at::Tensor& grad_out, const at::Tensor& grad_lse, const at::Tensor& q, const at::Tensor& k,
+    const at::Tensor& v, const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_padding_mask,
+    const at::Tensor& out, const at::Tensor& lse, double scale, bool is_causal, double dropout_p,
+    const std::optional<at::Tensor>& dropout_seed, int64_t chunk_size) {
+  const char* op = "attention_bwd";
+  const AttentionShape s =
+      check_attention_inputs(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size);
+  const Inputs in = prepare(q, k, v, attn_mask, key_padding_mask, s, dropout_p, op);
+  check_attention_grads(s, q, grad_out, grad_lse, out, lse);
+  return launch_backward(in, grad_out, grad_lse, out, lse, scale, is_causal, op, [&] { return describe_qkv(q, k, v); });
+}
+
+std::tuple<at::Tensor, at::Tensor> cross_attention_fwd_cuda(const at::Tensor& q, const at::Tensor& k,
+                                                            const at::Tensor& v,
+                                                            const std::optional<at::Tensor>& key_padding_mask,
+                                                            double scale, int64_t chunk_size) {
+  const char* op = "cross_attention_fwd";
+  const CrossAttentionShape s = check_cross_attention_inputs(q, k, v, key_padding_mask, scale, chunk_size);
+  const Inputs in = prepare(q, k, v, std::nullopt, key_padding_mask, as_attention_shape(s), 0.0, op);
+  return launch_forward(in, scale, false, op, [&] { return describe_qv(q, v); });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_attention_bwd_cuda(
+    const at::Tensor& grad_out, const at::Tensor& grad_lse, const at::Tensor& q, const at::Tensor& k,
+    const at::Tensor& v, const std::optional<at::Tensor>& key_padding_mask, const at::Tensor& out,
+    const at::Tensor& lse, double scale, int64_t chunk_size) {
+  const char* op = "cross_attention_bwd";
+  const CrossAttentionShape s = check_cross_attention_inputs(q, k, v, key_padding_mask, scale, chunk_size);
+  const Inputs in = prepare(q, k, v, std::nullopt, key_padding_mask, as_attention_shape(s), 0.0, op);
+  check_cross_attention_grads(s, q, grad_out, grad_lse, out, lse);
+  for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{grad_out, "grad_out"},
+                                {grad_lse, "grad_lse"}, {out, "out"}, {lse, "lse"}}) {
+    check_on_device(t, name, q.device(), op);
+  }
+  return launch_backward(in, grad_out, grad_lse, out, lse, scale, false, op, [&] { return describe_qv(q, v); });
 }
 
 }  // namespace cuda

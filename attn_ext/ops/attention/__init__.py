@@ -1,0 +1,39 @@
+"""Softmax attention, exact and chunked over the keys with a running max / log-sum-exp state (docs/spec.md §1).
+
+One family from the general op to its special cases and the states built on them:
+
+* :func:`scaled_dot_product_attention` (:mod:`.scaled_dot_product`): ``torch.nn.functional``'s semantics
+  (attention masks, causal order, dropout, grouped key/value heads) on op ``attention_fwd``;
+* :func:`cross_attention` (:mod:`.chunked`): key padding as the only rule, op ``cross_attention_fwd``;
+* the attention-state API (:mod:`.state`: update, merge, remove, stream) and its sharding over
+  ``torch.distributed`` (:mod:`.sharded`).
+
+The readable PyTorch reference is :mod:`.naive` (with the pair rules of :mod:`.pairs` and the dropout of
+:mod:`.dropout`); :mod:`.registration` binds every backend as a custom op and opens with the table from
+public function to kernel; the Triton kernels are the ``triton_*`` modules.
+"""
+from attn_ext.ops.attention import registration  # noqa: F401  (custom ops, fakes, autograd, backends)
+from attn_ext.ops.attention.chunked import DEFAULT_CHUNK_SIZE, cross_attention
+from attn_ext.ops.attention.scaled_dot_product import scaled_dot_product_attention
+from attn_ext.ops.attention.state import (
+    AttentionState,
+    attention_state,
+    empty_state,
+    merge_states,
+    remove_from_state,
+    stream_attention,
+    update_state,
+)
+
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "AttentionState",
+    "attention_state",
+    "cross_attention",
+    "empty_state",
+    "merge_states",
+    "remove_from_state",
+    "scaled_dot_product_attention",
+    "stream_attention",
+    "update_state",
+]

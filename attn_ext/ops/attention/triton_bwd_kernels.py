@@ -1,0 +1,178 @@
+"""The two main backward kernels of the attention Triton backend (see :mod:`.triton_bwd`): dK/dV, one
+program per key block, and dQ, one program per query block, each recomputing ``P``.
+
+``P = exp(s - lse)`` is recomputed from the saved natural-log ``lse`` with the forward's natural
+scores ``s = (q . k) * scale`` (plus the additive mask): the same ``s`` and ``lse = max + log(l)``
+as the forward, so ``s - lse`` is exactly 0 for a dominant key even when its score is huge
+(~1e30). ``P <= 1``, so a positive ``s - lse`` (the forward's and backward's dots rounding
+differently) is clamped to 0. Rows whose ``lse`` is ``-inf`` (no allowed key) and masked pairs
+get ``P = 0`` through ``tl.where`` rather than through ``exp(-inf)``, so no ``inf - inf`` is ever
+formed and their gradients are 0. A NaN row (``lse`` or ``out`` NaN) is not empty: its ``P`` or
+``delta`` is NaN, and so are its gradients and those of the keys it attends to; padded keys are
+never loaded and their gradients are stored as 0.
+
+The constexpr flags are the forward's (:mod:`.triton_fwd`): attention mask, causal rule, dropout
+(``dV = (P∘Z)ᵀ dO``, ``dS = P ∘ ((dO Vᵀ)∘Z − delta)``, ``Z`` = keep / (1 − p)), and ``GROUP``
+query heads per key/value head: a dK/dV program loops over its key block's whole group, so the
+group's sum needs no atomics. With the causal rule, a key block starts at its first query and a
+query block stops at the diagonal.
+"""
+import triton
+import triton.language as tl
+
+from attn_ext.ops.attention.triton_pairs import dropout_keep, masked_scores, pair_dot
+from attn_ext.ops.utils.triton_jit import load_tile, valid_rows
+
+
+@triton.jit
+def _bwd_dkdv(
+    Q, K, V, MASK, ATTN, SEED, DO, LSE, DELTA, DK, DV_OUT,
+    sqb, sqh, sqm, sqd,
+    skb, skh, skn, skd,
+    svb, svh, svn, svd,
+    smb, smn,
+    sab, sah, sam, san,
+    sdob, sdoh, sdom, sdod,
+    slb, slh, slm,
+    sdkb, sdkh, sdkn, sdkd,
+    sdvb, sdvh, sdvn, sdvd,
+    H, GROUP, M, N, D, DV,
+    scale, drop_threshold, drop_scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
+    HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    PAIR_MASKS: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_bkv = tl.program_id(1)  # batch * key/value heads
+    HKV = H // GROUP
+    off_b = (pid_bkv // HKV).to(tl.int64)
+    off_kvh = (pid_bkv % HKV).to(tl.int64)
+
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    n_in = offs_n < N
+    n_ok = valid_rows(MASK, off_b * smb, smn, offs_n, N, HAS_MASK)
+    d_ok = offs_d < D
+    dv_ok = offs_dv < DV
+
+    k = load_tile(K + off_b * skb + off_kvh * skh, offs_n, offs_d, skn, skd, n_ok, d_ok, UPCAST)
+    v = load_tile(V + off_b * svb + off_kvh * svh, offs_n, offs_dv, svn, svd, n_ok, dv_ok, UPCAST)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+
+    lo = 0
+    if IS_CAUSAL:
+        lo = pid_n * BLOCK_N  # earlier queries see none of these keys
+    for g in range(0, GROUP):
+        off_h = off_kvh * GROUP + g
+        bh = off_b * H + off_h
+        q_base = Q + off_b * sqb + off_h * sqh
+        do_base = DO + off_b * sdob + off_h * sdoh
+        lse_base = LSE + off_b * slb + off_h * slh
+        attn_base = ATTN + off_b * sab + off_h * sah
+        for start_m in range(lo, M, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            m_ok = offs_m < M
+            q = load_tile(q_base, offs_m, offs_d, sqm, sqd, m_ok, d_ok, UPCAST)
+            do = load_tile(do_base, offs_m, offs_dv, sdom, sdod, m_ok, dv_ok, UPCAST)
+            lse = tl.load(lse_base + offs_m * slm, mask=m_ok, other=float("-inf"))
+            delta = tl.load(DELTA + bh * M + offs_m, mask=m_ok, other=0.0)
+            row_ok = lse != float("-inf")  # not `>`: a NaN row is not empty, its P is NaN
+            lse = tl.where(row_ok, lse, 0.0)
+
+            # Transposed orientation ([keys, queries]) so dv/dk need no transpose of P.
+            s_t = tl.dot(k, tl.trans(q), input_precision="ieee") * scale
+            s_t, valid = masked_scores(s_t, attn_base, sam, san, offs_m[None, :], offs_n[:, None],
+                                       n_ok[:, None] & m_ok[None, :], ATTN_MASK, IS_CAUSAL)
+            valid = valid & row_ok[None, :]
+            x_t = s_t - lse[None, :]
+            # `where`, not tl.minimum: a GPU min may drop a NaN row's NaN.
+            p_t = tl.where(valid, tl.exp(tl.where(x_t > 0.0, 0.0, x_t)), 0.0)
+            dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")
+            if HAS_DROPOUT:
+                keep = dropout_keep(SEED, bh * M + offs_m[None, :], offs_n[:, None], N, drop_threshold)
+                z = tl.where(keep, drop_scale, 0.0)
+                dv += tl.dot((p_t * z).to(do.dtype), do, input_precision="ieee")
+                dp_t = dp_t * z
+            else:
+                dv += tl.dot(p_t.to(do.dtype), do, input_precision="ieee")
+            ds_t = tl.where(valid, p_t * (dp_t - delta[None, :]), 0.0)
+            dk += pair_dot(ds_t, q, valid, n_ok, m_ok, PAIR_MASKS, BLOCK_N, BLOCK_M, BLOCK_D)
+
+    # Padded keys take no part: 0, also beside a NaN query row (whose 0 * NaN would land here).
+    dk = tl.where(n_ok[:, None], dk * scale, 0.0)
+    dv = tl.where(n_ok[:, None], dv, 0.0)
+    tl.store(DK + off_b * sdkb + off_kvh * sdkh + offs_n[:, None] * sdkn + offs_d[None, :] * sdkd,
+             dk.to(DK.dtype.element_ty), mask=n_in[:, None] & d_ok[None, :])
+    tl.store(DV_OUT + off_b * sdvb + off_kvh * sdvh + offs_n[:, None] * sdvn + offs_dv[None, :] * sdvd,
+             dv.to(DV_OUT.dtype.element_ty), mask=n_in[:, None] & dv_ok[None, :])
+
+
+@triton.jit
+def _bwd_dq(
+    Q, K, V, MASK, ATTN, SEED, DO, LSE, DELTA, DQ,
+    sqb, sqh, sqm, sqd,
+    skb, skh, skn, skd,
+    svb, svh, svn, svd,
+    smb, smn,
+    sab, sah, sam, san,
+    sdob, sdoh, sdom, sdod,
+    slb, slh, slm,
+    sdqb, sdqh, sdqm, sdqd,
+    H, GROUP, M, N, D, DV,
+    scale, drop_threshold, drop_scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
+    HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    PAIR_MASKS: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    off_b = (pid_bh // H).to(tl.int64)
+    off_h = (pid_bh % H).to(tl.int64)
+    off_kvh = off_h // GROUP
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    m_ok = offs_m < M
+    d_ok = offs_d < D
+    dv_ok = offs_dv < DV
+
+    q = load_tile(Q + off_b * sqb + off_h * sqh, offs_m, offs_d, sqm, sqd, m_ok, d_ok, UPCAST)
+    do = load_tile(DO + off_b * sdob + off_h * sdoh, offs_m, offs_dv, sdom, sdod, m_ok, dv_ok, UPCAST)
+    lse = tl.load(LSE + off_b * slb + off_h * slh + offs_m * slm, mask=m_ok, other=float("-inf"))
+    delta = tl.load(DELTA + pid_bh.to(tl.int64) * M + offs_m, mask=m_ok, other=0.0)
+    row_ok = lse != float("-inf")  # NaN rows included: their gradients are NaN
+    lse = tl.where(row_ok, lse, 0.0)
+    rows = pid_bh.to(tl.int64) * M + offs_m
+
+    k_base = K + off_b * skb + off_kvh * skh
+    v_base = V + off_b * svb + off_kvh * svh
+    attn_base = ATTN + off_b * sab + off_h * sah
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+
+    hi = N
+    if IS_CAUSAL:
+        hi = tl.minimum(N, (pid_m + 1) * BLOCK_M)
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_ok = valid_rows(MASK, off_b * smb, smn, offs_n, N, HAS_MASK)
+        k = load_tile(k_base, offs_n, offs_d, skn, skd, n_ok, d_ok, UPCAST)
+        v = load_tile(v_base, offs_n, offs_dv, svn, svd, n_ok, dv_ok, UPCAST)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        s, valid = masked_scores(s, attn_base, sam, san, offs_m[:, None], offs_n[None, :],
+                                 m_ok[:, None] & n_ok[None, :], ATTN_MASK, IS_CAUSAL)
+        valid = valid & row_ok[:, None]
+        x = s - lse[:, None]
+        p = tl.where(valid, tl.exp(tl.where(x > 0.0, 0.0, x)), 0.0)  # P <= 1; NaN stays NaN
+        dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+        if HAS_DROPOUT:
+            keep = dropout_keep(SEED, rows[:, None], offs_n[None, :], N, drop_threshold)
+            dp = dp * tl.where(keep, drop_scale, 0.0)
+        ds = tl.where(valid, p * (dp - delta[:, None]), 0.0)
+        dq += pair_dot(ds, k, valid, m_ok, n_ok, PAIR_MASKS, BLOCK_M, BLOCK_N, BLOCK_D)
+
+    dq = dq * scale
+    tl.store(DQ + off_b * sdqb + off_h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :] * sdqd,
+             dq.to(DQ.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])

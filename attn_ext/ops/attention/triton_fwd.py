@@ -1,0 +1,252 @@
+"""Triton forward kernel for chunked cross attention (docs/spec.md §1) and for the general attention op
+behind ``scaled_dot_product_attention``: the same kernel, whose constexpr flags add an attention mask,
+the causal rule, dropout and grouped key/value heads (all off for cross attention, which then
+compiles exactly the code it had; see :mod:`.triton_pairs`).
+
+One program per (query block, batch*head) streams over the keys in blocks of
+``BLOCK_N`` with an online softmax, so no ``[M, N]`` matrix ever exists.
+Scores, the running max and ``lse`` are in natural units, exactly as the
+backward recomputes them (``dot * scale``), and ``tl.exp`` is applied to the
+shifted score (on NVIDIA GPUs it lowers to ``ex2.approx`` of ``x * log2(e)``,
+as fast as an explicit ``exp2``). Keeping them in base 2 (scores scaled by
+``scale * log2(e)``) and converting ``lse`` to the natural log and back in the
+backward does not round trip: with a huge finite score (~1e30) the backward's
+``s - lse`` is a residue of ulp(s) ~ 1e23 instead of 0, whose exp overflows
+(non-finite gradients), and with ordinary scores the extra roundings cost the
+backward accuracy.
+
+With the causal rule a query block stops at the diagonal, about half the work at L = S.
+
+Tiles and autotuning are those of :mod:`attn_ext.ops.attention.triton_tiles`, shared with
+the backward kernels.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from attn_ext.ops.attention.triton_args import check_attention_args
+from attn_ext.ops.attention.triton_pairs import attn_mask_arg, dropout_arg, dropout_keep, masked_scores, pair_dot
+from attn_ext.ops.attention.triton_tiles import autotuned, block_d, launch
+from attn_ext.ops.utils.triton import check_device, check_dtypes, interpreting, mask_arg
+from attn_ext.ops.utils.triton_jit import load_tile, valid_rows
+from attn_ext.ops.utils.score_range import check_scores_in_range
+from attn_ext.ops.utils.validation import check_cross_attention_args
+
+__all__ = ["attention_forward", "cross_attention_forward", "launch_forward"]
+
+
+# --------------------------------------------------------------------------- kernel
+
+@triton.jit
+def _fwd_kernel(
+    Q, K, V, MASK, ATTN, SEED, OUT, LSE,
+    sqb, sqh, sqm, sqd,
+    skb, skh, skn, skd,
+    svb, svh, svn, svd,
+    smb, smn,
+    sab, sah, sam, san,
+    sob, soh, som, sod,
+    slb, slh, slm,
+    H, GROUP, M, N, D, DV,
+    scale, drop_threshold, drop_scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
+    HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    PAIR_MASKS: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    # int64 batch/head offsets: B*H*L*D can exceed 2**31 elements.
+    off_b = (pid_bh // H).to(tl.int64)
+    off_h = (pid_bh % H).to(tl.int64)
+    off_kvh = off_h // GROUP  # GQA: GROUP query heads share a key/value head
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    m_ok = offs_m < M
+    d_ok = offs_d < D
+    dv_ok = offs_dv < DV
+
+    q = load_tile(Q + off_b * sqb + off_h * sqh, offs_m, offs_d, sqm, sqd, m_ok, d_ok, UPCAST)
+    k_base = K + off_b * skb + off_kvh * skh
+    v_base = V + off_b * svb + off_kvh * svh
+    attn_base = ATTN + off_b * sab + off_h * sah
+    rows = pid_bh.to(tl.int64) * M + offs_m  # (b·H + h)·M + m: dropout's counter row
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+
+    hi = N
+    if IS_CAUSAL:
+        hi = tl.minimum(N, (pid_m + 1) * BLOCK_M)  # later key blocks lie wholly above the diagonal
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_ok = valid_rows(MASK, off_b * smb, smn, offs_n, N, HAS_MASK)
+        kt = load_tile(k_base, offs_d, offs_n, skd, skn, d_ok, n_ok, UPCAST)  # Kᵀ: padded keys never loaded
+        v = load_tile(v_base, offs_n, offs_dv, svn, svd, n_ok, dv_ok, UPCAST)
+
+        s = tl.dot(q, kt, input_precision="ieee") * scale
+        s, allowed = masked_scores(s, attn_base, sam, san, offs_m[:, None], offs_n[None, :],
+                                   m_ok[:, None] & n_ok[None, :], ATTN_MASK, IS_CAUSAL)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # While a row has seen no valid key its max is -inf; shift by 0 instead
+        # so that no (-inf) - (-inf) = NaN appears.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)  # lse and the normaliser are of the undropped weights
+        if HAS_DROPOUT:
+            keep = dropout_keep(SEED, rows[:, None], offs_n[None, :], N, drop_threshold)
+            p = tl.where(keep, p * drop_scale, 0.0)
+        acc = acc * alpha[:, None] + pair_dot(p, v, allowed, m_ok, n_ok, PAIR_MASKS, BLOCK_M, BLOCK_N, BLOCK_DV)
+        m_i = m_new
+
+    # l_i = 0: no key carries weight (all padded, or every score -inf): the empty row (0, -inf).
+    # A NaN score (or +inf - +inf) leaves l_i and acc NaN whatever the maxima did with it (a GPU max
+    # may drop NaN): NaN, never empty.
+    positive = l_i > 0.0
+    l_safe = tl.where(positive, l_i, 1.0)
+    out = tl.where(positive[:, None], acc / l_safe[:, None], float("nan"))
+    # m_i + log(l), the cpp kernel's formula: for a dominant huge score it rounds to that very score,
+    # so the backward's s - lse is exactly 0 there.
+    lse = tl.where(positive, m_i + tl.log(l_safe), float("nan"))
+    out = tl.where((l_i == 0.0)[:, None], 0.0, out)
+    lse = tl.where(l_i == 0.0, float("-inf"), lse)
+    tl.store(OUT + off_b * sob + off_h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod,
+             out.to(OUT.dtype.element_ty), mask=m_ok[:, None] & dv_ok[None, :])
+    tl.store(LSE + off_b * slb + off_h * slh + offs_m * slm, lse, mask=m_ok)
+
+
+_fwd_kernel_tuned = autotuned(_fwd_kernel, "forward")
+
+
+# --------------------------------------------------------------------------- wrapper
+
+def cross_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            key_padding_mask: torch.Tensor | None, scale: float,
+                            chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact softmax cross attention with a fused online softmax (Triton).
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        Queries ``[B, H, M, D]``; any strides.
+    k : torch.Tensor
+        Keys ``[B, H, N, D]``; any strides.
+    v : torch.Tensor
+        Values ``[B, H, N, Dv]``; any strides. q, k, v share one dtype among
+        float32, float16, bfloat16 (float64 raises ``TypeError``).
+    key_padding_mask : torch.Tensor or None
+        Bool ``[B, N]``, True marks a padded key that is ignored.
+    scale : float
+        Multiplier of ``q @ k^T`` before the softmax.
+    chunk_size : int
+        Hint for the key tile ``BLOCK_N``: the largest power of two not above
+        it, clamped to [16, 128] and to N (to 64 under the interpreter, where
+        it is used as is; on CUDA it is the upper bound of the tuned tile).
+
+    Returns
+    -------
+    out : torch.Tensor
+        ``[B, H, M, Dv]`` in q's dtype, contiguous. Rows without any key of
+        nonzero weight (all padded, or all scores -inf) are 0; rows with a NaN
+        score are NaN.
+    lse : torch.Tensor
+        float32 ``[B, H, M]``, natural-log log-sum-exp of the scaled scores;
+        ``-inf`` for those empty rows, NaN for rows with a NaN score.
+
+    Notes
+    -----
+    Accumulation is float32 and float32 dots use ``input_precision="ieee"``
+    (no TF32). On CUDA, ``BLOCK_M``/``BLOCK_N``/warps/stages are autotuned
+    per (padded D, padded Dv, chunk hint, power-of-two buckets of M and N,
+    dtype); under ``TRITON_INTERPRET=1`` a fixed small configuration is used
+    because autotuning needs a GPU. Results do not depend on the tiles
+    beyond float rounding.
+    """
+    # Shapes, mask and scale as for every backend; then what is particular to Triton.
+    check_cross_attention_args(q, k, v, key_padding_mask, scale, chunk_size, op="cross_attention")
+    out, lse = launch_forward(q, k, v, key_padding_mask, scale, chunk_size)
+    check_scores_in_range("cross_attention", q, k, v, out, lse, scale, key_padding_mask=key_padding_mask)
+    return out, lse
+
+
+def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None,
+                   scale: float, chunk_size: int, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+                   dropout_p: float = 0.0, dropout_seed: torch.Tensor | None = None):
+    """The forward kernel on checked arguments: ``k``, ``v`` may have fewer heads than ``q`` (GQA),
+    ``attn_mask`` is a ``[B, Hq, L, S]`` view (bool or q's dtype); see :func:`attention_forward`."""
+    check_device(_fwd_kernel, q, k, v, *(t for t in (key_padding_mask, attn_mask) if t is not None))
+    check_dtypes(q=q, k=k, v=v)
+    mask, smb, smn, has_mask = mask_arg(key_padding_mask, q)
+    attn, attn_strides, attn_kind = attn_mask_arg(attn_mask, q)
+    seed, threshold, drop_scale, has_dropout = dropout_arg(dropout_p, dropout_seed, q)
+
+    B, H, M, D = q.shape
+    N, DV = k.shape[2], v.shape[3]
+    out = torch.empty((B, H, M, DV), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, M), dtype=torch.float32, device=q.device)
+    if lse.numel() == 0:
+        return out, lse  # an empty launch grid is an error in Triton
+
+    args = (q, k, v, mask, attn, seed, out, lse,
+            *q.stride(), *k.stride(), *v.stride(), smb, smn, *attn_strides, *out.stride(), *lse.stride(),
+            H, H // k.shape[1], M, N, D, DV, float(scale), threshold, drop_scale)
+    meta = dict(HAS_MASK=has_mask, ATTN_MASK=attn_kind, IS_CAUSAL=bool(is_causal), HAS_DROPOUT=has_dropout,
+                PAIR_MASKS=attn_kind != 0 or bool(is_causal), UPCAST=interpreting(),
+                BLOCK_D=block_d(D), BLOCK_DV=block_d(DV))
+    launch(_fwd_kernel, _fwd_kernel_tuned, lambda bm, bn: (triton.cdiv(M, bm), B * H),
+           args, meta, M, N, chunk_size)
+    return out, lse
+
+
+# --------------------------------------------------------------------------- the general op (attention_fwd_triton)
+
+
+def attention_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor],
+                      key_padding_mask: Optional[Tensor], scale: float, is_causal: bool, dropout_p: float,
+                      dropout_seed: Optional[Tensor], chunk_size: int) -> tuple[Tensor, Tensor]:
+    """Exact attention with a fused online softmax (Triton).
+
+    Parameters
+    ----------
+    q, k, v : torch.Tensor
+        ``[B, Hq, L, D]``, ``[B, Hkv, S, D]``, ``[B, Hkv, S, Dv]``, any strides, one dtype among
+        float32, float16, bfloat16; query head ``h`` reads key/value head ``h // (Hq // Hkv)``.
+    attn_mask : torch.Tensor or None
+        ``[B, Hq, L, S]`` view (broadcast dims of stride 0 are read as such, never copied): bool,
+        True = the pair takes part, or q's dtype, added to the scaled score (``-inf`` masks).
+    key_padding_mask : torch.Tensor or None
+        Bool ``[B, S]``, True marks a padded key.
+    scale : float
+        Multiplier of ``q @ k^T``.
+    is_causal : bool
+        Query ``m`` attends key ``n`` only if ``n <= m`` (top-left aligned).
+    dropout_p : float
+        Probability in ``[0, 1)`` of dropping a weight (kept weights scaled by ``1 / (1 - p)``).
+    dropout_seed : torch.Tensor or None
+        int64 one-element tensor, the Philox key; needed when ``dropout_p > 0``.
+    chunk_size : int
+        Hint for the key tile, as for cross attention.
+
+    Returns
+    -------
+    out : torch.Tensor
+        ``[B, Hq, L, Dv]`` in q's dtype, contiguous; 0 for rows without an allowed key.
+    lse : torch.Tensor
+        float32 ``[B, Hq, L]``, log-sum-exp of the masked scaled scores before dropout; ``-inf``
+        for those empty rows.
+    """
+    check_attention_args(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size)
+    out, lse = launch_forward(q, k, v, key_padding_mask, scale, chunk_size, attn_mask=attn_mask,
+                              is_causal=is_causal, dropout_p=float(dropout_p), dropout_seed=dropout_seed)
+    check_scores_in_range("scaled_dot_product_attention", q, k, v, out, lse, scale, attn_mask, key_padding_mask,
+                          is_causal)
+    return out, lse

@@ -1,5 +1,0 @@
-// The bf16 instantiation of the tensor-core backward's launch (cross_attention_bwd_wmma_launch.cuh).
-#include "cross_attention_bwd_wmma_launch.cuh"
-
-template cudaError_t attn_ext::cuda::detail::launch_cross_attention_bwd_wmma<__nv_bfloat16>(
-    const attn_ext::cuda::CrossAttentionBwdParams&, const attn_ext::cuda::CrossAttentionBwdPlan&, cudaStream_t);
