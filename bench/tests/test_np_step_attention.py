@@ -133,6 +133,8 @@ def test_share_is_the_part_of_the_step_in_attn_ext_ops():
             w @ w
 
     alone, diluted = na.attention_share(attention_only, 2), na.attention_share(with_matmuls, 2)
-    assert 0.3 < alone["share"] <= 1.0 and diluted["share"] < alone["share"]
+    # No lower bound on the share itself: it is a fraction of wall time, which a loaded machine stretches
+    # (0.99 alone on the AMD EPYC 2-core machine; 0.23 once inside the full suite beside two compiles).
+    assert 0.0 < alone["share"] <= 1.0 and diluted["share"] < alone["share"]
     assert na.attention_share(lambda: w @ w, 1)["share"] == 0.0
     assert alone["steps"] == 2 and alone["op_ms"] <= alone["step_ms"] and not math.isnan(diluted["op_ms"])
