@@ -9,6 +9,10 @@
 #                      needed), within 8 minutes, report and logs into $OUT (else bench/out/gpu/);
 #                      STAGES="build tests" runs some stages only; GPU_CHECK_DRY_RUN=1 runs the stage
 #                      control alone on any machine (fake stages); docs/gpu_check.md
+#   make sass-report   set-up, then the machine code of the attention kernels without a GPU (Triton for sm_80 and
+#                      sm_90a, every kept tile config; CUDA by nvcc -cubin): registers, spills, shared memory,
+#                      MMA/ldmatrix/cp.async/TMA counts, judged by issue 43's criteria; bench/out/sass_report.md.
+#                      ~30 minutes cold on 2 cores (Triton; cached after: seconds) + ~1.5 (CUDA); docs/backends.md
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -19,7 +23,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.attn_ext-installed
 SOURCES := setup.py pyproject.toml $(wildcard build_support/*.py) $(shell find csrc -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' 2>/dev/null)
 
-.PHONY: setup test bench bench-update cuda-check gpu-check clean
+.PHONY: setup test bench bench-update cuda-check gpu-check sass-report clean
 
 setup: $(STAMP)
 
@@ -43,6 +47,9 @@ bench-update: setup
 
 cuda-check:
 	bash .ci/cuda_compile_check.sh
+
+sass-report: setup
+	$(PY) bench/gpu/sass_report.py
 
 # Not `setup`: a GPU machine brings its own CUDA torch, and nothing may be downloaded. The interpreter is
 # $$PYTHON when given (`make gpu-check PYTHON=/path/to/python`), else .venv/bin/python if present, else python3.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib
+import math
 import pkgutil
 import textwrap
 from dataclasses import dataclass
@@ -48,11 +49,22 @@ class Job:
         """The autotune config (or the fixed launch's tiles) and warps/stages, e.g. ``BLOCK_M=64 BLOCK_N=32 w4 s2``;
         ``w-``/``s-``: Triton's defaults (4 warps, 3 stages)."""
         opts = dict(self.options)
-        names = [k for k in self.tuned if k.startswith("BLOCK_")] if self.tuned else \
-            [k for k, _ in self.options if k.startswith("BLOCK_")]
+        names = self._tile_names()
         warps = f"w{opts['num_warps']}" if "num_warps" in opts else "w-"
         stages = f"s{opts['num_stages']}" if "num_stages" in opts else "s-"
         return " ".join([f"{k}={opts[k]}" for k in names] + [warps, stages])
+
+    def tile_area(self) -> int:
+        """The product of the config's tiles (the autotuned ``BLOCK_*``, or a fixed launch's): what makes a
+        config large."""
+        opts = dict(self.options)
+        return math.prod(opts[k] for k in self._tile_names())
+
+    def _tile_names(self) -> list[str]:
+        """The config's tile constexprs: the autotuned ``BLOCK_*``, or a fixed launch's."""
+        if self.tuned:
+            return [k for k in self.tuned if k.startswith("BLOCK_")]
+        return [k for k, _ in self.options if k.startswith("BLOCK_")]
 
     def variant(self) -> str:
         """The launcher's other constexprs: its code path, e.g. ``HAS_MASK`` or ``BRANCH=4`` (False flags omitted)."""

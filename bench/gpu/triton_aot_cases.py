@@ -17,9 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import re
+
 import torch
 
-__all__ = ["DTYPES", "HEAD_DIMS", "Case", "all_cases", "select"]
+__all__ = ["DTYPES", "HEAD_DIMS", "SASS_SCOPE", "Case", "all_cases", "in_sass_scope", "select"]
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # In order of priority (see select): 40 after the others, as bf16 after fp16 in DTYPES.
@@ -29,9 +31,14 @@ INTENTION_DIMS = ((16, 16), (64, 64), (128, 128), (128, 256), (40, 40))
 #: Head dims of the causal variant of the attention op (the common decoder ones), to bound the compiles.
 ATTENTION_CAUSAL_DIMS = (64, 128)
 #: Constexprs of the attention kernels that select the per-pair rules (mask kind, causal order, dropout).
-#: They add no shared memory, so the CI scope checks every tile config once without them and compiles
-#: each flagged case with one config (step 2 of select): 1681 compiles would otherwise be ~700.
+#: The CI scope checks every tile config once without them and compiles each flagged case with one config,
+#: its largest (step 2 of select): 1681 compiles would otherwise be ~700. They do add shared memory (with a
+#: mask or dropout up to a [BLOCK_M, BLOCK_N] tile more, see triton_tiles._smem_estimate), which the largest
+#: config shows where it matters most: fp32 dK/dV at D = 16 with 128x128 tiles was over sm_80's limit.
 PAIR_FLAGS = frozenset({"HAS_MASK", "ATTN_MASK", "IS_CAUSAL", "HAS_DROPOUT", "PAIR_MASKS"})
+#: The machine-code report's scope (``--scope sass``, ``make sass-report``): the attention kernels (the
+#: families' launches: forward, backward, merge) at the head dims and dtypes of issue 43, every kept config.
+SASS_SCOPE = {"families": ("cross_attention", "attention", "merge"), "dtypes": ("fp16", "bf16"), "head_dims": (64, 128)}
 B, H, M, N = 1, 2, 136, 136
 TREE = dict(branching=4, height=2, group_size=16)  # 21 inner nodes, 16 groups of 16 leaves
 TREE_HEADS = 4
@@ -149,8 +156,16 @@ def all_cases() -> list[Case]:
     return cases
 
 
+def in_sass_scope(case: Case) -> bool:
+    """Whether ``case`` is one of :data:`SASS_SCOPE`'s (its dims open with ``D=<d>`` or ``Dv=<d>``)."""
+    head_dim = re.match(r"Dv?=(\d+)\b", case.dims)
+    return (case.family in SASS_SCOPE["families"] and case.dtype in SASS_SCOPE["dtypes"]
+            and head_dim is not None and int(head_dim.group(1)) in SASS_SCOPE["head_dims"])
+
+
 def select(jobs: dict, scope: str, dot_kernels=frozenset()) -> dict:
-    """The jobs to compile, in the order given: all of them (``"full"``), or the CI cover (``"ci"``):
+    """The jobs to compile, in the order given: all of them (``"full"``), those that a case of
+    :data:`SASS_SCOPE` launches (``"sass"``: every kept config), or the CI cover (``"ci"``):
 
     1. every kept config of every kernel and target, for each set of launcher-derived constexprs
        (padded head dims, mask, sampling, ...) and, for ``dot_kernels`` (whose shared memory holds
@@ -159,12 +174,16 @@ def select(jobs: dict, scope: str, dot_kernels=frozenset()) -> dict:
        first case in order stands for the others (fp32 for all dtypes of a kernel without
        ``tl.dot``, fp16 for bf16, D = 64 for D = 40);
     2. every case (dtype × dims) of every kernel and target at least once: one config each, so that
-       every dtype, the unaligned D = 40 and every per-pair rule (:data:`PAIR_FLAGS`) are compiled too.
+       every dtype, the unaligned D = 40 and every per-pair rule (:data:`PAIR_FLAGS`) are compiled too;
+       the largest config (``Job.tile_area``), the one most likely to spill, so that the machine-code
+       check (``sass_criteria``) sees the per-pair rules' spills in CI too.
     """
     if scope == "full":
         return dict(jobs)
+    if scope == "sass":
+        return {job: cases for job, cases in jobs.items() if any(map(in_sass_scope, cases))}
     if scope != "ci":
-        raise ValueError(f"scope must be 'ci' or 'full', got {scope!r}")
+        raise ValueError(f"scope must be 'ci', 'sass' or 'full', got {scope!r}")
     chosen, configs, covered = {}, set(), set()
     for job, cases in jobs.items():
         size = DTYPES[cases[0].dtype].itemsize if job.kernel in dot_kernels else 0
@@ -175,7 +194,7 @@ def select(jobs: dict, scope: str, dot_kernels=frozenset()) -> dict:
             configs.add(config)
             chosen[job] = cases
             covered.update((job.kernel, job.target, case) for case in cases)
-    for job, cases in jobs.items():
+    for job, cases in sorted(jobs.items(), key=lambda item: -item[0].tile_area()):  # stable: the first largest
         if any((job.kernel, job.target, case) not in covered for case in cases):
             chosen[job] = cases
             covered.update((job.kernel, job.target, case) for case in cases)

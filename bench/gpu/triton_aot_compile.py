@@ -9,7 +9,9 @@ alignment of their address (16 bytes, as every allocation of torch's CUDA alloca
 
 Registers and spills are read from the cubin with the ``cuobjdump`` that Triton bundles (on a GPU,
 Triton asks the driver for them when it loads the kernel); shared memory is Triton's own
-``metadata.shared``, the dynamic shared memory the launch requests.
+``metadata.shared``, the dynamic shared memory the launch requests. The same ``cuobjdump -sass``
+gives the kernel's machine code, kept as its opcode counts (:mod:`sass_opcodes`), which the machine-code
+criteria (:mod:`sass_criteria`) judge.
 """
 from __future__ import annotations
 
@@ -26,9 +28,14 @@ from pathlib import Path
 
 import torch
 
+from sass_opcodes import COUNTS, opcode_counts, split_functions
 from triton_aot_target import TARGETS, targeting
 
 __all__ = ["ResultCache", "compile_job", "job_key", "resource_usage"]
+
+#: Part of every cache key, with sass_opcodes.COUNTS (a new count recompiles by itself): raise it when a result
+#: gains a field or a count is read differently, so that cached results recompile (2: "sass", the opcode counts).
+RESULT_VERSION = 2
 
 _FUNCTION = re.compile(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
 
@@ -53,14 +60,27 @@ def _cuobjdump() -> str:
         return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
 
 
-def _cubin_resources(cubin: bytes, name: str) -> dict:
+def _cuobjdump_runs(cubin: bytes, *flags: str) -> list[str]:
+    """The output of ``cuobjdump <flag> cubin`` for each flag."""
+    outputs = []
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        done = subprocess.run([_cuobjdump(), "--dump-resource-usage", f.name], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"cuobjdump failed ({done.returncode}): {done.stderr.strip()}")
-    return resource_usage(done.stdout, name)
+        for flag in flags:
+            done = subprocess.run([_cuobjdump(), flag, f.name], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"cuobjdump {flag} failed ({done.returncode}): {done.stderr.strip()}")
+            outputs.append(done.stdout)
+    return outputs
+
+
+def _cubin_findings(cubin: bytes, name: str) -> dict:
+    """Registers, stack and local memory of kernel ``name``, and its opcode counts as ``"sass"``."""
+    usage, sass = _cuobjdump_runs(cubin, "--dump-resource-usage", "-sass")
+    functions = split_functions(sass)
+    if name not in functions:
+        raise ValueError(f"cuobjdump -sass shows no function {name!r} (it shows {', '.join(functions) or 'none'})")
+    return {**resource_usage(usage, name), "sass": opcode_counts(functions[name])}
 
 
 def _materialise(spec):
@@ -72,7 +92,8 @@ def _materialise(spec):
 def compile_job(job: dict) -> dict:
     """Compile ``job`` (a :class:`triton_aot_capture.Job` as a dict) for its target.
 
-    Returns ``{"regs", "stack", "local", "shared", "num_warps", "num_stages", "seconds"}``, or
+    Returns ``{"regs", "stack", "local", "shared", "num_warps", "num_stages", "sass", "seconds"}`` (``"sass"``:
+    the kernel's :func:`sass_opcodes.opcode_counts`), or
     ``{"error", "seconds"}`` when the compile fails (any exception: the message is the finding).
     """
     start = time.perf_counter()
@@ -86,7 +107,7 @@ def compile_job(job: dict) -> dict:
             with targeting(TARGETS[job["target"]]):
                 compiled = kernel.run(*args, grid=(1,), warmup=True, **dict(job["options"]))
         meta = compiled.metadata
-        result = _cubin_resources(compiled.asm["cubin"], meta.name)
+        result = _cubin_findings(compiled.asm["cubin"], meta.name)
         result.update(shared=int(meta.shared), num_warps=int(meta.num_warps), num_stages=int(meta.num_stages))
     except Exception as exc:  # noqa: BLE001 - every failure to compile is reported, none is fatal here
         text = f"{type(exc).__name__}: {exc}".strip()
@@ -97,10 +118,12 @@ def compile_job(job: dict) -> dict:
 
 def job_key(job: dict, kernel_hash: str) -> str:
     """Cache key: the job, the kernel's source hash (Triton's, which covers the device functions it
-    calls), the Triton version and a ptxas override if any; a change to any of them recompiles."""
+    calls), the Triton version, a ptxas override if any, :data:`RESULT_VERSION` and the names of the
+    opcode counts; a change to any of them recompiles."""
     import triton  # optional, see _cuobjdump
 
-    text = json.dumps([job, kernel_hash, triton.__version__, os.environ.get("TRITON_PTXAS_PATH", "")],
+    text = json.dumps([job, kernel_hash, triton.__version__, os.environ.get("TRITON_PTXAS_PATH", ""),
+                       RESULT_VERSION, COUNTS],
                       sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sass_opcodes import COUNTS
+
 __all__ = ["Row", "summary", "table"]
 
 
@@ -29,22 +31,30 @@ class Row:
     def dims(self) -> str:
         return "; ".join(dict.fromkeys(case.dims for case in self.cases))
 
+    @property
+    def counts(self) -> dict:
+        """The kernel's opcode counts (:func:`sass_opcodes.opcode_counts`); empty when the compile failed."""
+        return self.result.get("sass", {})
+
 
 def _cells(row: Row) -> list[str]:
     r = row.result
     resources = ["-"] * 3 if "error" in r else [str(r["regs"]), str(r["shared"]), str(r["stack"])]
+    counts = [str(row.counts[name]) if name in row.counts else "-" for name in COUNTS]
     return [row.job.kernel, row.job.config(), row.job.variant(), row.dtypes(), row.dims(), row.job.target, *resources,
-            f"{r.get('seconds', 0):.1f}", "ok" if row.problem is None else "**FAIL**"]
+            *counts, f"{r.get('seconds', 0):.1f}", "ok" if row.problem is None else "**FAIL**"]
 
 
-def table(rows: list[Row], header: str, missing: list[str]) -> str:
-    """The full table (Markdown), failures first, then by kernel, target and config."""
+def table(rows: list[Row], header: str, missing: list[str], section: str = "") -> str:
+    """The full table (Markdown), failures first, then by kernel, target and config; ``section`` (Markdown)
+    before it."""
     lines = ["# Triton kernels compiled ahead of time", "",
              "Written by `bench/gpu/triton_aot.py` (no GPU needed). " + header + ".", "",
              "regs: registers per thread; smem: dynamic shared memory per block (bytes, the launch's request);",
              "stack: local memory per thread (bytes), where ptxas spills: 0 means no spill. "
              "w/s: warps and pipeline stages (`-`: Triton's default, 4 warps and 3 stages); variant: the",
-             "launcher's other constexprs (its code path).", ""]
+             "launcher's other constexprs (its code path). Then the kernel's static instruction counts from",
+             "`cuobjdump -sass` (`bench/gpu/sass_opcodes.py`; each instruction once, loops not unrolled).", ""]
     failures = [row for row in rows if row.problem is not None]
     if failures or missing:
         lines += ["## Failures", ""]
@@ -53,8 +63,11 @@ def table(rows: list[Row], header: str, missing: list[str]) -> str:
         lines += [f"- `{row.job.kernel}` {row.job.config()} {row.job.variant()} {row.dtypes()} {row.dims()} "
                   f"{row.job.target}: {row.problem}" for row in failures]
         lines.append("")
-    lines += ["| kernel | config | variant | dtype | dims | target | regs | smem | stack | compile s | status |",
-              "|---|---|---|---|---|---|--:|--:|--:|--:|---|"]
+    if section:
+        lines += [section, "## Every compile", ""]
+    lines += ["| kernel | config | variant | dtype | dims | target | regs | smem | stack | "
+              + " | ".join(COUNTS) + " | compile s | status |",
+              "|---|---|---|---|---|---|--:|--:|--:|" + "--:|" * len(COUNTS) + "--:|---|"]
     ordered = sorted(rows, key=lambda row: (row.problem is None, row.job.kernel, row.job.target, row.job.config()))
     lines += ["| " + " | ".join(_cells(row)) + " |" for row in ordered]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,287 @@
+"""What each attention kernel's machine code must contain (issue 43), the known gaps, and the check.
+
+API (stable; the Triton report ``triton_aot.py`` and the CUDA report ``cuda_sass.py`` both use it):
+
+- :class:`Requirement` ``(kernel_pattern, target, count, op, value, note, config_pattern="")``: on
+  every compile of a kernel whose name ``re.fullmatch``-es ``kernel_pattern``, for a target that
+  ``re.fullmatch``-es ``target``, whose config ``re.search``-es ``config_pattern`` (``""``: any),
+  ``<count> <op> <value>`` holds. ``count`` names an opcode count
+  (:data:`sass_opcodes.COUNTS`: ``HGMMA``, ``LDL``, ...) or a resource (``stack``, ``regs``, ...);
+  ``op`` is one of ``> >= == <= <``. Its :attr:`~Requirement.name` is ``"<count> <op> <value>"``,
+  e.g. ``"HGMMA > 0"``.
+- :class:`KnownGap` ``(kernel_pattern, target, requirement_name, config_pattern, why)``: that
+  requirement is known to fail today for the compiles whose config ``re.search``-es
+  ``config_pattern`` (``""``: every config), and why (the item of issue 43 that fixes it).
+- :class:`SassRow` ``(kernel, target, config, counts, resources)``: one compile's findings.
+- :func:`evaluate` ``(kernel, target, config, counts, resources, requirements, gaps) -> list[Finding]``:
+  one :class:`Finding` per requirement that applies to that compile, with its status (below).
+  :data:`TRITON_KERNELS` matches the kernels that :data:`REQUIREMENTS` judges.
+- :func:`findings` ``(rows, requirements, gaps, judge_gaps=True) -> list[Finding]``: every finding of
+  ``rows``, plus the findings about the gaps themselves (``judge_gaps=False``: not those, for a run over
+  part of a scope); :func:`check` ``(rows, requirements, gaps, judge_gaps=True) -> list[Finding]``: only
+  the failures. ``requirements``/``gaps`` default to this module's :data:`REQUIREMENTS` and
+  :data:`KNOWN_GAPS` (the Triton attention kernels); a caller with other kernels passes its own.
+
+Statuses: ``pass``; ``gap (issue 43)`` (fails, inside a known gap: reported, never a pass, not a
+failure); and the failures:
+
+- ``REGRESSION``: fails outside every known gap;
+- ``MISSING``: the row has no such count or resource;
+- ``UNCHECKED``: no requirement names the row's kernel and target, whatever its config (a kernel nobody
+  encoded would otherwise pass silently; a row of a named kernel and target outside every requirement's
+  ``config_pattern`` is simply not judged);
+- ``GAP CLOSED``: a known gap holds in every row it matches, or matches none of the rows its requirement
+  judges for its kernels and targets (its configs were pruned): remove the gap, like a strict xfail. A gap
+  whose kernels and targets have no row its requirement judges (a run over fewer targets) is not judged;
+- ``GAP UNKNOWN``: a gap names no requirement of its kernels and targets (a typo would otherwise excuse
+  nothing and be noticed by no one).
+"""
+from __future__ import annotations
+
+import operator
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+__all__ = ["FAILURES", "GAP", "GAP_CLOSED", "GAP_UNKNOWN", "KNOWN_GAPS", "MISSING", "PASS", "REGRESSION",
+           "REQUIREMENTS", "SPILL_FREE", "TRITON_KERNELS", "UNCHECKED", "Finding", "KnownGap", "Requirement",
+           "SassRow", "check", "evaluate", "findings"]
+
+_OPS = {">": operator.gt, ">=": operator.ge, "==": operator.eq, "<=": operator.le, "<": operator.lt}
+
+PASS, GAP = "pass", "gap (issue 43)"
+REGRESSION, MISSING, UNCHECKED, GAP_CLOSED, GAP_UNKNOWN = (
+    "REGRESSION", "MISSING", "UNCHECKED", "GAP CLOSED", "GAP UNKNOWN")
+#: The statuses that fail the check.
+FAILURES = frozenset({REGRESSION, MISSING, UNCHECKED, GAP_CLOSED, GAP_UNKNOWN})
+
+
+@dataclass(frozen=True)
+class Requirement:
+    kernel_pattern: str
+    target: str
+    count: str
+    op: str
+    value: int
+    note: str = ""
+    config_pattern: str = ""
+
+    def __post_init__(self):
+        if self.op not in _OPS:
+            raise ValueError(f"op must be one of {' '.join(_OPS)}, got {self.op!r}")
+
+    @property
+    def name(self) -> str:
+        return f"{self.count} {self.op} {self.value}"
+
+    def names(self, kernel: str, target: str) -> bool:
+        """Whether this requirement is about ``kernel`` on ``target`` (in some configs at least)."""
+        return bool(re.fullmatch(self.kernel_pattern, kernel) and re.fullmatch(self.target, target))
+
+    def applies(self, kernel: str, target: str, config: str) -> bool:
+        return self.names(kernel, target) and bool(re.search(self.config_pattern, config))
+
+    def holds(self, actual: int) -> bool:
+        return _OPS[self.op](actual, self.value)
+
+
+@dataclass(frozen=True)
+class KnownGap:
+    kernel_pattern: str
+    target: str
+    requirement_name: str
+    config_pattern: str
+    why: str
+
+    def covers(self, kernel: str, target: str, config: str, requirement: Requirement) -> bool:
+        return (requirement.name == self.requirement_name and bool(re.fullmatch(self.kernel_pattern, kernel))
+                and bool(re.fullmatch(self.target, target)) and bool(re.search(self.config_pattern, config)))
+
+
+@dataclass(frozen=True)
+class SassRow:
+    kernel: str
+    target: str
+    # What tells this compile from the kernel's others, e.g. "bf16 D=128 causal BLOCK_M=128 BLOCK_N=64 w8 s2";
+    # the Triton rows open with the dtype and head dims, which the Triton requirements' config_pattern reads.
+    config: str
+    counts: Mapping[str, int]  # sass_opcodes.opcode_counts
+    resources: Mapping[str, int] = field(default_factory=dict)  # regs, stack, shared, ...
+
+
+@dataclass(frozen=True)
+class Finding:
+    kernel: str
+    target: str
+    config: str
+    requirement: str  # Requirement.name ("" for UNCHECKED)
+    status: str
+    actual: int | None = None
+    why: str = ""  # the gap's reason, or what went wrong
+
+    @property
+    def failed(self) -> bool:
+        return self.status in FAILURES
+
+    def __str__(self) -> str:
+        value = "" if self.actual is None else f" (is {self.actual})"
+        why = f": {self.why}" if self.why else ""
+        return f"{self.status}: {self.kernel} {self.target} {self.config}: {self.requirement}{value}{why}"
+
+
+# The issue's criteria for the Triton attention kernels (attn_ext/ops/attention/triton_*.py). Targets are
+# Triton's names: "sm_90" compiles for sm_90a (Triton's cc 90 target has the wgmma/TMA/setmaxnreg features).
+_TRITON_MMA = r"_fwd_kernel|_bwd_dkdv|_bwd_dq"
+_TRITON_OTHER = r"_bwd_preprocess|_merge_fwd_kernel|_merge_bwd_kernel"  # no tl.dot: only the spill criteria
+#: The Triton kernels that REQUIREMENTS judges (triton_aot.py checks the rows of these only).
+TRITON_KERNELS = f"{_TRITON_MMA}|{_TRITON_OTHER}"
+# The issue's scope: the 16-bit types at D = 64 and 128 (Dv for the merge kernels). fp32 has no tensor-core
+# path (exact fp32 dots: FFMA), and the other head dims are compiled and reported but not judged.
+_SCOPE = r"^(fp16|bf16) Dv?=(64|128)\b"
+
+
+def _no_spill(kernels: str, target: str) -> tuple[Requirement, ...]:
+    return (Requirement(kernels, target, "LDL", "==", 0, "no local loads (spills read back)", _SCOPE),
+            Requirement(kernels, target, "STL", "==", 0, "no local stores (spills)", _SCOPE),
+            Requirement(kernels, target, "stack", "==", 0, "no stack frame (local memory per thread)", _SCOPE))
+
+
+REQUIREMENTS: tuple[Requirement, ...] = (
+    Requirement(_TRITON_MMA, r"sm_90a?", "HGMMA", ">", 0, "Hopper warpgroup MMA (wgmma)", _SCOPE),
+    Requirement(_TRITON_MMA, r"sm_90a?", "UTMALDG", ">", 0, "K/V (and Q, dO) loaded by TMA descriptors", _SCOPE),
+    *_no_spill(_TRITON_MMA, r"sm_90a?"),
+    Requirement(_TRITON_MMA, r"sm_80", "HMMA.16816", ">", 0, "FlashAttention-2's m16n8k16 mma.sync", _SCOPE),
+    Requirement(_TRITON_MMA, r"sm_80", "LDSM", ">", 0, "ldmatrix: MMA fragments from shared memory", _SCOPE),
+    Requirement(_TRITON_MMA, r"sm_80", "LDGSTS", ">", 0, "cp.async pipeline of global loads", _SCOPE),
+    *_no_spill(_TRITON_MMA, r"sm_80"),
+    *_no_spill(_TRITON_OTHER, r"sm_80|sm_90a?"),
+)
+
+# Known gaps: what fails today, each to be removed by the item of issue 43 that closes it (the check fails once
+# a gap holds in every compile it matches, or matches none). Measured with Triton 3.9 over every kept config
+# (make sass-report, 794 compiles); a failure outside them is a regression.
+_ITEM2 = "issue 43 item 2"
+_SM90 = r"sm_90a?"
+
+
+def _tiles(short: str) -> str:
+    """``"64x16 w4 s2"`` as a config ends: ``"BLOCK_M=64 BLOCK_N=16 w4 s2"``."""
+    m, rest = short.split("x", 1)
+    n, launch = rest.split(" ", 1)
+    return f"BLOCK_M={m} BLOCK_N={n} {launch}"
+
+
+#: The tile configs that spill in no dtype and no variant (cross attention; attention with a mask or causal,
+#: both with dropout), per kernel, target and head dim: every other kept config spills in some of them.
+SPILL_FREE = {
+    ("_fwd_kernel", "sm_80", 64): ("16x16 w2 s1", "16x64 w4 s2", "16x128 w4 s2", "32x32 w4 s2", "64x16 w4 s2"),
+    ("_fwd_kernel", "sm_80", 128): ("16x16 w2 s1", "16x64 w4 s2", "32x32 w4 s2"),
+    ("_fwd_kernel", "sm_90", 64): ("16x16 w2 s1", "32x32 w4 s2", "64x16 w4 s2"),
+    ("_fwd_kernel", "sm_90", 128): ("16x16 w2 s1",),
+    ("_bwd_dkdv", "sm_80", 64): ("16x16 w2 s1", "16x64 w4 s2"),
+    ("_bwd_dkdv", "sm_80", 128): ("16x16 w2 s1",),
+    ("_bwd_dkdv", "sm_90", 64): ("16x16 w2 s1", "16x64 w4 s2", "64x16 w4 s2"),
+    ("_bwd_dkdv", "sm_90", 128): ("16x16 w2 s1",),
+    ("_bwd_dq", "sm_80", 64): ("16x16 w2 s1", "16x128 w4 s2", "32x32 w4 s2", "64x16 w4 s2"),
+    ("_bwd_dq", "sm_80", 128): ("16x16 w2 s1", "16x64 w4 s2"),
+    ("_bwd_dq", "sm_90", 64): ("16x16 w2 s1", "16x64 w4 s2", "64x16 w4 s2", "64x32 w4 s2"),
+    ("_bwd_dq", "sm_90", 128): ("64x16 w4 s2",),
+}
+
+
+def _spill_gaps() -> tuple[KnownGap, ...]:
+    """LDL, STL and stack of every config of :data:`SPILL_FREE`'s kernels but the spill-free ones: a spill in
+    one of those is a regression; the gaps close when the kernels stop spilling or the pruning drops the rest."""
+    gaps = []
+    for (kernel, target, d), free in SPILL_FREE.items():
+        others = rf"^\S+ D={d}\b(?!.* (?:{'|'.join(map(_tiles, free))})$)"  # this head dim, any config but those
+        gaps += [KnownGap(kernel, _SM90 if target == "sm_90" else target, f"{count} == 0", others,
+                          f"{_ITEM2}: no spills in any config the autotuner can pick (measured at D = {d}: "
+                          f"spill-free only {', '.join(free)})") for count in ("LDL", "STL", "stack")]
+    return tuple(gaps)
+
+
+KNOWN_GAPS: tuple[KnownGap, ...] = (
+    # No kernel loads through tensor descriptors yet: every load is cp.async (LDGSTS) or LDG.
+    KnownGap(_TRITON_MMA, _SM90, "UTMALDG > 0", "", f"{_ITEM2}: K/V (and Q, dO) through TMA descriptors"),
+    # wgmma takes 64 rows per warpgroup: a 16- or 32-row tile of the MMA's row dimension (the queries' BLOCK_M;
+    # dK/dV's key tile BLOCK_N) compiles to mma.sync (HMMA) instead. Prune those tiles on sm_90 or accept them.
+    KnownGap(r"_fwd_kernel|_bwd_dq", _SM90, "HGMMA > 0", r"BLOCK_M=(16|32) ", f"{_ITEM2}: tiles under 64 rows"),
+    KnownGap(r"_bwd_dkdv", _SM90, "HGMMA > 0", r"BLOCK_N=(16|32) ", f"{_ITEM2}: key tiles under 64 rows"),
+    # The one-stage config (16x16, 2 warps) has no pipeline, so no cp.async.
+    KnownGap(_TRITON_MMA, r"sm_80", "LDGSTS > 0", r" s1$", f"{_ITEM2}: the one-stage config loads without cp.async"),
+    *_spill_gaps(),
+)
+
+def evaluate(kernel: str, target: str, config: str, counts: Mapping[str, int], resources: Mapping[str, int],
+             requirements: Iterable[Requirement] = REQUIREMENTS,
+             gaps: Iterable[KnownGap] = KNOWN_GAPS) -> list[Finding]:
+    """One finding per requirement that applies to this compile (none: one ``UNCHECKED`` finding)."""
+    gaps = tuple(gaps)
+    out = []
+    named = False
+    for req in requirements:
+        named = named or req.names(kernel, target)
+        if not req.applies(kernel, target, config):
+            continue
+        actual = counts.get(req.count, resources.get(req.count))
+        if actual is None:
+            out.append(Finding(kernel, target, config, req.name, MISSING, None,
+                               f"no count or resource {req.count!r} in this row"))
+            continue
+        if req.holds(actual):
+            out.append(Finding(kernel, target, config, req.name, PASS, actual))
+            continue
+        gap = next((g for g in gaps if g.covers(kernel, target, config, req)), None)
+        out.append(Finding(kernel, target, config, req.name, GAP if gap else REGRESSION, actual,
+                           gap.why if gap else req.note))
+    if not named:
+        out.append(Finding(kernel, target, config, "", UNCHECKED, None,
+                           "no requirement applies to this kernel and target; encode one"))
+    return out
+
+
+def _gap_findings(rows: list[SassRow], requirements: tuple[Requirement, ...],
+                  gaps: tuple[KnownGap, ...]) -> list[Finding]:
+    """``GAP CLOSED`` for each gap that holds in every row it matches, or matches no row where its
+    requirement is judged for its kernels and targets; ``GAP UNKNOWN`` for each gap whose requirement name
+    no requirement of its kernels and targets has."""
+    out = []
+    for gap in gaps:
+        label = f"gap {gap.kernel_pattern!r} {gap.config_pattern!r}"
+        mine = [row for row in rows if re.fullmatch(gap.kernel_pattern, row.kernel)
+                and re.fullmatch(gap.target, row.target)]
+        named = [r for r in requirements if r.name == gap.requirement_name]
+        judged = [(row, r) for row in mine for r in named if r.applies(row.kernel, row.target, row.config)]
+        matched = [(row, r) for row, r in judged if gap.covers(row.kernel, row.target, row.config, r)]
+        failing = [(row, r) for row, r in matched
+                   if not r.holds(row.counts.get(r.count, row.resources.get(r.count, -1)))]
+        if matched and not failing:
+            out.append(Finding(label, gap.target, gap.config_pattern, gap.requirement_name, GAP_CLOSED, None,
+                               f"holds in all {len(matched)} compiles this gap matches: remove it from the known gaps"))
+        elif judged and not matched:
+            out.append(Finding(label, gap.target, gap.config_pattern, gap.requirement_name, GAP_CLOSED, None,
+                               f"matches none of the {len(judged)} compiles its requirement judges for its kernels "
+                               "(their configs changed or were pruned): remove it from the known gaps"))
+        if mine and not any(r.names(row.kernel, row.target) for row in mine for r in named):
+            out.append(Finding(label, gap.target, gap.config_pattern, gap.requirement_name, GAP_UNKNOWN, None,
+                               "no requirement of that name applies to the kernels it matches"))
+    return out
+
+
+def findings(rows: Iterable[SassRow], requirements: Iterable[Requirement] = REQUIREMENTS,
+             gaps: Iterable[KnownGap] = KNOWN_GAPS, judge_gaps: bool = True) -> list[Finding]:
+    """Every finding of ``rows`` (passes, gaps and failures), then those about the gaps themselves
+    (``judge_gaps=False``: not those, for rows that are a subset of a scope, where a gap may seem closed only
+    because its failing compiles were left out)."""
+    rows, requirements, gaps = list(rows), tuple(requirements), tuple(gaps)
+    out = [f for row in rows
+           for f in evaluate(row.kernel, row.target, row.config, row.counts, row.resources, requirements, gaps)]
+    return out + (_gap_findings(rows, requirements, gaps) if judge_gaps else [])
+
+
+def check(rows: Iterable[SassRow], requirements: Iterable[Requirement] = REQUIREMENTS,
+          gaps: Iterable[KnownGap] = KNOWN_GAPS, judge_gaps: bool = True) -> list[Finding]:
+    """The failures among :func:`findings`: empty when the machine code meets every criterion outside
+    the known gaps and every known gap still fails somewhere."""
+    return [f for f in findings(rows, requirements, gaps, judge_gaps) if f.failed]
