@@ -17,8 +17,7 @@ from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
 import attn_ext.ops.attention.state as st
 from attn_ext.nn import mha_inputs
 from attn_ext.nn.rebuild import rebuilt_as, why_not_swappable
-from attn_ext.ops.attention import scaled_dot_product_attention
-from attn_ext.ops.attention.state import AttentionState
+from attn_ext.ops.attention import AttentionState, scaled_dot_product_attention
 
 
 class MultiheadAttention(nn.Module):
@@ -189,8 +188,7 @@ class MultiheadAttention(nn.Module):
         reason = why_not_swappable(module)
         if reason is not None:
             raise ValueError(f"attn_ext.nn.swap_attention: cannot replace this module: it {reason}")
-        return rebuilt_as(cls, module, "attn_ext.nn.swap_attention", chunk_size=chunk_size,
-                          backend=backend)
+        return rebuilt_as(cls, module, "attn_ext.nn.swap_attention", chunk_size=chunk_size, backend=backend)
 
     # torch's TransformerEncoderLayer calls it on its inference fast path; it only reads num_heads.
     merge_masks = nn.MultiheadAttention.merge_masks
