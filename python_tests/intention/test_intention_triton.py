@@ -230,3 +230,6 @@ def test_unsupported_inputs_raise():
     q, k, v = make_qkv(1, 1, 2, 3, 8, 4)
     with pytest.raises(ValueError, match="alpha"):
         intention_fwd_triton(q, k, v, None, torch.ones(1), 1.0)
+    # The op takes the compiled op's schema, where v is optional (C = I); the Triton kernels need values.
+    with pytest.raises(ValueError, match="attn_ext.intention: the Triton kernels need the values v"):
+        torch.ops.attn_ext.intention_fwd_triton(q, k, None, None, torch.ones(1, 1), 1.0)

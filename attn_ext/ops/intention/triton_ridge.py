@@ -230,6 +230,9 @@ def _row_product(x, wmat_strides, wmat, R: int, C: int, scale: float, out: torch
 
 def _check_args(q, k, v, key_padding_mask, scale):
     """Shapes, dtypes and devices as the C++ op checks them; returns the uint8 view of the mask or None."""
+    if v is None:  # the op's schema takes v=None (the compiled op's: C = I gives σIntention's transformed queries)
+        raise ValueError("attn_ext.intention: the Triton kernels need the values v; without values (C = I, "
+                         "σIntention's transformed queries) the compiled kernels (backend cpp or cuda) run it")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"attn_ext: {name} must be a torch.Tensor, got {type(t).__name__}")
