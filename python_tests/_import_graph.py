@@ -166,21 +166,13 @@ def circles(graph: Dict[str, List[Edge]]) -> List[List[str]]:
 
 
 def layer(module: str) -> int:
-    for rank, prefixes in enumerate(LAYERS):
-        for prefix in sorted(prefixes, key=len, reverse=True):
-            if module == prefix or module.startswith(prefix + "."):
-                # `attn_ext.ops` and `attn_ext` match every submodule too: the most specific layer wins.
-                return _most_specific(module, rank)
-    raise ValueError(f"{module} is in no layer of LAYERS")
-
-
-def _most_specific(module: str, default: int) -> int:
-    best, best_length = default, -1
-    for rank, prefixes in enumerate(LAYERS):
-        for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_length:
-                best, best_length = rank, len(prefix)
-    return best
+    """The rank in :data:`LAYERS` of the longest prefix ``module`` starts with (``attn_ext.ops`` and
+    ``attn_ext`` match every submodule too: the most specific prefix wins)."""
+    matches = [(len(prefix), rank) for rank, prefixes in enumerate(LAYERS) for prefix in prefixes
+               if module == prefix or module.startswith(prefix + ".")]
+    if not matches:
+        raise ValueError(f"{module} is in no layer of LAYERS")
+    return max(matches)[1]
 
 
 def family(module: str) -> Optional[str]:

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Tuple
 from torch import nn
 
 from attn_ext.nn.multihead_attention import MultiheadAttention
-from attn_ext.nn.rebuild import why_not_swappable
+from attn_ext.nn.rebuild import rebuilt_as, why_not_swappable
 
 
 @dataclass
@@ -35,12 +35,6 @@ class SwapReport:
                          "listed in report.not_scriptable (torch.jit.script refuses attn_ext.nn.MultiheadAttention; "
                          "torch.compile works)")
         return "\n".join(lines)
-
-
-def from_torch(module: nn.MultiheadAttention, *, chunk_size: Optional[int] = None,
-               backend: Optional[str] = None) -> MultiheadAttention:
-    """:meth:`MultiheadAttention.from_torch`: ``module``'s drop-in, holding its parameters (shared)."""
-    return MultiheadAttention.from_torch(module, chunk_size=chunk_size, backend=backend)
 
 
 def swap_attention(model: nn.Module, *, chunk_size: Optional[int] = None,
@@ -90,7 +84,9 @@ def swap_attention(model: nn.Module, *, chunk_size: Optional[int] = None,
                 if reason is not None:
                     report.left.append((f"{parent_name}.{child_name}" if parent_name else child_name, reason))
                     continue
-                new[id(child)] = from_torch(child, chunk_size=chunk_size, backend=backend)
+                # Already checked above: rebuilt directly (MultiheadAttention.from_torch would check again).
+                new[id(child)] = rebuilt_as(MultiheadAttention, child, "attn_ext.nn.swap_attention",
+                                            chunk_size=chunk_size, backend=backend)
             parent._modules[child_name] = new[id(child)]
     replacements = {id(m) for m in new.values()}
     names = [name for name, _ in model.named_modules(remove_duplicate=False)]
