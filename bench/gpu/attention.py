@@ -17,11 +17,17 @@ rounding: loose enough for that, far below what a broken kernel gives (NaN, zero
 exact accuracy rule (FlashAttention's, against fp64) is the tests stage's, on smaller shapes. A failed
 check raises :class:`bench.gpu.checks.WrongResult`; an implementation that refuses a case (an SDPA backend
 this card or build lacks) gives the row a note with its error instead.
+
+Order (:mod:`bench.gpu.plan`): the goal rows first (:func:`priority`: bf16, D = 128, L = S in {4096, 16384},
+causal and not, where attn_ext's goals against SDPA's flash kernel are measured), then the rest of bf16,
+then fp16. Within a case SDPA's flash kernel runs first (the reference), then cuDNN, ours, and last the
+memory-efficient kernel and FlexAttention (whose compile per shape is the slowest step), so that a run
+stopped mid-case has the goal's columns. A call predicted, or found, slower than the budget's limit per
+call (:class:`bench.gpu.timing.Budget`: the ``cuda`` backend at 16k tokens) is left with the reason.
 """
 from __future__ import annotations
 
 import itertools
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -30,10 +36,12 @@ import torch
 from bench.bench_cross_attention import FLOP_FACTOR
 from bench.gpu.attention_impls import IMPLS, REFERENCE, implementation, unavailable
 from bench.gpu.checks import require_close
-from bench.gpu.timing import cuda_time
+from bench.gpu.timing import TIME_LIMIT_NOTE, Budget, TooSlow, cuda_time
 from bench.harness.report import markdown_table
 
 NAME = "attention"
+#: The order implementations run in within a case (the tables keep IMPLS's order; see the module docstring).
+RUN_ORDER = (REFERENCE, "sdpa-cudnn", "triton", "cuda", "sdpa-efficient", "flex")
 B, H = 8, 16
 HEAD_DIMS = (64, 128)
 NS = (1024, 4096, 16384)
@@ -45,6 +53,8 @@ MIN_BYTES = 4 * 60 * 2**20
 #: bf16 7.8e-3); gradients may have GRAD_FACTOR times more (the backward adds three products' rounding).
 TOLERANCE = {"fp16": 1e-2, "bf16": 4e-2}
 GRAD_FACTOR = 2.0
+#: The rows attn_ext's attention goals are measured on (priority 0; see the module docstring).
+GOAL_DTYPE, GOAL_D, GOAL_NS = "bf16", 128, (4096, 16384)
 
 
 @dataclass(frozen=True)
@@ -60,8 +70,16 @@ class Case:
 
 
 def cases() -> list[Case]:
-    """The grid, smallest problems first (fp16 before bf16), each size full before causal."""
+    """The grid, smallest problems first (fp16 before bf16), each size full before causal: the tables' order;
+    :func:`priority` gives the order of the run."""
     return [Case(dtype, d, n, causal) for dtype in DTYPES for d in HEAD_DIMS for n in NS for causal in (False, True)]
+
+
+def priority(case: Case) -> int:
+    """0: a goal row; 1: the rest of bf16; 2: fp16 (:mod:`bench.gpu.plan` runs the lower first)."""
+    if case.dtype == GOAL_DTYPE:
+        return 0 if case.d == GOAL_D and case.n in GOAL_NS else 1
+    return 2
 
 
 def attention_flops(b: int, h: int, m: int, n: int, d: int, pass_: str, causal: bool = False) -> float:
@@ -108,8 +126,19 @@ def check(label: str, outputs, references, dtype: str) -> float:
     return require_close(f"{label} vs SDPA flash ({dtype})", pairs, TOLERANCE[dtype] * GRAD_FACTOR)
 
 
-def measure(case: Case, deadline: float, progress: Callable[[str], None]) -> list[dict]:
-    """Rows of one case: every (pass, impl), SDPA's flash kernel first (it is the reference)."""
+def _row(case: Case, pass_: str, impl: str, flops: float) -> dict:
+    return {"section": NAME, "dtype": case.dtype, "D": case.d, "N": case.n, "M": case.n, "causal": case.causal,
+            "pass": pass_, "impl": impl, "flops": flops}
+
+
+def measure(case: Case, budget: Budget, progress: Callable[[str], None]) -> list[dict]:
+    """Rows of one case: every (pass, impl) in :data:`RUN_ORDER`, SDPA's flash kernel first (the reference).
+    A row starts only before the budget's deadline and when its call is not predicted over the budget's
+    limit per call from an earlier row (:meth:`~bench.gpu.timing.Budget.too_slow`); a call found over it is
+    checked but not sampled."""
+    if budget.expired():  # no inputs, no reference: a case past the deadline costs nothing
+        return [{**_row(case, pass_, impl, attention_flops(B, H, case.n, case.n, case.d, pass_, case.causal)),
+                 "note": TIME_LIMIT_NOTE} for pass_ in PASSES for impl in RUN_ORDER]
     inputs = make_inputs(case)
     q = inputs[0][0]
     rows = []
@@ -117,12 +146,13 @@ def measure(case: Case, deadline: float, progress: Callable[[str], None]) -> lis
         flops = attention_flops(B, H, case.n, case.n, case.d, pass_, case.causal)
         reference = pass_call(implementation(REFERENCE), pass_, inputs[:1], case.causal)()
         sdpa_ms = None
-        for impl in IMPLS:
-            row = {"section": NAME, "dtype": case.dtype, "D": case.d, "N": case.n, "M": case.n, "causal": case.causal,
-                   "pass": pass_, "impl": impl, "flops": flops}
-            reason = unavailable(impl, q)
-            if reason or time.monotonic() > deadline:
-                rows.append({**row, "note": f"not measured: {reason or 'time limit of the bench stage'}"})
+        for impl in RUN_ORDER:
+            row = _row(case, pass_, impl, flops)
+            rate_key = (impl, case.dtype, case.d, case.causal, pass_)
+            reason = unavailable(impl, q) or budget.too_slow(rate_key, flops)
+            if reason or budget.expired():
+                rows.append({**row, "note": f"not measured: {reason}" if reason else TIME_LIMIT_NOTE})
+                progress(f"{case.label} {pass_:7s} {impl:14s} {rows[-1]['note']}")
                 continue
             try:
                 first = pass_call(implementation(impl), pass_, inputs[:1], case.causal)()
@@ -131,7 +161,15 @@ def measure(case: Case, deadline: float, progress: Callable[[str], None]) -> lis
                 continue
             row["rel_err"] = check(f"{impl} {pass_} {case.label}", first, reference, case.dtype)
             del first
-            timing = cuda_time(pass_call(implementation(impl), pass_, inputs, case.causal))
+            try:
+                timing = cuda_time(pass_call(implementation(impl), pass_, inputs, case.causal),
+                                   max_call_s=budget.max_call_s)
+            except TooSlow as exc:
+                budget.record(rate_key, flops, exc.seconds * 1e3, case.label)
+                rows.append({**row, "call_s": exc.seconds, "note": f"not measured: {exc} (its result was checked)"})
+                progress(f"{case.label} {pass_:7s} {impl:14s} {exc}")
+                continue
+            budget.record(rate_key, flops, timing.median_ms, case.label)
             sdpa_ms = timing.median_ms if impl == REFERENCE else sdpa_ms
             row.update(ms=timing.median_ms, samples_ms=list(timing.samples_ms), peak_mib=timing.peak_mib,
                        tflops=tflops(flops, timing.median_ms),
@@ -155,10 +193,14 @@ def _fmt(x, spec: str) -> str | None:
 
 
 def markdown(rows: list[dict]) -> str:
-    """One table: a line per (dtype, D, N, pass), the implementations side by side."""
+    """One table: a line per (dtype, D, N, mask, pass) in the grid's order (:func:`cases`, whatever the order
+    of the run), the implementations side by side in :data:`IMPLS`'s order."""
     by_key: dict[tuple, dict[str, dict]] = {}
     for r in rows:
         by_key.setdefault((r["dtype"], r["D"], r["N"], r.get("causal", False), r["pass"]), {})[r["impl"]] = r
+    dtypes = list(DTYPES)
+    by_key = dict(sorted(by_key.items(),
+                         key=lambda kv: (dtypes.index(kv[0][0]), *kv[0][1:4], PASSES.index(kv[0][4]))))
     others = [i for i in IMPLS if i != REFERENCE]
     header = ["dtype", "D", "N = M", "mask", "pass", *(f"{i} TFLOP/s" for i in IMPLS),
               *(f"{i} / flash" for i in others), f"peak MiB ({' / '.join(IMPLS)})"]
@@ -168,7 +210,8 @@ def markdown(rows: list[dict]) -> str:
         body.append([dtype, d, f"{n:,}", mask, pass_, *(_fmt(impls.get(i, {}).get("tflops"), ".1f") for i in IMPLS),
                      *(_fmt(impls.get(i, {}).get("vs_sdpa"), ".2f") for i in others),
                      " / ".join(_fmt(impls.get(i, {}).get("peak_mib"), ".0f") or "n/a" for i in IMPLS)])
-        notes += [f"{i} {dtype} D={d} N={n:,} {mask} {pass_}: {r['note']}" for i, r in impls.items() if r.get("note")]
+        notes += [f"{i} {dtype} D={d} N={n:,} {mask} {pass_}: {impls[i]['note']}" for i in IMPLS
+                  if impls.get(i, {}).get("note")]
     intro = (f"Attention, B={B}, H={H}, M = N (self-attention shapes), D = Dv, no mask or causal, contiguous inputs. "
              "TFLOP/s: 4·B·H·M·N·D flops forward, 14·B·H·M·N·D forward+backward (causal: half), over the median "
              "time (CUDA events). **/ flash**: the time of SDPA restricted to its flash kernel over this "

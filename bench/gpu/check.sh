@@ -14,7 +14,8 @@
 #             the CUDA kernels are registered and that the extension has machine code for the card
 #   tests     python_tests/gpu with CUDA tensors for the cuda and triton backends (TRITON_INTERPRET=0;
 #             pytest -n 16 when pytest-xdist is there; Triton's tile configs pinned to one per kernel,
-#             ATTN_EXT_TRITON_PIN=1; a skipped GPU test counts as a failure here)
+#             ATTN_EXT_TRITON_PIN=1; a skipped GPU test counts as a failure here; every test's start and
+#             result recorded in tests.progress as it happens, for the report of a stopped run)
 #   sanitize  compute-sanitizer memcheck (cuda, triton) and racecheck (cuda) on the small cases
 #   bench     the GPU benchmarks (bench/gpu/bench_cuda.py)
 #   suite     optional, not in the default list: the CPU test suite (python_tests, bench/tests)
@@ -22,16 +23,18 @@
 # The run keeps going past a failed stage (a failed build skips the stages that need it, a failed env
 # stops everything); GPU_CHECK_STOP_ON_FAILURE=1 (or GPU_CHECK_KEEP_GOING=0) stops at the first failure.
 # Where things go: the working folder (GPU_CHECK_WORK, default bench/out/gpu-work) gets every file:
-# <stage>.log, env.txt, stages.tsv, bench.md/.json, report.md. The result folder (GPU_CHECK_OUT, else
-# $OUT when set, else bench/out/gpu) gets three, rewritten before and after every stage so that a run cut
-# off at any point brings back everything done so far: report.md, stages.tsv and logs.tar.gz (the whole
-# working folder).
+# <stage>.log, env.txt, stages.tsv, bench.md/.json, report.md, the pytest progress records (*.progress).
+# The result folder (GPU_CHECK_OUT, else $OUT when set, else bench/out/gpu) gets three, rewritten before
+# and after every stage so that a run cut off at any point brings back everything done so far: report.md,
+# stages.tsv and logs.tar.gz (the whole working folder).
 # Variables: PYTHON (default: .venv/bin/python if present, else python3), CUDA_HOME, MAX_JOBS,
 # TORCH_CUDA_ARCH_LIST (default: this card's capability), GPU_CHECK_DEADLINE (seconds for the whole run,
 # default 480), GPU_CHECK_BUDGET_<STAGE> (seconds per stage), GPU_CHECK_WORKERS (pytest-xdist workers,
-# default the number of cores up to 16). GPU_CHECK_DRY_RUN=1 runs the stage control only, every stage
-# replaced by a fake of a fraction of a second (no GPU needed): GPU_CHECK_DRY_RUN_FAIL="tests ..." makes
-# those stages fail, GPU_CHECK_DRY_RUN_HANG="sanitize ..." makes them hang until their time limit.
+# default the number of cores up to 16), GPU_CHECK_TEST_TIMEOUT (seconds per GPU test, only when
+# pytest-timeout is installed; default half the tests stage's limit). GPU_CHECK_DRY_RUN=1 runs the stage
+# control only, every stage replaced by a fake of a fraction of a second (no GPU needed):
+# GPU_CHECK_DRY_RUN_FAIL="tests ..." makes those stages fail, GPU_CHECK_DRY_RUN_HANG="sanitize ..." makes
+# them hang until their time limit.
 # Exit status: 0 all stages passed (or were skipped with a stated reason); 2 the env stage failed;
 # 1 another stage failed, timed out or was not run; 64 bad usage.
 # shellcheck disable=SC2329  # the body_* functions are called by name: "body_$stage"
@@ -138,21 +141,39 @@ pytest_workers() {
   fi
 }
 
+pytest_timeout() {
+  # A per-test limit when pytest-timeout is installed (it is not required): a test running longer than
+  # half the stage's limit fails with its stack trace instead of holding a worker until the stage is
+  # stopped. Without the plugin the progress record still names such a test as unfinished.
+  if "$PYTHON" -c "import pytest_timeout" 2>/dev/null; then
+    echo "--timeout=${GPU_CHECK_TEST_TIMEOUT:-$(( ${GPU_CHECK_STAGE_LIMIT:-120} / 2 ))}"
+  fi
+}
+
 body_tests() {
   # ATTN_EXT_REQUIRE_GPU=1: python_tests/gpu/conftest.py turns a skipped GPU test into a failure.
   # ATTN_EXT_TRITON_PIN=1: one tile config per Triton kernel instead of autotuning 6-12 of them on every
   # new shape (each compile takes seconds); the tests check results, not speed.
+  # ATTN_EXT_TEST_PROGRESS: every test's start, result and end, one line each as they happen, so that a
+  # run stopped at the stage's limit (which prints no summary) still says which tests had not finished
+  # (python_tests/gpu/_progress_plugin.py; read by bench/gpu/pytest_progress.py for the report).
+  # -p no:benchmark: the GPU tests use no benchmark fixture, and pytest-benchmark, when installed, prints
+  # a warning per xdist worker that buried the log.
   # Collect up to 25 wrong results in one run, or stop at the first with GPU_CHECK_STOP_ON_FAILURE=1.
-  local stop=--maxfail=25
+  local stop=--maxfail=25 progress
+  progress="$(realpath -m "$work_dir")/tests.progress"
   [[ "$GPU_CHECK_KEEP_GOING" == 1 ]] || stop=-x
-  # shellcheck disable=SC2046  # the worker option is two words or none
-  ATTN_EXT_REQUIRE_GPU=1 ATTN_EXT_TRITON_PIN=1 "$PYTHON" -m pytest python_tests/gpu "$stop" -q -rs \
-    -p no:cacheprovider $(pytest_workers)
+  : >"$progress"
+  # shellcheck disable=SC2046  # the worker and timeout options are one or two words, or none
+  ATTN_EXT_REQUIRE_GPU=1 ATTN_EXT_TRITON_PIN=1 ATTN_EXT_TEST_PROGRESS="$progress" \
+    "$PYTHON" -m pytest python_tests/gpu "$stop" -q -rs -p no:cacheprovider -p no:benchmark \
+    $(pytest_workers) $(pytest_timeout)
 }
 
 body_sanitize() {
   # Pinned tiles: the sanitizer slows every compile and launch, one config per kernel is what fits.
-  CUDA_HOME="$CUDA_HOME" ATTN_EXT_TRITON_PIN=1 bash bench/gpu/sanitize.sh
+  # SANITIZE_PROGRESS_DIR: one progress record per tool (sanitize-<tool>.progress), as in the tests stage.
+  CUDA_HOME="$CUDA_HOME" ATTN_EXT_TRITON_PIN=1 SANITIZE_PROGRESS_DIR="$work_dir" bash bench/gpu/sanitize.sh
 }
 
 body_bench() {
@@ -250,7 +271,7 @@ publish() {
 # under the 16 MiB a lent machine brings back.
 package() {
   local quiet=$1 pack="$work_dir/.pack" file
-  "$report_python" bench/gpu/report.py "$work_dir" --elapsed "$(($(date +%s) - run_started))" \
+  "$report_python" -m bench.gpu.report "$work_dir" --elapsed "$(($(date +%s) - run_started))" \
     --stages "${stages[@]}" ${quiet:+--quiet} || echo "(report.py failed; the stage logs are in $work_dir)"
   rm -rf "$pack" && mkdir -p "$pack"
   for file in "$work_dir"/*; do

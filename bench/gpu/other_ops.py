@@ -11,7 +11,6 @@ checked against torch's result first.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -19,7 +18,7 @@ import torch
 
 import attn_ext as ae
 from bench.gpu.checks import require_close
-from bench.gpu.timing import cuda_time
+from bench.gpu.timing import TIME_LIMIT_NOTE, Budget, cuda_time
 from bench.harness.report import format_ms, markdown_table
 
 NAME = "other"
@@ -78,11 +77,11 @@ def _unavailable(case: Case) -> str | None:
     return ae.available_backends(torch.zeros(1, device="cuda"), op)[case.impl]
 
 
-def measure(case: Case, deadline: float, progress: Callable[[str], None]) -> list[dict]:
+def measure(case: Case, budget: Budget, progress: Callable[[str], None]) -> list[dict]:
     row = {"section": NAME, "what": case.what, "impl": case.impl}
     reason = _unavailable(case)
-    if reason or time.monotonic() > deadline:
-        return [{**row, "note": f"not measured: {reason or 'time limit of the bench stage'}"}]
+    if reason or budget.expired():
+        return [{**row, "note": f"not measured: {reason}" if reason else TIME_LIMIT_NOTE}]
     if case.what == "cholesky":
         a, b = _cholesky_problem()
         call = _cholesky_call(case.impl, a, b)

@@ -73,6 +73,12 @@ def _attention_share(implementation: str, pass_: str, d: int, n: int, causal: bo
     return share
 
 
+def attention_label(dtype: str, d: int, n: int, causal: bool, pass_: str) -> str:
+    """The case of an attention row (self-attention, L = S = n) as gpu_predicted.md names it; the key under which
+    ``bench.gpu.measured_vs_predicted`` finds a measured row's prediction."""
+    return f"{dtype} D={d} L=S={n} {'causal' if causal else 'full'} {pass_}"
+
+
 def attention_rows() -> list[Row]:
     rows = []
     for dtype in DTYPES:
@@ -81,7 +87,7 @@ def attention_rows() -> list[Row]:
                 for causal in (False, True):
                     for pass_ in ("fwd", "fwd+bwd"):
                         flops = attention_flops(B, H, n, n, d, pass_, causal)
-                        label = f"{dtype} D={d} L=S={n} {'causal' if causal else 'full'} {pass_}"
+                        label = attention_label(dtype, d, n, causal, pass_)
                         for impl in IMPLEMENTATIONS:
                             share = _attention_share(impl, pass_, d, n, causal)
                             ms = flops / (MATMUL_TFLOPS * 1e12 * share) * 1e3

@@ -3,11 +3,13 @@
 ``bench/gpu/check.sh`` records one row per stage in ``stages.tsv`` (stage, status, seconds, note, finished,
 commit; status PASS, FAIL, TIMEOUT, SKIPPED, NOT RUN, or RUNNING while the stage runs) and each stage's
 output in ``<stage>.log``, in its working folder, and calls this module before and after every stage (so
-that a run cut off anywhere still has its report); the env stage writes ``env.txt`` and the bench stage
-``bench.md``. This module (standard library only: it must run when torch cannot be imported) turns them
-into one Markdown file, with the card and versions first so that the figures can be copied into
-``bench/results/gpu.md`` as they are, and prints the stage summary. Rows from earlier runs (stages run
-separately) are kept and marked when their commit differs from the newest row's.
+that a run cut off anywhere still has its report); the env stage writes ``env.txt``, the bench stage
+``bench.md``, the tests and sanitize stages pytest progress records (``*.progress``, summarised first in
+their sections by :mod:`bench.gpu.pytest_progress`: a stopped pytest prints no summary). This module
+(standard library only: it must run when torch cannot be imported) turns them into one Markdown file,
+with the card and versions first so that the figures can be copied into ``bench/results/gpu.md`` as they
+are, and prints the stage summary. Rows from earlier runs (stages run separately) are kept and marked
+when their commit differs from the newest row's.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ import argparse
 import re
 import sys
 from pathlib import Path
+
+from bench.gpu import pytest_progress
 
 ORDER = ("env", "build", "tests", "sanitize", "bench", "suite")
 #: Lines of a passing stage's log worth keeping in the report (the log has the rest).
@@ -26,6 +30,9 @@ KEY_LINES = {
     "suite": r"^(\d+ (passed|failed)|=+ .*(passed|failed|error)|FAILED|ERROR)",
 }
 FAILURE_TAIL = 40
+#: The progress records of the pytest runs of a stage (bench/gpu/pytest_progress.py): which tests had not
+#: finished when the stage was stopped, and the slowest ones.
+PROGRESS = {"tests": "tests.progress", "sanitize": "sanitize-*.progress"}
 
 
 def read_stages(out: Path) -> dict[str, dict[str, str]]:
@@ -66,7 +73,11 @@ def stage_section(out: Path, row: dict[str, str]) -> list[str]:
     kept = [line for line in lines if pattern and re.search(pattern, line)]
     if row["status"] in ("FAIL", "TIMEOUT", "RUNNING"):
         kept += ["", f"(last {FAILURE_TAIL} lines of {stage}.log)", *lines[-FAILURE_TAIL:]]
-    return head + (["```text", *kept, "```"] if kept else [f"(see {stage}.log)"]) + [""]
+    records = sorted(out.glob(PROGRESS[stage])) if stage in PROGRESS else []
+    progress = [line for path in records
+                for line in pytest_progress.summary_lines(pytest_progress.read(path), path.name)]
+    return (head + (["```text", *progress, "```", ""] if progress else [])
+            + (["```text", *kept, "```"] if kept else [f"(see {stage}.log)"]) + [""])
 
 
 def render(out: Path, stages_run: list[str], elapsed: str | None) -> tuple[str, str]:

@@ -9,7 +9,9 @@
 # Usage: bash bench/gpu/sanitize.sh [tool ...]   (default: memcheck racecheck; SANITIZE_TOOLS works too)
 # PYTHON picks the interpreter (default python3). Each tool slows the tests 10-100x; a failing tool does not
 # stop the next one (GPU_CHECK_KEEP_GOING=0 does). `make gpu-check` runs it with ATTN_EXT_TRITON_PIN=1
-# (one tile config per Triton kernel: fewer compiles under the tool).
+# (one tile config per Triton kernel: fewer compiles under the tool). SANITIZE_PROGRESS_DIR=<folder> writes
+# each tool's pytest progress record there (sanitize-<tool>.progress, bench/gpu/pytest_progress.py), which
+# names the tests a tool had not finished when its time ran out.
 # Exit status: 0 no error; 1 a tool reported an error (or a test failed); 3 compute-sanitizer cannot run
 # here (not installed, or it refuses the device, as in some sandboxed virtual machines).
 set -uo pipefail
@@ -42,6 +44,8 @@ if [[ -n "${GPU_CHECK_STAGE_LIMIT:-}" ]]; then
   tool_limit=$(( (GPU_CHECK_STAGE_LIMIT - 10 - (SECONDS)) / ${#tools[@]} ))
   ((tool_limit < 5)) && tool_limit=5
 fi
+progress_dir="${SANITIZE_PROGRESS_DIR:-}"
+[[ -n "$progress_dir" ]] && rm -f "$progress_dir"/sanitize-*.progress  # records of an earlier run
 failed=()
 for tool in "${tools[@]}"; do
   # opcheck adds tracing, not kernel launches worth instrumenting.
@@ -49,13 +53,18 @@ for tool in "${tools[@]}"; do
   [[ $tool == memcheck ]] && selection="(cuda or triton) and not opcheck"
   echo "== compute-sanitizer --tool $tool, tests selected by -k '$selection'"
   started=$(date +%s)
-  timeout -k 5 "$tool_limit" "$sanitizer" --tool "$tool" --error-exitcode 1 --target-processes all \
-    "$python" -m pytest python_tests/gpu -q -x -p no:cacheprovider -k "$selection"
+  progress=""
+  [[ -n "$progress_dir" ]] && progress="$(realpath -m "$progress_dir")/sanitize-$tool.progress"
+  # -p no:benchmark: the GPU tests use no benchmark fixture (as in the tests stage of check.sh).
+  ATTN_EXT_TEST_PROGRESS="$progress" timeout -k 5 "$tool_limit" "$sanitizer" --tool "$tool" --error-exitcode 1 \
+    --target-processes all "$python" -m pytest python_tests/gpu -q -x -p no:cacheprovider -p no:benchmark \
+    -k "$selection"
   rc=$?
   if ((rc == 0)); then
     echo "== $tool: no error ($(($(date +%s) - started)) s)"
   elif ((rc == 124 || rc == 137)); then
     echo "== $tool: TIMED OUT after its share of $tool_limit s (no error found before; the rest untested)"
+    [[ -n "$progress" ]] && "$python" -m bench.gpu.pytest_progress "$progress"
     failed+=("$tool(timed out)")
   else
     # The next tool still runs (unless GPU_CHECK_KEEP_GOING=0): one window, as much found as it allows.

@@ -13,7 +13,6 @@ against ``logaddexp`` and two scaled sums in PyTorch (memory-bound; checked agai
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,7 +21,7 @@ import torch
 import attn_ext as ae
 from bench.bench_state_update import B, D, DV, FLAT_MAX_RATIO, FULL_NS, H, M, MIN_SPEEDUP, NEW_KEYS
 from bench.gpu.checks import require_close
-from bench.gpu.timing import cuda_time
+from bench.gpu.timing import TIME_LIMIT_NOTE, Budget, cuda_time
 from bench.harness.report import format_ms, markdown_table
 
 NAME = "states"
@@ -111,11 +110,11 @@ def _measure_merge(case: Case) -> dict:
             "peak_mib": ours.peak_mib, "rel_err": err}
 
 
-def measure(case: Case, deadline: float, progress: Callable[[str], None]) -> list[dict]:
+def measure(case: Case, budget: Budget, progress: Callable[[str], None]) -> list[dict]:
     row = {"section": NAME, "kind": case.kind, "backend": case.backend, "N": case.n, "dtype": case.dtype}
     reason = ae.available_backends(torch.zeros(1, device="cuda"))[case.backend]
-    if reason or time.monotonic() > deadline:
-        return [{**row, "note": f"not measured: {reason or 'time limit of the bench stage'}"}]
+    if reason or budget.expired():
+        return [{**row, "note": f"not measured: {reason}" if reason else TIME_LIMIT_NOTE}]
     row.update(_measure_update(case) if case.kind == "update" else _measure_merge(case))
     if case.kind == "update":
         progress(f"{case.label}: update {row['update_ms']:.4f} ms, recompute {row['recompute_ms']:.3f} ms")

@@ -1,28 +1,40 @@
-"""How the GPU benchmarks time a call: CUDA events, a median, the peak memory, and Triton's autotuning.
+"""How the GPU benchmarks time a call: CUDA events, a median, the peak memory, the time a row may take,
+and Triton's autotuning.
 
 :func:`cuda_time` times a zero-argument callable on the current stream with CUDA events, after warm-up
 calls, repeating it as many times as fit in a small time budget (between ``min_repeats`` and
 ``max_repeats``), and reports the median and the peak of ``torch.cuda.max_memory_allocated`` above what
-was allocated before (the call's outputs and workspace; the inputs are not counted).
+was allocated before (the call's outputs and workspace; the inputs are not counted). A call slower than
+``max_call_s`` is timed once and not sampled (:class:`TooSlow`): a few slow rows (the ``cuda`` backend's
+fp16 attention at 16k tokens took 0.26-3.7 s per call on an H200) would otherwise spend the minutes a
+short GPU window has.
+:class:`Budget` holds those limits for a whole run, with the best rate measured so far per kind of call,
+so that a call predicted over the limit is not even made once.
 
 Triton autotunes a kernel on its first call for each new key (tiles, shapes, dtype): it compiles every
 configuration the pruning keeps and times each with ``triton.testing.do_bench`` (25 ms of warm-up and
 100 ms of repeats per configuration by default). For the dozens of keys of the benchmark grid that is
 minutes, so :func:`shorter_autotuning` makes each configuration's timing 5 ms + 20 ms (enough to rank
-tiles whose times differ by more than a few per cent), and the compiles are done beforehand in parallel
-processes (:mod:`bench.gpu.warm`), which use :func:`compile_only_autotuning`.
+tiles whose times differ by more than a few per cent), and the first compiles are done beforehand in
+parallel processes (:mod:`bench.gpu.warm`), which use :func:`compile_only_autotuning`.
 """
 from __future__ import annotations
 
 import functools
 import statistics
-from dataclasses import dataclass
-from typing import Callable
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Hashable
 
 import torch
 
 #: Per-configuration timing of Triton's autotuner in the timing process (milliseconds).
 AUTOTUNE_WARMUP_MS, AUTOTUNE_REP_MS = 5, 20
+#: Longest call the benchmark samples (seconds): with at least 3 samples and one warm-up call after the
+#: check, a row then costs at most about 5 s.
+MAX_CALL_S = 1.0
+#: The note of a row left for lack of time.
+TIME_LIMIT_NOTE = "not measured: time limit of the bench stage"
 
 
 @dataclass(frozen=True)
@@ -34,15 +46,38 @@ class GpuTiming:
     peak_mib: float
 
 
+class TooSlow(Exception):
+    """One call took longer than the limit per call: it was timed once and not sampled."""
+
+    def __init__(self, seconds: float, limit_s: float):
+        self.seconds, self.limit_s = seconds, limit_s
+        super().__init__(f"one call took {seconds:.2f} s, over the limit of {limit_s:g} s per call")
+
+
+def warm_up(sample: Callable[[], float], warmup: int, budget_s: float, max_call_s: float | None,
+            number: int = 1) -> list[float]:
+    """Runs ``sample`` (``number`` calls, returns ms per call) ``warmup`` times at most, and at least once;
+    stops once the samples together took ``budget_s`` (calls that slow have nothing left to warm); raises
+    :class:`TooSlow` when a call took more than ``max_call_s``. Returns the warm-up samples."""
+    taken: list[float] = []
+    while not taken or (len(taken) < warmup and sum(taken) * number < budget_s * 1e3):
+        taken.append(sample())
+        if max_call_s is not None and taken[-1] > max_call_s * 1e3:
+            raise TooSlow(taken[-1] / 1e3, max_call_s)
+    return taken
+
+
+def repeats(first_ms: float, number: int, min_repeats: int, max_repeats: int, budget_s: float) -> int:
+    """How many samples fit in ``budget_s`` given the first one (``number`` calls of ``first_ms`` each)."""
+    return max(min_repeats, min(max_repeats, int(budget_s * 1e3 / max(first_ms * number, 1e-3))))
+
+
 def cuda_time(fn: Callable[[], object], *, number: int = 1, warmup: int = 2, min_repeats: int = 3,
-              max_repeats: int = 20, budget_s: float = 0.25) -> GpuTiming:
+              max_repeats: int = 20, budget_s: float = 0.25, max_call_s: float | None = None) -> GpuTiming:
     """Median over repeats of the time of ``number`` back-to-back calls of ``fn`` (divided by ``number``),
-    timed with CUDA events; the repeats are as many as fit in ``budget_s`` (bounded as above)."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
+    timed with CUDA events, after up to ``warmup`` warm-up samples (:func:`warm_up`); the repeats are as
+    many as fit in ``budget_s`` (bounded as above). Raises :class:`TooSlow` after one warm-up sample whose
+    calls took more than ``max_call_s`` each: the caller's first call (its check) has already compiled."""
 
     def sample() -> float:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -53,11 +88,46 @@ def cuda_time(fn: Callable[[], object], *, number: int = 1, warmup: int = 2, min
         end.synchronize()
         return start.elapsed_time(end) / number
 
+    warm_up(sample, warmup, budget_s, max_call_s, number)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
     samples = [sample()]
-    repeats = max(min_repeats, min(max_repeats, int(budget_s * 1e3 / max(samples[0] * number, 1e-3))))
-    samples += [sample() for _ in range(repeats - 1)]
+    samples += [sample() for _ in range(repeats(samples[0], number, min_repeats, max_repeats, budget_s) - 1)]
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20
     return GpuTiming(statistics.median(samples), tuple(samples), peak)
+
+
+@dataclass
+class Budget:
+    """What a benchmark run may spend: the ``deadline`` (``time.monotonic()``) after which no row starts,
+    the longest call it samples (``max_call_s``), and the best rate measured so far per kind of call
+    (a key the section chooses), from which :meth:`too_slow` predicts a call's time before making it."""
+
+    deadline: float
+    max_call_s: float = MAX_CALL_S
+    best_rates: dict[Hashable, tuple[float, str]] = field(default_factory=dict)
+
+    def expired(self) -> bool:
+        return time.monotonic() > self.deadline
+
+    def record(self, key: Hashable, flops: float, ms: float, where: str) -> None:
+        """Keeps ``flops / ms`` as the rate of ``key`` if it is the best so far (measured on ``where``)."""
+        rate = flops / (ms * 1e-3)
+        if rate > self.best_rates.get(key, (0.0, ""))[0]:
+            self.best_rates[key] = (rate, where)
+
+    def too_slow(self, key: Hashable, flops: float) -> str | None:
+        """Why a call of ``flops`` of kind ``key`` is not made: its time at the best rate measured so far
+        is over ``max_call_s`` (the best rate, so the prediction errs towards making the call); else None."""
+        if key not in self.best_rates:
+            return None
+        rate, where = self.best_rates[key]
+        seconds = flops / rate
+        if seconds <= self.max_call_s:
+            return None
+        return (f"predicted {seconds:.1f} s per call at {rate / 1e12:.1f} TFLOP/s (the best rate "
+                f"measured so far, on {where}), over the limit of {self.max_call_s:g} s per call")
 
 
 def _set_benchmarker(benchmarker) -> str | None:

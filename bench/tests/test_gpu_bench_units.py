@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from bench.gpu import attention, build_check, checks, other_ops, report, states, tree, warm
+from bench.gpu import attention, build_check, checks, other_ops, plan, report, states, tree
 
 
 def test_attention_flops_follow_the_cpu_benchmark_convention():
@@ -34,8 +34,8 @@ def test_benchmark_grids_are_the_ones_documented():
     assert [c.n for c in states.cases() if c.kind == "update" and c.backend == "cuda"] == [10**3, 10**4, 10**5, 10**6]
     assert [c.n for c in tree.cases()] == [10**3, 10**4, 10**5, 10**6]
     assert {c.what for c in other_ops.cases()} == {"intention", "sigma_intention", "sdpa", "cholesky"}
-    ids = warm.all_cases()
-    assert len(ids) == sum(len(warm.section(s).cases()) for s in warm.SECTIONS) and len(set(ids)) == len(ids)
+    ids = [p.id for p in plan.plan()]
+    assert len(ids) == sum(len(m.cases()) for m in plan.SECTIONS.values()) and len(set(ids)) == len(ids)
 
 
 def test_check_before_timing_catches_wrong_results():

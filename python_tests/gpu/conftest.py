@@ -3,10 +3,19 @@
 On a machine without a GPU these tests skip with the reason (``pytest -rs``). On the GPU machine that
 ``make gpu-check`` runs on, a skip would mean that a backend could not run (a build without its CUDA
 part, Triton left in the interpreter, ...), and a check that quietly tested nothing must not pass.
+
+With ``ATTN_EXT_TEST_PROGRESS=<file>`` (set by ``make gpu-check``) the run's progress goes to that file as
+it happens (_progress_plugin.py), so that a run stopped at its time limit still names its unfinished tests.
 """
 import os
 
 import pytest
+
+from _progress_plugin import register as register_progress_record
+
+
+def pytest_configure(config):
+    register_progress_record(config)
 
 
 @pytest.hookimpl(hookwrapper=True)

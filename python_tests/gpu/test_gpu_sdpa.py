@@ -15,7 +15,7 @@ import attn_ext as ae
 from _gpu import DTYPES, backends, grid
 from _helpers import assert_within_flash_rule, worse_of
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "sdpa"))  # the op's dense reference
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "attention"))  # the op's dense reference
 from _sdpa_ref import dense_attention  # noqa: E402
 
 
