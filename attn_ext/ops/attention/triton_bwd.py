@@ -168,7 +168,7 @@ def launch_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: to
     strides = (*q.stride(), *k.stride(), *v.stride(), smb, smn, *attn_strides, *grad_out.stride(), *lse.stride())
     sizes = (H, H // HKV, M, N, D, DV, float(scale), threshold, drop_scale)
     meta = dict(HAS_MASK=has_mask, ATTN_MASK=attn_kind, IS_CAUSAL=bool(is_causal), HAS_DROPOUT=has_dropout,
-                PAIR_MASKS=attn_kind != 0 or bool(is_causal), UPCAST=interp, BLOCK_D=block_d(D), BLOCK_DV=block_dv)
+                UPCAST=interp, BLOCK_D=block_d(D), BLOCK_DV=block_dv)
     launch(_bwd_dkdv, _bwd_dkdv_tuned, lambda bm, bn: (triton.cdiv(N, bn), B * HKV),
            (*common, grad_k, grad_v, *strides, *grad_k.stride(), *grad_v.stride(), *sizes),
            meta, M, N, chunk_size)

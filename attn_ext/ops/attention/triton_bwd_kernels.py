@@ -15,13 +15,57 @@ The constexpr flags are the forward's (:mod:`.triton_fwd`): attention mask, caus
 (``dV = (P∘Z)ᵀ dO``, ``dS = P ∘ ((dO Vᵀ)∘Z − delta)``, ``Z`` = keep / (1 − p)), and ``GROUP``
 query heads per key/value head: a dK/dV program loops over its key block's whole group, so the
 group's sum needs no atomics. With the causal rule, a key block starts at its first query and a
-query block stops at the diagonal.
+query block stops at the diagonal, and only the blocks the diagonal crosses pay for the per-pair
+causal test (each loop is split there, as in the forward).
 """
 import triton
 import triton.language as tl
 
 from attn_ext.ops.attention.triton_pairs import dropout_keep, masked_scores, pair_dot
 from attn_ext.ops.utils.triton_jit import load_tile, valid_rows
+
+
+@triton.jit
+def _dkdv_query_blocks(
+    dk, dv, k, v, q_base, do_base, lse_base, DELTA, attn_base, SEED, bh, lo, hi,
+    offs_n, n_ok, offs_d, d_ok, offs_dv, dv_ok, sqm, sqd, sdom, sdod, slm, sam, san, M, N,
+    scale, drop_threshold, drop_scale,
+    ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr, PAIR_MASKS: tl.constexpr,
+    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
+    """One key block's ``(dk, dv)`` updated by the query blocks ``[lo, hi)`` of one query head;
+    ``IS_CAUSAL`` and ``PAIR_MASKS`` are the per-pair rules these blocks need."""
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        m_ok = offs_m < M
+        q = load_tile(q_base, offs_m, offs_d, sqm, sqd, m_ok, d_ok, UPCAST)
+        do = load_tile(do_base, offs_m, offs_dv, sdom, sdod, m_ok, dv_ok, UPCAST)
+        lse = tl.load(lse_base + offs_m * slm, mask=m_ok, other=float("-inf"))
+        delta = tl.load(DELTA + bh * M + offs_m, mask=m_ok, other=0.0)
+        row_ok = lse != float("-inf")  # not `>`: a NaN row is not empty, its P is NaN
+        lse = tl.where(row_ok, lse, 0.0)
+
+        # Transposed orientation ([keys, queries]) so dv/dk need no transpose of P.
+        s_t = tl.dot(k, tl.trans(q), input_precision="ieee") * scale
+        s_t, valid = masked_scores(s_t, attn_base, sam, san, offs_m[None, :], offs_n[:, None],
+                                   n_ok[:, None] & m_ok[None, :], ATTN_MASK, IS_CAUSAL)
+        valid = valid & row_ok[None, :]
+        x_t = s_t - lse[None, :]
+        # `where`, not tl.minimum: a GPU min may drop a NaN row's NaN.
+        p_t = tl.where(valid, tl.exp(tl.where(x_t > 0.0, 0.0, x_t)), 0.0)
+        dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")
+        if HAS_DROPOUT:
+            keep = dropout_keep(SEED, bh * M + offs_m[None, :], offs_n[:, None], N, drop_threshold)
+            z = tl.where(keep, drop_scale, 0.0)
+            dv += tl.dot((p_t * z).to(do.dtype), do, input_precision="ieee")
+            dp_t = dp_t * z
+        else:
+            dv += tl.dot(p_t.to(do.dtype), do, input_precision="ieee")
+        ds_t = tl.where(valid, p_t * (dp_t - delta[None, :]), 0.0)
+        dk += pair_dot(ds_t, q, valid, n_ok, m_ok, PAIR_MASKS, BLOCK_N, BLOCK_M, BLOCK_D)
+
+    return dk, dv
 
 
 @triton.jit
@@ -39,7 +83,7 @@ def _bwd_dkdv(
     H, GROUP, M, N, D, DV,
     scale, drop_threshold, drop_scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
     HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    PAIR_MASKS: tl.constexpr, UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -62,8 +106,11 @@ def _bwd_dkdv(
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
 
     lo = 0
+    full_lo = 0
     if IS_CAUSAL:
         lo = pid_n * BLOCK_N  # earlier queries see none of these keys
+        # the first query block at or past the block's last key: lo + ceil(BLOCK_N / BLOCK_M) blocks
+        full_lo = tl.minimum(M, lo + (BLOCK_N + BLOCK_M - 1) // BLOCK_M * BLOCK_M)
     for g in range(0, GROUP):
         off_h = off_kvh * GROUP + g
         bh = off_b * H + off_h
@@ -71,34 +118,19 @@ def _bwd_dkdv(
         do_base = DO + off_b * sdob + off_h * sdoh
         lse_base = LSE + off_b * slb + off_h * slh
         attn_base = ATTN + off_b * sab + off_h * sah
-        for start_m in range(lo, M, BLOCK_M):
-            offs_m = start_m + tl.arange(0, BLOCK_M)
-            m_ok = offs_m < M
-            q = load_tile(q_base, offs_m, offs_d, sqm, sqd, m_ok, d_ok, UPCAST)
-            do = load_tile(do_base, offs_m, offs_dv, sdom, sdod, m_ok, dv_ok, UPCAST)
-            lse = tl.load(lse_base + offs_m * slm, mask=m_ok, other=float("-inf"))
-            delta = tl.load(DELTA + bh * M + offs_m, mask=m_ok, other=0.0)
-            row_ok = lse != float("-inf")  # not `>`: a NaN row is not empty, its P is NaN
-            lse = tl.where(row_ok, lse, 0.0)
-
-            # Transposed orientation ([keys, queries]) so dv/dk need no transpose of P.
-            s_t = tl.dot(k, tl.trans(q), input_precision="ieee") * scale
-            s_t, valid = masked_scores(s_t, attn_base, sam, san, offs_m[None, :], offs_n[:, None],
-                                       n_ok[:, None] & m_ok[None, :], ATTN_MASK, IS_CAUSAL)
-            valid = valid & row_ok[None, :]
-            x_t = s_t - lse[None, :]
-            # `where`, not tl.minimum: a GPU min may drop a NaN row's NaN.
-            p_t = tl.where(valid, tl.exp(tl.where(x_t > 0.0, 0.0, x_t)), 0.0)
-            dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")
-            if HAS_DROPOUT:
-                keep = dropout_keep(SEED, bh * M + offs_m[None, :], offs_n[:, None], N, drop_threshold)
-                z = tl.where(keep, drop_scale, 0.0)
-                dv += tl.dot((p_t * z).to(do.dtype), do, input_precision="ieee")
-                dp_t = dp_t * z
-            else:
-                dv += tl.dot(p_t.to(do.dtype), do, input_precision="ieee")
-            ds_t = tl.where(valid, p_t * (dp_t - delta[None, :]), 0.0)
-            dk += pair_dot(ds_t, q, valid, n_ok, m_ok, PAIR_MASKS, BLOCK_N, BLOCK_M, BLOCK_D)
+        # Query blocks from `full_lo` on lie wholly below the diagonal (every query sees every key of this
+        # block): no per-pair causal test there. Only the first blocks, which the diagonal crosses, pay it.
+        if IS_CAUSAL:
+            dk, dv = _dkdv_query_blocks(
+                dk, dv, k, v, q_base, do_base, lse_base, DELTA, attn_base, SEED, bh, lo, full_lo,
+                offs_n, n_ok, offs_d, d_ok, offs_dv, dv_ok, sqm, sqd, sdom, sdod, slm, sam, san, M, N,
+                scale, drop_threshold, drop_scale,
+                ATTN_MASK, True, HAS_DROPOUT, True, UPCAST, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
+        dk, dv = _dkdv_query_blocks(
+            dk, dv, k, v, q_base, do_base, lse_base, DELTA, attn_base, SEED, bh, full_lo, M,
+            offs_n, n_ok, offs_d, d_ok, offs_dv, dv_ok, sqm, sqd, sdom, sdod, slm, sam, san, M, N,
+            scale, drop_threshold, drop_scale,
+            ATTN_MASK, False, HAS_DROPOUT, ATTN_MASK != 0, UPCAST, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
 
     # Padded keys take no part: 0, also beside a NaN query row (whose 0 * NaN would land here).
     dk = tl.where(n_ok[:, None], dk * scale, 0.0)
@@ -107,6 +139,38 @@ def _bwd_dkdv(
              dk.to(DK.dtype.element_ty), mask=n_in[:, None] & d_ok[None, :])
     tl.store(DV_OUT + off_b * sdvb + off_kvh * sdvh + offs_n[:, None] * sdvn + offs_dv[None, :] * sdvd,
              dv.to(DV_OUT.dtype.element_ty), mask=n_in[:, None] & dv_ok[None, :])
+
+
+@triton.jit
+def _dq_key_blocks(
+    dq, q, do, lse, delta, row_ok, rows, k_base, v_base, attn_base, MASK, SEED, lo, hi,
+    offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, mask_row, smn, skn, skd, svn, svd, sam, san, N,
+    scale, drop_threshold, drop_scale,
+    HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    PAIR_MASKS: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    """One query block's ``dq`` updated by the key blocks ``[lo, hi)``; ``IS_CAUSAL`` and
+    ``PAIR_MASKS`` are the per-pair rules these blocks need."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_ok = valid_rows(MASK, mask_row, smn, offs_n, N, HAS_MASK)
+        k = load_tile(k_base, offs_n, offs_d, skn, skd, n_ok, d_ok, UPCAST)
+        v = load_tile(v_base, offs_n, offs_dv, svn, svd, n_ok, dv_ok, UPCAST)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+        s, valid = masked_scores(s, attn_base, sam, san, offs_m[:, None], offs_n[None, :],
+                                 m_ok[:, None] & n_ok[None, :], ATTN_MASK, IS_CAUSAL)
+        valid = valid & row_ok[:, None]
+        x = s - lse[:, None]
+        p = tl.where(valid, tl.exp(tl.where(x > 0.0, 0.0, x)), 0.0)  # P <= 1; NaN stays NaN
+        dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+        if HAS_DROPOUT:
+            keep = dropout_keep(SEED, rows[:, None], offs_n[None, :], N, drop_threshold)
+            dp = dp * tl.where(keep, drop_scale, 0.0)
+        ds = tl.where(valid, p * (dp - delta[:, None]), 0.0)
+        dq += pair_dot(ds, k, valid, m_ok, n_ok, PAIR_MASKS, BLOCK_M, BLOCK_N, BLOCK_D)
+
+    return dq
 
 
 @triton.jit
@@ -123,10 +187,12 @@ def _bwd_dq(
     H, GROUP, M, N, D, DV,
     scale, drop_threshold, drop_scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
     HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    PAIR_MASKS: tl.constexpr, UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
+    if IS_CAUSAL:
+        pid_m = tl.num_programs(0) - 1 - pid_m  # the longest query blocks first, as in the forward
     pid_bh = tl.program_id(1)
     off_b = (pid_bh // H).to(tl.int64)
     off_h = (pid_bh % H).to(tl.int64)
@@ -152,26 +218,23 @@ def _bwd_dq(
     attn_base = ATTN + off_b * sab + off_h * sah
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
 
+    # As in the forward: key blocks before `full_hi` need no per-pair causal test.
     hi = N
+    full_hi = N
     if IS_CAUSAL:
         hi = tl.minimum(N, (pid_m + 1) * BLOCK_M)
-    for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_ok = valid_rows(MASK, off_b * smb, smn, offs_n, N, HAS_MASK)
-        k = load_tile(k_base, offs_n, offs_d, skn, skd, n_ok, d_ok, UPCAST)
-        v = load_tile(v_base, offs_n, offs_dv, svn, svd, n_ok, dv_ok, UPCAST)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-        s, valid = masked_scores(s, attn_base, sam, san, offs_m[:, None], offs_n[None, :],
-                                 m_ok[:, None] & n_ok[None, :], ATTN_MASK, IS_CAUSAL)
-        valid = valid & row_ok[:, None]
-        x = s - lse[:, None]
-        p = tl.where(valid, tl.exp(tl.where(x > 0.0, 0.0, x)), 0.0)  # P <= 1; NaN stays NaN
-        dp = tl.dot(do, tl.trans(v), input_precision="ieee")
-        if HAS_DROPOUT:
-            keep = dropout_keep(SEED, rows[:, None], offs_n[None, :], N, drop_threshold)
-            dp = dp * tl.where(keep, drop_scale, 0.0)
-        ds = tl.where(valid, p * (dp - delta[:, None]), 0.0)
-        dq += pair_dot(ds, k, valid, m_ok, n_ok, PAIR_MASKS, BLOCK_M, BLOCK_N, BLOCK_D)
+        full_hi = tl.minimum(hi, (pid_m * BLOCK_M // BLOCK_N) * BLOCK_N)
+    dq = _dq_key_blocks(
+        dq, q, do, lse, delta, row_ok, rows, k_base, v_base, attn_base, MASK, SEED, 0, full_hi,
+        offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, off_b * smb, smn, skn, skd, svn, svd, sam, san, N,
+        scale, drop_threshold, drop_scale,
+        HAS_MASK, ATTN_MASK, False, HAS_DROPOUT, ATTN_MASK != 0, UPCAST, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
+    if IS_CAUSAL:
+        dq = _dq_key_blocks(
+            dq, q, do, lse, delta, row_ok, rows, k_base, v_base, attn_base, MASK, SEED, full_hi, hi,
+            offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, off_b * smb, smn, skn, skd, svn, svd, sam, san, N,
+            scale, drop_threshold, drop_scale,
+            HAS_MASK, ATTN_MASK, True, HAS_DROPOUT, True, UPCAST, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
 
     dq = dq * scale
     tl.store(DQ + off_b * sdqb + off_h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :] * sdqd,

@@ -15,7 +15,9 @@ backward does not round trip: with a huge finite score (~1e30) the backward's
 (non-finite gradients), and with ordinary scores the extra roundings cost the
 backward accuracy.
 
-With the causal rule a query block stops at the diagonal, about half the work at L = S.
+With the causal rule a query block stops at the diagonal, about half the work at L = S, and only the
+key blocks that the diagonal crosses pay for the per-pair causal test (FlashAttention's split of the
+loop); the longest query blocks are launched first.
 
 Tiles and autotuning are those of :mod:`attn_ext.ops.attention.triton_tiles`, shared with
 the backward kernels.
@@ -44,6 +46,41 @@ __all__ = ["attention_forward", "cross_attention_forward", "launch_forward"]
 # --------------------------------------------------------------------------- kernel
 
 @triton.jit
+def _attend_key_blocks(
+    acc, l_i, m_i, q, k_base, v_base, attn_base, MASK, SEED, lo, hi,
+    offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, rows, mask_row, smn, skn, skd, svn, svd, sam, san,
+    N, scale, drop_threshold, drop_scale,
+    HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
+    PAIR_MASKS: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    """The online softmax of one query block over the key blocks ``[lo, hi)``: returns the updated
+    ``(acc, l_i, m_i)``. ``IS_CAUSAL`` and ``PAIR_MASKS`` are the per-pair rules these blocks need."""
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        n_ok = valid_rows(MASK, mask_row, smn, offs_n, N, HAS_MASK)
+        kt = load_tile(k_base, offs_d, offs_n, skd, skn, d_ok, n_ok, UPCAST)  # Kᵀ: padded keys never loaded
+        v = load_tile(v_base, offs_n, offs_dv, svn, svd, n_ok, dv_ok, UPCAST)
+
+        s = tl.dot(q, kt, input_precision="ieee") * scale
+        s, allowed = masked_scores(s, attn_base, sam, san, offs_m[:, None], offs_n[None, :],
+                                   m_ok[:, None] & n_ok[None, :], ATTN_MASK, IS_CAUSAL)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # While a row has seen no valid key its max is -inf; shift by 0 instead
+        # so that no (-inf) - (-inf) = NaN appears.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)  # lse and the normaliser are of the undropped weights
+        if HAS_DROPOUT:
+            keep = dropout_keep(SEED, rows[:, None], offs_n[None, :], N, drop_threshold)
+            p = tl.where(keep, p * drop_scale, 0.0)
+        acc = acc * alpha[:, None] + pair_dot(p, v, allowed, m_ok, n_ok, PAIR_MASKS, BLOCK_M, BLOCK_N, BLOCK_DV)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
 def _fwd_kernel(
     Q, K, V, MASK, ATTN, SEED, OUT, LSE,
     sqb, sqh, sqm, sqd,
@@ -56,10 +93,14 @@ def _fwd_kernel(
     H, GROUP, M, N, D, DV,
     scale, drop_threshold, drop_scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
     HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    PAIR_MASKS: tl.constexpr, UPCAST: tl.constexpr,
+    UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
+    if IS_CAUSAL:
+        # The last query blocks have the most keys below the diagonal: launch them first, so that the
+        # grid's tail is made of the short blocks and the SMs finish together.
+        pid_m = tl.num_programs(0) - 1 - pid_m
     pid_bh = tl.program_id(1)
     # int64 batch/head offsets: B*H*L*D can exceed 2**31 elements.
     off_b = (pid_bh // H).to(tl.int64)
@@ -83,30 +124,26 @@ def _fwd_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
 
+    # Key blocks before `full_hi` lie wholly below the diagonal: every pair of theirs is allowed by the
+    # causal rule, so they take the plain loop (no per-pair test, a GEMM for P·V), and only the
+    # blocks from `full_hi` to the diagonal pay for the causal test; later key blocks lie wholly
+    # above it and are never read. Without the causal rule the first loop covers every key.
     hi = N
+    full_hi = N
     if IS_CAUSAL:
-        hi = tl.minimum(N, (pid_m + 1) * BLOCK_M)  # later key blocks lie wholly above the diagonal
-    for start_n in range(0, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_ok = valid_rows(MASK, off_b * smb, smn, offs_n, N, HAS_MASK)
-        kt = load_tile(k_base, offs_d, offs_n, skd, skn, d_ok, n_ok, UPCAST)  # Kᵀ: padded keys never loaded
-        v = load_tile(v_base, offs_n, offs_dv, svn, svd, n_ok, dv_ok, UPCAST)
-
-        s = tl.dot(q, kt, input_precision="ieee") * scale
-        s, allowed = masked_scores(s, attn_base, sam, san, offs_m[:, None], offs_n[None, :],
-                                   m_ok[:, None] & n_ok[None, :], ATTN_MASK, IS_CAUSAL)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # While a row has seen no valid key its max is -inf; shift by 0 instead
-        # so that no (-inf) - (-inf) = NaN appears.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)  # lse and the normaliser are of the undropped weights
-        if HAS_DROPOUT:
-            keep = dropout_keep(SEED, rows[:, None], offs_n[None, :], N, drop_threshold)
-            p = tl.where(keep, p * drop_scale, 0.0)
-        acc = acc * alpha[:, None] + pair_dot(p, v, allowed, m_ok, n_ok, PAIR_MASKS, BLOCK_M, BLOCK_N, BLOCK_DV)
-        m_i = m_new
+        hi = tl.minimum(N, (pid_m + 1) * BLOCK_M)
+        full_hi = tl.minimum(hi, (pid_m * BLOCK_M // BLOCK_N) * BLOCK_N)
+    acc, l_i, m_i = _attend_key_blocks(
+        acc, l_i, m_i, q, k_base, v_base, attn_base, MASK, SEED, 0, full_hi,
+        offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, rows, off_b * smb, smn, skn, skd, svn, svd, sam, san,
+        N, scale, drop_threshold, drop_scale,
+        HAS_MASK, ATTN_MASK, False, HAS_DROPOUT, ATTN_MASK != 0, UPCAST, BLOCK_M, BLOCK_N, BLOCK_DV)
+    if IS_CAUSAL:
+        acc, l_i, m_i = _attend_key_blocks(
+            acc, l_i, m_i, q, k_base, v_base, attn_base, MASK, SEED, full_hi, hi,
+            offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, rows, off_b * smb, smn, skn, skd, svn, svd, sam, san,
+            N, scale, drop_threshold, drop_scale,
+            HAS_MASK, ATTN_MASK, True, HAS_DROPOUT, True, UPCAST, BLOCK_M, BLOCK_N, BLOCK_DV)
 
     # l_i = 0: no key carries weight (all padded, or every score -inf): the empty row (0, -inf).
     # A NaN score (or +inf - +inf) leaves l_i and acc NaN whatever the maxima did with it (a GPU max
@@ -200,8 +237,7 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_paddin
             *q.stride(), *k.stride(), *v.stride(), smb, smn, *attn_strides, *out.stride(), *lse.stride(),
             H, H // k.shape[1], M, N, D, DV, float(scale), threshold, drop_scale)
     meta = dict(HAS_MASK=has_mask, ATTN_MASK=attn_kind, IS_CAUSAL=bool(is_causal), HAS_DROPOUT=has_dropout,
-                PAIR_MASKS=attn_kind != 0 or bool(is_causal), UPCAST=interpreting(),
-                BLOCK_D=block_d(D), BLOCK_DV=block_d(DV))
+                UPCAST=interpreting(), BLOCK_D=block_d(D), BLOCK_DV=block_d(DV))
     launch(_fwd_kernel, _fwd_kernel_tuned, lambda bm, bn: (triton.cdiv(M, bm), B * H),
            args, meta, M, N, chunk_size)
     return out, lse
