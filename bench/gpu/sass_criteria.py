@@ -171,20 +171,23 @@ def _tiles(short: str) -> str:
     return f"BLOCK_M={m} BLOCK_N={n} {launch}"
 
 
-#: The tile configs that spill in no dtype and no variant (cross attention; attention with a mask or causal,
-#: both with dropout), per kernel, target and head dim: every other kept config spills in some of them.
+#: The tile configs that spill in no dtype and no variant (cross attention; attention with a mask and dropout;
+#: causal attention), per kernel, target and head dim: every other kept config spills in some of them. Since
+#: the causal kernels split their loops at the diagonal, three small configs at D = 64 (dK/dV 16x64 on sm_80,
+#: dQ 16x16 and 16x64 on sm_90) keep 1-3 loop-invariant scalars in local memory (8-16 bytes, stored in the
+#: prologue and read back after the loops, no access inside them): counted as spills, so no longer listed.
 SPILL_FREE = {
     ("_fwd_kernel", "sm_80", 64): ("16x16 w2 s1", "16x64 w4 s2", "16x128 w4 s2", "32x32 w4 s2", "64x16 w4 s2"),
     ("_fwd_kernel", "sm_80", 128): ("16x16 w2 s1", "16x64 w4 s2", "32x32 w4 s2"),
     ("_fwd_kernel", "sm_90", 64): ("16x16 w2 s1", "32x32 w4 s2", "64x16 w4 s2"),
     ("_fwd_kernel", "sm_90", 128): ("16x16 w2 s1",),
-    ("_bwd_dkdv", "sm_80", 64): ("16x16 w2 s1", "16x64 w4 s2"),
+    ("_bwd_dkdv", "sm_80", 64): ("16x16 w2 s1",),
     ("_bwd_dkdv", "sm_80", 128): ("16x16 w2 s1",),
     ("_bwd_dkdv", "sm_90", 64): ("16x16 w2 s1", "16x64 w4 s2", "64x16 w4 s2"),
     ("_bwd_dkdv", "sm_90", 128): ("16x16 w2 s1",),
     ("_bwd_dq", "sm_80", 64): ("16x16 w2 s1", "16x128 w4 s2", "32x32 w4 s2", "64x16 w4 s2"),
     ("_bwd_dq", "sm_80", 128): ("16x16 w2 s1", "16x64 w4 s2"),
-    ("_bwd_dq", "sm_90", 64): ("16x16 w2 s1", "16x64 w4 s2", "64x16 w4 s2", "64x32 w4 s2"),
+    ("_bwd_dq", "sm_90", 64): ("64x16 w4 s2", "64x32 w4 s2"),
     ("_bwd_dq", "sm_90", 128): ("64x16 w4 s2",),
 }
 
