@@ -39,9 +39,14 @@ def _bucket(x: int) -> int:
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages); BLOCK_N is capped by the chunk_size hint.
 # The 16x16 single-stage tile is the last resort for huge D/Dv and tiny M/N.
+# The last four, 8 warps over mid-sized tiles, are the backward's: at D = 128 in 16-bit on sm_90 (Triton 3.9,
+# make sass-report) dK/dV 64x64 and 32x128 and dQ 64x64 and 128x32 compile to wgmma with no spill, where the
+# 4-warp tiles of those sizes spill (dK/dV 64x64, 4 warps: 48 bytes) and the larger 8-warp ones too (dK/dV
+# 128x64: 432 bytes). Which is fastest is the autotuner's to measure on the card.
 _GPU_TILES = ((16, 16, 2, 1), (16, 64, 4, 2), (16, 128, 4, 2), (32, 32, 4, 2), (64, 16, 4, 2),
               (64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 2),
-              (64, 128, 4, 2), (128, 128, 8, 2))
+              (64, 128, 4, 2), (128, 128, 8, 2),
+              (64, 64, 8, 2), (64, 128, 8, 2), (32, 128, 8, 2), (128, 32, 8, 2))
 
 
 def _gpu_configs():
