@@ -61,6 +61,9 @@ Resource usage:
 @pytest.mark.parametrize("demangled, expected", [
     (NAMES[FWD_BF16], ("attention_fwd_wmma", "bf16 D=64 w4 masks")),
     (NAMES[FWD_FP16], ("attention_fwd_wmma", "fp16 D=128 w2")),
+    ("void attn_ext::cuda::detail::attention_fwd_mma_kernel<__nv_bfloat16, 128, true>(P)",
+     ("attention_fwd_mma", "bf16 D=128 masks")),
+    ("void attn_ext::cuda::detail::attention_fwd_mma_kernel<__half, 64, false>(P)", ("attention_fwd_mma", "fp16 D=64")),
     ("void attn_ext::cuda::detail::cross_attention_bwd_wmma_kernel<__half, 64, 2, true, false>(P)",
      ("attention_bwd_wmma", "fp16 D=64 w2 dkdv")),
     ("void attn_ext::cuda::detail::cross_attention_bwd_wmma_kernel<__nv_bfloat16, 128, 4, false, true>(P)",
@@ -108,9 +111,9 @@ def test_table_and_summary_show_every_row_and_verdict():
     assert "## Failures" in text and "REGRESSION: attention_fwd_wmma sm_80 bf16 D=64 w4 masks: LDL == 0" in text
 
 
-def _row(kernel, config, target="sm_80", **counts):
+def _row(kernel, config, target="sm_80", stack=0, **counts):
     base = dict.fromkeys(COUNTS, 0)
-    return SassRow(kernel, target, config, {**base, **counts}, {"regs": 100, "stack": 0, "shared": 0, "local": 0})
+    return SassRow(kernel, target, config, {**base, **counts}, {"regs": 100, "stack": stack, "shared": 0, "local": 0})
 
 
 def _today():
@@ -122,6 +125,10 @@ def _today():
             out.append(_row(kernel, f"fp16 D=64 w4{extra}", target, HMMA=20, **{"HMMA.16816": 20, "LDSM": 20}))
             out.append(_row(kernel, f"bf16 D=64 w4{extra}", target, HMMA=20, **{"HMMA.16816": 20}))
         out.append(_row("attention_fwd", "fp32 D=64 Dv=64 rows8 w4", target))
+        # The FlashAttention-2-style forward: the sm_80 mix; 8 bytes spilled at D = 128 with pair masks.
+        mix = {"HMMA.16816": 96, "LDSM": 80, "LDGSTS": 24, "LDGSTS.128": 24}
+        out.append(_row("attention_fwd_mma", "fp16 D=64", target, HMMA=96, **mix))
+        out.append(_row("attention_fwd_mma", "bf16 D=128 masks", target, stack=8, HMMA=96, LDL=2, STL=2, **mix))
     return out
 
 
@@ -132,9 +139,11 @@ def test_today_passes_with_its_gaps_reported_as_gaps():
     gaps = {(f.kernel, f.target, f.config.split()[0], f.requirement) for f in results if f.status == GAP}
     assert ("attention_fwd_wmma", "sm_80", "bf16", "LDSM > 0") in gaps
     assert ("attention_bwd_wmma", "sm_90a", "fp16", "LDGSTS.128 > 0") in gaps
-    assert ("attention_fwd_wmma", "sm_90a", "bf16", "HGMMA > 0") in gaps
+    assert ("attention_fwd_mma", "sm_90a", "bf16", "HGMMA > 0") in gaps
+    assert ("attention_fwd_mma", "sm_80", "bf16", "STL == 0") in gaps
     passed = {(f.kernel, f.config.split()[0], f.requirement) for f in results if f.status == PASS}
     assert ("attention_fwd_wmma", "fp16", "LDSM > 0") in passed and ("attention_fwd", "fp32", "STL == 0") in passed
+    assert ("attention_fwd_mma", "fp16", "LDGSTS.128 > 0") in passed and ("attention_fwd_mma", "fp16", "LDL == 0") in passed
 
 
 @pytest.mark.parametrize("change, status, requirement", [

@@ -94,8 +94,14 @@ cudaError_t launch_cross_attention_fwd(const CrossAttentionFwdParams& p, cudaStr
   }
   if (p.kv_group < 1 || p.H % p.kv_group != 0) return cudaErrorInvalidValue;
   if (p.attn_mask != nullptr && p.attn_mask_kind == AttnMaskKind::kNone) return cudaErrorInvalidValue;
-  // fp16/bf16 run on tensor cores (attention_fwd_wmma.cu); only fp32 instantiates the SIMT kernel.
-  if (plan.tensor_cores) return detail::launch_cross_attention_fwd_wmma(p, plan, stream);
+  // fp16/bf16 run on tensor cores: the mma.sync kernel where it can load the rows (attention_fwd_mma.cu),
+  // else WMMA (attention_fwd_wmma.cu); only fp32 instantiates the SIMT kernel.
+  if (plan.tensor_cores) {
+    if (detail::cross_attention_fwd_mma_ineligible(p, capability, smem_limit) == nullptr) {
+      return detail::launch_cross_attention_fwd_mma(p, stream);
+    }
+    return detail::launch_cross_attention_fwd_wmma(p, plan, stream);
+  }
   if (p.dtype != ScalarType::kFloat32) return cudaErrorInvalidValue;
   return pair_masks ? launch_pair_masks(p, plan, stream) : dispatch_head_dim<float>(p, plan, stream);
 }

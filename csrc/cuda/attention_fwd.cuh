@@ -6,6 +6,7 @@
 // path; the kernel templates live in attention_fwd_kernel.cuh.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
@@ -44,7 +45,9 @@ struct CrossAttentionFwdParams : QkvLayout, AttentionMaskLayout {
 ///
 /// The kernels stream the keys in tiles of 32 with the online softmax of attn_ext/online_softmax.h,
 /// so no [M, N] matrix exists and memory is O(tile) whatever N is. fp32 runs on CUDA cores (SIMT);
-/// fp16 and bf16 on tensor cores (WMMA, fp32 accumulation), with D and Dv zero-padded to one
+/// fp16 and bf16 on tensor cores (fp32 accumulation): from sm_80 on the FlashAttention-2-style kernel
+/// (mma.sync, ldmatrix, cp.async; rows on 16-byte boundaries, D and Dv multiples of 8), else WMMA; D and
+/// Dv zero-padded to one
 /// instantiation in {32, 64, 128, 256} (so any D, Dv ≤ 256 works, multiples of 16 or not). A query row whose keys are all
 /// padded (or N = 0) gets out = 0 and lse = −inf, never NaN. The tiling is the one
 /// plan_cross_attention_fwd() reports for the current device's opt-in shared memory.
@@ -56,9 +59,16 @@ struct CrossAttentionFwdParams : QkvLayout, AttentionMaskLayout {
 cudaError_t launch_cross_attention_fwd(const CrossAttentionFwdParams& p, cudaStream_t stream);
 
 namespace detail {
-/// The fp16/bf16 half of launch_cross_attention_fwd (WMMA kernel), for a validated, non-empty plan.
+/// The fp16/bf16 half of launch_cross_attention_fwd below sm_80 or for rows the mma kernel cannot load
+/// (WMMA kernel), for a validated, non-empty plan.
 cudaError_t launch_cross_attention_fwd_wmma(const CrossAttentionFwdParams& p, const CrossAttentionLaunchPlan& plan,
                                             cudaStream_t stream);
+/// Why the FlashAttention-2-style kernel (attention_fwd_mma.cu) cannot take this fp16/bf16 problem on a
+/// device of this compute capability and opt-in shared memory, or nullptr when it can.
+const char* cross_attention_fwd_mma_ineligible(const CrossAttentionFwdParams& p, int compute_capability,
+                                               std::size_t smem_limit);
+/// The fp16/bf16 half of launch_cross_attention_fwd from sm_80 on, for a non-empty problem it can take.
+cudaError_t launch_cross_attention_fwd_mma(const CrossAttentionFwdParams& p, cudaStream_t stream);
 }  // namespace detail
 
 }  // namespace cuda

@@ -10,7 +10,9 @@
 // silently emulating something a GPU would not do. Shared memory is whatever namespace-scope array
 // the test defines for the kernel's `extern __shared__` declaration.
 //
-// Only the builtins our kernels use are provided; add more as kernels need them.
+// Only the builtins our kernels use are provided; add more as kernels need them. The sm_80
+// tensor-core primitives (mma.sync, ldmatrix, cp.async of common/mma_sm80.cuh) are emulated in
+// mma_sm80_emulation.h on the mailboxes and per-thread state below.
 #pragma once
 
 #include <ucontext.h>
@@ -80,13 +82,26 @@ namespace cuda_emu {
 
 enum class Sync { kRunning, kSyncThreads, kShuffle, kDone };
 
+/// A cp.async copy of 16 bytes not yet performed (mma_sm80_emulation.h); !valid: zero-fill.
+struct AsyncCopy {
+  void* dst;
+  const void* src;
+  bool valid;
+};
+
 struct Fiber {
   ucontext_t context;
   uint3 thread_idx;
   unsigned int linear_id = 0;
   Sync sync = Sync::kRunning;
   unsigned int shuffle_generation = 0;
-  unsigned int or_generation = 0;  ///< __syncthreads_or calls so far
+  unsigned int or_generation = 0;      ///< __syncthreads_or calls so far
+  unsigned int tensor_generation = 0;  ///< mma / ldmatrix calls so far (mma_sm80_emulation.h)
+  // This thread's cp.async copies, performed only at its cp_async_wait (mma_sm80_emulation.h), so
+  // shared memory read before the wait is stale as on a GPU: the committed groups, oldest first,
+  // and the copies issued since the last commit.
+  std::vector<std::vector<AsyncCopy>> async_groups;
+  std::vector<AsyncCopy> async_open;
 };
 
 struct Block {
@@ -102,6 +117,15 @@ struct Block {
   uint32_t mailbox[2][32][32];
   // __syncthreads_or's predicates [generation parity][thread], reused like the mailboxes.
   unsigned char or_slots[2][1024];
+  // The warp-collective tensor-core operations (mma_sm80_emulation.h), [generation parity][warp][lane]
+  // like the shuffle mailboxes: each lane's stamp (its generation and operation, so that a warp
+  // whose lanes do not all execute the same collective aborts instead of mixing operands), its mma
+  // operands (A's four and B's two registers), its ldmatrix row address (shared window), and the
+  // ldmatrix fragments gathered for it.
+  uint32_t tensor_stamp[2][32][32];
+  uint32_t mma_operands[2][32][32][6];
+  uint32_t ldmatrix_rows[2][32][32];
+  uint32_t ldmatrix_fragments[2][32][32][4];
 };
 
 inline Block& block() {
@@ -123,6 +147,11 @@ inline void yield(Sync kind) {
 
 inline void fiber_entry() {
   block().body();
+  // A GPU thread that exits with cp.async copies in flight leaves shared memory in an unknown state;
+  // a kernel must wait for all of them (cp_async_wait<0>). Committed empty groups copy nothing.
+  bool pending = !self().async_open.empty();
+  for (const std::vector<AsyncCopy>& group : self().async_groups) pending = pending || !group.empty();
+  if (pending) fail("a thread finished with cp.async copies not waited for");
   self().sync = Sync::kDone;  // returning resumes the scheduler through uc_link
 }
 
@@ -137,6 +166,7 @@ inline void run_block(dim3 grid_dim, dim3 block_idx, dim3 block_dim, std::functi
   b.block_dim = block_dim;
   b.grid_dim = grid_dim;
   b.fibers.assign(n, Fiber{});
+  std::memset(b.tensor_stamp, 0, sizeof b.tensor_stamp);  // no stamp of an earlier block can match
   if (b.stacks.size() < n) b.stacks.resize(n, std::vector<char>(kStackBytes));
   for (unsigned int i = 0; i < n; ++i) {
     Fiber& f = b.fibers[i];

@@ -1,0 +1,78 @@
+// Runs the FlashAttention-2-style forward kernel's source (attention_fwd_mma_kernel.cuh) on the host, with
+// the emulator's mma.sync / ldmatrix / cp.async (cuda_emulation/mma_sm80_emulation.h: PTX's fragment
+// layouts, cp.async copies landing only at the wait), against the double reference of
+// cuda_fwd_emulation_case.h. Every head-dim bucket, fp16 and bf16, row and key tails, padded keys with
+// NaN behind them, a NaN query row, the causal rule (M = N, M < N, M > N: the diagonal tiles and the
+// reversed row-tile order), bool and additive attn_mask views with a NaN key masked for every row that
+// could see it (the exact P·V path), GQA, and no keys at all. Inputs are laid out on 16-byte row
+// boundaries (the kernel's requirement, mma_fwd_ineligible()); the planner checks that they are.
+#include "attention_fwd_mma_kernel.cuh"
+#include "attention_fwd_mma_plan.h"
+#include "cuda_fwd_emulation_case.h"
+
+namespace {
+
+using namespace fwd_emulation;
+using attn_ext::cuda::CrossAttentionFwdParams;
+
+/// Runs one case with the kDim bucket's instantiation (the one the launcher takes for D and Dv).
+template <typename scalar_t, int kDim>
+void run_case(Case c, uint32_t seed) {
+  c.aligned = true;
+  const bool pair = c.causal || c.attn_mask != kNoAttnMask;
+  const auto planner = [&](const CrossAttentionFwdParams& p) {
+    const int64_t strides[] = {p.q_stride_b, p.q_stride_h, p.q_stride_m, p.k_stride_b, p.k_stride_h,
+                               p.k_stride_n, p.v_stride_b, p.v_stride_h, p.v_stride_n};
+    const char* why = attn_ext::cuda::mma_fwd_ineligible(80, p.D, p.Dv, p.q, p.k, p.v, strides, 9);
+    const int dim = attn_ext::cuda::cross_attention_fwd_head_dim_instantiation(p.D > p.Dv ? p.D : p.Dv);
+    if (why != nullptr || dim != kDim) {
+      fail(c, why != nullptr ? why : "the case's head dims are not the tested bucket", 0, dim, kDim);
+      return FwdLaunch{};
+    }
+    using L = attn_ext::cuda::detail::MmaFwdLayout<kDim>;
+    const int64_t m_tiles = (p.M + L::kBlockM - 1) / L::kBlockM;
+    return FwdLaunch{static_cast<unsigned int>(p.B * p.H * m_tiles), static_cast<unsigned int>(L::kThreads),
+                     attn_ext::cuda::mma_fwd_smem_bytes(kDim), L::kBlockM};
+  };
+  const auto kernel = [pair](const CrossAttentionFwdParams& p) {
+    if (pair) {
+      attn_ext::cuda::detail::attention_fwd_mma_kernel<scalar_t, kDim, true>(p);
+    } else {
+      attn_ext::cuda::detail::attention_fwd_mma_kernel<scalar_t, kDim, false>(p);
+    }
+  };
+  run_forward_case<scalar_t>(c, seed, kSm90, planner, kernel);
+}
+
+}  // namespace
+
+int main() {
+  uint32_t seed = 101;
+  // name, B, H, M, N, D, Dv, mask, broadcast_k, score_scale[, causal, attn_mask, kv_group]
+  run_case<__half, 64>({"mma fp16 D=64 masked, M/N tails", 2, 3, 37, 70, 64, 64, true, false, 1.0f}, seed++);
+  run_case<__half, 64>({"mma fp16 D=40 Dv=24 (columns past D)", 1, 2, 20, 45, 40, 24, true, false, 1.0f}, seed++);
+  run_case<__nv_bfloat16, 128>(
+      {"mma bf16 D=128 M=130 N=203 large scores", 1, 1, 130, 203, 128, 128, true, false, 8.0f}, seed++);
+  run_case<__half, 128>({"mma fp16 D=96 Dv=128 broadcast k", 2, 1, 50, 31, 96, 128, false, true, 1.0f}, seed++);
+  run_case<__half, 32>({"mma fp16 D=32 M=1 N=239", 2, 1, 1, 239, 32, 32, true, false, 1.0f}, seed++);
+  run_case<__half, 32>({"mma fp16 N=0 (no keys)", 2, 2, 9, 0, 16, 8, false, false, 1.0f}, seed++);
+  run_case<__nv_bfloat16, 256>({"mma bf16 D=Dv=256", 1, 1, 17, 40, 256, 256, false, false, 1.0f}, seed++);
+  run_case<__nv_bfloat16, 256>({"mma bf16 D=128 Dv=200 masked", 2, 1, 20, 37, 128, 200, true, false, 1.0f}, seed++);
+  run_case<__half, 64>({"mma fp16 causal M=N=150 padded, GQA 4/2", 1, 4, 150, 150, 64, 64, true, false, 1.0f, true,
+                        kNoAttnMask, 2},
+                       seed++);
+  run_case<__nv_bfloat16, 64>(
+      {"mma bf16 causal M=20 N=90 (keys past M)", 1, 1, 20, 90, 48, 48, false, false, 4.0f, true}, seed++);
+  run_case<__half, 32>({"mma fp16 causal M=90 N=20", 1, 1, 90, 20, 32, 32, false, false, 1.0f, true}, seed++);
+  run_case<__nv_bfloat16, 128>({"mma bf16 additive + causal M=N=100, GQA 2/1", 1, 2, 100, 100, 96, 96, true, false,
+                                1.0f, true, kAdditiveMask, 2},
+                               seed++);
+  run_case<__half, 64>(
+      {"mma fp16 bool attn_mask, GQA 4/2", 2, 4, 37, 50, 40, 40, false, false, 1.0f, false, kBoolMask, 2}, seed++);
+  if (g_failures != 0) {
+    std::fprintf(stderr, "attn_ext_cuda_fwd_mma_emulation_tests: %d mismatch(es)\n", g_failures);
+    return 1;
+  }
+  std::printf("attn_ext_cuda_fwd_mma_emulation_tests: all cases passed\n");
+  return 0;
+}
