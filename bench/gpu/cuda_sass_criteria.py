@@ -14,10 +14,10 @@ from sass_criteria import KnownGap, Requirement
 
 __all__ = ["KNOWN_GAPS", "REQUIREMENTS"]
 
-# The tensor-core kernels (fp16/bf16): the forward rebuilt FlashAttention-2's way (mma.sync, ldmatrix,
-# cp.async, accumulators in registers: attention_fwd_mma, from sm_80 on), and the WMMA kernels, which the
-# forward keeps for sm_70/75 and for rows not on 16-byte boundaries, and the backward still uses.
-_TENSOR_CORE = r"attention_fwd_mma|attention_fwd_wmma|attention_bwd_wmma"
+# The tensor-core kernels (fp16/bf16): forward and backward rebuilt FlashAttention-2's way (mma.sync,
+# ldmatrix, cp.async, accumulators in registers: attention_fwd_mma, attention_bwd_mma, from sm_80 on), and
+# the WMMA kernels, kept for sm_70/75, for rows not on 16-byte boundaries and (backward) head dim 256.
+_TENSOR_CORE = r"attention_fwd_mma|attention_bwd_mma|attention_fwd_wmma|attention_bwd_wmma"
 # fp32 kernels (exact fp32 dots: no m16n8k16 path without changing the results), the backward's Delta
 # pre-pass (a row sum of dO * O) and the state merge: no matmul to put on tensor cores, so only the
 # local-memory criteria.

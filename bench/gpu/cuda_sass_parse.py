@@ -31,6 +31,7 @@ _DTYPES = {"__nv_bfloat16": "bf16", "__half": "fp16", "float": "fp32", "double":
 _TEMPLATE_ARGS: Mapping[str, tuple[str, ...]] = {
     "attention_fwd_wmma": ("dtype", "D={}", "w{}", "masks|"),
     "attention_fwd_mma": ("dtype", "D={}", "masks|"),
+    "attention_bwd_mma": ("dtype", "D={}", "dkdv|dq", "masks|"),  # kKeyTile: the dK/dV or the dQ kernel
     "attention_fwd": ("dtype", "D={}", "Dv={}", "rows{}", "w{}", "masks|"),
     "attention_bwd_wmma": ("dtype", "D={}", "w{}", "dkdv|dq", "masks|"),  # kKeyTile: the dK/dV or the dQ kernel
     "attention_bwd_dkdv": ("dtype", "tile{}", "masks|"),

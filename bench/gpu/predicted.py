@@ -41,11 +41,12 @@ ATTENTION_SHARE = {
     "sdpa-flash": (0.45, 0.35),      # FlashAttention-2 (sm_80 code on Hopper): 35-45 % of the dense peak
     "sdpa-efficient": (0.30, 0.22),  # xformers' CUTLASS kernel
     "triton": (0.40, 0.18),          # wgmma, cp.async, no TMA or warp specialisation; backward spills 300-430 B
-    # Forward: FlashAttention-2's instruction mix (mma.sync, ldmatrix, 16-byte cp.async, registers), a first
-    # version with one K and one V buffer and no tuning on a GPU yet: about 2/3 of FA2's share (predicted
-    # 2026-11-28 before any GPU ran it; the WMMA forward it replaced measured 0.014 of the peak). Backward:
-    # still WMMA, accumulators in shared memory, 2-byte loads.
-    "cuda": (0.30, 0.02),
+    # FlashAttention-2's instruction mix (mma.sync, ldmatrix, 16-byte cp.async, registers), first versions
+    # untuned on a GPU (predicted 2026-11-28 before any GPU ran them; the WMMA kernels they replaced measured
+    # 0.014 forward and about 0.02 backward). Forward: one K and one V buffer, about 2/3 of FA2's share.
+    # Backward: 16 rows per warp (twice FA2's shared-memory reads per MMA), no overlap of the streamed
+    # tile's load with compute, and dQ recomputing S and dP: under half of FA2's.
+    "cuda": (0.30, 0.15),
 }
 IMPLEMENTATIONS = tuple(ATTENTION_SHARE)
 #: D = 64 halves the work per loaded tile: the same kernels reach about this fraction of their D = 128 share.

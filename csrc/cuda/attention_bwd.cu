@@ -43,7 +43,8 @@ cudaError_t launch_simt_gradients(const CrossAttentionBwdParams& p, const CrossA
 }
 
 template <typename scalar_t>
-cudaError_t launch_all(const CrossAttentionBwdParams& p, const CrossAttentionBwdPlan& plan, cudaStream_t stream) {
+cudaError_t launch_all(const CrossAttentionBwdParams& p, const CrossAttentionBwdPlan& plan, bool mma,
+                       cudaStream_t stream) {
   if (plan.delta_grid.x > 0) {
     const cudaError_t err = detail::launch_with_smem(detail::cross_attention_bwd_delta_kernel<scalar_t>,
                                                      plan.delta_grid, plan.delta_block, 0, stream, p);
@@ -53,7 +54,8 @@ cudaError_t launch_all(const CrossAttentionBwdParams& p, const CrossAttentionBwd
   if constexpr (std::is_same_v<scalar_t, float>) {
     return launch_simt_gradients(p, plan, stream);
   } else {
-    return detail::launch_cross_attention_bwd_wmma<scalar_t>(p, plan, stream);
+    return mma ? detail::launch_cross_attention_bwd_mma(p, stream)
+               : detail::launch_cross_attention_bwd_wmma<scalar_t>(p, plan, stream);
   }
 }
 
@@ -75,8 +77,10 @@ cudaError_t launch_cross_attention_bwd(const CrossAttentionBwdParams& p, cudaStr
       (has_keys && (p.k == nullptr || p.v == nullptr || p.grad_k == nullptr || p.grad_v == nullptr))) {
     return cudaErrorInvalidValue;
   }
+  // fp16/bf16: the mma.sync kernels where they can load the rows (attention_bwd_mma.cu), else WMMA.
+  const bool mma = plan.tensor_cores && detail::cross_attention_bwd_mma_ineligible(p, capability, smem_limit) == nullptr;
   return detail::dispatch_attention_dtype(
-      p.dtype, [&](auto scalar) { return launch_all<decltype(scalar)>(p, plan, stream); });
+      p.dtype, [&](auto scalar) { return launch_all<decltype(scalar)>(p, plan, mma, stream); });
 }
 
 }  // namespace cuda

@@ -2,6 +2,7 @@
 // runtime types, like attention_fwd.cuh; the geometry is in attention_bwd_plan.h.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime_api.h>
@@ -37,7 +38,8 @@ struct CrossAttentionBwdParams : QkvLayout, AttentionMaskLayout {
 };
 
 /// Enqueues the Δ pre-pass, the dK/dV kernel and the dQ kernel on `stream` (see the plan header;
-/// fp16/bf16 take the tensor-core kernels, with D and Dv zero-padded to one head-dim bucket).
+/// fp16/bf16 take the tensor-core kernels, with D and Dv zero-padded to one head-dim bucket: from sm_80
+/// on the mma.sync kernels of attention_bwd_mma_plan.h where they can load the rows, else WMMA).
 /// Rows with lse = −inf (no valid key) get zero gradients. The tiles are those the plan picks for the
 /// current device's shared memory. Returns cudaErrorInvalidValue for an unsupported shape or dtype,
 /// no tile that fits the device, or missing pointers, else the first launch error.
@@ -50,6 +52,12 @@ namespace detail {
 template <typename scalar_t>
 cudaError_t launch_cross_attention_bwd_wmma(const CrossAttentionBwdParams& p, const CrossAttentionBwdPlan& plan,
                                             cudaStream_t stream);
+/// Why the FlashAttention-2-style dK/dV and dQ kernels (attention_bwd_mma.cu) cannot take this call on a
+/// device of this compute capability and opt-in shared memory, or nullptr when they can.
+const char* cross_attention_bwd_mma_ineligible(const CrossAttentionBwdParams& p, int compute_capability,
+                                               std::size_t smem_limit);
+/// Those kernels, for a call they can take; Δ must be computed.
+cudaError_t launch_cross_attention_bwd_mma(const CrossAttentionBwdParams& p, cudaStream_t stream);
 }  // namespace detail
 
 }  // namespace cuda

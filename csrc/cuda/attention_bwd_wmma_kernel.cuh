@@ -21,6 +21,7 @@
 #include "common/dtypes.cuh"
 #include "common/tile.cuh"
 #include "attention_bwd.cuh"
+#include "attention_bwd_side.cuh"
 #include "wmma_tiles.cuh"
 
 namespace attn_ext {
@@ -53,23 +54,14 @@ __device__ __forceinline__ void load_key_biases(float* bias, const CrossAttentio
 template <typename scalar_t, int kThreads, int kRows, int kDim>
 __device__ __forceinline__ void load_side(scalar_t* tiles, int ld, const CrossAttentionBwdParams& p, bool keys,
                                           int64_t b, int64_t h, int64_t r0, int valid, bool* nonfinite = nullptr) {
-  const scalar_t* first = static_cast<const scalar_t*>(keys ? p.k : p.q) +
-                          (keys ? b * p.k_stride_b + h * p.k_stride_h + r0 * p.k_stride_n
-                                : b * p.q_stride_b + h * p.q_stride_h + r0 * p.q_stride_m);
-  const scalar_t* second = static_cast<const scalar_t*>(keys ? p.v : p.grad_out) +
-                           (keys ? b * p.v_stride_b + h * p.v_stride_h + r0 * p.v_stride_n
-                                 : b * p.dout_stride_b + h * p.dout_stride_h + r0 * p.dout_stride_m);
-  const int64_t first_stride = keys ? p.k_stride_n : p.q_stride_m;
-  const int64_t second_stride = keys ? p.v_stride_n : p.dout_stride_m;
   static_assert(kRows * kDim >= kThreads, "every thread copies");
   // Padded keys are zero rows, so that dP = dO·vᵀ and dQ += dS·K stay exactly 0 for them.
-  const uint8_t* padding =
-      keys && p.key_padding_mask != nullptr ? p.key_padding_mask + b * p.mask_stride_b + r0 : nullptr;
+  const BwdSide<scalar_t> side = bwd_side<scalar_t>(p, keys, b, h, r0);
   // ld is the layout's half stride, kDim + 8 (checked by the launcher's static_assert).
-  copy_tile<kThreads, kRows, kDim, kDim + 8>(tiles, first, first_stride, valid, static_cast<int>(p.D), padding,
-                                             nonfinite);
-  copy_tile<kThreads, kRows, kDim, kDim + 8>(tiles + kRows * ld, second, second_stride, valid, static_cast<int>(p.Dv),
-                                             padding, nonfinite);
+  copy_tile<kThreads, kRows, kDim, kDim + 8>(tiles, side.first, side.first_stride, valid, static_cast<int>(p.D),
+                                             side.padding, nonfinite);
+  copy_tile<kThreads, kRows, kDim, kDim + 8>(tiles + kRows * ld, side.second, side.second_stride, valid,
+                                             static_cast<int>(p.Dv), side.padding, nonfinite);
 }
 
 /// The plan's constants as scalar compile-time members: device code may not call the (host)

@@ -32,6 +32,7 @@
 #include "attention_fwd_mma_plan.h"
 #include "common/dtypes.cuh"
 #include "common/mma_sm80.cuh"
+#include "common/mma_tiles.cuh"
 #include "common/pair_mask.cuh"
 
 namespace attn_ext {
@@ -55,33 +56,6 @@ struct MmaFwdLayout {
   static_assert(kDim % 16 == 0 && kBlockN % 16 == 0, "MMA tiles are 16 wide");
   static_assert((2 * kStride) % 16 == 0 && kK % 16 == 0 && kV % 16 == 0, "cp.async and ldmatrix need 16-byte rows");
 };
-
-/// Issues the cp.async of rows [0, kRows) of a row-major tile (row stride `stride` elements, `cols`
-/// valid columns, a multiple of 8) into shared memory; rows ≥ rows_valid, padded rows and columns ≥
-/// cols are zero-filled. Returns whether any piece this thread issued lies in a row that is read.
-template <int kThreads, int kRows, int kChunks, int kStride, typename scalar_t>
-__device__ __forceinline__ void load_tile_async(scalar_t* dst, const scalar_t* src, int64_t stride, int rows_valid,
-                                                int cols, const uint8_t* padding) {
-#pragma unroll
-  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
-    const int r = idx / kChunks, c = (idx % kChunks) * 8;
-    const bool valid = r < rows_valid && c < cols && (padding == nullptr || padding[r] == 0);
-    cp_async_16(dst + r * kStride + c, valid ? src + r * stride + c : src, valid);
-  }
-}
-
-/// Whether any element of the pieces this thread loaded by load_tile_async (same geometry) is inf or
-/// NaN; read from shared memory after this thread's cp.async wait (its own copies are visible to it).
-template <int kThreads, int kRows, int kChunks, int kStride, typename scalar_t>
-__device__ __forceinline__ bool tile_has_nonfinite(const scalar_t* tile) {
-  bool nonfinite = false;
-  for (int idx = threadIdx.x; idx < kRows * kChunks; idx += kThreads) {
-    const scalar_t* piece = tile + (idx / kChunks) * kStride + (idx % kChunks) * 8;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) nonfinite |= !isfinite(to_float(piece[e]));
-  }
-  return nonfinite;
-}
 
 /// The per-warp state of a block: its rows' accumulators and softmax statistics.
 template <int kDim, int kMTiles>
@@ -225,12 +199,7 @@ __device__ __forceinline__ void mma_fwd_key_tile(MmaFwdWarpState<kDim, MmaFwdLay
     for (int ks = 0; ks < kBlockN / 16; ++ks) {
       MmaA a[kMTiles];
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        a[mt].r[0] = pack_pair<scalar_t>(s[mt][2 * ks].r[0], s[mt][2 * ks].r[1]);
-        a[mt].r[1] = pack_pair<scalar_t>(s[mt][2 * ks].r[2], s[mt][2 * ks].r[3]);
-        a[mt].r[2] = pack_pair<scalar_t>(s[mt][2 * ks + 1].r[0], s[mt][2 * ks + 1].r[1]);
-        a[mt].r[3] = pack_pair<scalar_t>(s[mt][2 * ks + 1].r[2], s[mt][2 * ks + 1].r[3]);
-      }
+      for (int mt = 0; mt < kMTiles; ++mt) a[mt] = c_pair_as_a<scalar_t>(s[mt][2 * ks], s[mt][2 * ks + 1]);
 #pragma unroll
       for (int db = 0; db < kDim / 8; db += 2) {
         uint32_t b[4];  // matrices: keys 16ks.. and 16ks+8.. × d 8db..; the same × d 8db+8..
@@ -244,39 +213,9 @@ __device__ __forceinline__ void mma_fwd_key_tile(MmaFwdWarpState<kDim, MmaFwdLay
       }
     }
   } else {
-    // The exact tile: each lane's O elements summed over the tile's keys by scalar FMAs that skip
-    // marked pairs; each probability (rounded to 16 bits as the MMA path rounds it) comes by shuffle
-    // from the lane of the quad that holds it.
-#pragma unroll 1
-    for (int j = 0; j < kBlockN; ++j) {
-      const int src = (lane & ~3) | ((j % 8) / 2);
-      const scalar_t* v_row = v_tile + j * L::kStride;
+    // The exact tile (see the file comment).
 #pragma unroll
-      for (int mt = 0; mt < kMTiles; ++mt) {
-        float probs[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float mine = 0.0f;
-#pragma unroll
-          for (int nb = 0; nb < kNB; ++nb) {
-            // Selected with compile-time register indices: a runtime index would put s in local memory.
-            const float pick = (j & 1) != 0 ? s[mt][nb].r[2 * h + 1] : s[mt][nb].r[2 * h];
-            mine = nb == j / 8 ? pick : mine;
-          }
-          const float prob = __shfl_sync(0xffffffffu, mine, src);
-          probs[h] = is_masked_coefficient(prob) ? prob : to_float(from_float<scalar_t>(prob));
-        }
-#pragma unroll
-        for (int db = 0; db < kDim / 8; ++db) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float x = to_float(v_row[8 * db + 2 * t + e]);
-            st.o[mt][db].r[e] = masked_fma(probs[0], x, st.o[mt][db].r[e]);
-            st.o[mt][db].r[2 + e] = masked_fma(probs[1], x, st.o[mt][db].r[2 + e]);
-          }
-        }
-      }
-    }
+    for (int mt = 0; mt < kMTiles; ++mt) exact_tile_acc<scalar_t>(st.o[mt], s[mt], v_tile, L::kStride);
   }
 }
 

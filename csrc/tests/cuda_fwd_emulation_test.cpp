@@ -62,7 +62,7 @@ int main() {
   // name, B, H, M, N, D, Dv, mask, broadcast_k, score_scale
   run_case<float, 64, 64>({"fp32 D=40 Dv=59 masked, M/N tails", 2, 3, 37, 70, 40, 59, true, false, 1.0f}, seed++);
   run_case<float, 32, 32>({"fp32 D=Dv=1 broadcast k", 2, 1, 5, 33, 1, 1, false, true, 1.0f}, seed++);
-  run_case<float, 32, 128>({"fp32 D=32 Dv=96 large scores", 1, 2, 40, 45, 32, 96, true, false, 30.0f}, seed++);
+  run_case<float, 32, 128>({"fp32 D=32 Dv=96 large scores", 2, 2, 40, 45, 32, 96, true, false, 30.0f}, seed++);
   run_case<float, 256, 32>({"fp32 D=256 Dv=32", 1, 1, 33, 40, 256, 32, false, false, 1.0f}, seed++);
   run_case<float, 64, 64>({"fp32 N=0 (no keys)", 2, 2, 9, 0, 64, 64, false, false, 1.0f}, seed++);
   run_case<__half, 64, 64>({"fp16 D=64 Dv=64 masked", 3, 2, 17, 64, 64, 64, true, false, 1.0f}, seed++);
@@ -70,7 +70,7 @@ int main() {
   run_case<__half, 64, 64>({"fp16 M=1 N=239 D=40", 2, 1, 1, 239, 40, 40, true, false, 1.0f}, seed++);
   run_case<__half, 128, 128>({"fp16 D=96 Dv=128", 1, 1, 50, 31, 96, 128, false, true, 1.0f}, seed++);
   run_case<__half, 32, 32>({"fp16 N=0 (no keys)", 2, 2, 9, 0, 7, 3, false, false, 1.0f}, seed++);
-  run_case<__nv_bfloat16, 64, 64>({"bf16 M=113 N=203 D=59 large scores", 1, 1, 113, 203, 59, 59, true, false, 8.0f},
+  run_case<__nv_bfloat16, 64, 64>({"bf16 M=113 N=203 D=59 large scores", 2, 1, 113, 203, 59, 59, true, false, 8.0f},
                                   seed++);
   run_case<__nv_bfloat16, 256, 256>({"bf16 D=128 Dv=200 masked", 2, 1, 20, 37, 128, 200, true, false, 1.0f}, seed++);
   run_case<__nv_bfloat16, 256, 256>({"bf16 D=Dv=256", 1, 1, 17, 33, 256, 256, false, false, 1.0f}, seed++);
@@ -83,7 +83,7 @@ int main() {
                                        seed++, kSm75);
   run_case<__nv_bfloat16, 128, 128, 2>(
       {"bf16 D=96 Dv=128 masked, 64 KiB: 2 warps", 2, 1, 40, 50, 96, 128, true, false, 1.0f}, seed++, kSm75);
-  run_case<float, 256, 32, 4>({"fp32 D=256 Dv=32, 64 KiB: 4 rows/warp", 1, 1, 33, 40, 256, 32, true, false, 1.0f}, seed++,
+  run_case<float, 256, 32, 4>({"fp32 D=256 Dv=32, 64 KiB: 4 rows/warp", 2, 1, 33, 40, 256, 32, true, false, 1.0f}, seed++,
                               kSm75);
   run_case<float, 256, 64, 4>({"fp32 D=200 Dv=50, 64 KiB: 4 rows/warp", 2, 1, 19, 35, 200, 50, false, true, 1.0f}, seed++,
                               kSm75);
@@ -101,14 +101,14 @@ int main() {
   run_case<float, 32, 32, 8, true>({"fp32 causal M=20 N=90 (keys past M)", 1, 1, 20, 90, 16, 16, false, false, 4.0f, true},
                                    seed++);
   run_case<float, 256, 256, 4, true>({"fp32 causal D=200 Dv=30", 1, 1, 33, 40, 200, 30, false, false, 1.0f, true}, seed++);
-  run_case<float, 32, 32>({"fp32 GQA 6/3, no pair mask", 1, 6, 20, 40, 32, 32, true, false, 1.0f, false, kNoAttnMask, 3},
+  run_case<float, 32, 32>({"fp32 GQA 6/3, no pair mask", 2, 6, 20, 40, 32, 32, true, false, 1.0f, false, kNoAttnMask, 3},
                           seed++);
   run_case<__half, 64, 64, 4, true>(
       {"fp16 causal + bool + padded, GQA 4/2", 2, 4, 70, 70, 40, 59, true, false, 1.0f, true, kBoolMask, 2}, seed++);
   run_case<__half, 32, 32, 4, true>(
       {"fp16 additive attn_mask", 2, 2, 37, 50, 32, 16, false, false, 1.0f, false, kAdditiveMask}, seed++);
   run_case<__nv_bfloat16, 128, 128, 4, true>(
-      {"bf16 additive + causal M=N=100, GQA 2/1", 1, 2, 100, 100, 96, 96, true, false, 1.0f, true, kAdditiveMask, 2},
+      {"bf16 additive + causal M=N=100, GQA 2/1", 2, 2, 100, 100, 96, 96, true, false, 1.0f, true, kAdditiveMask, 2},
       seed++);
   run_case<__nv_bfloat16, 128, 128, 2, true>(
       {"bf16 bool attn_mask, 64 KiB: 2 warps", 2, 1, 40, 50, 96, 128, false, false, 1.0f, false, kBoolMask}, seed++,

@@ -50,21 +50,21 @@ int main() {
   uint32_t seed = 101;
   // name, B, H, M, N, D, Dv, mask, broadcast_k, score_scale[, causal, attn_mask, kv_group]
   run_case<__half, 64>({"mma fp16 D=64 masked, M/N tails", 2, 3, 37, 70, 64, 64, true, false, 1.0f}, seed++);
-  run_case<__half, 64>({"mma fp16 D=40 Dv=24 (columns past D)", 1, 2, 20, 45, 40, 24, true, false, 1.0f}, seed++);
+  run_case<__half, 64>({"mma fp16 D=40 Dv=24 (columns past D)", 2, 2, 20, 45, 40, 24, true, false, 1.0f}, seed++);
   run_case<__nv_bfloat16, 128>(
-      {"mma bf16 D=128 M=130 N=203 large scores", 1, 1, 130, 203, 128, 128, true, false, 8.0f}, seed++);
+      {"mma bf16 D=128 M=130 N=203 large scores", 2, 1, 130, 203, 128, 128, true, false, 8.0f}, seed++);
   run_case<__half, 128>({"mma fp16 D=96 Dv=128 broadcast k", 2, 1, 50, 31, 96, 128, false, true, 1.0f}, seed++);
   run_case<__half, 32>({"mma fp16 D=32 M=1 N=239", 2, 1, 1, 239, 32, 32, true, false, 1.0f}, seed++);
   run_case<__half, 32>({"mma fp16 N=0 (no keys)", 2, 2, 9, 0, 16, 8, false, false, 1.0f}, seed++);
   run_case<__nv_bfloat16, 256>({"mma bf16 D=Dv=256", 1, 1, 17, 40, 256, 256, false, false, 1.0f}, seed++);
   run_case<__nv_bfloat16, 256>({"mma bf16 D=128 Dv=200 masked", 2, 1, 20, 37, 128, 200, true, false, 1.0f}, seed++);
-  run_case<__half, 64>({"mma fp16 causal M=N=150 padded, GQA 4/2", 1, 4, 150, 150, 64, 64, true, false, 1.0f, true,
+  run_case<__half, 64>({"mma fp16 causal M=N=150 padded, GQA 4/2", 2, 4, 150, 150, 64, 64, true, false, 1.0f, true,
                         kNoAttnMask, 2},
                        seed++);
   run_case<__nv_bfloat16, 64>(
       {"mma bf16 causal M=20 N=90 (keys past M)", 1, 1, 20, 90, 48, 48, false, false, 4.0f, true}, seed++);
   run_case<__half, 32>({"mma fp16 causal M=90 N=20", 1, 1, 90, 20, 32, 32, false, false, 1.0f, true}, seed++);
-  run_case<__nv_bfloat16, 128>({"mma bf16 additive + causal M=N=100, GQA 2/1", 1, 2, 100, 100, 96, 96, true, false,
+  run_case<__nv_bfloat16, 128>({"mma bf16 additive + causal M=N=100, GQA 2/1", 2, 2, 100, 100, 96, 96, true, false,
                                 1.0f, true, kAdditiveMask, 2},
                                seed++);
   run_case<__half, 64>(

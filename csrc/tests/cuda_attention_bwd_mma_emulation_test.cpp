@@ -1,0 +1,86 @@
+// Runs the FlashAttention-2-style backward kernels' source (attention_bwd_mma_kernel.cuh) on the host, after
+// the Δ pre-pass, with the emulator's mma.sync / ldmatrix / cp.async (cuda_emulation/mma_sm80_emulation.h),
+// against the double reference of cuda_attention_bwd_emulation_case.h: head-dim buckets 32, 64 and 128,
+// fp16 and bf16, row and key tails, padded keys (a fully padded batch) with NaN behind them, a NaN query
+// row, M = 0 and N = 0, the causal rule with M ≠ N, bool and additive attn_mask views with a NaN key and a
+// NaN query row masked for every pair that reads them (the exact products), and GQA (dK/dV summed over the
+// group in one block). Inputs are laid out on 16-byte row boundaries, as the kernels require.
+#include "attention_bwd_kernel.cuh"  // the Δ pre-pass
+#include "attention_bwd_mma_kernel.cuh"
+#include "attention_bwd_mma_plan.h"
+#include "attention_fwd_mma_plan.h"
+#include "cuda_attention_bwd_emulation_case.h"
+
+namespace {
+
+using namespace bwd_emulation;
+using attn_ext::cuda::CrossAttentionBwdParams;
+
+template <typename scalar_t, int kDim>
+void run_case(Case c, uint32_t seed) {
+  c.aligned = true;
+  const bool pair = c.causal || c.attn_mask != kNoAttnMask;
+  const auto kernels = [&](const CrossAttentionBwdParams& p) -> bool {
+    namespace det = attn_ext::cuda::detail;
+    using L = det::MmaBwdLayout<kDim>;
+    const int64_t strides[] = {p.q_stride_b, p.q_stride_h, p.q_stride_m, p.k_stride_b,    p.k_stride_h,    p.k_stride_n,
+                               p.v_stride_b, p.v_stride_h, p.v_stride_n, p.dout_stride_b, p.dout_stride_h, p.dout_stride_m};
+    const char* why = attn_ext::cuda::mma_fwd_ineligible(80, p.D, p.Dv, p.q, p.k, p.v, strides, 12);
+    const int dim = attn_ext::cuda::cross_attention_fwd_head_dim_instantiation(p.D > p.Dv ? p.D : p.Dv);
+    if (why != nullptr || dim != kDim) {
+      fail(c, why != nullptr ? why : "the case's head dims are not the tested bucket", 0, dim, kDim);
+      return false;
+    }
+    const attn_ext::cuda::CrossAttentionBwdPlan plan = attn_ext::cuda::plan_cross_attention_bwd(
+        p.B, p.H, p.M, p.N, p.D, p.Dv, p.dtype, kSm90, kEveryDtypeCapability, p.kv_group);
+    void* smem = det::smem_raw;
+    const size_t smem_total = sizeof(det::smem_raw);
+    const auto blocks = [&](int64_t rows, int64_t heads) {
+      return dim3(static_cast<unsigned int>(p.B * heads * ((rows + L::kOwn - 1) / L::kOwn)));
+    };
+    const dim3 block(L::kThreads);
+    bool ok = cuda_emu::run_grid(dim3(plan.delta_grid.x), dim3(plan.delta_block.x), smem, smem_total, 0,
+                                 [&] { det::cross_attention_bwd_delta_kernel<scalar_t>(p); });
+    if (pair) {
+      ok &= cuda_emu::run_grid(blocks(p.N, p.H / p.kv_group), block, smem, smem_total, L::kBytes,
+                               [&] { det::attention_bwd_mma_kernel<scalar_t, kDim, true, true>(p); });
+      ok &= cuda_emu::run_grid(blocks(p.M, p.H), block, smem, smem_total, L::kBytes,
+                               [&] { det::attention_bwd_mma_kernel<scalar_t, kDim, false, true>(p); });
+    } else {
+      ok &= cuda_emu::run_grid(blocks(p.N, p.H / p.kv_group), block, smem, smem_total, L::kBytes,
+                               [&] { det::attention_bwd_mma_kernel<scalar_t, kDim, true, false>(p); });
+      ok &= cuda_emu::run_grid(blocks(p.M, p.H), block, smem, smem_total, L::kBytes,
+                               [&] { det::attention_bwd_mma_kernel<scalar_t, kDim, false, false>(p); });
+    }
+    return ok;
+  };
+  run_backward_case<scalar_t>(c, seed, kernels);
+}
+
+}  // namespace
+
+int main() {
+  uint32_t seed = 211;
+  // name, B, H, M, N, D, Dv, mask (last batch fully padded)[, causal, attn_mask, kv_group]
+  run_case<__half, 64>({"mma fp16 D=64 Dv=32 masked", 2, 2, 37, 70, 64, 32, true}, seed++);
+  run_case<__half, 64>({"mma fp16 M=2 N=239 D=40 masked", 2, 1, 2, 239, 40, 40, true}, seed++);
+  run_case<__nv_bfloat16, 128>({"mma bf16 M=130 N=203 D=128", 1, 1, 130, 203, 128, 128, false}, seed++);
+  run_case<__nv_bfloat16, 128>({"mma bf16 D=96 Dv=128 masked", 2, 1, 40, 70, 96, 128, true}, seed++);
+  run_case<__half, 32>({"mma fp16 N=0", 1, 2, 9, 0, 8, 8, false}, seed++);
+  run_case<__half, 32>({"mma fp16 M=0", 1, 2, 0, 9, 16, 8, false}, seed++);
+  run_case<__half, 64>({"mma fp16 causal + bool + padded, GQA 4/2", 2, 4, 70, 70, 40, 56, true, true, kBoolMask, 2},
+                       seed++);
+  run_case<__half, 32>({"mma fp16 additive attn_mask", 2, 2, 37, 50, 32, 16, false, false, kAdditiveMask}, seed++);
+  run_case<__nv_bfloat16, 128>(
+      {"mma bf16 additive + causal M=N=100, GQA 2/1", 2, 2, 100, 100, 96, 96, true, true, kAdditiveMask, 2}, seed++);
+  run_case<__nv_bfloat16, 64>({"mma bf16 GQA 3/1, no pair mask", 2, 3, 33, 40, 64, 64, true, false, kNoAttnMask, 3},
+                              seed++);
+  run_case<__half, 64>({"mma fp16 causal M=10 N=90 (keys past M)", 1, 1, 10, 90, 48, 48, false, true}, seed++);
+  run_case<__half, 128>({"mma fp16 causal M=90 N=20", 2, 1, 90, 20, 128, 128, true, true}, seed++);
+  if (g_failures != 0) {
+    std::fprintf(stderr, "attn_ext_cuda_attention_bwd_mma_emulation_tests: %d failure(s)\n", g_failures);
+    return 1;
+  }
+  std::printf("attn_ext_cuda_attention_bwd_mma_emulation_tests: all cases passed\n");
+  return 0;
+}
