@@ -28,13 +28,14 @@ call (:class:`bench.gpu.timing.Budget`: the ``cuda`` backend at 16k tokens) is l
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
 from bench.bench_cross_attention import FLOP_FACTOR
-from bench.gpu.attention_impls import IMPLS, REFERENCE, implementation, unavailable
+from bench.gpu.attention_impls import FLEX_DTYPES, IMPLS, REFERENCE, implementation, unavailable
 from bench.gpu.checks import require_close
 from bench.gpu.timing import TIME_LIMIT_NOTE, Budget, TooSlow, cuda_time
 from bench.harness.report import markdown_table
@@ -154,11 +155,14 @@ def measure(case: Case, budget: Budget, progress: Callable[[str], None]) -> list
                 rows.append({**row, "note": f"not measured: {reason}" if reason else TIME_LIMIT_NOTE})
                 progress(f"{case.label} {pass_:7s} {impl:14s} {rows[-1]['note']}")
                 continue
+            started = time.monotonic()
             try:
                 first = pass_call(implementation(impl), pass_, inputs[:1], case.causal)()
             except (RuntimeError, NotImplementedError) as exc:  # an SDPA backend this card or build lacks
                 rows.append({**row, "note": f"not measured: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"})
                 continue
+            # Seconds of the first call: its compiles (FlexAttention), its autotuning (Triton), its first launch.
+            row["first_call_s"] = round(time.monotonic() - started, 2)
             row["rel_err"] = check(f"{impl} {pass_} {case.label}", first, reference, case.dtype)
             del first
             try:
@@ -166,19 +170,27 @@ def measure(case: Case, budget: Budget, progress: Callable[[str], None]) -> list
                                    max_call_s=budget.max_call_s)
             except TooSlow as exc:
                 budget.record(rate_key, flops, exc.seconds * 1e3, case.label)
+                spent = _seconds(row, started)
                 rows.append({**row, "call_s": exc.seconds, "note": f"not measured: {exc} (its result was checked)"})
-                progress(f"{case.label} {pass_:7s} {impl:14s} {exc}")
+                progress(f"{case.label} {pass_:7s} {impl:14s} {exc} [{spent}]")
                 continue
             budget.record(rate_key, flops, timing.median_ms, case.label)
             sdpa_ms = timing.median_ms if impl == REFERENCE else sdpa_ms
             row.update(ms=timing.median_ms, samples_ms=list(timing.samples_ms), peak_mib=timing.peak_mib,
                        tflops=tflops(flops, timing.median_ms),
                        vs_sdpa=None if not sdpa_ms else sdpa_ms / timing.median_ms)
+            spent = _seconds(row, started)
             progress(f"{case.label} {pass_:7s} {impl:14s} {timing.median_ms:9.3f} ms {row['tflops']:7.1f} TFLOP/s "
-                     f"peak {timing.peak_mib:8.1f} MiB (rel. err {row['rel_err']:.1e})")
+                     f"peak {timing.peak_mib:8.1f} MiB (rel. err {row['rel_err']:.1e}) [{spent}]")
             rows.append(row)
         del reference
     return rows
+
+
+def _seconds(row: dict, started: float) -> str:
+    """Where a row's time went, for the log: its first call (compiles, tuning) and all of it."""
+    row["row_s"] = round(time.monotonic() - started, 2)
+    return f"first call {row['first_call_s']:.1f} s, row {row['row_s']:.1f} s"
 
 
 def triton_work(case: Case) -> None:
@@ -186,6 +198,36 @@ def triton_work(case: Case) -> None:
     inputs = make_inputs(case)[:1]
     for pass_ in PASSES:
         pass_call(implementation("triton"), pass_, inputs, case.causal)()
+
+
+#: Tokens of the stand-in that compiles a case's Triton kernels (:func:`warm_case`).
+WARM_N = 256
+
+
+def warm_case(case: Case) -> Case:
+    """The smallest case whose Triton calls compile what ``case``'s compile (for :mod:`bench.gpu.warm`).
+
+    Compiling depends on the dtype, D, the causal rule and the integers' specialisations (a multiple of 16,
+    1, 32-bit), not on the sizes: every M = N >= 128 keeps every tile config (the size buckets prune none),
+    and at B = 8, H = 16 every stride and size is a multiple of 16 for every N of the grid, so N = 256 compiles
+    the kernels of N = 1024, 4096 and 16384 (the same 46-49 compiles each, recorded for sm_90 with
+    bench/gpu/triton_aot_capture.py: bench/tests/test_gpu_warm_compiles.py), with launches of microseconds
+    instead of up to a second per config."""
+    return Case(case.dtype, case.d, WARM_N, case.causal)
+
+
+def has_flex(case: Case) -> bool:
+    """Whether :func:`measure` runs FlexAttention on ``case`` (bf16 only, see attention_impls.FLEX_DTYPES)."""
+    return DTYPES[case.dtype] in FLEX_DTYPES
+
+
+def flex_work(case: Case) -> None:
+    """The FlexAttention calls :func:`measure` makes for ``case``, once each (for :mod:`bench.gpu.warm`): their
+    compiles land in Inductor's caches on disk, where the timing process finds them (FlexAttention compiles
+    per shape, so this runs the case's own shape)."""
+    inputs = make_inputs(case)[:1]
+    for pass_ in PASSES:
+        pass_call(implementation("flex"), pass_, inputs, case.causal)()
 
 
 def _fmt(x, spec: str) -> str | None:

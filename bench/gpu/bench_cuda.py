@@ -20,12 +20,14 @@ than ``--max-call-s`` is checked but not sampled, and one predicted slower (from
 the run) is not made (:class:`bench.gpu.timing.Budget`); both rows say why under "Not measured".
 
 The card's ceilings come first (:mod:`bench.gpu.ceilings`: bf16 matrix-product rate, copy bandwidth, in a
-second), then the Triton kernels of the first cases are compiled in parallel worker processes
-(:mod:`bench.gpu.warm`, at most :data:`WARM_SHARE` of the time left). Writes ``bench.md`` (the tables, in
-their reading order whatever the order of the run, rewritten after every case, so a run stopped at its
-time limit still leaves what it measured) and ``bench.json`` (every row, with the raw samples) to
-``--out``; the tables also go to stdout, progress to stderr. Exit status 0; 1 when a result was wrong or
-a call failed; 2 when there is no CUDA device or Triton would run in its interpreter.
+second), then the Triton kernels of the cases (each distinct set once, every kernel's configs shared out
+among the workers) and FlexAttention of the first cases are compiled in parallel worker processes
+(:mod:`bench.gpu.warm`, at most :data:`WARM_SHARE` of the time left); Triton's autotuning in the timing
+process then only times the configs, two calls each for a slow one (:func:`bench.gpu.timing.quick_autotuning`).
+Writes ``bench.md`` (the tables, in their reading order whatever the order of the run, rewritten after every
+case, so a run stopped at its time limit still leaves what it measured) and ``bench.json`` (every row, with
+the raw samples) to ``--out``; the tables also go to stdout, progress to stderr. Exit status 0; 1 when a
+result was wrong or a call failed; 2 when there is no CUDA device or Triton would run in its interpreter.
 """
 from __future__ import annotations
 
@@ -41,13 +43,13 @@ from pathlib import Path
 import torch
 
 from bench.gpu import ceilings, plan, warm
-from bench.gpu.timing import MAX_CALL_S, Budget, shorter_autotuning
+from bench.gpu.timing import AUTOTUNE_REP_MS, MAX_CALL_S, Budget, quick_autotuning
 from bench.harness.report import progress
 
 #: Seconds kept at the end of the time limit to write the files.
 RESERVE_S = 10
-#: Largest share of the time left after the ceilings that the Triton warm-up may take: the timing process
-#: needs the rest to reach the cases it warmed (see bench.gpu.warm).
+#: Largest share of the time left after the ceilings that the warm-up may take: the timing process needs the rest
+#: to reach the cases it warmed (see bench.gpu.warm).
 WARM_SHARE = 0.35
 #: Environment variable giving ``--cases`` its default (how bench/gpu/check.sh passes it through).
 CASES_VARIABLE = "GPU_BENCH_CASES"
@@ -63,7 +65,8 @@ def header(autotuning_problem: str | None) -> str:
             f"{props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB), torch {torch.__version__} "
             f"(CUDA {torch.version.cuda}), Triton {triton.__version__}, {datetime.date.today().isoformat()}. "
             "Times are medians of CUDA-event timings after warm-up; Triton's tiles were autotuned on first use ("
-            + ("5 ms + 20 ms per tile configuration)." if autotuning_problem is None
+            + (f"one untimed call, then {AUTOTUNE_REP_MS} ms of timed calls, at least one, per tile configuration)."
+               if autotuning_problem is None
                else f"Triton's default timing per configuration: {autotuning_problem})."))
 
 
@@ -108,7 +111,7 @@ def run(out: Path, time_limit: float, cases: list[plan.Planned], jobs: int, keep
         max_call_s: float = MAX_CALL_S, scope: str = "all") -> int:
     started = time.monotonic()
     budget = Budget(deadline=started + time_limit - RESERVE_S, max_call_s=max_call_s)
-    meta = {"header": header(shorter_autotuning()), "errors": [], "warm_up": None,
+    meta = {"header": header(quick_autotuning()), "errors": [], "warm_up": None,
             "cases": scope, "order": [p.id for p in cases], "max_call_s": max_call_s}
     meta["header"] += (f" Cases: {scope} ({len(cases)}), the goal rows first; calls over {max_call_s:g} s were "
                        "checked but not sampled (see each table's \"Not measured\").")
@@ -148,8 +151,9 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-call-s", type=float, default=MAX_CALL_S,
                         help="a call slower than this (seconds) is checked but not sampled, one predicted slower "
                              "is not made")
-    parser.add_argument("--warm-jobs", type=int, default=min(12, os.cpu_count() or 1),
-                        help="parallel processes compiling the Triton kernels of the first cases (0: none)")
+    parser.add_argument("--warm-jobs", type=int, default=min(16, os.cpu_count() or 1),
+                        help="parallel processes compiling the Triton kernels and FlexAttention of the first cases "
+                             "(0: none)")
     parser.add_argument("--keep-going", action="store_true", default=os.environ.get("GPU_CHECK_KEEP_GOING") == "1",
                         help="after a wrong result or a failed call, go on with the other cases")
     return parser

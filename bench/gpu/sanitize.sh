@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Stage "sanitize" of `make gpu-check` (or on its own): compute-sanitizer over the small cases of the GPU
-# tests (python_tests/gpu with ATTN_EXT_GPU_SANITIZE=1, opcheck left out: 26 tests of the cuda backend,
-# 22 of triton; every kernel, fp32 and fp16, masks with fully padded rows):
+# tests (python_tests/gpu with ATTN_EXT_GPU_SANITIZE=1, opcheck left out: 36 tests of the cuda backend for
+# racecheck, 95 of both backends for memcheck; every kernel, fp32 and fp16, key padding with fully padded
+# rows, bool and additive masks, causal; every tile config of the Triton attention
+# (cross attention path), tree and Intention kernels):
 #   memcheck   out-of-bounds and misaligned accesses, leaks          (backends cuda and triton)
 #   racecheck  shared-memory data races (a missing __syncthreads)    (cuda: the hand-written kernels)
 #   synccheck  invalid barrier use (divergent __syncthreads)         (cuda; only when asked for)
@@ -38,16 +40,21 @@ if ! self_test="$("$sanitizer" --tool memcheck --error-exitcode 1 "$python" -c \
 fi
 
 # Under `make gpu-check` (GPU_CHECK_STAGE_LIMIT: the stage's seconds) each tool gets an equal share of
-# the stage, so that a slow memcheck cannot leave racecheck no time at all.
-tool_limit=0
-if [[ -n "${GPU_CHECK_STAGE_LIMIT:-}" ]]; then
-  tool_limit=$(( (GPU_CHECK_STAGE_LIMIT - 10 - (SECONDS)) / ${#tools[@]} ))
-  ((tool_limit < 5)) && tool_limit=5
-fi
+# what is left of the stage when it starts: a slow memcheck cannot leave racecheck no time at all, and the
+# time a tool leaves unused goes to the tools after it.
+tool_limit() {
+  local left=$1 limit
+  limit=$(( (GPU_CHECK_STAGE_LIMIT - 10 - SECONDS) / left ))
+  echo $(( limit < 5 ? 5 : limit ))
+}
 progress_dir="${SANITIZE_PROGRESS_DIR:-}"
 [[ -n "$progress_dir" ]] && rm -f "$progress_dir"/sanitize-*.progress  # records of an earlier run
 failed=()
+tools_left=${#tools[@]}
 for tool in "${tools[@]}"; do
+  limit=0  # no limit outside make gpu-check
+  [[ -n "${GPU_CHECK_STAGE_LIMIT:-}" ]] && limit="$(tool_limit "$tools_left")"
+  tools_left=$((tools_left - 1))
   # opcheck adds tracing, not kernel launches worth instrumenting.
   selection="cuda and not opcheck"
   [[ $tool == memcheck ]] && selection="(cuda or triton) and not opcheck"
@@ -56,14 +63,14 @@ for tool in "${tools[@]}"; do
   progress=""
   [[ -n "$progress_dir" ]] && progress="$(realpath -m "$progress_dir")/sanitize-$tool.progress"
   # -p no:benchmark: the GPU tests use no benchmark fixture (as in the tests stage of check.sh).
-  ATTN_EXT_TEST_PROGRESS="$progress" timeout -k 5 "$tool_limit" "$sanitizer" --tool "$tool" --error-exitcode 1 \
+  ATTN_EXT_TEST_PROGRESS="$progress" timeout -k 5 "$limit" "$sanitizer" --tool "$tool" --error-exitcode 1 \
     --target-processes all "$python" -m pytest python_tests/gpu -q -x -p no:cacheprovider -p no:benchmark \
     -k "$selection"
   rc=$?
   if ((rc == 0)); then
     echo "== $tool: no error ($(($(date +%s) - started)) s)"
   elif ((rc == 124 || rc == 137)); then
-    echo "== $tool: TIMED OUT after its share of $tool_limit s (no error found before; the rest untested)"
+    echo "== $tool: TIMED OUT after its share of $limit s (no error found before; the rest untested)"
     [[ -n "$progress" ]] && "$python" -m bench.gpu.pytest_progress "$progress"
     failed+=("$tool(timed out)")
   else

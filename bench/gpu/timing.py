@@ -12,11 +12,16 @@ short GPU window has.
 so that a call predicted over the limit is not even made once.
 
 Triton autotunes a kernel on its first call for each new key (tiles, shapes, dtype): it compiles every
-configuration the pruning keeps and times each with ``triton.testing.do_bench`` (25 ms of warm-up and
-100 ms of repeats per configuration by default). For the dozens of keys of the benchmark grid that is
-minutes, so :func:`shorter_autotuning` makes each configuration's timing 5 ms + 20 ms (enough to rank
-tiles whose times differ by more than a few per cent), and the first compiles are done beforehand in
-parallel processes (:mod:`bench.gpu.warm`), which use :func:`compile_only_autotuning`.
+configuration the pruning keeps and times each with ``triton.testing.do_bench``, which makes at least 8
+calls per configuration (one, five to estimate, one or more of warm-up, one or more timed), whatever their
+length. At 16k tokens one forward and backward takes 0.21 s with the tiles the tuning chose (H200,
+2026-11-28) and several times that with the small ones, so tuning a case's three kernels over their 15-16
+configurations each cost most of a minute: the bf16 D=128 N=16384 case took 61.5 s on that H200 after a
+warm-up had compiled its Triton kernels (FlexAttention's compile for that shape included), the N=4096 one
+12 s. :func:`quick_autotuning` times each configuration with :func:`tuning_bench` instead: one untimed call
+(its compile or load), then timed calls for 20 ms, at least one (2 calls for a slow configuration, about 20
+for a 1 ms one), ranked by their median. The compiles themselves are done beforehand in parallel processes
+(:mod:`bench.gpu.warm`), which use :func:`compile_only_autotuning`.
 """
 from __future__ import annotations
 
@@ -28,8 +33,12 @@ from typing import Callable, Hashable
 
 import torch
 
-#: Per-configuration timing of Triton's autotuner in the timing process (milliseconds).
-AUTOTUNE_WARMUP_MS, AUTOTUNE_REP_MS = 5, 20
+#: Milliseconds of timed calls per configuration of Triton's autotuner in the timing process (at least one call).
+AUTOTUNE_REP_MS = 20
+#: Most timed calls per configuration (a call of microseconds would otherwise make thousands).
+AUTOTUNE_MAX_SAMPLES = 100
+#: Bytes written between timed calls of a configuration, as do_bench does: the H200's L2 is 60 MB.
+L2_FLUSH_BYTES = 256 * 2**20
 #: Longest call the benchmark samples (seconds): with at least 3 samples and one warm-up call after the
 #: check, a row then costs at most about 5 s.
 MAX_CALL_S = 1.0
@@ -142,11 +151,60 @@ def _set_benchmarker(benchmarker) -> str | None:
     return None
 
 
-def shorter_autotuning() -> str | None:
-    """Autotuning with 5 ms of warm-up and 20 ms of repeats per configuration (see the module docstring)."""
-    from triton.testing import do_bench  # Triton is optional: this module imports without it
+def quantiles_of(samples: list[float], quantiles=None):
+    """What a Triton benchmarker returns: the median of ``samples``, or the list of their ``quantiles``
+    (linear interpolation between the sorted samples, as ``torch.quantile``)."""
+    if quantiles is None:
+        return statistics.median(samples)
+    ordered = sorted(samples)
 
-    return _set_benchmarker(functools.partial(do_bench, warmup=AUTOTUNE_WARMUP_MS, rep=AUTOTUNE_REP_MS))
+    def quantile(q: float) -> float:
+        position = q * (len(ordered) - 1)
+        low = int(position)
+        high = min(low + 1, len(ordered) - 1)
+        return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+    return [quantile(q) for q in quantiles]
+
+
+def tuning_bench(kernel_call: Callable[[], object], quantiles=None, *, rep_ms: float = AUTOTUNE_REP_MS,
+                 max_samples: int = AUTOTUNE_MAX_SAMPLES, clock: Callable | None = None, flush=None, **_ignored):
+    """Times one configuration for Triton's autotuner (``do_bench``'s signature): one untimed call, which
+    compiles or loads it, then timed calls (``clock(kernel_call)``, ms; default CUDA events) until
+    ``rep_ms`` is spent, at least one and at most ``max_samples``; ``flush()`` (default: write
+    :data:`L2_FLUSH_BYTES`) before each, so that no call finds its inputs in the L2. Returns the median,
+    or ``quantiles`` of the samples."""
+    clock = clock or _event_ms
+    flush = flush or _flush_l2
+    kernel_call()
+    samples: list[float] = []
+    while not samples or (sum(samples) < rep_ms and len(samples) < max_samples):
+        flush()
+        samples.append(clock(kernel_call))
+    return quantiles_of(samples, quantiles)
+
+
+def _event_ms(fn: Callable[[], object]) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+@functools.lru_cache(maxsize=None)
+def _l2_buffer() -> torch.Tensor:
+    return torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device="cuda")
+
+
+def _flush_l2() -> None:
+    _l2_buffer().zero_()
+
+
+def quick_autotuning() -> str | None:
+    """Autotuning that times each configuration with :func:`tuning_bench` (see the module docstring)."""
+    return _set_benchmarker(tuning_bench)
 
 
 def compile_only_autotuning() -> str | None:

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import torch
 
-from bench.gpu import attention, bench_cuda, plan, warm
+from bench.gpu import attention, bench_cuda, plan, timing, warm
 from bench.gpu.timing import Budget, GpuTiming, TooSlow, repeats, warm_up
 
 GOALS = [("bf16", 128, 4096, False), ("bf16", 128, 4096, True), ("bf16", 128, 16384, False),
@@ -194,30 +194,104 @@ def test_run_follows_the_plan_and_tables_keep_their_reading_order(monkeypatch, t
     assert cells == sorted(cells, key=lambda c: (int(c[0]), int(c[1].replace(",", "")), c[2] == "causal", c[3]))
 
 
-def test_warm_up_gives_the_first_cases_one_worker_each(monkeypatch):
+def test_warm_up_compiles_each_distinct_triton_case_once_and_flex_per_case():
+    goals = plan.plan(scope="goals")
+    # N does not change what Triton compiles: two distinct sets (causal or not) for the four goal rows.
+    assert [_key(p) for p in warm.distinct_compiles(goals)] == GOALS[:2]
+    assert warm.stand_in(goals[2]) == attention.Case("bf16", 128, attention.WARM_N, False) == warm.stand_in(goals[0])
+    bf16 = plan.plan(scope="bf16")
+    assert {(p.case.d, p.case.causal) for p in warm.distinct_compiles(bf16)} == {(64, False), (64, True),
+                                                                                (128, False), (128, True)}
+    # Sections without a stand-in are not warmed (their calls would run at full size in every worker).
+    assert [p.section for p in warm.distinct_compiles(plan.plan())] == ["attention"] * 8
+    assert warm.distinct_compiles(plan.plan(["states", "tree"])) == []
+    jobs = warm.plan_jobs(bf16, 16)
+    flex = [j for j in jobs if j.kind == "flex"]
+    triton = [j for j in jobs if j.kind == "triton"]
+    # FlexAttention for the first cases, at most half the workers; the rest share the Triton compiles.
+    assert [j.case_ids for j in flex] == [(p.id,) for p in bf16[:8]]
+    assert [(j.share, j.shares) for j in triton] == [(i, 8) for i in range(8)]
+    assert {j.case_ids for j in triton} == {tuple(p.id for p in warm.distinct_compiles(bf16))}
+    # fp16 has no FlexAttention row: every worker shares the Triton compiles.
+    fp16 = [p for p in plan.plan() if p.section == "attention" and p.case.dtype == "fp16"]
+    assert {j.kind for j in warm.plan_jobs(fp16, 6)} == {"triton"} and len(warm.plan_jobs(fp16, 6)) == 6
+    assert [j.kind for j in warm.plan_jobs(goals, 1)] == ["triton"]
+    assert warm.plan_jobs(plan.plan(["tree"]), 4) == []
+    assert warm.Job("triton", ("attention:20",), 1, 3).argv()[1:] == ["-m", "bench.gpu.warm", "triton", "1", "3",
+                                                                       "attention:20"]
+    assert warm.Job("flex", ("attention:21",)).argv()[1:] == ["-m", "bench.gpu.warm", "flex", "attention:21"]
+
+
+def test_warm_up_runs_its_workers_under_one_time_limit(monkeypatch):
     started = []
 
     class Worker:  # a finished worker, a failed one, and one that runs past the limit
-        def __init__(self, argv, **_):
-            started.append(argv[3:])
+        def __init__(self, argv, env=None, **_):
+            started.append((argv[3:], env))
             self.index, self.returncode, self.killed = len(started) - 1, 0, False
 
         def communicate(self, timeout=None):
             if self.index == 2 and not self.killed:
                 raise subprocess.TimeoutExpired("worker", timeout)
             self.returncode = 1 if self.index == 1 else self.returncode
-            return ("warm-up of attention:21 failed: boom" if self.index == 1 else "", None)
+            return ("warm-up of attention:21 (triton_work) failed: boom" if self.index == 1 else "", None)
 
         def kill(self):
             self.killed, self.returncode = True, -9
 
     monkeypatch.setattr(warm.subprocess, "Popen", Worker)
-    cases = plan.plan()
-    summary = warm.warm_in_parallel(cases, jobs=3, time_limit_s=5.0)
-    assert started == [[p.id] for p in cases[:3]] == [["attention:20"], ["attention:21"], ["attention:22"]]
-    assert summary.startswith(f"Triton warm-up: the first 3 of {len(cases)} cases, one process each")
-    assert "1 worker(s) stopped at the 5 s limit (what they compiled is kept)" in summary
-    assert "warm-up of attention:21 failed: boom" in summary
+    goals = plan.plan(scope="goals")
+    summary = warm.warm_in_parallel(goals, jobs=3, time_limit_s=5.0)
+    assert [argv for argv, _ in started] == [["triton", "0", "2", "attention:20", "attention:21"],
+                                             ["triton", "1", "2", "attention:20", "attention:21"],
+                                             ["flex", "attention:20"]]
+    assert [env["TRITON_CACHE_AUTOTUNING"] for _, env in started[:2]] == ["0", "0"]
+    assert started[2][1]["TORCHINDUCTOR_COMPILE_THREADS"] == "1" and started[2][1]["OMP_NUM_THREADS"] == "1"
+    assert summary.startswith("Warm-up: the Triton compiles of 2 distinct case(s) of 4 shared by 2 process(es), "
+                              "FlexAttention for 1 case(s) one process each")
+    assert "1 worker(s) (flex) stopped at the 5 s limit (what they compiled is kept)" in summary
+    assert "warm-up of attention:21 (triton_work) failed: boom" in summary
+
+
+def test_each_warm_worker_compiles_its_share_of_every_kernels_configs(monkeypatch):
+    autotuner = pytest.importorskip("triton.runtime.autotuner")
+    monkeypatch.setattr(autotuner.Autotuner, "prune_configs", autotuner.Autotuner.prune_configs)  # restored after
+
+    class Tuner:  # what Autotuner.prune_configs reads of its autotuner
+        def __init__(self, n):
+            self.configs, self.nargs, self.perf_model = list(range(n)), {}, None
+            self.early_config_prune = lambda configs, nargs, **kwargs: configs[:-1]  # the pruning runs first
+
+    original = autotuner.Autotuner.prune_configs
+    seen = []
+    for share in range(3):
+        warm._keep_share_of_configs(share, 3)
+        seen.append(autotuner.Autotuner.prune_configs(Tuner(8), {}))
+        autotuner.Autotuner.prune_configs = original
+    assert seen == [[0, 3, 6], [1, 4], [2, 5]]  # every kept config once, the pruned one (7) by nobody
+    warm._keep_share_of_configs(4, 6)
+    assert autotuner.Autotuner.prune_configs(Tuner(3), {}) == [0]  # fewer configs than workers: one each
+
+
+def test_warm_worker_usage(capsys):
+    assert warm.main([]) == 64 and "usage" in capsys.readouterr().err
+
+
+def test_tuning_bench_times_each_config_for_its_budget_at_least_once():
+    def bench(ms, **kw):
+        calls, flushes = [], []
+        result = timing.tuning_bench(lambda: calls.append(1), clock=lambda fn: fn() or ms,
+                                     flush=lambda: flushes.append(1), **kw)
+        return result, len(calls), len(flushes)
+
+    # A slow config: one untimed call (its compile or load) and one timed; do_bench makes at least 8.
+    assert bench(300.0) == (300.0, 2, 1)
+    # A fast one: timed calls for 20 ms, each after an L2 flush.
+    assert bench(2.0) == (2.0, 11, 10)
+    assert bench(0.001, max_samples=5) == (0.001, 6, 5)
+    assert bench(30.0, quantiles=(0.5, 0.2, 0.8))[0] == [30.0, 30.0, 30.0]
+    assert timing.quantiles_of([1.0, 2.0, 3.0, 10.0], (0.5, 0.0, 1.0)) == [2.5, 1.0, 10.0]
+    assert timing.quantiles_of([4.0, 1.0, 2.0]) == 2.0
 
 
 def test_run_warms_the_first_cases_within_its_share_and_records_the_order(monkeypatch, tmp_path):
@@ -232,7 +306,7 @@ def test_run_warms_the_first_cases_within_its_share_and_records_the_order(monkey
                  "causal": case.causal, "pass": "fwd", "impl": "triton", "flops": 1.0, "tflops": 1.0, "peak_mib": 1.0}]
 
     monkeypatch.setattr(bench_cuda, "header", lambda problem: "Header.")
-    monkeypatch.setattr(bench_cuda, "shorter_autotuning", lambda: None)
+    monkeypatch.setattr(bench_cuda, "quick_autotuning", lambda: None)
     monkeypatch.setattr(bench_cuda.ceilings, "measure", lambda: (_ for _ in ()).throw(RuntimeError("no card")))
     monkeypatch.setattr(bench_cuda.warm, "warm_in_parallel", fake_warm)
     monkeypatch.setattr(attention, "measure", fake_measure)

@@ -81,3 +81,42 @@ def test_each_sanitize_selection_selects_tests(collections, selection):
     named = {backend for backend in ("cuda", "triton") if backend in selection}
     found = {match.group(1) for nodeid in selected for match in [re.search(r"[\[-](cuda|triton)\]$", nodeid)] if match}
     assert found == named, selected
+
+
+def _cost_class():
+    sys.path.insert(0, str(GPU_TESTS))
+    try:
+        from _order import cost_class
+    finally:
+        sys.path.remove(str(GPU_TESTS))
+    return cost_class
+
+
+def test_the_tests_stage_starts_the_longest_tests_first(collections):
+    cost_class = _cost_class()
+    order = _collected(collections[None])
+    classes = [cost_class(nodeid) for nodeid in order]
+    assert classes == sorted(classes), "the GPU tests are not collected longest first"
+    assert set(classes) == {0, 1, 2, 3}
+    # The fp32 Triton forward-and-backward tests first (their compiles took 15-90 s each on sm_90), the cuda
+    # backend's tests (no compile) last.
+    first = [nodeid for nodeid, c in zip(order, classes) if c == 0]
+    assert any("test_backward_flash_rule" in n and "float32-triton" in n for n in first)
+    assert all(n.endswith("triton]") and not re.search(r"float16|bfloat16", n) for n in first)
+    assert all(n.endswith("cuda]") for n, c in zip(order, classes) if c == 3)
+    assert cost_class("m.py::test_forward_flash_rule[x-torch.bfloat16-triton]") == 2
+    config_test = "test_gpu_triton_configs.py::test_attention_config_forward_and_backward[causal-M16_N16_w2_s1]"
+    assert cost_class(config_test) == 1
+    assert cost_class("m.py::test_intention_backward_matches_cpu[False-triton]") == 0  # fp32 by default
+
+
+def test_sanitize_runs_in_collection_order_and_only_tests_the_tests_stage_compiled_for(collections):
+    full = set(_collected(collections[None]))
+    for selection in sanitize_selections():
+        selected = _collected(collections[selection])
+        # Under compute-sanitizer the Triton kernels must come from the tests stage's compiles (the same test
+        # ids: the same grids' small cases), or each would compile under the tool and eat its time.
+        assert set(selected) <= full, sorted(set(selected) - full)
+        # One process: the collection order, modules in their order (no reordering by cost).
+        modules = [nodeid.split("::")[0] for nodeid in selected]
+        assert modules == sorted(modules), selection

@@ -24,8 +24,8 @@ SANITIZE = os.environ.get("ATTN_EXT_GPU_SANITIZE") == "1"
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def grid(full: Sequence, small: Sequence) -> Sequence:
-    """``small`` under compute-sanitizer (``ATTN_EXT_GPU_SANITIZE=1``), else ``full``."""
+def grid(full, small):
+    """``small`` under compute-sanitizer (``ATTN_EXT_GPU_SANITIZE=1``), else ``full`` (a grid or one value)."""
     return small if SANITIZE else full
 
 

@@ -20,12 +20,15 @@ SHAPES = [  # (B, H, M, N, D, Dv)
     (1, 1, 64, 300, 128, 128),
     (1, 2, 33, 77, 256, 256),
 ]
+#: The forward under compute-sanitizer: every head-dim tiling of the CUDA forward (D = 40, 59 on 64-wide tiles, 59
+#: not a multiple of 8: the WMMA kernel; D = 128; D = 256 with its 64-row blocks), each small enough for racecheck.
+SANITIZE_FORWARD_SHAPES = [SHAPES[0], SHAPES[1], SHAPES[3], SHAPES[4]]
 
 
 # The backend varies fastest (top decorator), so both backends share one cached ground truth per case.
 @pytest.mark.parametrize("backend", backends())
 @pytest.mark.parametrize("dtype", grid(DTYPES, (torch.float32, torch.float16)), ids=str)
-@pytest.mark.parametrize("shape", grid(SHAPES, SHAPES[:2]), ids=str)
+@pytest.mark.parametrize("shape", grid(SHAPES, SANITIZE_FORWARD_SHAPES), ids=str)
 @pytest.mark.parametrize("mask_kind", grid(["none", "all_padded", "lengths"], ["all_padded"]))
 @pytest.mark.parametrize("layout", grid(["contiguous", "strided"], ["contiguous"]))
 def test_forward_flash_rule(backend, dtype, shape, mask_kind, layout):
