@@ -86,8 +86,17 @@ def _prune_configs(configs, named_args, **kwargs):
     bn_max, m_b, n_b = named_args["BLOCK_N_MAX"], named_args["M_BUCKET"], named_args["N_BUCKET"]
     kept = [c for c in configs
             if c.kwargs["BLOCK_N"] <= max(16, min(bn_max, n_b)) and c.kwargs["BLOCK_M"] <= max(16, m_b)
-            and _smem_estimate(c, elem, d, dv, pair_rules) <= budget]
+            and _smem_estimate(c, elem, d, dv, pair_rules) <= budget
+            and (elem < 4 or c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= _FP32_MAX_TILE)]
     return kept or [min(configs, key=lambda c: _smem_estimate(c, elem, d, dv, pair_rules))]
+
+
+# fp32 runs its products as exact fp32 FMAs (no tensor cores), whose operand tiles live in registers: from
+# 64 x 32 on, ptxas gives up on registers altogether (32 registers and 8-13 KiB of local memory per thread
+# for the forward, dK/dV and dQ at D = 128 on sm_90, Triton 3.9, make sass-report's AOT compile) and takes
+# 17-42 s per kernel to compile, so a first fp32 call on a GPU spent minutes compiling configs that could
+# never win. The tiles up to 1024 pairs spill 0.1-2.7 KiB and compile in 3-7 s.
+_FP32_MAX_TILE = 1024
 
 
 # The per-pair flags too: causal halves the work per program and the masks and dropout add to it, so
