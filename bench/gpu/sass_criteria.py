@@ -133,11 +133,17 @@ class Finding:
 # Triton's names: "sm_90" compiles for sm_90a (Triton's cc 90 target has the wgmma/TMA/setmaxnreg features).
 _TRITON_MMA = r"_fwd_kernel|_bwd_dkdv|_bwd_dq"
 _TRITON_OTHER = r"_bwd_preprocess|_merge_fwd_kernel|_merge_bwd_kernel"  # no tl.dot: only the spill criteria
+# The Hopper forward through TMA descriptors (triton_fwd_tma.py, opt-in): compiled for sm_90 only, where its
+# dispatch takes it; no known gap (its tiles are pruned to the spill-free ones).
+_TRITON_TMA = r"_fwd_tma_kernel"
 #: The Triton kernels that REQUIREMENTS judges (triton_aot.py checks the rows of these only).
-TRITON_KERNELS = f"{_TRITON_MMA}|{_TRITON_OTHER}"
+TRITON_KERNELS = f"{_TRITON_MMA}|{_TRITON_OTHER}|{_TRITON_TMA}"
 # The issue's scope: the 16-bit types at D = 64 and 128 (Dv for the merge kernels). fp32 has no tensor-core
 # path (exact fp32 dots: FFMA), and the other head dims are compiled and reported but not judged.
 _SCOPE = r"^(fp16|bf16) Dv?=(64|128)\b"
+# The TMA forward's warp-specialised configs: 4 warps without the causal rule (8 warps silently ignore the request,
+# and the causal loop does not ask), e.g. "bf16 D=128 N=256 BLOCK_M=128 BLOCK_N=64 w4 s2".
+_TMA_WARP_SPECIALISED = r"^(fp16|bf16) D=(64|128) (N=\d+ )?BLOCK_M=\d+ BLOCK_N=\d+ w4 "
 
 
 def _no_spill(kernels: str, target: str) -> tuple[Requirement, ...]:
@@ -155,6 +161,11 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     Requirement(_TRITON_MMA, r"sm_80", "LDGSTS", ">", 0, "cp.async pipeline of global loads", _SCOPE),
     *_no_spill(_TRITON_MMA, r"sm_80"),
     *_no_spill(_TRITON_OTHER, r"sm_80|sm_90a?"),
+    Requirement(_TRITON_TMA, r"sm_90a?", "HGMMA", ">", 0, "Hopper warpgroup MMA (wgmma)", _SCOPE),
+    Requirement(_TRITON_TMA, r"sm_90a?", "UTMALDG", ">", 0, "Q, K, V loaded by TMA descriptors", _SCOPE),
+    Requirement(_TRITON_TMA, r"sm_90a?", "SETMAXREG", ">", 0,
+                "warp specialisation (producer/consumer register split)", _TMA_WARP_SPECIALISED),
+    *_no_spill(_TRITON_TMA, r"sm_90a?"),
 )
 
 # Known gaps: what fails today, each to be removed by the item of issue 43 that closes it (the check fails once

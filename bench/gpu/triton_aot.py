@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     captured = {}
     for target in targets:
         captured.update(capture(target, cases))
-    missing = [] if args.cases else uncovered_kernels(captured)
+    missing = [] if args.cases else uncovered_kernels(captured, args.targets)
     jobs = select(captured, args.scope, dot_kernels())
     # What CI's scope leaves out of the machine-code report's (said in the report, not guessed).
     cover = ci_cover(jobs, select(captured, "ci", dot_kernels())) if args.scope == "sass" else []

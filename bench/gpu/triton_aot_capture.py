@@ -25,7 +25,7 @@ import torch
 # attn_ext decorates its Triton kernels (reading TRITON_INTERPRET) when its modules load: triton_aot.main
 # imports this module only after clearing it.
 import attn_ext.ops as ops
-from triton_aot_cases import Case
+from triton_aot_cases import KERNEL_TARGETS, Case
 from triton_aot_target import Target, targeting
 
 __all__ = ["Job", "capture", "dot_kernels", "kernel_hashes", "package_kernels", "uncovered_kernels"]
@@ -187,8 +187,10 @@ def kernel_hashes(jobs) -> dict[tuple[str, str], str]:
             for job in jobs}
 
 
-def uncovered_kernels(jobs) -> list[str]:
-    """Kernels of the package that no case launches, as ``module.kernel``."""
+def uncovered_kernels(jobs, targets=None) -> list[str]:
+    """Kernels of the package that no case launches, as ``module.kernel``; with ``targets`` (names), not those
+    that :data:`triton_aot_cases.KERNEL_TARGETS` compiles for other targets only."""
     launched = {(job.module, job.kernel) for job in jobs}
-    return sorted(f"{module}.{name}" for name, module in package_kernels().items() if (module, name) not in launched)
+    return sorted(f"{module}.{name}" for name, module in package_kernels().items() if (module, name) not in launched
+                  and (targets is None or set(KERNEL_TARGETS.get(name, targets)) & set(targets)))
 

@@ -21,7 +21,8 @@ import re
 
 import torch
 
-__all__ = ["DTYPES", "HEAD_DIMS", "SASS_SCOPE", "Case", "all_cases", "in_sass_scope", "select"]
+__all__ = ["DTYPES", "HEAD_DIMS", "KERNEL_TARGETS", "SASS_SCOPE", "TMA_DIMS", "TMA_DTYPES", "Case", "all_cases",
+           "in_sass_scope", "select"]
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # In order of priority (see select): 40 after the others, as bf16 after fp16 in DTYPES.
@@ -39,8 +40,13 @@ PAIR_FLAGS = frozenset({"HAS_MASK", "ATTN_MASK", "IS_CAUSAL", "HAS_DROPOUT"})
 #: The machine-code report's scope (``--scope sass``, ``make sass-report``): the attention kernels (the
 #: families' launches: forward, backward, merge) at the head dims and dtypes of issue 43, every kept config.
 #: Causal with dropout is left to the CI scope: each variant adds every kept config of three kernels on two targets.
-SASS_SCOPE = {"families": ("cross_attention", "attention", "merge"), "dtypes": ("fp16", "bf16"), "head_dims": (64, 128),
-              "left_out": ("causal dropout",)}
+SASS_SCOPE = {"families": ("cross_attention", "attention", "attention_tma", "merge"), "dtypes": ("fp16", "bf16"),
+              "head_dims": (64, 128), "left_out": ("causal dropout",)}
+#: The Hopper TMA forward (opt-in, fp16/bf16 only): its dtypes and head dims, causal and not, on sm_90 only.
+TMA_DTYPES, TMA_DIMS = ("fp16", "bf16"), (64, 128)
+#: The kernels compiled for some targets only (their dispatch takes them nowhere else): {kernel: targets}. A run
+#: over other targets does not miss them.
+KERNEL_TARGETS = {"_fwd_tma_kernel": ("sm_90",)}
 B, H, M, N = 1, 2, 136, 136
 TREE = dict(branching=4, height=2, group_size=16)  # 21 inner nodes, 16 groups of 16 leaves
 TREE_HEADS = 4
@@ -98,6 +104,20 @@ def _attention(dtype, d: int, causal: bool, dropout_p: float = 0.1) -> None:
     attention_backward(torch.ones_like(out), torch.ones(B, hq, M), q, k, v, mask, padding, out, lse, *args[2:])
 
 
+def _attention_tma(dtype, d: int, causal: bool, n: int = N) -> None:
+    """The Hopper forward through TMA descriptors (grouped heads, no mask), called directly: its dispatch
+    takes it only on a compute capability 9 device, so it is compiled for sm_90 alone. ``n`` = 136 keys
+    tests each key block against N; a multiple of 128 (every key tile) compiles the loop without that test."""
+    from triton.runtime import driver
+
+    from attn_ext.ops.attention.triton_fwd_tma import launch_forward_tma
+
+    if f"sm_{driver.active.get_current_target().arch}" not in KERNEL_TARGETS["_fwd_tma_kernel"]:
+        return
+    q, k, v = _randn(B, 2 * H, M, d, dtype=dtype), _randn(B, H, n, d, dtype=dtype), _randn(B, H, n, d, dtype=dtype)
+    launch_forward_tma(q, k, v, d ** -0.5, 128, causal)
+
+
 def _merge(dtype, dv: int) -> None:
     from attn_ext.ops.attention.triton_merge import merge_states_backward, merge_states_forward
 
@@ -151,6 +171,10 @@ def all_cases() -> list[Case]:
                                   lambda dtype=dtype, d=d: _attention(dtype, d, True, 0.0)))
                 cases.append(Case("attention", name, dims + " causal dropout",
                                   lambda dtype=dtype, d=d: _attention(dtype, d, True)))
+            if name in TMA_DTYPES and d in TMA_DIMS:
+                for variant, causal, n in (("", False, N), (" N=256", False, 256), (" causal", True, N)):
+                    cases.append(Case("attention_tma", name, dims + variant,
+                                      lambda dtype=dtype, d=d, causal=causal, n=n: _attention_tma(dtype, d, causal, n)))
             cases.append(Case("merge", name, f"Dv={d}", lambda dtype=dtype, d=d: _merge(dtype, d)))
             for sample in (False, True):
                 cases.append(Case("tree", name, dims + (" sample" if sample else " greedy"),

@@ -69,9 +69,13 @@ def test_ci_scope_keeps_each_target_and_kernel():
 
 def test_cases_cover_every_dtype_and_head_dim():
     cases = all_cases()
-    assert {c.family for c in cases} == {"cross_attention", "attention", "merge", "tree", "intention"}
+    assert {c.family for c in cases} == {"cross_attention", "attention", "attention_tma", "merge", "tree", "intention"}
     for family in ("cross_attention", "attention", "merge", "tree", "intention"):
         assert {c.dtype for c in cases if c.family == family} == {"fp32", "fp16", "bf16"}
+    # The Hopper TMA forward takes the 16-bit types only, at the head dims of the machine-code criteria.
+    assert {(c.dtype, c.dims) for c in cases if c.family == "attention_tma"} == {
+        (dtype, f"D={d}{variant}") for dtype in ("fp16", "bf16") for d in (64, 128)
+        for variant in ("", " N=256", " causal")}
     head_dims = {c.dims for c in cases if c.family == "cross_attention"}
     assert head_dims == {f"D={d}" for d in (16, 40, 64, 128, 256)}
     attention_dims = {c.dims for c in cases if c.family == "attention"}
@@ -83,7 +87,9 @@ def test_sass_scope_is_the_attention_kernels_at_the_issues_dtypes_and_head_dims(
     scope = {(c.family, c.dtype, c.dims) for c in all_cases() if in_sass_scope(c)}
     assert scope == {(family, dtype, dims) for dtype in ("fp16", "bf16") for d in (64, 128)
                      for family, dims in (("cross_attention", f"D={d}"), ("attention", f"D={d} mask"),
-                                          ("attention", f"D={d} causal"), ("merge", f"Dv={d}"))}
+                                          ("attention", f"D={d} causal"), ("merge", f"Dv={d}"),
+                                          ("attention_tma", f"D={d}"), ("attention_tma", f"D={d} N=256"),
+                                          ("attention_tma", f"D={d} causal"))}
     # causal with dropout is the CI scope's alone (SASS_SCOPE["left_out"])
     inside, outside = Case("attention", "bf16", "D=128 causal", lambda: None), _case("bf16", "D=64 mask")
     jobs = {_job((64, 4)): [inside], _job((32, 4)): [outside], _job((16, 2)): [outside, inside]}
@@ -177,7 +183,9 @@ def test_list_finds_every_kernel_for_both_targets():
     done = _aot("--list")
     assert done.returncode == 0, done.stderr
     listed = {tuple(line.split()[:2]) for line in done.stdout.splitlines() if line.startswith("sm_")}
-    assert listed == {(target, kernel) for target in ("sm_80", "sm_90") for kernel in KERNELS}
+    # The Hopper TMA forward is compiled for sm_90 alone (its dispatch takes it nowhere else).
+    assert listed == {(target, kernel) for target in ("sm_80", "sm_90") for kernel in KERNELS} | {
+        ("sm_90", "_fwd_tma_kernel")}
 
 
 @needs_triton

@@ -33,10 +33,11 @@ import triton.language as tl
 from torch import Tensor
 
 from attn_ext.ops.attention.triton_args import check_attention_args
+from attn_ext.ops.attention.triton_fwd_tma import launch_forward_tma, tma_forward_unavailable_reason
 from attn_ext.ops.attention.triton_pairs import attn_mask_arg, dropout_arg, dropout_keep, masked_scores, pair_dot
 from attn_ext.ops.attention.triton_tiles import autotuned, block_d, launch
 from attn_ext.ops.utils.triton import check_device, check_dtypes, interpreting, mask_arg
-from attn_ext.ops.utils.triton_jit import load_tile, valid_rows
+from attn_ext.ops.utils.triton_jit import attention_rows, load_tile, valid_rows
 from attn_ext.ops.utils.score_range import check_scores_in_range
 from attn_ext.ops.utils.validation import check_cross_attention_args
 
@@ -145,17 +146,7 @@ def _fwd_kernel(
             N, scale, drop_threshold, drop_scale,
             HAS_MASK, ATTN_MASK, True, HAS_DROPOUT, True, UPCAST, BLOCK_M, BLOCK_N, BLOCK_DV)
 
-    # l_i = 0: no key carries weight (all padded, or every score -inf): the empty row (0, -inf).
-    # A NaN score (or +inf - +inf) leaves l_i and acc NaN whatever the maxima did with it (a GPU max
-    # may drop NaN): NaN, never empty.
-    positive = l_i > 0.0
-    l_safe = tl.where(positive, l_i, 1.0)
-    out = tl.where(positive[:, None], acc / l_safe[:, None], float("nan"))
-    # m_i + log(l), the cpp kernel's formula: for a dominant huge score it rounds to that very score,
-    # so the backward's s - lse is exactly 0 there.
-    lse = tl.where(positive, m_i + tl.log(l_safe), float("nan"))
-    out = tl.where((l_i == 0.0)[:, None], 0.0, out)
-    lse = tl.where(l_i == 0.0, float("-inf"), lse)
+    out, lse = attention_rows(acc, l_i, m_i)  # empty rows (0, -inf), NaN rows NaN
     tl.store(OUT + off_b * sob + off_h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod,
              out.to(OUT.dtype.element_ty), mask=m_ok[:, None] & dv_ok[None, :])
     tl.store(LSE + off_b * slb + off_h * slh + offs_m * slm, lse, mask=m_ok)
@@ -222,6 +213,9 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_paddin
     ``attn_mask`` is a ``[B, Hq, L, S]`` view (bool or q's dtype); see :func:`attention_forward`."""
     check_device(_fwd_kernel, q, k, v, *(t for t in (key_padding_mask, attn_mask) if t is not None))
     check_dtypes(q=q, k=k, v=v)
+    # The Hopper TMA forward (opt-in, ATTN_EXT_TRITON_TMA=1) for the calls it takes; the same results.
+    if tma_forward_unavailable_reason(q, k, v, key_padding_mask, attn_mask, dropout_p) is None:
+        return launch_forward_tma(q, k, v, scale, chunk_size, is_causal)
     mask, smb, smn, has_mask = mask_arg(key_padding_mask, q)
     attn, attn_strides, attn_kind = attn_mask_arg(attn_mask, q)
     seed, threshold, drop_scale, has_dropout = dropout_arg(dropout_p, dropout_seed, q)

@@ -27,3 +27,21 @@ def load_tile(base, rows, cols, stride_r, stride_c, rows_ok, cols_ok, UPCAST: tl
     if UPCAST:
         x = x.to(tl.float32)
     return x
+
+
+@triton.jit
+def attention_rows(acc, l_i, m_i):
+    """``(out, lse)`` of the rows of an online softmax: the weighted sums ``acc`` ``[rows, cols]``, the sums of
+    weights ``l_i`` and the running maxima ``m_i`` of the scores (natural units), in float32.
+
+    ``l_i = 0``: no key carries weight (all padded, or every score -inf): the empty row (0, -inf). A NaN score
+    (or +inf - +inf) leaves ``l_i`` and ``acc`` NaN whatever the maxima did with it (a GPU max may drop NaN):
+    NaN, never empty. ``lse = m_i + log(l)``, the cpp kernel's formula: for a dominant huge score it rounds to
+    that very score, so the backward's ``s - lse`` is exactly 0 there."""
+    positive = l_i > 0.0
+    l_safe = tl.where(positive, l_i, 1.0)
+    out = tl.where(positive[:, None], acc / l_safe[:, None], float("nan"))
+    lse = tl.where(positive, m_i + tl.log(l_safe), float("nan"))
+    out = tl.where((l_i == 0.0)[:, None], 0.0, out)
+    lse = tl.where(l_i == 0.0, float("-inf"), lse)
+    return out, lse
