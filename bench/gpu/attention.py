@@ -42,7 +42,7 @@ from bench.harness.report import markdown_table
 
 NAME = "attention"
 #: The order implementations run in within a case (the tables keep IMPLS's order; see the module docstring).
-RUN_ORDER = (REFERENCE, "sdpa-cudnn", "triton", "cuda", "sdpa-efficient", "flex")
+RUN_ORDER = (REFERENCE, "sdpa-cudnn", "triton", "cuda", "sdpa-efficient", "flex", "triton-tma")
 B, H = 8, 16
 HEAD_DIMS = (64, 128)
 NS = (1024, 4096, 16384)

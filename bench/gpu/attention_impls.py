@@ -5,11 +5,15 @@ CUDA tensors, and why one cannot run.
   restricted to one backend with ``sdpa_kernel`` (it raises rather than falling back to another kernel);
 * ``flex``: ``torch.nn.attention.flex_attention`` compiled once per process (``torch.compile``), with a
   block mask per causal shape built once and reused (building it is not timed);
-* ``cuda``, ``triton``: ``attn_ext.scaled_dot_product_attention`` on that backend, the drop-in a user swaps in.
+* ``cuda``, ``triton``: ``attn_ext.scaled_dot_product_attention`` on that backend, the drop-in a user swaps in;
+* ``triton-tma``: the same on ``triton`` with ``ATTN_EXT_TRITON_TMA=1`` (the Hopper forward through TMA
+  descriptors and warp specialisation, opt-in until measured; the backward is the general one).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 from typing import Callable
 
 import torch
@@ -21,7 +25,8 @@ import attn_ext as ae
 SDPA_BACKENDS = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION",
                  "sdpa-efficient": "EFFICIENT_ATTENTION"}
 OURS = ("cuda", "triton")
-IMPLS = (*SDPA_BACKENDS, "flex", *OURS)
+TMA = "triton-tma"
+IMPLS = (*SDPA_BACKENDS, "flex", *OURS, TMA)
 #: The implementation every other one is checked against (the one FlashAttention's own tests trust).
 REFERENCE = "sdpa-flash"
 
@@ -70,6 +75,26 @@ def _ours(backend: str) -> Callable:
     return lambda q, k, v, causal: ae.scaled_dot_product_attention(q, k, v, is_causal=causal, backend=backend)
 
 
+@contextlib.contextmanager
+def _tma_enabled():
+    """``ATTN_EXT_TRITON_TMA=1`` for the block only (attn_ext reads it on every call), so that the other rows
+    stay off the TMA forward."""
+    before = os.environ.get("ATTN_EXT_TRITON_TMA")
+    os.environ["ATTN_EXT_TRITON_TMA"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["ATTN_EXT_TRITON_TMA"]
+        else:
+            os.environ["ATTN_EXT_TRITON_TMA"] = before
+
+
+def _triton_tma(q, k, v, causal):
+    with _tma_enabled():
+        return ae.scaled_dot_product_attention(q, k, v, is_causal=causal, backend="triton")
+
+
 def implementation(impl: str) -> Callable:
     if impl in SDPA_BACKENDS:
         return _sdpa(SDPA_BACKENDS[impl])
@@ -77,6 +102,8 @@ def implementation(impl: str) -> Callable:
         return _flex
     if impl in OURS:
         return _ours(impl)
+    if impl == TMA:
+        return _triton_tma
     raise ValueError(f"unknown implementation {impl!r}; one of {IMPLS}")
 
 
@@ -85,6 +112,15 @@ def unavailable(impl: str, q: torch.Tensor) -> str | None:
     raising on the first call, which the benchmark records as the row's note)."""
     if impl in OURS:
         return ae.available_backends(q)[impl]
+    if impl == TMA:
+        # Triton is optional: imported where the TMA row is asked about, after the backend said it can run.
+        why = ae.available_backends(q)["triton"]
+        if why is None:
+            from attn_ext.ops.attention.triton_fwd_tma import tma_forward_unavailable_reason
+
+            with _tma_enabled():
+                why = tma_forward_unavailable_reason(q, q, q)
+        return why
     if impl == "flex":
         if q.dtype not in FLEX_DTYPES:
             return "FlexAttention is benchmarked in bf16 only (each case costs a compile)"

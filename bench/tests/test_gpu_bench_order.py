@@ -146,9 +146,10 @@ def test_slow_calls_are_checked_then_left_and_predicted_ones_never_made(monkeypa
     assert "ms" not in slow and slow["rel_err"] < 1e-6 and slow["call_s"] == pytest.approx(cuda_s(4096, "fwd+bwd"))
     assert slow["note"] == (f"not measured: one call took {cuda_s(4096, 'fwd+bwd'):.2f} s, over the limit of 1 s per "
                             "call (its result was checked)")
-    # The reference first, the goal's columns (cuDNN for context, ours) before the slow-to-compile others.
+    # The reference first, the goal's columns (cuDNN for context, ours) before the slow-to-compile others, the
+    # opt-in TMA forward last.
     assert list(dict.fromkeys(impl for impl, _ in fake.calls)) == ["sdpa-flash", "sdpa-cudnn", "triton", "cuda",
-                                                                   "sdpa-efficient", "flex"]
+                                                                   "sdpa-efficient", "flex", "triton-tma"]
     fake.calls.clear()
     rows += attention.measure(large, budget, lambda msg: None)
     assert ("cuda", 16384) not in fake.calls and ("triton", 16384) in fake.calls

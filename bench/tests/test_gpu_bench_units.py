@@ -27,7 +27,7 @@ def test_benchmark_grids_are_the_ones_documented():
         (dt, d, n, causal) for dt in ("fp16", "bf16") for d in (64, 128) for n in (1024, 4096, 16384)
         for causal in (False, True)}
     assert (attention.B, attention.H) == (8, 16)
-    assert attention.IMPLS == ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex", "cuda", "triton")
+    assert attention.IMPLS == ("sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "flex", "cuda", "triton", "triton-tma")
     assert attention.attention_flops(8, 16, 4096, 4096, 64, "fwd", causal=True) * 2 == \
         attention.attention_flops(8, 16, 4096, 4096, 64, "fwd")
     # The state and tree sections take the CPU benchmarks' problems.
