@@ -38,10 +38,8 @@ const char* cross_attention_bwd_mma_ineligible(const CrossAttentionBwdParams& p,
   if (p.dtype == ScalarType::kFloat32) return "fp32 runs on CUDA cores";
   const int dim = cross_attention_fwd_head_dim_instantiation(p.D > p.Dv ? p.D : p.Dv);
   if (dim == 0 || dim > kMmaBwdMaxDim) return "head dims above 128 keep their accumulators in shared memory (WMMA)";
-  const int64_t strides[] = {p.q_stride_b,  p.q_stride_h,  p.q_stride_m,    p.k_stride_b,    p.k_stride_h,
-                             p.k_stride_n,  p.v_stride_b,  p.v_stride_h,    p.v_stride_n,    p.dout_stride_b,
-                             p.dout_stride_h, p.dout_stride_m};
-  const char* why = mma_fwd_ineligible(compute_capability, p.D, p.Dv, p.q, p.k, p.v, strides, 12);
+  const char* why = mma_qkv_ineligible(compute_capability, p.D, p.Dv, p.q, p.k, p.v, p,
+                                       {p.dout_stride_b, p.dout_stride_h, p.dout_stride_m});
   if (why != nullptr) return why;
   if (reinterpret_cast<std::uintptr_t>(p.grad_out) % 16 != 0) return "grad_out must start on a 16-byte boundary";
   if (mma_bwd_smem_bytes(dim) > smem_limit) return "the device's shared memory per block is below the tile's";

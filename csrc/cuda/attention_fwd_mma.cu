@@ -24,9 +24,7 @@ cudaError_t launch_mma(const CrossAttentionFwdParams& p, unsigned int grid, cuda
 
 const char* cross_attention_fwd_mma_ineligible(const CrossAttentionFwdParams& p, int compute_capability,
                                                std::size_t smem_limit) {
-  const int64_t strides[] = {p.q_stride_b, p.q_stride_h, p.q_stride_m, p.k_stride_b, p.k_stride_h,
-                             p.k_stride_n, p.v_stride_b, p.v_stride_h, p.v_stride_n};
-  const char* why = mma_fwd_ineligible(compute_capability, p.D, p.Dv, p.q, p.k, p.v, strides, 9);
+  const char* why = mma_qkv_ineligible(compute_capability, p.D, p.Dv, p.q, p.k, p.v, p);
   if (why != nullptr) return why;
   const int dim = cross_attention_fwd_head_dim_instantiation(p.D > p.Dv ? p.D : p.Dv);
   if (dim == 0) return "head dimension D and Dv must be in [1, 256] for the CUDA kernel";

@@ -9,6 +9,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
+
+#include "common/qkv_layout.h"
 
 namespace attn_ext {
 namespace cuda {
@@ -52,6 +55,20 @@ inline const char* mma_fwd_ineligible(int compute_capability, int64_t D, int64_t
     if (strides[i] % 8 != 0) return "every batch, head and row stride must be a multiple of 8 elements";
   }
   return nullptr;
+}
+
+/// mma_fwd_ineligible over the rows of q, k and v as `l` lays them out (batch, head and row strides), plus
+/// `more` strides of other tensors the kernels load the same way (the backward's dO).
+inline const char* mma_qkv_ineligible(int compute_capability, int64_t D, int64_t Dv, const void* q, const void* k,
+                                      const void* v, const QkvLayout& l, std::initializer_list<int64_t> more = {}) {
+  int64_t strides[16] = {l.q_stride_b, l.q_stride_h, l.q_stride_m, l.k_stride_b, l.k_stride_h,
+                         l.k_stride_n, l.v_stride_b, l.v_stride_h, l.v_stride_n};
+  int count = 9;
+  for (const int64_t s : more) {
+    if (count == 16) return "too many strides for one check";
+    strides[count++] = s;
+  }
+  return mma_fwd_ineligible(compute_capability, D, Dv, q, k, v, strides, count);
 }
 
 }  // namespace cuda

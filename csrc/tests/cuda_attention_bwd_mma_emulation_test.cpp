@@ -23,9 +23,8 @@ void run_case(Case c, uint32_t seed) {
   const auto kernels = [&](const CrossAttentionBwdParams& p) -> bool {
     namespace det = attn_ext::cuda::detail;
     using L = det::MmaBwdLayout<kDim>;
-    const int64_t strides[] = {p.q_stride_b, p.q_stride_h, p.q_stride_m, p.k_stride_b,    p.k_stride_h,    p.k_stride_n,
-                               p.v_stride_b, p.v_stride_h, p.v_stride_n, p.dout_stride_b, p.dout_stride_h, p.dout_stride_m};
-    const char* why = attn_ext::cuda::mma_fwd_ineligible(80, p.D, p.Dv, p.q, p.k, p.v, strides, 12);
+    const char* why = attn_ext::cuda::mma_qkv_ineligible(80, p.D, p.Dv, p.q, p.k, p.v, p,
+                                                         {p.dout_stride_b, p.dout_stride_h, p.dout_stride_m});
     const int dim = attn_ext::cuda::cross_attention_fwd_head_dim_instantiation(p.D > p.Dv ? p.D : p.Dv);
     if (why != nullptr || dim != kDim) {
       fail(c, why != nullptr ? why : "the case's head dims are not the tested bucket", 0, dim, kDim);

@@ -21,9 +21,7 @@ void run_case(Case c, uint32_t seed) {
   c.aligned = true;
   const bool pair = c.causal || c.attn_mask != kNoAttnMask;
   const auto planner = [&](const CrossAttentionFwdParams& p) {
-    const int64_t strides[] = {p.q_stride_b, p.q_stride_h, p.q_stride_m, p.k_stride_b, p.k_stride_h,
-                               p.k_stride_n, p.v_stride_b, p.v_stride_h, p.v_stride_n};
-    const char* why = attn_ext::cuda::mma_fwd_ineligible(80, p.D, p.Dv, p.q, p.k, p.v, strides, 9);
+    const char* why = attn_ext::cuda::mma_qkv_ineligible(80, p.D, p.Dv, p.q, p.k, p.v, p);
     const int dim = attn_ext::cuda::cross_attention_fwd_head_dim_instantiation(p.D > p.Dv ? p.D : p.Dv);
     if (why != nullptr || dim != kDim) {
       fail(c, why != nullptr ? why : "the case's head dims are not the tested bucket", 0, dim, kDim);
