@@ -65,8 +65,9 @@ struct MmaFwdWarpState {
 };
 
 /// One key tile for one warp: S = Q·Kᵀ, masks, online softmax, O = factor·O + P·V. kMasked: the tile
-/// reads the pair masks (the second loop). Contains the tile's two barriers around the V wait.
-template <typename scalar_t, int kDim, bool kPairMasks, bool kMasked>
+/// reads the pair masks (the second loop). Contains the tile's three barriers: K landed, K free for the
+/// next tile, V landed.
+template <typename scalar_t, int kDim, bool kMasked>
 __device__ __forceinline__ void mma_fwd_key_tile(MmaFwdWarpState<kDim, MmaFwdLayout<kDim>::kMTiles>& st,
                                                  const CrossAttentionFwdParams& p, const FwdBlock<scalar_t>& blk,
                                                  char* smem, int64_t n0,
@@ -269,13 +270,13 @@ __device__ __forceinline__ void attention_fwd_mma_block(const CrossAttentionFwdP
   }
 #pragma unroll 1
   for (int64_t tile = 0; tile < first_masked; ++tile) {
-    mma_fwd_key_tile<scalar_t, kDim, kPairMasks, false>(st, p, blk, smem, tile * kBlockN,
+    mma_fwd_key_tile<scalar_t, kDim, false>(st, p, blk, smem, tile * kBlockN,
                                                         static_cast<int>(tile), num_tiles);
   }
   if (kPairMasks) {
 #pragma unroll 1
     for (int64_t tile = first_masked; tile < num_tiles; ++tile) {
-      mma_fwd_key_tile<scalar_t, kDim, kPairMasks, true>(st, p, blk, smem, tile * kBlockN,
+      mma_fwd_key_tile<scalar_t, kDim, true>(st, p, blk, smem, tile * kBlockN,
                                                          static_cast<int>(tile), num_tiles);
     }
   }
