@@ -21,7 +21,7 @@ causal test (each loop is split there, as in the forward).
 import triton
 import triton.language as tl
 
-from attn_ext.ops.attention.triton_pairs import dropout_keep, masked_scores, pair_dot
+from attn_ext.ops.attention.triton_pairs import dropout_keep, masked_scores, pair_dot_into
 from attn_ext.ops.utils.triton_jit import load_tile, valid_rows
 
 
@@ -63,7 +63,7 @@ def _dkdv_query_blocks(
         else:
             dv += tl.dot(p_t.to(do.dtype), do, input_precision="ieee")
         ds_t = tl.where(valid, p_t * (dp_t - delta[None, :]), 0.0)
-        dk += pair_dot(ds_t, q, valid, n_ok, m_ok, PAIR_MASKS, BLOCK_N, BLOCK_M, BLOCK_D)
+        dk = pair_dot_into(dk, ds_t, q, valid, n_ok, m_ok, PAIR_MASKS, BLOCK_M)
 
     return dk, dv
 
@@ -168,7 +168,7 @@ def _dq_key_blocks(
             keep = dropout_keep(SEED, rows[:, None], offs_n[None, :], N, drop_threshold)
             dp = dp * tl.where(keep, drop_scale, 0.0)
         ds = tl.where(valid, p * (dp - delta[:, None]), 0.0)
-        dq += pair_dot(ds, k, valid, m_ok, n_ok, PAIR_MASKS, BLOCK_M, BLOCK_N, BLOCK_D)
+        dq = pair_dot_into(dq, ds, k, valid, m_ok, n_ok, PAIR_MASKS, BLOCK_N)
 
     return dq
 

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from attn_ext.ops.attention.triton_args import check_attention_args
 from attn_ext.ops.attention.triton_fwd_tma import launch_forward_tma, tma_forward_unavailable_reason
-from attn_ext.ops.attention.triton_pairs import attn_mask_arg, dropout_arg, dropout_keep, masked_scores, pair_dot
+from attn_ext.ops.attention.triton_pairs import attn_mask_arg, dropout_arg, dropout_keep, masked_scores, pair_dot_into
 from attn_ext.ops.attention.triton_tiles import autotuned, block_d, launch
 from attn_ext.ops.utils.triton import check_device, check_dtypes, interpreting, mask_arg
 from attn_ext.ops.utils.triton_jit import attention_rows, load_tile, valid_rows
@@ -76,7 +76,7 @@ def _attend_key_blocks(
         if HAS_DROPOUT:
             keep = dropout_keep(SEED, rows[:, None], offs_n[None, :], N, drop_threshold)
             p = tl.where(keep, p * drop_scale, 0.0)
-        acc = acc * alpha[:, None] + pair_dot(p, v, allowed, m_ok, n_ok, PAIR_MASKS, BLOCK_M, BLOCK_N, BLOCK_DV)
+        acc = pair_dot_into(acc * alpha[:, None], p, v, allowed, m_ok, n_ok, PAIR_MASKS, BLOCK_N)
         m_i = m_new
     return acc, l_i, m_i
 

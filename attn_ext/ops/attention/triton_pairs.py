@@ -8,7 +8,7 @@ dK/dV kernel (``[keys, queries]`` tiles) share them.
 The key padding mask is not here: it is per key, so padded keys are never loaded at all
 (:func:`attn_ext.ops.utils.triton_jit.valid_rows`). A per-pair mask cannot skip loads, and a
 GEMM over a tile multiplies every weight by every row: a zero weight of a masked pair times a
-NaN or inf row gives NaN. :func:`pair_dot` therefore switches a tile to an exact sum over the
+NaN or inf row gives NaN. :func:`pair_dot_into` therefore switches a tile to an exact sum over the
 allowed pairs when, and only when, the tile has a masked pair and a non-finite operand row.
 """
 import torch
@@ -55,11 +55,10 @@ def _any_nonfinite(x):
 
 
 @triton.jit
-def _exact_dot(a, b, allowed, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr):
-    # sum_j where(allowed[:, j], a[:, j] * b[j, :], 0), one column of a and row of b at a time; the
-    # selections are `where`s, so the other rows' NaNs never enter a sum.
+def _exact_dot_into(acc, a, b, allowed, BLOCK_K: tl.constexpr):
+    # acc + sum_j where(allowed[:, j], a[:, j] * b[j, :], 0), one column of a and row of b at a time, added
+    # in place; the selections are `where`s, so the other rows' NaNs never enter a sum.
     ks = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_R, BLOCK_C], tl.float32)
     for j in range(0, BLOCK_K):
         col = (ks == j)[None, :]
         a_j = tl.sum(tl.where(col, a, 0.0), 1)
@@ -70,23 +69,59 @@ def _exact_dot(a, b, allowed, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOC
 
 
 @triton.jit
-def pair_dot(a, b, allowed, rows_ok, cols_ok, PAIR_MASKS: tl.constexpr,
-             BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_C: tl.constexpr):
-    """``a @ b`` in float32 for pair weights ``a`` ``[R, K]`` (zero outside ``allowed``) and operand
+def pair_dot_into(acc, a, b, allowed, rows_ok, cols_ok, PAIR_MASKS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``acc + a @ b`` in float32 for pair weights ``a`` ``[R, K]`` (zero outside ``allowed``) and operand
     rows ``b`` ``[K, C]`` (loaded where ``cols_ok``), reading no row of ``b`` through a masked pair.
 
     Without per-pair masks (``PAIR_MASKS`` False) every unloaded pair's row is 0 and this is the
     GEMM. With them, a tile whose loaded pairs are all allowed, or whose ``b`` is finite, still
-    takes the GEMM; otherwise the exact sum over the allowed pairs (slow, and only there)."""
+    takes the GEMM; otherwise the exact sum over the allowed pairs (slow, and only there).
+    Both add into ``acc`` (the MMA's accumulator operand; the exact sum in place): a separate
+    ``[R, C]`` result tile beside the accumulator was what made the causal backward spill
+    (dK/dV at D = 128 on sm_90: 300-3500 bytes in every tile but 16 x 16, Triton 3.9)."""
     if PAIR_MASKS:
         masked = tl.sum((rows_ok[:, None] & cols_ok[None, :] & (allowed == 0)).to(tl.int32)) > 0
         if masked & _any_nonfinite(b):
-            r = _exact_dot(a, b, allowed, BLOCK_R, BLOCK_K, BLOCK_C)
+            acc = _exact_dot_into(acc, a, b, allowed, BLOCK_K)
         else:
-            r = tl.dot(a.to(b.dtype), b, input_precision="ieee")
+            acc = tl.dot(a.to(b.dtype), b, acc, input_precision="ieee")
     else:
-        r = tl.dot(a.to(b.dtype), b, input_precision="ieee")
-    return r
+        acc = tl.dot(a.to(b.dtype), b, acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
+def _exact_causal_dot_into(acc, a, b, offs_r, start_k, K, ROWS_ARE_KEYS: tl.constexpr, BLOCK_K: tl.constexpr):
+    # acc + sum_j a[:, j] * b[j, :] over the pairs the causal rule allows between row offs_r and inner index
+    # start_k + j (rows are keys: key <= query; rows are queries: key <= query and key < K), one j at a time.
+    ks = tl.arange(0, BLOCK_K)
+    for j in range(0, BLOCK_K):
+        a_j = tl.sum(tl.where((ks == j)[None, :], a, 0.0), 1)
+        b_j = tl.sum(tl.where((ks == j)[:, None], b.to(tl.float32), 0.0), 0)
+        if ROWS_ARE_KEYS:
+            ok_j = offs_r <= start_k + j
+        else:
+            ok_j = (start_k + j <= offs_r) & (start_k + j < K)
+        acc += tl.where(ok_j[:, None], a_j[:, None] * b_j[None, :], 0.0)
+    return acc
+
+
+@triton.jit
+def causal_dot_into(acc, a, b, offs_r, start_k, K, ROWS_ARE_KEYS: tl.constexpr, BLOCK_K: tl.constexpr):
+    """``acc + a @ b`` for a block the causal diagonal crosses, reading no row of ``b`` through a pair above it:
+    :func:`pair_dot_into` with the rule computed from the indices (rows ``offs_r``, inner indices ``start_k +
+    j``; ``ROWS_ARE_KEYS``: dK's ``dSᵀ Q``, else dQ's ``dS K`` and the forward's ``P V``, whose keys also stop
+    at ``K``) instead of reduced from a pair-mask tile, which kept the TMA backward's registers over the
+    limit. The GEMM unless a pair above the diagonal meets a non-finite row of ``b``."""
+    if ROWS_ARE_KEYS:
+        above = tl.max(offs_r) > start_k
+    else:
+        above = start_k + BLOCK_K - 1 > tl.min(offs_r)
+    if above & _any_nonfinite(b):
+        acc = _exact_causal_dot_into(acc, a, b, offs_r, start_k, K, ROWS_ARE_KEYS, BLOCK_K)
+    else:
+        acc = tl.dot(a.to(b.dtype), b, acc, input_precision="ieee")
+    return acc
 
 
 # --------------------------------------------------------------------------- host side
