@@ -6,8 +6,8 @@ CUDA tensors, and why one cannot run.
 * ``flex``: ``torch.nn.attention.flex_attention`` compiled once per process (``torch.compile``), with a
   block mask per causal shape built once and reused (building it is not timed);
 * ``cuda``, ``triton``: ``attn_ext.scaled_dot_product_attention`` on that backend, the drop-in a user swaps in;
-* ``triton-tma``: the same on ``triton`` with ``ATTN_EXT_TRITON_TMA=1`` (the Hopper forward through TMA
-  descriptors and warp specialisation, opt-in until measured; the backward is the general one).
+* ``triton-tma``: the same on ``triton`` with ``ATTN_EXT_TRITON_TMA=1`` (the Hopper forward and backward through
+  TMA descriptors, the forward warp-specialised; opt-in until measured).
 """
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def _ours(backend: str) -> Callable:
 @contextlib.contextmanager
 def _tma_enabled():
     """``ATTN_EXT_TRITON_TMA=1`` for the block only (attn_ext reads it on every call), so that the other rows
-    stay off the TMA forward."""
+    stay off the TMA kernels."""
     before = os.environ.get("ATTN_EXT_TRITON_TMA")
     os.environ["ATTN_EXT_TRITON_TMA"] = "1"
     try:

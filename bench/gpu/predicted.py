@@ -41,10 +41,11 @@ ATTENTION_SHARE = {
     "sdpa-flash": (0.45, 0.35),      # FlashAttention-2 (sm_80 code on Hopper): 35-45 % of the dense peak
     "sdpa-efficient": (0.30, 0.22),  # xformers' CUTLASS kernel
     "triton": (0.40, 0.18),
-    # The Hopper forward through TMA with warp specialisation (opt-in, never measured): FlashAttention-3's
-    # structure without its ping-pong scheduling, about 55 % (the general forward measured 53 %); the backward
-    # is the general one.
-    "triton-tma": (0.55, 0.18),          # wgmma, cp.async, no TMA or warp specialisation; backward spills 300-430 B
+    # The Hopper kernels through TMA (opt-in, never measured). Forward, warp-specialised: FlashAttention-3's
+    # structure without its ping-pong scheduling, about 55 % (the general forward measured 53 %). Backward
+    # (predicted 2026-11-28, before a GPU ran it): TMA loads and stores, no warp specialisation, spill-free
+    # tiles at D = 128 but for causal dK/dV (112-648 B): a little over the general backward's 18 %.
+    "triton-tma": (0.55, 0.21),
     # FlashAttention-2's instruction mix (mma.sync, ldmatrix, 16-byte cp.async, registers), first versions
     # untuned on a GPU (predicted 2026-11-28 before any GPU ran them; the WMMA kernels they replaced measured
     # 0.014 forward and about 0.02 backward). Forward: one K and one V buffer, about 2/3 of FA2's share.

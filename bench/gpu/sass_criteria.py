@@ -38,13 +38,14 @@ failure); and the failures:
 """
 from __future__ import annotations
 
+import functools
 import operator
 import re
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 __all__ = ["FAILURES", "GAP", "GAP_CLOSED", "GAP_UNKNOWN", "KNOWN_GAPS", "MISSING", "PASS", "REGRESSION",
-           "REQUIREMENTS", "SPILL_FREE", "TRITON_KERNELS", "UNCHECKED", "Finding", "KnownGap", "Requirement",
+           "REQUIREMENTS", "TRITON_KERNELS", "UNCHECKED", "Finding", "KnownGap", "Requirement",
            "SassRow", "check", "evaluate", "findings"]
 
 _OPS = {">": operator.gt, ">=": operator.ge, "==": operator.eq, "<=": operator.le, "<": operator.lt}
@@ -133,9 +134,10 @@ class Finding:
 # Triton's names: "sm_90" compiles for sm_90a (Triton's cc 90 target has the wgmma/TMA/setmaxnreg features).
 _TRITON_MMA = r"_fwd_kernel|_bwd_dkdv|_bwd_dq"
 _TRITON_OTHER = r"_bwd_preprocess|_merge_fwd_kernel|_merge_bwd_kernel"  # no tl.dot: only the spill criteria
-# The Hopper forward through TMA descriptors (triton_fwd_tma.py, opt-in): compiled for sm_90 only, where its
-# dispatch takes it; no known gap (its tiles are pruned to the spill-free ones).
-_TRITON_TMA = r"_fwd_tma_kernel"
+# The Hopper forward and backward through TMA descriptors (triton_fwd_tma.py, triton_bwd_tma.py, opt-in): compiled
+# for sm_90 only, where their
+# dispatch takes them; no known gap (their tiles are pruned to the spill-free ones).
+_TRITON_TMA = r"_fwd_tma_kernel|_bwd_dkdv_tma_kernel|_bwd_dq_tma_kernel"
 #: The Triton kernels that REQUIREMENTS judges (triton_aot.py checks the rows of these only).
 TRITON_KERNELS = f"{_TRITON_MMA}|{_TRITON_OTHER}|{_TRITON_TMA}"
 # The issue's scope: the 16-bit types at D = 64 and 128 (Dv for the merge kernels). fp32 has no tensor-core
@@ -163,7 +165,7 @@ REQUIREMENTS: tuple[Requirement, ...] = (
     *_no_spill(_TRITON_OTHER, r"sm_80|sm_90a?"),
     Requirement(_TRITON_TMA, r"sm_90a?", "HGMMA", ">", 0, "Hopper warpgroup MMA (wgmma)", _SCOPE),
     Requirement(_TRITON_TMA, r"sm_90a?", "UTMALDG", ">", 0, "Q, K, V loaded by TMA descriptors", _SCOPE),
-    Requirement(_TRITON_TMA, r"sm_90a?", "SETMAXREG", ">", 0,
+    Requirement(r"_fwd_tma_kernel", r"sm_90a?", "SETMAXREG", ">", 0,
                 "warp specialisation (producer/consumer register split)", _TMA_WARP_SPECIALISED),
     *_no_spill(_TRITON_TMA, r"sm_90a?"),
 )
@@ -175,63 +177,57 @@ _ITEM2 = "issue 43 item 2"
 _SM90 = r"sm_90a?"
 
 
-def _tiles(short: str) -> str:
-    """``"64x16 w4 s2"`` as a config ends: ``"BLOCK_M=64 BLOCK_N=16 w4 s2"``."""
-    m, rest = short.split("x", 1)
-    n, launch = rest.split(" ", 1)
-    return f"BLOCK_M={m} BLOCK_N={n} {launch}"
-
-
-#: The tile configs that spill in no dtype and no variant (cross attention; attention with a mask and dropout;
-#: causal attention), per kernel, target and head dim: every other kept config spills in some of them. Since
-#: the causal kernels split their loops at the diagonal, three small configs at D = 64 (dK/dV 16x64 on sm_80,
-#: dQ 16x16 and 16x64 on sm_90) keep 1-3 loop-invariant scalars in local memory (8-16 bytes, stored in the
-#: prologue and read back after the loops, no access inside them): counted as spills, so no longer listed.
-SPILL_FREE = {
-    ("_fwd_kernel", "sm_80", 64): ("16x16 w2 s1", "16x64 w4 s2", "16x128 w4 s2", "32x32 w4 s2", "64x16 w4 s2"),
-    ("_fwd_kernel", "sm_80", 128): ("16x16 w2 s1", "16x64 w4 s2", "32x32 w4 s2"),
-    ("_fwd_kernel", "sm_90", 64): ("16x16 w2 s1", "32x32 w4 s2", "64x16 w4 s2"),
-    ("_fwd_kernel", "sm_90", 128): ("16x16 w2 s1",),
-    ("_bwd_dkdv", "sm_80", 64): ("16x16 w2 s1",),
-    ("_bwd_dkdv", "sm_80", 128): ("16x16 w2 s1",),
-    ("_bwd_dkdv", "sm_90", 64): ("16x16 w2 s1", "16x64 w4 s2", "64x16 w4 s2"),
-    ("_bwd_dkdv", "sm_90", 128): ("16x16 w2 s1",),
-    ("_bwd_dq", "sm_80", 64): ("16x16 w2 s1", "16x128 w4 s2", "32x32 w4 s2", "64x16 w4 s2"),
-    ("_bwd_dq", "sm_80", 128): ("16x16 w2 s1", "16x64 w4 s2"),
-    ("_bwd_dq", "sm_90", 64): ("64x16 w4 s2", "64x32 w4 s2"),
-    ("_bwd_dq", "sm_90", 128): ("64x16 w4 s2",),
-}
+#: The code paths of the AOT cases, as their configs name them after the head dims ("bf16 D=128 causal BLOCK_M=...").
+_VARIANT_WORDS = {("plain",): "", ("causal",): " causal", ("pairs",): " mask", ("causal_pairs",): " causal dropout"}
 
 
 def _spill_gaps() -> tuple[KnownGap, ...]:
-    """LDL, STL and stack of every config of :data:`SPILL_FREE`'s kernels but the spill-free ones: a spill in
-    one of those is a regression; the gaps close when the kernels stop spilling or the pruning drops the rest."""
+    """LDL, STL and stack where the autotuner may still pick a config that spills: the kernels, targets, head dims
+    and code paths in which the running Triton's AOT table (attn_ext/ops/attention/spill_tables/, written by
+    spill_table.py) has no full-rate spill-free tile, so the pruning (triton_spills.py) keeps the spilling
+    ones. Elsewhere the pruning drops every config that spills, and a spill in a kept one is a regression."""
+    from attn_ext.ops.attention.triton_spills import spill_gaps
+
     gaps = []
-    for (kernel, target, d), free in SPILL_FREE.items():
-        others = rf"^\S+ D={d}\b(?!.* (?:{'|'.join(map(_tiles, free))})$)"  # this head dim, any config but those
-        gaps += [KnownGap(kernel, _SM90 if target == "sm_90" else target, f"{count} == 0", others,
-                          f"{_ITEM2}: no spills in any config the autotuner can pick (measured at D = {d}: "
-                          f"spill-free only {', '.join(free)})") for count in ("LDL", "STL", "stack")]
+    for kernel, arch, d, _, variants, why in spill_gaps():
+        config = rf"^(fp16|bf16) D={d}{_VARIANT_WORDS[variants]} (N=\d+ )?BLOCK_"
+        target = _SM90 if arch == 90 else "sm_80"
+        gaps += [KnownGap(rf"{kernel}", target, f"{count} == 0", config,
+                          f"{_ITEM2}: no spill-free full-rate tile ({why})") for count in ("LDL", "STL", "stack")]
     return tuple(gaps)
 
 
-KNOWN_GAPS: tuple[KnownGap, ...] = (
-    # No kernel loads through tensor descriptors yet: every load is cp.async (LDGSTS) or LDG.
-    KnownGap(_TRITON_MMA, _SM90, "UTMALDG > 0", "", f"{_ITEM2}: K/V (and Q, dO) through TMA descriptors"),
+_STATIC_GAPS: tuple[KnownGap, ...] = (
+    # The general kernels (key padding, masks, dropout, fp32) load by cp.async (LDGSTS) or LDG; the common path's
+    # TMA kernels (_TRITON_TMA, opt-in) load through tensor descriptors.
+    KnownGap(_TRITON_MMA, _SM90, "UTMALDG > 0", "",
+             f"{_ITEM2}: the general kernels load by cp.async; TMA is the common path's kernels' (opt-in)"),
     # wgmma takes 64 rows per warpgroup: a 16- or 32-row tile of the MMA's row dimension (the queries' BLOCK_M;
     # dK/dV's key tile BLOCK_N) compiles to mma.sync (HMMA) instead. Prune those tiles on sm_90 or accept them.
     KnownGap(r"_fwd_kernel|_bwd_dq", _SM90, "HGMMA > 0", r"BLOCK_M=(16|32) ", f"{_ITEM2}: tiles under 64 rows"),
     KnownGap(r"_bwd_dkdv", _SM90, "HGMMA > 0", r"BLOCK_N=(16|32) ", f"{_ITEM2}: key tiles under 64 rows"),
     # The one-stage config (16x16, 2 warps) has no pipeline, so no cp.async.
     KnownGap(_TRITON_MMA, r"sm_80", "LDGSTS > 0", r" s1$", f"{_ITEM2}: the one-stage config loads without cp.async"),
-    *_spill_gaps(),
 )
+
+
+@functools.lru_cache(maxsize=None)
+def triton_known_gaps() -> tuple[KnownGap, ...]:
+    """The Triton attention kernels' known gaps: the static ones and the spill gaps the AOT table implies (read
+    on first use: the table is part of attn_ext, which imports torch, and the CUDA check runs without it)."""
+    return _STATIC_GAPS + _spill_gaps()
+
+
+def __getattr__(name: str):
+    if name == "KNOWN_GAPS":  # computed on first access, see triton_known_gaps
+        return triton_known_gaps()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 def evaluate(kernel: str, target: str, config: str, counts: Mapping[str, int], resources: Mapping[str, int],
              requirements: Iterable[Requirement] = REQUIREMENTS,
-             gaps: Iterable[KnownGap] = KNOWN_GAPS) -> list[Finding]:
+             gaps: Iterable[KnownGap] | None = None) -> list[Finding]:
     """One finding per requirement that applies to this compile (none: one ``UNCHECKED`` finding)."""
-    gaps = tuple(gaps)
+    gaps = triton_known_gaps() if gaps is None else tuple(gaps)
     out = []
     named = False
     for req in requirements:
@@ -284,18 +280,19 @@ def _gap_findings(rows: list[SassRow], requirements: tuple[Requirement, ...],
 
 
 def findings(rows: Iterable[SassRow], requirements: Iterable[Requirement] = REQUIREMENTS,
-             gaps: Iterable[KnownGap] = KNOWN_GAPS, judge_gaps: bool = True) -> list[Finding]:
+             gaps: Iterable[KnownGap] | None = None, judge_gaps: bool = True) -> list[Finding]:
     """Every finding of ``rows`` (passes, gaps and failures), then those about the gaps themselves
     (``judge_gaps=False``: not those, for rows that are a subset of a scope, where a gap may seem closed only
     because its failing compiles were left out)."""
-    rows, requirements, gaps = list(rows), tuple(requirements), tuple(gaps)
+    rows, requirements = list(rows), tuple(requirements)
+    gaps = triton_known_gaps() if gaps is None else tuple(gaps)
     out = [f for row in rows
            for f in evaluate(row.kernel, row.target, row.config, row.counts, row.resources, requirements, gaps)]
     return out + (_gap_findings(rows, requirements, gaps) if judge_gaps else [])
 
 
 def check(rows: Iterable[SassRow], requirements: Iterable[Requirement] = REQUIREMENTS,
-          gaps: Iterable[KnownGap] = KNOWN_GAPS, judge_gaps: bool = True) -> list[Finding]:
+          gaps: Iterable[KnownGap] | None = None, judge_gaps: bool = True) -> list[Finding]:
     """The failures among :func:`findings`: empty when the machine code meets every criterion outside
     the known gaps and every known gap still fails somewhere."""
     return [f for f in findings(rows, requirements, gaps, judge_gaps) if f.failed]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -58,6 +59,9 @@ def _parse(argv):
     p.add_argument("--no-cache", action="store_true", help="compile everything, read and write no cached result")
     p.add_argument("--out", type=Path, default=OUT, help=f"the Markdown table (default {OUT.relative_to(ROOT)})")
     p.add_argument("--list", action="store_true", help="print the jobs and exit without compiling")
+    p.add_argument("--rows-json", type=Path, default=None,
+                   help="also write each compile's kernel, target, options, dtypes and resources as JSON "
+                        "(read by spill_table.py)")
     args = p.parse_args(argv)
     from triton_aot_target import TARGETS  # beside this file: importable once main() put it on sys.path
 
@@ -163,6 +167,12 @@ def main(argv=None) -> int:
                                group_table(rows, found)])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(table(rows, header, missing, machine_code))
+    if args.rows_json is not None:
+        args.rows_json.write_text(json.dumps(
+            [{"kernel": r.job.kernel, "target": r.job.target, "options": dict(r.job.options),
+              "dtypes": sorted({c.dtype for c in r.cases}), "dims": sorted({c.dims for c in r.cases}),
+              "resources": {k: r.result.get(k) for k in ("regs", "stack", "local", "shared")},
+              "error": r.result.get("error")} for r in rows], indent=0))
     text, failed = summary(rows, missing)
     print(text)
     if args.scope == "sass":

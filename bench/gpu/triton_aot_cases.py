@@ -39,14 +39,15 @@ ATTENTION_CAUSAL_DIMS = (64, 128)
 PAIR_FLAGS = frozenset({"HAS_MASK", "ATTN_MASK", "IS_CAUSAL", "HAS_DROPOUT"})
 #: The machine-code report's scope (``--scope sass``, ``make sass-report``): the attention kernels (the
 #: families' launches: forward, backward, merge) at the head dims and dtypes of issue 43, every kept config.
-#: Causal with dropout is left to the CI scope: each variant adds every kept config of three kernels on two targets.
+#: Every code path of the attention kernels, causal with dropout too: the spill table (spill_table.py) is
+#: written from this scope, and the autotuner's pruning reads it per code path.
 SASS_SCOPE = {"families": ("cross_attention", "attention", "attention_tma", "merge"), "dtypes": ("fp16", "bf16"),
-              "head_dims": (64, 128), "left_out": ("causal dropout",)}
+              "head_dims": (64, 128), "left_out": ()}
 #: The Hopper TMA forward (opt-in, fp16/bf16 only): its dtypes and head dims, causal and not, on sm_90 only.
 TMA_DTYPES, TMA_DIMS = ("fp16", "bf16"), (64, 128)
 #: The kernels compiled for some targets only (their dispatch takes them nowhere else): {kernel: targets}. A run
 #: over other targets does not miss them.
-KERNEL_TARGETS = {"_fwd_tma_kernel": ("sm_90",)}
+KERNEL_TARGETS = {"_fwd_tma_kernel": ("sm_90",), "_bwd_dkdv_tma_kernel": ("sm_90",), "_bwd_dq_tma_kernel": ("sm_90",)}
 B, H, M, N = 1, 2, 136, 136
 TREE = dict(branching=4, height=2, group_size=16)  # 21 inner nodes, 16 groups of 16 leaves
 TREE_HEADS = 4
@@ -105,17 +106,21 @@ def _attention(dtype, d: int, causal: bool, dropout_p: float = 0.1) -> None:
 
 
 def _attention_tma(dtype, d: int, causal: bool, n: int = N) -> None:
-    """The Hopper forward through TMA descriptors (grouped heads, no mask), called directly: its dispatch
-    takes it only on a compute capability 9 device, so it is compiled for sm_90 alone. ``n`` = 136 keys
-    tests each key block against N; a multiple of 128 (every key tile) compiles the loop without that test."""
+    """The Hopper forward and backward through TMA descriptors (grouped heads, no mask), called directly: their
+    dispatch takes them only on a compute capability 9 device, so they are compiled for sm_90 alone. ``n`` = 136
+    keys tests each key block against N; a multiple of 128 (every key tile) compiles the forward's loop without
+    that test."""
     from triton.runtime import driver
 
+    from attn_ext.ops.attention.triton_bwd_tma import launch_backward_tma
     from attn_ext.ops.attention.triton_fwd_tma import launch_forward_tma
 
     if f"sm_{driver.active.get_current_target().arch}" not in KERNEL_TARGETS["_fwd_tma_kernel"]:
         return
     q, k, v = _randn(B, 2 * H, M, d, dtype=dtype), _randn(B, H, n, d, dtype=dtype), _randn(B, H, n, d, dtype=dtype)
     launch_forward_tma(q, k, v, d ** -0.5, 128, causal)
+    lse, delta = torch.zeros(B, 2 * H, M), torch.zeros(B, 2 * H, M)
+    launch_backward_tma(torch.ones_like(q), q, k, v, lse, delta, d ** -0.5, 128, causal)
 
 
 def _merge(dtype, dv: int) -> None:

@@ -3,9 +3,9 @@
 Two kinds of compile cost the timing process its minutes when it meets them itself, one core at a time:
 
 - **Triton's autotuning**: each (kernel, dtype, head dim, code path) compiles every tile config its pruning
-  keeps, about a second each: 46-49 compiles for the forward and the backward's three kernels of one attention
-  case. They do not depend on the sequence length (the attention section's ``warm_case`` gives the smallest
-  case that compiles the same kernels), so the cases are first reduced to the distinct ones, and each worker
+  keeps, about a second each: 27-49 compiles for the forward and the backward's three kernels of one attention
+  case (fewer where the spill table drops the configs that spill). They do not depend on the sequence length
+  (the attention section's ``warm_case`` gives the smallest case that compiles the same kernels), so the cases are first reduced to the distinct ones, and each worker
   compiles its share of every kernel's configs (config ``i`` of the pruned list goes to worker ``i mod n``):
   ``python -m bench.gpu.warm triton SHARE SHARES CASE_ID ...``. The sections without a ``warm_case`` (they
   come after every attention case) are not warmed.

@@ -70,5 +70,7 @@ def test_the_warm_up_stand_in_compiles_what_each_case_compiles():
     assert len(lines) == 24, done.stdout  # the whole grid: fp16 and bf16, D 64 and 128, three N, causal or not
     for line in lines:
         label, count, different = line.split("\t")
-        assert int(count) >= 40, line  # every config of the three kernels
+        # every config of the three kernels that the pruning keeps (the spill table drops the ones that spill where a
+        # spill-free full-rate one is left: 27 of 40-odd for fp16 D = 64 causal)
+        assert int(count) >= 15, line
         assert int(different) == 0, f"{label}: {different} compiles differ between the case and its stand-in"

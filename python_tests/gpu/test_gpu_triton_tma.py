@@ -1,7 +1,7 @@
-"""The Triton forward through TMA descriptors (``ATTN_EXT_TRITON_TMA=1``, Hopper only) on CUDA tensors: forward
-and backward (the general backward on its outputs) against the fp64 ground truth with FlashAttention's rule,
+"""The Triton forward and backward through TMA descriptors (``ATTN_EXT_TRITON_TMA=1``, Hopper only) on CUDA tensors
+against the fp64 ground truth with FlashAttention's rule,
 causal and not, tails (L, S not multiples of the tiles), L != S, GQA, fp16 and bf16. Each case first asserts
-that the call qualifies for the TMA kernel, so a refusal cannot pass as a test of it. Skipped, with the
+that the call qualifies for the TMA kernels (forward and backward), so a refusal cannot pass as a test of them. Skipped, with the
 reason, without a CUDA device, on another backend's machine or on a GPU that is not compute capability 9.x.
 """
 import pytest
@@ -32,6 +32,7 @@ def _hopper_reason():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_tma_forward_backward_flash_rule(monkeypatch, backend, case, dtype, causal):
+    from attn_ext.ops.attention.triton_bwd_tma import tma_backward_unavailable_reason
     from attn_ext.ops.attention.triton_fwd_tma import tma_forward_unavailable_reason
 
     monkeypatch.setenv("ATTN_EXT_TRITON_TMA", "1")
@@ -41,6 +42,7 @@ def test_tma_forward_backward_flash_rule(monkeypatch, backend, case, dtype, caus
     out, lse = ae.scaled_dot_product_attention(*leaves, is_causal=causal, enable_gqa=case[1] != case[2],
                                                return_lse=True, backend=backend)
     grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dtype)
+    assert tma_backward_unavailable_reason(grad_out.cuda(), *leaves) is None
     grads = torch.autograd.grad(out, leaves, grad_out.cuda())
     no_padding = torch.zeros(case[0], case[4], dtype=torch.bool)
     assert_sdpa_within_rule((out, lse, grads), (q, k, v), None, no_padding, causal, grad_out)

@@ -11,7 +11,9 @@ one program, no atomics):
 3. ``_bwd_dq``: one program per query block, looping over key blocks.
 
 The main kernels (:mod:`.triton_bwd_kernels`) say how ``P`` is recomputed, how empty and NaN rows
-and masked pairs are handled, and what their constexpr flags add for the general op.
+and masked pairs are handled, and what their constexpr flags add for the general op. On Hopper, with
+``ATTN_EXT_TRITON_TMA=1``, calls without masks or dropout take 2 and 3 through TMA descriptors instead
+(:mod:`.triton_bwd_tma`), after the same preprocess.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from torch import Tensor
 from attn_ext.ops.attention import naive
 from attn_ext.ops.attention.triton_args import check_attention_args
 from attn_ext.ops.attention.triton_bwd_kernels import _bwd_dkdv, _bwd_dq
+from attn_ext.ops.attention.triton_bwd_tma import launch_backward_tma, tma_backward_unavailable_reason
 from attn_ext.ops.attention.triton_pairs import attn_mask_arg, dropout_arg
 from attn_ext.ops.attention.triton_tiles import autotuned, block_d, block_m_interpreted, launch
 from attn_ext.ops.utils.triton import check_device, check_dtypes, interpreting, mask_arg
@@ -163,6 +166,9 @@ def launch_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: to
     _bwd_preprocess[(triton.cdiv(M, pre_m), B * H)](
         out, grad_out, dlse, delta, *out.stride(), *grad_out.stride(), *dlse.stride(), H, M, DV,
         HAS_DLSE=has_dlse, BLOCK_M=pre_m, BLOCK_DV=block_dv)
+
+    if tma_backward_unavailable_reason(grad_out, q, k, v, key_padding_mask, attn_mask, dropout_p) is None:
+        return launch_backward_tma(grad_out, q, k, v, lse, delta, scale, chunk_size, is_causal)
 
     common = (q, k, v, mask, attn, seed, grad_out, lse, delta)
     strides = (*q.stride(), *k.stride(), *v.stride(), smb, smn, *attn_strides, *grad_out.stride(), *lse.stride())

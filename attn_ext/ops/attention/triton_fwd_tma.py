@@ -31,10 +31,10 @@ from torch import Tensor
 from attn_ext.ops.attention.triton_tiles import block_d, launch
 from attn_ext.ops.utils.cuda_capability import device_capability
 from attn_ext.ops.utils.triton import interpreting, lazily_autotuned
-from attn_ext.ops.utils.triton_jit import attention_rows
+from attn_ext.ops.utils.triton_jit import attention_rows, load_box, rows_descriptor
 
 __all__ = ["MAX_BLOCK_D", "TMA_ENV", "TMA_TILES", "ensure_allocator", "launch_forward_tma",
-           "tma_forward_unavailable_reason"]
+           "tma_forward_unavailable_reason", "tma_ready"]
 
 #: The opt-in: exactly ``1`` lets calls that qualify take this kernel (any other value or unset: never).
 TMA_ENV = "ATTN_EXT_TRITON_TMA"
@@ -46,8 +46,8 @@ TMA_ENV = "ATTN_EXT_TRITON_TMA"
 def _exact_causal_pv_into(acc, p, v, start_n, offs_m, N, BLOCK_N: tl.constexpr):
     """``acc`` plus the exact product of the weights ``p`` and value rows ``v`` over the pairs the causal rule
     allows (key ``start_n + j`` for the queries ``offs_m >= start_n + j``, keys below ``N``), one key at a
-    time and added in place: one [rows, cols] tile live (the general kernel's ``pair_dot`` keeps a second,
-    and reduces the pair mask per key, which spilled here)."""
+    time and added in place, with the causal test per key computed from the indices (the general kernel's
+    ``pair_dot_into`` reduces a pair-mask tile per key, which spilled here)."""
     ks = tl.arange(0, BLOCK_N)
     for j in range(0, BLOCK_N):
         p_j = tl.sum(tl.where((ks == j)[None, :], p, 0.0), 1)
@@ -78,11 +78,8 @@ def _tma_key_blocks(acc, l_i, m_i, q, k_desc, v_desc, lo, hi, offs_m, m_ok, N, s
     keys past ``N`` or (``IS_CAUSAL``) pairs above the diagonal, whose scores become ``-inf`` and whose value
     rows are read through :func:`_causal_pv_into`'s guard; else every pair counts (the plain loop)."""
     for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
-        k = k_desc.load([start_n, 0])
-        v = v_desc.load([start_n, 0])
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
+        k = load_box(k_desc, start_n, UPCAST)
+        v = load_box(v_desc, start_n, UPCAST)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
         if MASKED:
             offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -122,20 +119,13 @@ def _fwd_tma_kernel(
     off_h = (pid_bh % H).to(tl.int64)
     off_kvh = off_h // GROUP  # GQA: GROUP query heads share a key/value head
     # One descriptor per batch and head over its [rows, head dim] matrix: TMA bounds every box by it.
-    q_desc = tl.make_tensor_descriptor(Q + off_b * sqb + off_h * sqh, shape=[M, D], strides=[sqm, 1],
-                                       block_shape=[BLOCK_M, BLOCK_D])
-    k_desc = tl.make_tensor_descriptor(K + off_b * skb + off_kvh * skh, shape=[N, D], strides=[skn, 1],
-                                       block_shape=[BLOCK_N, BLOCK_D])
-    v_desc = tl.make_tensor_descriptor(V + off_b * svb + off_kvh * svh, shape=[N, DV], strides=[svn, 1],
-                                       block_shape=[BLOCK_N, BLOCK_DV])
-    o_desc = tl.make_tensor_descriptor(OUT + off_b * sob + off_h * soh, shape=[M, DV], strides=[som, 1],
-                                       block_shape=[BLOCK_M, BLOCK_DV])
+    k_desc = rows_descriptor(K + off_b * skb + off_kvh * skh, N, D, skn, BLOCK_N, BLOCK_D)
+    v_desc = rows_descriptor(V + off_b * svb + off_kvh * svh, N, DV, svn, BLOCK_N, BLOCK_DV)
+    o_desc = rows_descriptor(OUT + off_b * sob + off_h * soh, M, DV, som, BLOCK_M, BLOCK_DV)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     m_ok = offs_m < M
-    q = q_desc.load([pid_m * BLOCK_M, 0])
-    if UPCAST:
-        q = q.to(tl.float32)
+    q = load_box(rows_descriptor(Q + off_b * sqb + off_h * sqh, M, D, sqm, BLOCK_M, BLOCK_D), pid_m * BLOCK_M, UPCAST)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
@@ -238,7 +228,7 @@ def ensure_allocator() -> None:
         triton.set_allocator(_scratch)
 
 
-def _tma_ready(t: Tensor) -> Optional[str]:
+def tma_ready(t: Tensor) -> Optional[str]:
     """Why ``t`` ``[B, H, rows, cols]`` cannot be a TMA source, or None: unit stride along the head dim, and
     a 16-byte aligned address and row stride, and batch and head strides where those dims index memory."""
     elem = t.element_size()
@@ -288,7 +278,7 @@ def tma_forward_unavailable_reason(q: Tensor, k: Tensor, v: Tensor, key_padding_
     for name, t in (("q", q), ("k", k), ("v", v)):
         if block_d(t.shape[3]) > MAX_BLOCK_D:
             return f"{name}'s head dim {t.shape[3]} is over {MAX_BLOCK_D} (the TMA forward's tiles are sized up to it)"
-        why = _tma_ready(t)
+        why = tma_ready(t)
         if why is not None:
             return f"{name} is not a TMA source: {why}"
     if (v.shape[3] * v.element_size()) % 16:

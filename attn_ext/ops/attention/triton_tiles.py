@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import triton
 
+from attn_ext.ops.attention.triton_spills import device_arch, spill_free_configs
 from attn_ext.ops.utils.triton import block_dim as block_d
 from attn_ext.ops.utils.triton import interpreting, lazily_autotuned, next_pow2
 
@@ -42,7 +43,8 @@ def _bucket(x: int) -> int:
 # The last four, 8 warps over mid-sized tiles, are the backward's: at D = 128 in 16-bit on sm_90 (Triton 3.9,
 # make sass-report) dK/dV 64x64 and 32x128 and dQ 64x64 and 128x32 compile to wgmma with no spill, where the
 # 4-warp tiles of those sizes spill (dK/dV 64x64, 4 warps: 48 bytes) and the larger 8-warp ones too (dK/dV
-# 128x64: 432 bytes). Which is fastest is the autotuner's to measure on the card.
+# 128x64: 432 bytes). Which is fastest is the autotuner's to measure on the card, among the configs that do not
+# spill for the call's code path where the AOT table has such a full-rate one (:mod:`.triton_spills`).
 _GPU_TILES = ((16, 16, 2, 1), (16, 64, 4, 2), (16, 128, 4, 2), (32, 32, 4, 2), (64, 16, 4, 2),
               (64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 2),
               (64, 128, 4, 2), (128, 128, 8, 2),
@@ -67,14 +69,14 @@ def _smem_estimate(c, elem: int, d: int, dv: int, pair_rules: bool = False) -> i
     # tile: without it the estimate was below the compiled use of 12 of 1149 configs (make sass-report and the
     # CI scope, Triton 3.9) and kept one beyond sm_80's limit (dK/dV, additive mask and dropout, fp32, D = 16,
     # 128x128: 168448 bytes). Still not a bound everywhere: of 1137 compiled configs, the same kernel's 128x64
-    # with 3 stages uses 142336 bytes against 122880 estimated (within both limits). Pruning by the AOT table
-    # itself is issue 43 item 2.
+    # with 3 stages uses 142336 bytes against 122880 estimated (within both limits).
     bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
     return elem * ((d + dv) * (max(c.num_stages, 2) * max(bm, bn) + min(bm, bn)) + bm * bn * (2 if pair_rules else 1))
 
 
-def _prune_configs(configs, named_args, **kwargs):
-    """Keep configs within the chunk_size hint, the problem size and shared memory."""
+def _prune_configs(configs, named_args, kernel_name: str = "", **kwargs):
+    """Keep configs within the chunk_size hint, the problem size and shared memory, then those that do not
+    spill on this card where the AOT table knows (:func:`~.triton_spills.spill_free_configs`)."""
     elem = named_args["Q"].element_size()
     d, dv = kwargs["BLOCK_D"], kwargs["BLOCK_DV"]
     pair_rules = bool(kwargs.get("ATTN_MASK")) or bool(kwargs.get("HAS_DROPOUT"))
@@ -88,7 +90,9 @@ def _prune_configs(configs, named_args, **kwargs):
             if c.kwargs["BLOCK_N"] <= max(16, min(bn_max, n_b)) and c.kwargs["BLOCK_M"] <= max(16, m_b)
             and _smem_estimate(c, elem, d, dv, pair_rules) <= budget
             and (elem < 4 or c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= _FP32_MAX_TILE)]
-    return kept or [min(configs, key=lambda c: _smem_estimate(c, elem, d, dv, pair_rules))]
+    if not kept:
+        return [min(configs, key=lambda c: _smem_estimate(c, elem, d, dv, pair_rules))]
+    return spill_free_configs(kept, kernel_name, device_arch(), elem, d, dv, kwargs)
 
 
 # fp32 runs its products as exact fp32 FMAs (no tensor cores), whose operand tiles live in registers: from
@@ -121,8 +125,12 @@ def _tiles_key(bm: int, bn: int, warps: int, stages: int) -> tuple:
 def autotuned(kernel, pinned: str):
     """``kernel`` in ``triton.autotune`` over the tiles above, built on first use; ``pinned`` names its entry
     of ``PINNED_TILES`` (the one config under ``ATTN_EXT_TRITON_PIN=1``)."""
-    return lazily_autotuned(kernel, _gpu_configs, _TUNE_KEY, prune=_prune_configs,
-                            preferred=_tiles_key(*PINNED_TILES[pinned]))
+    name = kernel.__name__
+
+    def prune(configs, named_args, **kwargs):
+        return _prune_configs(configs, named_args, kernel_name=name, **kwargs)
+
+    return lazily_autotuned(kernel, _gpu_configs, _TUNE_KEY, prune=prune, preferred=_tiles_key(*PINNED_TILES[pinned]))
 
 
 def launch(kernel, tuned, grid, args, meta, m: int, n: int, chunk_size: int) -> None:

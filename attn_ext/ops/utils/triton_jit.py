@@ -45,3 +45,19 @@ def attention_rows(acc, l_i, m_i):
     out = tl.where((l_i == 0.0)[:, None], 0.0, out)
     lse = tl.where(l_i == 0.0, float("-inf"), lse)
     return out, lse
+
+
+@triton.jit
+def rows_descriptor(base, rows, cols, row_stride, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    """A TMA tensor descriptor over the ``[rows, cols]`` matrix at ``base`` (unit column stride) in boxes of
+    ``[BLOCK_R, BLOCK_C]``: a box past ``rows`` or ``cols`` loads zeros there and stores nothing there."""
+    return tl.make_tensor_descriptor(base, shape=[rows, cols], strides=[row_stride, 1], block_shape=[BLOCK_R, BLOCK_C])
+
+
+@triton.jit
+def load_box(desc, row, UPCAST: tl.constexpr):
+    """The box of ``desc`` starting at ``row`` (column 0); fp32 when ``UPCAST``, as :func:`load_tile`."""
+    x = desc.load([row, 0])
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
