@@ -42,7 +42,7 @@ PAIR_FLAGS = frozenset({"HAS_MASK", "ATTN_MASK", "IS_CAUSAL", "HAS_DROPOUT"})
 #: Every code path of the attention kernels, causal with dropout too: the spill table (spill_table.py) is
 #: written from this scope, and the autotuner's pruning reads it per code path.
 SASS_SCOPE = {"families": ("cross_attention", "attention", "attention_tma", "merge"), "dtypes": ("fp16", "bf16"),
-              "head_dims": (64, 128), "left_out": ()}
+              "head_dims": (64, 128)}
 #: The Hopper TMA forward (opt-in, fp16/bf16 only): its dtypes and head dims, causal and not, on sm_90 only.
 TMA_DTYPES, TMA_DIMS = ("fp16", "bf16"), (64, 128)
 #: The kernels compiled for some targets only (their dispatch takes them nowhere else): {kernel: targets}. A run
@@ -194,8 +194,7 @@ def in_sass_scope(case: Case) -> bool:
     """Whether ``case`` is one of :data:`SASS_SCOPE`'s (its dims open with ``D=<d>`` or ``Dv=<d>``)."""
     head_dim = re.match(r"Dv?=(\d+)\b", case.dims)
     return (case.family in SASS_SCOPE["families"] and case.dtype in SASS_SCOPE["dtypes"]
-            and head_dim is not None and int(head_dim.group(1)) in SASS_SCOPE["head_dims"]
-            and not any(case.dims.endswith(variant) for variant in SASS_SCOPE["left_out"]))
+            and head_dim is not None and int(head_dim.group(1)) in SASS_SCOPE["head_dims"])
 
 
 def select(jobs: dict, scope: str, dot_kernels=frozenset()) -> dict:

@@ -87,10 +87,11 @@ def test_sass_scope_is_the_attention_kernels_at_the_issues_dtypes_and_head_dims(
     scope = {(c.family, c.dtype, c.dims) for c in all_cases() if in_sass_scope(c)}
     assert scope == {(family, dtype, dims) for dtype in ("fp16", "bf16") for d in (64, 128)
                      for family, dims in (("cross_attention", f"D={d}"), ("attention", f"D={d} mask"),
-                                          ("attention", f"D={d} causal"), ("merge", f"Dv={d}"),
+                                          ("attention", f"D={d} causal"), ("attention", f"D={d} causal dropout"),
+                                          ("merge", f"Dv={d}"),
                                           ("attention_tma", f"D={d}"), ("attention_tma", f"D={d} N=256"),
                                           ("attention_tma", f"D={d} causal"))}
-    # causal with dropout is the CI scope's alone (SASS_SCOPE["left_out"])
+    # A job is in the scope when one of its cases is.
     inside, outside = Case("attention", "bf16", "D=128 causal", lambda: None), _case("bf16", "D=64 mask")
     jobs = {_job((64, 4)): [inside], _job((32, 4)): [outside], _job((16, 2)): [outside, inside]}
     assert list(select(jobs, "sass")) == [_job((64, 4)), _job((16, 2))]
@@ -183,9 +184,9 @@ def test_list_finds_every_kernel_for_both_targets():
     done = _aot("--list")
     assert done.returncode == 0, done.stderr
     listed = {tuple(line.split()[:2]) for line in done.stdout.splitlines() if line.startswith("sm_")}
-    # The Hopper TMA forward is compiled for sm_90 alone (its dispatch takes it nowhere else).
+    # The Hopper TMA forward and backward are compiled for sm_90 alone (their dispatch takes them nowhere else).
     assert listed == {(target, kernel) for target in ("sm_80", "sm_90") for kernel in KERNELS} | {
-        ("sm_90", "_fwd_tma_kernel")}
+        ("sm_90", "_fwd_tma_kernel"), ("sm_90", "_bwd_dkdv_tma_kernel"), ("sm_90", "_bwd_dq_tma_kernel")}
 
 
 @needs_triton
