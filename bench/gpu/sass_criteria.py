@@ -135,8 +135,7 @@ class Finding:
 _TRITON_MMA = r"_fwd_kernel|_bwd_dkdv|_bwd_dq"
 _TRITON_OTHER = r"_bwd_preprocess|_merge_fwd_kernel|_merge_bwd_kernel"  # no tl.dot: only the spill criteria
 # The Hopper forward and backward through TMA descriptors (triton_fwd_tma.py, triton_bwd_tma.py, opt-in): compiled
-# for sm_90 only, where their
-# dispatch takes them; no known gap (their tiles are pruned to the spill-free ones).
+# for sm_90 only, where their dispatch takes them; their spill gaps, as the general kernels', come from the table.
 _TRITON_TMA = r"_fwd_tma_kernel|_bwd_dkdv_tma_kernel|_bwd_dq_tma_kernel"
 #: The Triton kernels that REQUIREMENTS judges (triton_aot.py checks the rows of these only).
 TRITON_KERNELS = f"{_TRITON_MMA}|{_TRITON_OTHER}|{_TRITON_TMA}"
@@ -192,7 +191,7 @@ def _spill_gaps() -> tuple[KnownGap, ...]:
     for kernel, arch, d, _, variants, why in spill_gaps():
         config = rf"^(fp16|bf16) D={d}{_VARIANT_WORDS[variants]} (N=\d+ )?BLOCK_"
         target = _SM90 if arch == 90 else "sm_80"
-        gaps += [KnownGap(rf"{kernel}", target, f"{count} == 0", config,
+        gaps += [KnownGap(re.escape(kernel), target, f"{count} == 0", config,
                           f"{_ITEM2}: no spill-free full-rate tile ({why})") for count in ("LDL", "STL", "stack")]
     return tuple(gaps)
 
