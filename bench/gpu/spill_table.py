@@ -28,26 +28,26 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # this checkout's attn_ext
 
 from attn_ext.ops.attention.triton_spills import launch_variants  # noqa: E402
+from triton_aot_cases import DTYPES  # noqa: E402  (beside this file, on sys.path when it runs as a script)
+from triton_aot_target import TARGETS  # noqa: E402
 
 TABLES = ROOT / "attn_ext" / "ops" / "attention" / "spill_tables"
 KERNELS = ("_fwd_kernel", "_bwd_dkdv", "_bwd_dq", "_bwd_dkdv_tma_kernel", "_bwd_dq_tma_kernel")
-_ELEM = {"fp16": 2, "bf16": 2, "fp32": 4}
-_ARCH = {"sm_80": 80, "sm_90": 90}
 
 
 def entries(rows: list[dict]) -> dict:
     """``{(kernel, arch, elem, d, dv, variant): {(bm, bn, warps, stages): stack}}`` of the compiled rows."""
     out: dict = {}
     for row in rows:
-        if row["kernel"] not in KERNELS or row.get("error") or row["target"] not in _ARCH:
+        if row["kernel"] not in KERNELS or row.get("error") or row["target"] not in TARGETS:
             continue
         # The compile's own code path: the last variant a launch with its constexprs reads (the first is "plain"
         # for the key padding the masked cases also have).
         opts, name = row["options"], launch_variants(row["options"])[-1]
-        elems = {_ELEM[d] for d in row["dtypes"] if d in _ELEM}
+        elems = {DTYPES[d].itemsize for d in row["dtypes"] if d in DTYPES}
         if len(elems) != 1 or opts.get("UPCAST"):
             continue
-        key = (row["kernel"], _ARCH[row["target"]], elems.pop(), opts["BLOCK_D"], opts["BLOCK_DV"], name)
+        key = (row["kernel"], TARGETS[row["target"]].capability, elems.pop(), opts["BLOCK_D"], opts["BLOCK_DV"], name)
         tiles = (opts["BLOCK_M"], opts["BLOCK_N"], opts["num_warps"], opts["num_stages"])
         stack = int(row["resources"]["stack"])
         entry = out.setdefault(key, {})

@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from attn_ext.ops.attention.triton_fwd_tma import ensure_allocator, tma_forward_unavailable_reason, tma_ready
+from attn_ext.ops.attention.triton_fwd_tma import (ensure_allocator, tma_forward_unavailable_reason, tma_ready,
+                                                   within_problem)
 from attn_ext.ops.attention.triton_pairs import causal_dot_into
 from attn_ext.ops.attention.triton_spills import device_arch, spill_free_configs
 from attn_ext.ops.attention.triton_tiles import block_d, launch
@@ -206,8 +207,7 @@ def _pruning(kernel_name: str):
         """Keep the configs within the chunk-size hint and the problem size (every one fits sm_90's shared
         memory: at most two resident [128, D] tiles and two stages of two streamed [64, D] tiles at D = 128),
         then those the AOT table says do not spill on this card."""
-        bn_max, m_b = named_args["BLOCK_N_MAX"], named_args["M_BUCKET"]
-        kept = [c for c in configs if c.kwargs["BLOCK_N"] <= max(64, bn_max) and c.kwargs["BLOCK_M"] <= max(64, m_b)]
+        kept = [c for c in configs if within_problem(c, named_args)]
         if not kept:
             return configs[:1]
         return spill_free_configs(kept, kernel_name, device_arch(), named_args["Q"].element_size(), kwargs["BLOCK_D"],

@@ -34,7 +34,7 @@ from attn_ext.ops.utils.triton import interpreting, lazily_autotuned
 from attn_ext.ops.utils.triton_jit import attention_rows, load_box, rows_descriptor
 
 __all__ = ["MAX_BLOCK_D", "TMA_ENV", "TMA_TILES", "ensure_allocator", "launch_forward_tma",
-           "tma_forward_unavailable_reason", "tma_ready"]
+           "tma_forward_unavailable_reason", "tma_ready", "within_problem"]
 
 #: The opt-in: exactly ``1`` lets calls that qualify take this kernel (any other value or unset: never).
 TMA_ENV = "ATTN_EXT_TRITON_TMA"
@@ -188,17 +188,22 @@ def _shared_memory(q: Tensor) -> int:
         return 99 * 1024
 
 
+def within_problem(c, named_args) -> bool:
+    """Whether config ``c``'s tiles stay within the chunk-size hint and the problem's size buckets (64 rows and
+    keys allowed at least: wgmma's row tile), for the TMA kernels' pruning."""
+    return (c.kwargs["BLOCK_N"] <= max(64, named_args["BLOCK_N_MAX"])
+            and c.kwargs["BLOCK_M"] <= max(64, named_args["M_BUCKET"]))
+
+
 def _prune(configs, named_args, **kwargs):
     """Keep the configs within the chunk-size hint, the problem size and the device's shared memory; under
     the causal rule only those that do not spill (4-warp 128-row tiles and 128-key tiles do)."""
     elem = named_args["Q"].element_size()
     d, dv = kwargs["BLOCK_D"], kwargs["BLOCK_DV"]
     budget = _shared_memory(named_args["Q"])
-    bn_max, m_b = named_args["BLOCK_N_MAX"], named_args["M_BUCKET"]
     causal = bool(kwargs.get("IS_CAUSAL"))
     kept = [c for c in configs
-            if c.kwargs["BLOCK_N"] <= max(64, bn_max) and c.kwargs["BLOCK_M"] <= max(64, m_b)
-            and _smem_estimate(c, elem, d, dv) <= budget
+            if within_problem(c, named_args) and _smem_estimate(c, elem, d, dv) <= budget
             and not (causal and (c.kwargs["BLOCK_N"] > 64 or (c.kwargs["BLOCK_M"] > 64 and c.num_warps < 8)))]
     return kept or [min(configs, key=lambda c: _smem_estimate(c, elem, d, dv))]
 
