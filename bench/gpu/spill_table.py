@@ -32,7 +32,7 @@ from triton_aot_cases import DTYPES  # noqa: E402  (beside this file, on sys.pat
 from triton_aot_target import TARGETS  # noqa: E402
 
 TABLES = ROOT / "attn_ext" / "ops" / "attention" / "spill_tables"
-KERNELS = ("_fwd_kernel", "_bwd_dkdv", "_bwd_dq", "_bwd_dkdv_tma_kernel", "_bwd_dq_tma_kernel")
+KERNELS = ("_fwd_kernel", "_bwd_dkdv", "_bwd_dq", "_fwd_tma_kernel", "_bwd_dkdv_tma_kernel", "_bwd_dq_tma_kernel")
 
 
 def entries(rows: list[dict]) -> dict:

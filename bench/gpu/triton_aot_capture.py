@@ -50,9 +50,12 @@ class Job:
         ``w-``/``s-``: Triton's defaults (4 warps, 3 stages)."""
         opts = dict(self.options)
         names = self._tile_names()
+        # A config's other choices where set (the TMA forward's persistent grid: PROGRAMS_PER_SM=1), so that two
+        # configs of the same tiles read apart.
+        others = [k for k in self.tuned if not k.startswith("BLOCK_") and k not in _LAUNCH_OPTIONS and opts.get(k)]
         warps = f"w{opts['num_warps']}" if "num_warps" in opts else "w-"
         stages = f"s{opts['num_stages']}" if "num_stages" in opts else "s-"
-        return " ".join([f"{k}={opts[k]}" for k in names] + [warps, stages])
+        return " ".join([f"{k}={opts[k]}" for k in names + others] + [warps, stages])
 
     def tile_area(self) -> int:
         """The product of the config's tiles (the autotuned ``BLOCK_*``, or a fixed launch's): what makes a

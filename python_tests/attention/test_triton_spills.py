@@ -16,7 +16,8 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 
 import pkgutil  # noqa: E402
 
-from attn_ext.ops.attention import spill_tables, triton_bwd_tma, triton_spills, triton_tiles  # noqa: E402
+from attn_ext.ops.attention import (spill_tables, triton_bwd_tma, triton_fwd_tma, triton_spills,  # noqa: E402
+                                    triton_tiles)
 
 #: The Triton versions with a committed table ("3.9", ...).
 VERSIONS = sorted(m.name.removeprefix("triton_").replace("_", ".") for m in pkgutil.iter_modules(spill_tables.__path__))
@@ -59,6 +60,31 @@ def test_launch_variants_cover_each_code_path():
     assert triton_spills.launch_variants({"IS_CAUSAL": True, "ATTN_MASK": 1}) == ("causal_pairs",)
     assert triton_spills.launch_variants({"IS_CAUSAL": True, "HAS_DROPOUT": True, "HAS_MASK": True}) == \
         ("plain", "causal_pairs")
+    # the TMA forward's persistent grid, a config's choice
+    assert triton_spills.launch_variants({"IS_CAUSAL": True, "PROGRAMS_PER_SM": 2}) == ("causal_persistent",)
+    assert triton_spills.launch_variants({"IS_CAUSAL": True, "PROGRAMS_PER_SM": 0}) == ("causal",)
+
+
+def test_a_persistent_config_is_judged_by_its_own_entry(table):
+    def config(tiles, programs):
+        bm, bn, w, s = tiles
+        return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "PROGRAMS_PER_SM": programs}, num_warps=w, num_stages=s)
+
+    table[("_fwd_tma_kernel", 90, 2, 64, 64, "causal")] = {BIG: 0, SMALL: 0}
+    table[("_fwd_tma_kernel", 90, 2, 64, 64, "causal_persistent")] = {BIG: 8, SMALL: 0}
+    configs = [config(BIG, 0), config(SMALL, 0), config(BIG, 1), config(SMALL, 1)]
+    kept = triton_spills.spill_free_configs(configs, "_fwd_tma_kernel", 90, 2, 64, 64, FLAGS["causal"])
+    assert [(_tiles([c])[0], c.kwargs["PROGRAMS_PER_SM"]) for c in kept] == [(BIG, 0), (SMALL, 0), (SMALL, 1)]
+    # the persistent entry missing: unmeasured, nothing pruned
+    del table[("_fwd_tma_kernel", 90, 2, 64, 64, "causal_persistent")]
+    assert triton_spills.spill_free_configs(configs, "_fwd_tma_kernel", 90, 2, 64, 64, FLAGS["causal"]) == configs
+    # a gap only where neither grid has a spill-free full-rate tile
+    table[("_fwd_tma_kernel", 90, 2, 64, 64, "causal_persistent")] = {BIG: 0, SMALL: 0}
+    table[("_fwd_tma_kernel", 90, 2, 64, 64, "causal")] = {BIG: 16, SMALL: 0}
+    assert not [g for g in triton_spills.spill_gaps() if g[0] == "_fwd_tma_kernel"]
+    table[("_fwd_tma_kernel", 90, 2, 64, 64, "causal_persistent")] = {BIG: 24, SMALL: 0}
+    (gap,) = [g for g in triton_spills.spill_gaps() if g[0] == "_fwd_tma_kernel"]
+    assert gap[4] == ("causal",) and "128x64 w8 s2 uses 16 bytes" in gap[5] and "16x16 w2 s1 persistent" in gap[5]
 
 
 def test_spilling_configs_dropped_where_a_full_rate_one_is_free(table):
@@ -131,6 +157,7 @@ def test_committed_table_covers_the_kernels_and_their_configs(version):
             ("_fwd_kernel", (80, 90), triton_tiles._GPU_TILES, general),
             ("_bwd_dkdv", (80, 90), triton_tiles._GPU_TILES, general),
             ("_bwd_dq", (80, 90), triton_tiles._GPU_TILES, general),
+            ("_fwd_tma_kernel", (90,), triton_fwd_tma.TMA_TILES, ("plain", "causal", "causal_persistent")),
             ("_bwd_dkdv_tma_kernel", (90,), triton_bwd_tma.TMA_BWD_TILES["dkdv"], ("plain", "causal")),
             ("_bwd_dq_tma_kernel", (90,), triton_bwd_tma.TMA_BWD_TILES["dq"], ("plain", "causal"))):
         for arch in archs:
@@ -145,9 +172,16 @@ def test_committed_table_covers_the_kernels_and_their_configs(version):
 def test_committed_gaps_are_the_code_paths_without_a_free_full_rate_tile(version):
     gaps = {(k, a, d, v) for k, a, d, _, v, _ in triton_spills.spill_gaps(version)}
     assert gaps and all(len(v) == 1 for _, _, _, v in gaps)
-    for (kernel, arch, elem, d, dv, variant), entry in triton_spills.spill_table(version).items():
-        free_full = any(s == 0 and triton_spills.full_rate(kernel, arch, t) for t, s in entry.items())
-        spilling_full = any(s > 0 and triton_spills.full_rate(kernel, arch, t) for t, s in entry.items())
+    table = triton_spills.spill_table(version)
+    for (kernel, arch, elem, d, dv, variant), entry in table.items():
+        if variant.endswith(triton_spills.PERSISTENT):  # weighed with its path's own grid
+            assert not any(g[:3] == (kernel, arch, d) and g[3][0] == variant for g in gaps)
+            continue
+        # a launch's configs: the path's, and the path's in the persistent grid where measured
+        stacks = [(t, s) for e in (entry, table.get((kernel, arch, elem, d, dv, variant + triton_spills.PERSISTENT), {}))
+                  for t, s in e.items()]
+        free_full = any(s == 0 and triton_spills.full_rate(kernel, arch, t) for t, s in stacks)
+        spilling_full = any(s > 0 and triton_spills.full_rate(kernel, arch, t) for t, s in stacks)
         assert ((kernel, arch, d, (variant,)) in gaps) == (elem == 2 and spilling_full and not free_full)
 
 

@@ -175,10 +175,10 @@ def launch_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: to
     sizes = (H, H // HKV, M, N, D, DV, float(scale), threshold, drop_scale)
     meta = dict(HAS_MASK=has_mask, ATTN_MASK=attn_kind, IS_CAUSAL=bool(is_causal), HAS_DROPOUT=has_dropout,
                 UPCAST=interp, BLOCK_D=block_d(D), BLOCK_DV=block_dv)
-    launch(_bwd_dkdv, _bwd_dkdv_tuned, lambda bm, bn: (triton.cdiv(N, bn), B * HKV),
+    launch(_bwd_dkdv, _bwd_dkdv_tuned, lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), B * HKV),
            (*common, grad_k, grad_v, *strides, *grad_k.stride(), *grad_v.stride(), *sizes),
            meta, M, N, chunk_size)
-    launch(_bwd_dq, _bwd_dq_tuned, lambda bm, bn: (triton.cdiv(M, bm), B * H),
+    launch(_bwd_dq, _bwd_dq_tuned, lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), B * H),
            (*common, grad_q, *strides, *grad_q.stride(), *sizes), meta, M, N, chunk_size)
     return grad_q, grad_k, grad_v
 

@@ -258,9 +258,9 @@ def launch_backward_tma(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: 
                *lse.stride())
     sizes = (H, H // HKV, M, N, D, DV, float(scale))
     meta = dict(IS_CAUSAL=bool(is_causal), UPCAST=interpreting(), BLOCK_D=block_d(D), BLOCK_DV=block_d(DV))
-    launch(_bwd_dkdv_tma_kernel, _dkdv_tuned, lambda bm, bn: (triton.cdiv(N, bn), B * HKV),
+    launch(_bwd_dkdv_tma_kernel, _dkdv_tuned, lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), B * HKV),
            (*common, grad_k, grad_v, *strides, *sizes), meta, M, N, chunk_size)
-    launch(_bwd_dq_tma_kernel, _dq_tuned, lambda bm, bn: (triton.cdiv(M, bm), B * H),
+    launch(_bwd_dq_tma_kernel, _dq_tuned, lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), B * H),
            (*common, grad_q, *strides, *sizes), meta, M, N, chunk_size)
     return grad_q, grad_k, grad_v
 

@@ -232,7 +232,7 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_paddin
             H, H // k.shape[1], M, N, D, DV, float(scale), threshold, drop_scale)
     meta = dict(HAS_MASK=has_mask, ATTN_MASK=attn_kind, IS_CAUSAL=bool(is_causal), HAS_DROPOUT=has_dropout,
                 UPCAST=interpreting(), BLOCK_D=block_d(D), BLOCK_DV=block_d(DV))
-    launch(_fwd_kernel, _fwd_kernel_tuned, lambda bm, bn: (triton.cdiv(M, bm), B * H),
+    launch(_fwd_kernel, _fwd_kernel_tuned, lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), B * H),
            args, meta, M, N, chunk_size)
     return out, lse
 

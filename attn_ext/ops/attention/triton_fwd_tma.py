@@ -28,6 +28,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from attn_ext.ops.attention.triton_spills import device_arch, spill_free_configs
 from attn_ext.ops.attention.triton_tiles import block_d, launch
 from attn_ext.ops.utils.cuda_capability import device_capability
 from attn_ext.ops.utils.triton import interpreting, lazily_autotuned
@@ -104,17 +105,14 @@ def _tma_key_blocks(acc, l_i, m_i, q, k_desc, v_desc, lo, hi, offs_m, m_ok, N, s
 
 
 @triton.jit
-def _fwd_tma_kernel(
-    Q, K, V, OUT, LSE,
+def _fwd_tma_tile(
+    Q, K, V, OUT, LSE, pid_m, pid_bh,
     sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som, slb, slh, slm,
-    H, GROUP, M, N, D, DV, scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
+    H, GROUP, M, N, D, DV, scale,
     IS_CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    if IS_CAUSAL:
-        pid_m = tl.num_programs(0) - 1 - pid_m  # the longest query blocks first, as the general forward
-    pid_bh = tl.program_id(1)
+    """One output tile: query block ``pid_m`` of batch-head ``pid_bh`` over every key it may see."""
     off_b = (pid_bh // H).to(tl.int64)
     off_h = (pid_bh % H).to(tl.int64)
     off_kvh = off_h // GROUP  # GQA: GROUP query heads share a key/value head
@@ -152,25 +150,63 @@ def _fwd_tma_kernel(
     tl.store(LSE + off_b * slb + off_h * slh + offs_m * slm, lse, mask=m_ok)
 
 
+@triton.jit
+def _fwd_tma_kernel(
+    Q, K, V, OUT, LSE,
+    sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som, slb, slh, slm,
+    H, GROUP, M, N, D, DV, scale, BH, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
+    IS_CAUSAL: tl.constexpr, EVEN_N: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, UPCAST: tl.constexpr,
+    PROGRAMS_PER_SM: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    if PROGRAMS_PER_SM > 0:
+        # A fixed number of programs, each taking the tiles t, t + P, t + 2P, ... of the list ordered by query
+        # block, the last (under the causal rule the longest) first, then by batch and head. Not software-
+        # pipelined (num_stages=1): prefetching the next tile's loads spilled 8-16 bytes at D = 128 (Triton 3.9).
+        blocks_m = tl.cdiv(M, BLOCK_M)
+        for t in tl.range(tl.program_id(0), blocks_m * BH, tl.num_programs(0), num_stages=1):
+            _fwd_tma_tile(Q, K, V, OUT, LSE, blocks_m - 1 - t // BH, t % BH,
+                          sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som, slb, slh, slm,
+                          H, GROUP, M, N, D, DV, scale, IS_CAUSAL, EVEN_N, WARP_SPECIALIZE, UPCAST,
+                          BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
+    else:
+        pid_m = tl.program_id(0)
+        if IS_CAUSAL:
+            pid_m = tl.num_programs(0) - 1 - pid_m  # the longest query blocks first, as the general forward
+        _fwd_tma_tile(Q, K, V, OUT, LSE, pid_m, tl.program_id(1),
+                      sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som, slb, slh, slm,
+                      H, GROUP, M, N, D, DV, scale, IS_CAUSAL, EVEN_N, WARP_SPECIALIZE, UPCAST,
+                      BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
+
+
 # --------------------------------------------------------------------------- tiles
 
 #: (BLOCK_M, BLOCK_N, num_warps, num_stages). wgmma takes 64 query rows per warpgroup. Measured ahead of time
 #: (sm_90, Triton 3.9, bf16 and fp16 at D = 64 and 128, bench/gpu/triton_aot.py): without the causal rule every
 #: 4-warp tile is warp-specialised (SETMAXREG) and no tile spills; with it (no warp specialisation) the 4-warp
-#: 128-row tiles and the 128-key tiles spill (48-640 bytes at D = 64 and 128), so the pruning drops them there.
-#: Listed so that the pinned config (``ATTN_EXT_TRITON_PIN=1``, :data:`_PINNED`) falls back to 128x64 with
-#: 8 warps, 2 stages, under the causal rule.
+#: 128-row tiles and the 128-key tiles spill (48-640 bytes at D = 64 and 128), so the AOT table's pruning drops
+#: them there. Listed so that the pinned config (``ATTN_EXT_TRITON_PIN=1``, :data:`_PINNED`) falls back to 128x64
+#: with 8 warps, 2 stages, under the causal rule.
 TMA_TILES = ((64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 3), (128, 64, 8, 2), (128, 64, 4, 2), (128, 64, 4, 3),
              (128, 128, 4, 2), (128, 128, 8, 2))
 #: Triton's attention tutorial's pick on Hopper, warp-specialised.
-_PINNED = ((("BLOCK_M", 128), ("BLOCK_N", 64)), 4, 2)
+_PINNED = ((("BLOCK_M", 128), ("BLOCK_N", 64), ("PROGRAMS_PER_SM", 0)), 4, 2)
+#: The persistent grid's programs per SM, tried beside one program per tile under the causal rule: one (a
+#: 128-row tile with 8 warps fills an SM's registers at D = 128), and two for 4-warp tiles where shared memory
+#: holds both. The autotuner measures which pays.
+_PROGRAMS_PER_SM = {4: (1, 2), 8: (1,)}
 _TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "BLOCK_N_MAX", "M_BUCKET", "N_BUCKET", "IS_CAUSAL"]
 #: The padded head dims these tiles are compiled and checked for: 256 would not fit with them.
 MAX_BLOCK_D = 128
 
 
 def _configs():
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in TMA_TILES]
+    # One program per tile first, then the persistent ones (the pinned fallback searches this order).
+    per_tile = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "PROGRAMS_PER_SM": 0}, num_warps=w, num_stages=s)
+                for bm, bn, w, s in TMA_TILES]
+    persistent = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "PROGRAMS_PER_SM": p}, num_warps=w, num_stages=s)
+                  for bm, bn, w, s in TMA_TILES for p in _PROGRAMS_PER_SM[w]]
+    return per_tile + persistent
 
 
 def _smem_estimate(c, elem: int, d: int, dv: int) -> int:
@@ -196,16 +232,22 @@ def within_problem(c, named_args) -> bool:
 
 
 def _prune(configs, named_args, **kwargs):
-    """Keep the configs within the chunk-size hint, the problem size and the device's shared memory; under
-    the causal rule only those that do not spill (4-warp 128-row tiles and 128-key tiles do)."""
+    """Keep the configs within the chunk-size hint, the problem size and the device's shared memory (each of
+    a persistent config's programs on an SM holding its own), the persistent grid under the causal rule only
+    (it balances unequal tiles; without the rule every tile is the same work), then those that do not spill
+    on this card where the AOT table knows (:func:`~.triton_spills.spill_free_configs`; e.g. under the
+    causal rule the 4-warp 128-row tiles, the 128-key tiles and, at D = 128, persistent ones)."""
     elem = named_args["Q"].element_size()
     d, dv = kwargs["BLOCK_D"], kwargs["BLOCK_DV"]
     budget = _shared_memory(named_args["Q"])
     causal = bool(kwargs.get("IS_CAUSAL"))
     kept = [c for c in configs
-            if within_problem(c, named_args) and _smem_estimate(c, elem, d, dv) <= budget
-            and not (causal and (c.kwargs["BLOCK_N"] > 64 or (c.kwargs["BLOCK_M"] > 64 and c.num_warps < 8)))]
-    return kept or [min(configs, key=lambda c: _smem_estimate(c, elem, d, dv))]
+            if within_problem(c, named_args)
+            and max(1, c.kwargs["PROGRAMS_PER_SM"]) * _smem_estimate(c, elem, d, dv) <= budget
+            and (causal or not c.kwargs["PROGRAMS_PER_SM"])]
+    if not kept:
+        return [min(configs, key=lambda c: _smem_estimate(c, elem, d, dv))]
+    return spill_free_configs(kept, "_fwd_tma_kernel", device_arch(), elem, d, dv, kwargs)
 
 
 _fwd_tma_kernel_tuned = lazily_autotuned(_fwd_tma_kernel, _configs, _TUNE_KEY, prune=_prune, preferred=_PINNED)
@@ -291,10 +333,22 @@ def tma_forward_unavailable_reason(q: Tensor, k: Tensor, v: Tensor, key_padding_
     return None
 
 
+def _grid(meta: dict, M: int, BH: int, programs: Optional[int], device: torch.device) -> tuple[int, int]:
+    """One program per (query block, batch-head), or with ``PROGRAMS_PER_SM`` that many per SM of ``device``
+    (``programs`` in all where given: the interpreter's tests), never more than there are tiles."""
+    blocks_m = triton.cdiv(M, meta["BLOCK_M"])
+    if not meta["PROGRAMS_PER_SM"]:
+        return blocks_m, BH
+    if programs is None:
+        programs = meta["PROGRAMS_PER_SM"] * torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(blocks_m * BH, programs)), 1
+
+
 def launch_forward_tma(q: Tensor, k: Tensor, v: Tensor, scale: float, chunk_size: int,
-                       is_causal: bool = False) -> tuple[Tensor, Tensor]:
+                       is_causal: bool = False, persistent_programs: Optional[int] = None) -> tuple[Tensor, Tensor]:
     """``(out, lse)`` of the TMA forward for a call :func:`tma_forward_unavailable_reason` accepts (the
-    general forward's ``launch_forward`` without masks or dropout)."""
+    general forward's ``launch_forward`` without masks or dropout). ``persistent_programs``: under the
+    interpreter, run the persistent grid with that many programs (on a GPU the autotuner chooses)."""
     B, H, M, D = q.shape
     N, DV = k.shape[2], v.shape[3]
     out = torch.empty((B, H, M, DV), dtype=q.dtype, device=q.device)
@@ -302,10 +356,12 @@ def launch_forward_tma(q: Tensor, k: Tensor, v: Tensor, scale: float, chunk_size
     ensure_allocator()
     args = (q, k, v, out, lse, q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), *out.stride()[:3], *lse.stride(),
-            H, H // k.shape[1], M, N, D, DV, float(scale))
+            H, H // k.shape[1], M, N, D, DV, float(scale), B * H)
     # Every key tile (GPU and interpreter) is a power of two up to 128: N % 128 == 0 means no partial block.
     meta = dict(IS_CAUSAL=bool(is_causal), EVEN_N=N % 128 == 0, WARP_SPECIALIZE=not is_causal, UPCAST=interpreting(),
                 BLOCK_D=block_d(D), BLOCK_DV=block_d(DV))
-    launch(_fwd_tma_kernel, _fwd_tma_kernel_tuned, lambda bm, bn: (triton.cdiv(M, bm), B * H),
+    if interpreting():  # fixed tiles: the persistent grid only when asked
+        meta["PROGRAMS_PER_SM"] = 1 if persistent_programs else 0
+    launch(_fwd_tma_kernel, _fwd_tma_kernel_tuned, lambda m: _grid(m, M, B * H, persistent_programs, q.device),
            args, meta, M, N, chunk_size)
     return out, lse

@@ -2,8 +2,8 @@
 pruning that keeps them out of the autotuner's choice (issue 43: no spills in any config it can pick).
 
 Spilling is a property of the machine code, known before a GPU runs anything: ``bench/gpu/spill_table.py``
-compiles every kept config of the forward, dK/dV and dQ kernels for sm_80 and sm_90, and of the TMA backward's
-two for sm_90 (fp16/bf16, head dims 64 and 128, each code path), and writes the local memory each one uses to
+compiles every kept config of the forward, dK/dV and dQ kernels for sm_80 and sm_90, and of the TMA forward's
+and backward's for sm_90 (fp16/bf16, head dims 64 and 128, each code path, the persistent grid's too), and writes the local memory each one uses to
 a module of :mod:`.spill_tables`, one per Triton minor version. The pruning here reads the running Triton's, so
 what it drops is measured, not guessed.
 
@@ -30,8 +30,8 @@ from typing import Iterable, Optional
 
 import triton
 
-__all__ = ["SPILL_TABLE_ENV", "device_arch", "full_rate", "launch_variants", "spill_free_configs", "spill_gaps",
-           "spill_table", "table_arch"]
+__all__ = ["CHECKED_VARIANTS", "PERSISTENT", "SPILL_TABLE_ENV", "device_arch", "full_rate", "launch_variants",
+           "spill_free_configs", "spill_gaps", "spill_table", "table_arch"]
 
 SPILL_TABLE_ENV = "ATTN_EXT_TRITON_SPILL_TABLE"
 
@@ -71,13 +71,19 @@ def table_arch(arch: Optional[int]) -> Optional[int]:
     return 90 if arch == 90 else None
 
 
+#: The suffix of a variant compiled in the persistent grid (``causal_persistent``).
+PERSISTENT = "_persistent"
+
+
 def launch_variants(flags) -> tuple[str, ...]:
     """The table variants whose code covers a launch with these constexprs (``HAS_MASK``, ``ATTN_MASK``,
-    ``IS_CAUSAL``, ``HAS_DROPOUT``)."""
+    ``IS_CAUSAL``, ``HAS_DROPOUT``; a config's ``PROGRAMS_PER_SM``)."""
     causal, pairs = bool(flags.get("IS_CAUSAL")), bool(flags.get("ATTN_MASK") or flags.get("HAS_DROPOUT"))
     variants = ["plain"] if flags.get("HAS_MASK") or not (causal or pairs) else []
     if causal or pairs:
         variants.append({(True, False): "causal", (False, True): "pairs", (True, True): "causal_pairs"}[causal, pairs])
+    if flags.get("PROGRAMS_PER_SM"):  # the TMA forward's persistent grid: the same path inside a loop over tiles
+        variants = [f"{v}{PERSISTENT}" for v in variants]
     return tuple(variants)
 
 
@@ -110,8 +116,8 @@ def spill_free_configs(configs: list, kernel: str, arch: Optional[int], elem: in
     arch = table_arch(arch)
     if arch is None or os.environ.get(SPILL_TABLE_ENV) == "0" or flags.get("UPCAST"):
         return configs
-    variants = launch_variants(flags)
-    stacks = [_stack(kernel, arch, elem, d, dv, variants, _tiles(c)) for c in configs]
+    # A config may choose its code path too (the persistent grid): its variants from the launch's and its own.
+    stacks = [_stack(kernel, arch, elem, d, dv, launch_variants({**flags, **c.kwargs}), _tiles(c)) for c in configs]
     if not configs or any(s is None for s in stacks):
         return configs
     free = [c for c, s in zip(configs, stacks) if s == 0]
@@ -122,29 +128,38 @@ def spill_free_configs(configs: list, kernel: str, arch: Optional[int], elem: in
 
 
 #: The code paths the AOT check compiles the general kernels in (cross attention; causal; the attention op with a
-#: mask and dropout; causal with dropout); the TMA kernels have the first two.
+#: mask and dropout; causal with dropout); the TMA kernels have the first two. A launch's configs may also run
+#: the same path in the persistent grid (:data:`PERSISTENT` variants), which the rule weighs with the others.
 CHECKED_VARIANTS = (("plain",), ("causal",), ("pairs",), ("causal_pairs",))
+
+
+def _label(tiles, variants) -> str:
+    return "%dx%d w%d s%d" % tiles + (" persistent" if variants[0].endswith(PERSISTENT) else "")
 
 
 def spill_gaps(version: Optional[str] = None) -> list[tuple[str, int, int, int, tuple[str, ...], str]]:
     """``(kernel, arch, d, dv, variants, why)`` for each 16-bit kernel, target, head dims and code path of
     :data:`CHECKED_VARIANTS` where the rule keeps spilling configs in Triton ``version``'s table (default: the
-    running Triton's): no full-rate config is spill-free, so the autotuner may still pick one that spills."""
+    running Triton's): no full-rate config is spill-free, so the autotuner may still pick one that spills.
+    A launch's configs are those of the path and, where the table has them, of the path in the persistent grid."""
     out = []
     table = spill_table(version)
     keys = sorted({(k, a, d, dv) for k, a, e, d, dv, _ in table if e == 2})
     for kernel, arch, d, dv in keys:
         for variants in CHECKED_VARIANTS:
-            entries = [table.get((kernel, arch, 2, d, dv, v)) for v in variants]
-            if any(e is None for e in entries):
+            stack = {}  # (variants, tiles) -> the most stack over the variants
+            for group in (variants, tuple(v + PERSISTENT for v in variants)):
+                entries = [table.get((kernel, arch, 2, d, dv, v)) for v in group]
+                if any(e is None for e in entries):
+                    continue
+                stack.update({(group, t): max(e[t] for e in entries) for t in set.intersection(*map(set, entries))})
+            if not any(group == variants for group, _ in stack):
                 continue
-            tiles = set.intersection(*(set(e) for e in entries))
-            stack = {t: max(e[t] for e in entries) for t in tiles}
-            spilling_full = sorted((s, t) for t, s in stack.items() if s > 0 and full_rate(kernel, arch, t))
-            if spilling_full and not any(s == 0 and full_rate(kernel, arch, t) for t, s in stack.items()):
-                free = sorted(t for t, s in stack.items() if s == 0)
-                least, tile = spilling_full[0]
+            spilling_full = sorted((s, t, g) for (g, t), s in stack.items() if s > 0 and full_rate(kernel, arch, t))
+            if spilling_full and not any(s == 0 and full_rate(kernel, arch, t) for (_, t), s in stack.items()):
+                free = sorted(_label(t, g) for (g, t), s in stack.items() if s == 0)
+                least, tile, group = spilling_full[0]
                 out.append((kernel, arch, d, dv, variants,
-                            f"spill-free only {', '.join('%dx%d w%d s%d' % t for t in free) or 'none'}; the least "
-                            f"spilling full-rate tile {'%dx%d w%d s%d' % tile} uses {least} bytes"))
+                            f"spill-free only {', '.join(free) or 'none'}; the least "
+                            f"spilling full-rate tile {_label(tile, group)} uses {least} bytes"))
     return out

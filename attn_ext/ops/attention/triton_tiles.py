@@ -137,14 +137,13 @@ def launch(kernel, tuned, grid, args, meta, m: int, n: int, chunk_size: int) -> 
     """Launch with fixed tiles under the interpreter, autotuned tiles on GPU.
 
     ``args`` must end with the (unused in-kernel) tuning-key slots
-    ``BLOCK_N_MAX, M_BUCKET, N_BUCKET`` which this fills in; ``grid`` maps
-    ``(BLOCK_M, BLOCK_N)`` to the launch grid.
+    ``BLOCK_N_MAX, M_BUCKET, N_BUCKET`` which this fills in; ``grid`` maps the launch's constexprs
+    (``meta``, and the config's ``BLOCK_M``, ``BLOCK_N`` and any other kwarg it sets) to the launch grid.
     """
     bn = _block_n(chunk_size, n)
     args = (*args, bn, _bucket(m), _bucket(n))
     if interpreting():
         bm = block_m_interpreted(m)
-        kernel[grid(bm, bn)](*args, BLOCK_M=bm, BLOCK_N=bn, **meta)
+        kernel[grid({**meta, "BLOCK_M": bm, "BLOCK_N": bn})](*args, BLOCK_M=bm, BLOCK_N=bn, **meta)
     else:
-        tuned()[lambda META: grid(META["BLOCK_M"], META["BLOCK_N"])](*args, **meta)
-
+        tuned()[grid](*args, **meta)
