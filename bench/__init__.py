@@ -23,6 +23,7 @@ BENCHMARKS: dict[str, str] = {
     "intention": "bench.bench_intention",
     "batched_cholesky": "bench.bench_batched_cholesky",
     "sdpa": "bench.bench_sdpa",
+    "sdpa_window": "bench.bench_sdpa_window",
     "call_overhead": "bench.bench_call_overhead",
     "np_step": "bench.bench_np_step",
     "np_demo": "bench.np.demo",
@@ -35,7 +36,7 @@ BENCHMARKS: dict[str, str] = {
 #: ``gp_quick`` (hours) run only when named.
 DEFAULT_BENCHMARKS: tuple[str, ...] = (
     "cross_attention", "state_update", "streaming_memory", "tree_attention", "intention", "batched_cholesky",
-    "sdpa", "call_overhead", "np_step", "np_demo",
+    "sdpa", "sdpa_window", "call_overhead", "np_step", "np_demo",
 )
 
 

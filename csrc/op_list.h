@@ -38,16 +38,20 @@
 // CUDA: bindings/attention.cpp, bindings/merge_states.cpp)
 
 /// Scaled dot-product attention (SDPA's semantics) with an optional attn_mask [B, Hq, L, S] view (bool,
-/// True = take part, or additive in q's dtype), key padding [B, S] (True = padding), causal (key n ≤
-/// query m), grouped heads (Hq a multiple of Hkv: query head h reads kv head h / (Hq / Hkv)) and Philox
-/// dropout from dropout_seed (int64, one element) when dropout_p > 0: (out [B, Hq, L, Dv], lse [B, Hq, L]),
-/// lse of the undropped scores. Empty rows: out 0, lse -inf.
+/// True = take part, or additive in q's dtype), key padding [B, S] (True = padding), a band about each
+/// query's diagonal key m + diagonal (causal: keys n ≤ m + diagonal; window_left / window_right ≥ 0: keys
+/// m + diagonal − window_left ≤ n ≤ m + diagonal + window_right, −1 unbounded), grouped heads (Hq a
+/// multiple of Hkv: query head h reads kv head h / (Hq / Hkv)) and Philox dropout from dropout_seed
+/// (int64, one element) when dropout_p > 0: (out [B, Hq, L, Dv], lse [B, Hq, L]), lse of the undropped
+/// scores. Empty rows: out 0, lse -inf.
 ATTN_EXT_OP(attention_fwd, (std::tuple<at::Tensor, at::Tensor>),
             (const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& attn_mask,
              const std::optional<at::Tensor>& key_padding_mask, double scale, bool is_causal, double dropout_p,
-             const std::optional<at::Tensor>& dropout_seed, int64_t chunk_size),
+             const std::optional<at::Tensor>& dropout_seed, int64_t chunk_size, int64_t window_left,
+             int64_t window_right, int64_t diagonal),
             "attention_fwd(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, Tensor? key_padding_mask, float scale, "
-            "bool is_causal, float dropout_p, Tensor? dropout_seed, int chunk_size) -> (Tensor out, Tensor lse)")
+            "bool is_causal, float dropout_p, Tensor? dropout_seed, int chunk_size, int window_left=-1, "
+            "int window_right=-1, int diagonal=0) -> (Tensor out, Tensor lse)")
 
 /// Its backward: (grad_q, grad_k, grad_v), the dropout regenerated from the seed.
 ATTN_EXT_OP(attention_bwd, (std::tuple<at::Tensor, at::Tensor, at::Tensor>),
@@ -55,10 +59,11 @@ ATTN_EXT_OP(attention_bwd, (std::tuple<at::Tensor, at::Tensor, at::Tensor>),
              const at::Tensor& v, const std::optional<at::Tensor>& attn_mask,
              const std::optional<at::Tensor>& key_padding_mask, const at::Tensor& out, const at::Tensor& lse,
              double scale, bool is_causal, double dropout_p, const std::optional<at::Tensor>& dropout_seed,
-             int64_t chunk_size),
+             int64_t chunk_size, int64_t window_left, int64_t window_right, int64_t diagonal),
             "attention_bwd(Tensor grad_out, Tensor grad_lse, Tensor q, Tensor k, Tensor v, Tensor? attn_mask, "
             "Tensor? key_padding_mask, Tensor out, Tensor lse, float scale, bool is_causal, float dropout_p, "
-            "Tensor? dropout_seed, int chunk_size) -> (Tensor grad_q, Tensor grad_k, Tensor grad_v)")
+            "Tensor? dropout_seed, int chunk_size, int window_left=-1, int window_right=-1, int diagonal=0) -> "
+            "(Tensor grad_q, Tensor grad_k, Tensor grad_v)")
 
 /// Cross attention, attention_fwd's case without attn_mask, causal, grouped heads or dropout.
 /// Forward: (out [B,H,M,Dv] in q's dtype, lse [B,H,M]).

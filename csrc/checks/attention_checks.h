@@ -105,6 +105,16 @@ inline AttentionShape check_attention_inputs(const at::Tensor& q, const at::Tens
   return AttentionShape{B, Hq, k.size(1), L, S, q.size(3), v.size(3)};
 }
 
+/// The band arguments of attention_fwd/bwd: each window side -1 (unbounded) or a key count >= 0; the diagonal
+/// offset |diagonal| below 2^61 (the kernels add it to row indices in int64).
+inline void check_attention_band(int64_t window_left, int64_t window_right, int64_t diagonal) {
+  TORCH_CHECK_VALUE(window_left >= -1 && window_right >= -1, "attn_ext.scaled_dot_product_attention: window_size = (",
+                    window_left, ", ", window_right, ") must be keys before and after the diagonal, >= 0, or -1 for "
+                    "no limit on that side");
+  TORCH_CHECK_VALUE(diagonal > -(int64_t(1) << 61) && diagonal < (int64_t(1) << 61),
+                    "attn_ext.scaled_dot_product_attention: diagonal offset ", diagonal, " is out of range");
+}
+
 /// The backward's extra inputs: grad_out and out [B, Hq, L, Dv] in q's dtype, grad_lse and lse
 /// [B, Hq, L] in the accumulation dtype.
 inline void check_attention_grads(const AttentionShape& s, const at::Tensor& q, const at::Tensor& grad_out,

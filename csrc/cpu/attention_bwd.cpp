@@ -4,8 +4,8 @@
 // Work is split over (batch, key/value head, part of the keys). Each unit owns the key/value
 // gradients of its keys outright, summing them over the query heads of its group (GQA) without
 // atomics, and writes a partial query gradient that is summed in a fixed order at the end: the
-// result is bit-identical run to run. Causal: a key chunk only meets the query tiles from its
-// diagonal on, and each tile only the chunk's keys up to its last query.
+// result is bit-identical run to run. With a band (causal, sliding window): a key chunk only meets the query
+// tiles whose band reaches it, and each tile only the chunk's keys up to its band's end.
 //
 // Masked pairs are never read (attention_masking.h): their P and dS are exactly 0, and a row of
 // Q, K or dO holding inf/NaN that meets a masked pair goes through its GEMM as zeros, its allowed
@@ -42,10 +42,20 @@ const scalar_t* matrix_at(const at::Tensor& t, int64_t b, int64_t h, int64_t row
   return t.const_data_ptr<scalar_t>() + b * t.stride(0) + h * t.stride(1) + row * t.stride(2);
 }
 
-/// The keys of chunk [n0, n0 + nc) that query tile [m0, m0 + mt) may meet: causal cuts them at its
-/// last query (≤ 0: none).
-inline int64_t tile_keys(bool causal, int64_t m0, int64_t mt, int64_t n0, int64_t nc) {
-  return causal ? std::min(nc, m0 + mt - n0) : nc;
+/// The keys of chunk [n0, n0 + nc) that query tile [m0, m0 + mt) may meet: the band's upper edge (the causal
+/// diagonal, a window's right side) cuts them after its last query's last key (≤ 0: none). Keys before
+/// the band's lower edge stay in the tile (its columns start at n0) and are masked.
+inline int64_t tile_keys(const Band& band, int64_t m0, int64_t mt, int64_t n0, int64_t nc) {
+  return std::min(nc, m0 + mt + band.hi - n0);
+}
+
+/// The key chunk of a call: `chunk`, or with a window bounded on both sides at most its width rounded up to
+/// kQueryTile. A key chunk meets the query tiles of its keys' bands, chunk + width queries in all, each tile
+/// computing all its keys: with 512-key chunks and a 257-key window 3× the band's pairs, with 320-key ones 2.2×.
+inline int64_t band_chunk(const Band& band, int64_t chunk) {
+  if (band.lo == -kBandUnbounded || band.hi == kBandUnbounded) return chunk;
+  const int64_t width = std::max<int64_t>(band.hi - band.lo + 1, 1);
+  return std::min(chunk, (width + kQueryTile - 1) / kQueryTile * kQueryTile);
 }
 
 /// Scaled, masked scores [mt, nc] (leading dim nc) of a tile: masked pairs −inf. The pre-pass and the
@@ -75,12 +85,13 @@ struct Backward {
       : call(c), q(c.q), k(c.k), v(c.v), B(q.size(0)), Hq(q.size(1)), Hkv(k.size(1)), M(q.size(2)), N(k.size(2)),
         D(q.size(3)), Dv(v.size(3)), group(Hkv > 0 ? Hq / Hkv : 0),  // Hkv = 0 only with Hq = 0: no work
         tile_m(std::min<int64_t>(kQueryTile, std::max<int64_t>(M, 1))),
-        chunk(std::min<int64_t>(c.chunk, std::max<int64_t>(N, 1))), n_chunks((N + chunk - 1) / chunk),
+        chunk(band_chunk(c.band, std::min<int64_t>(c.chunk, std::max<int64_t>(N, 1)))),
+        n_chunks((N + chunk - 1) / chunk),
         scale(static_cast<acc_t>(c.scale)), padding(c.padding.defined() ? c.padding.const_data_ptr<bool>() : nullptr),
         lse(lse_t.const_data_ptr<acc_t>()) {}
 
   PairRule<Plane> rule(int64_t b, int64_t h) const {
-    return PairRule<Plane>{padding ? padding + b * N : nullptr, mask_plane<Plane>(call.attn_mask, b, h), call.causal};
+    return PairRule<Plane>{padding ? padding + b * N : nullptr, mask_plane<Plane>(call.attn_mask, b, h), call.band};
   }
 
   void row_deltas(const at::Tensor& out, const at::Tensor& grad_out, const at::Tensor& grad_lse) {
@@ -120,8 +131,10 @@ struct Backward {
         int64_t ldq, ldk;
         const acc_t* qt = rows_as_acc<acc_t>(matrix_at<scalar_t>(q, b, h, m0), q.stride(2), mt, D, q_tile.data(), &ldq);
         std::fill(rows.begin(), rows.begin() + mt, online_softmax_empty<acc_t>());
-        for (int64_t c = 0; c < n_chunks; ++c) {
-          const int64_t n0 = c * chunk, nc = std::min(chunk, N - n0), ncc = tile_keys(call.causal, m0, mt, n0, nc);
+        int64_t n_first, n_end;
+        band_keys(call.band, m0, mt, N, &n_first, &n_end);
+        for (int64_t c = n_first / chunk; c < n_chunks; ++c) {
+          const int64_t n0 = c * chunk, nc = std::min(chunk, N - n0), ncc = tile_keys(call.band, m0, mt, n0, nc);
           if (ncc <= 0) break;
           const TileStatus st = scan_tile(pr, m0, mt, n0, ncc);
           if (st.all_masked) continue;
@@ -146,7 +159,7 @@ struct Backward {
   }
 
   void run(const at::Tensor& grad_out, at::Tensor& grad_q, at::Tensor& grad_k, at::Tensor& grad_v) {
-    const int64_t total_macs = 2 * B * Hq * M * N * (D + Dv) / (call.causal ? 2 : 1);
+    const int64_t total_macs = 2 * B * Hq * band_pairs(call.band, M, N) * (D + Dv);
     const int64_t splits = key_splits_for(B * Hkv, n_chunks, total_macs);
     std::vector<acc_t> partial_grad_q(splits * B * Hq * M * D, acc_t(0));
     scalar_t* grad_k_data = grad_k.mutable_data_ptr<scalar_t>();
@@ -176,9 +189,11 @@ struct Backward {
             const DropoutRule drop = dropout_rule(call, b, h, Hq, M, N);
             const int64_t bh = b * Hq + h;
             acc_t* grad_q_part = partial_grad_q.data() + (split * B * Hq + bh) * M * D;
-            for (int64_t m0 = call.causal ? n0 / tile_m * tile_m : 0; m0 < M; m0 += tile_m) {
-              const int64_t mt = std::min(tile_m, M - m0), ncc = tile_keys(call.causal, m0, mt, n0, nc);
-              if (ncc <= 0) break;  // causal, and the chunk lies past the last query
+            int64_t m_first, m_end;  // the queries the band lets see some key of the chunk
+            band_queries(call.band, n0, nc, M, &m_first, &m_end);
+            for (int64_t m0 = m_first / tile_m * tile_m; m0 < m_end; m0 += tile_m) {
+              const int64_t mt = std::min(tile_m, M - m0), ncc = tile_keys(call.band, m0, mt, n0, nc);
+              if (ncc <= 0) continue;  // the chunk lies past the tile's band
               const TileStatus st = scan_tile(pr, m0, mt, n0, ncc);
               if (st.all_masked) continue;
               const acc_t* qt = rows_as_acc<acc_t>(matrix_at<scalar_t>(q, b, h, m0), q.stride(2), mt, D, q_tile.data(), &ldq);

@@ -32,7 +32,7 @@ void forward_kernel(const AttentionCall& call, at::Tensor& out, at::Tensor& lse)
   const int64_t q_tiles = (M + tile_m - 1) / tile_m;
   const int64_t n_chunks = (N + chunk - 1) / chunk;
   const int64_t units = B * Hq * q_tiles;
-  const int64_t total_macs = B * Hq * M * N * (D + Dv) / (call.causal ? 2 : 1);
+  const int64_t total_macs = B * Hq * band_pairs(call.band, M, N) * (D + Dv);
   const int64_t splits = key_splits_for(units, n_chunks, total_macs);
 
   const scalar_t* q_data = q.const_data_ptr<scalar_t>();
@@ -54,15 +54,17 @@ void forward_kernel(const AttentionCall& call, at::Tensor& out, at::Tensor& lse)
       const int64_t split = unit % splits, tile = (unit / splits) % q_tiles, bh = unit / (splits * q_tiles);
       const int64_t b = bh / Hq, h = bh % Hq, hkv = h / group;
       const int64_t m0 = tile * tile_m, mt = std::min(tile_m, M - m0);
-      // Causal: only the chunks up to the tile's last query are split among the parts.
-      const int64_t tile_chunks = call.causal ? (std::min(N, m0 + mt) + chunk - 1) / chunk : n_chunks;
+      // With a band (causal, window) only the chunks holding keys the tile may see are split among the parts.
+      // (attend_tile counts them from the tile's first key: a window's chunks start at its lower edge).
+      int64_t n_first, n_end;
+      band_keys(call.band, m0, mt, N, &n_first, &n_end);
       int64_t c_first, c_last;
-      split_range(tile_chunks, splits, split, &c_first, &c_last);
+      split_range((n_end - n_first + chunk - 1) / chunk, splits, split, &c_first, &c_last);
       const KeyValueRows<scalar_t> kv{k_data + b * k.stride(0) + hkv * k.stride(1),
                                       v_data + b * v.stride(0) + hkv * v.stride(1),
                                       k.stride(2), v.stride(2), nullptr, N, D, Dv};
       const PairRule<Plane> rule{padding ? padding + b * N : nullptr, mask_plane<Plane>(call.attn_mask, b, h),
-                                 call.causal};
+                                 call.band};
       int64_t ldq;
       const acc_t* qt = rows_as_acc<acc_t>(q_data + b * q.stride(0) + h * q.stride(1) + m0 * q.stride(2),
                                            q.stride(2), mt, D, q_tile.data(), &ldq);

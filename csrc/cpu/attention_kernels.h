@@ -18,7 +18,7 @@ namespace attn_ext::cpu {
 struct AttentionCall {
   at::Tensor q, k, v, attn_mask, padding;
   double scale;
-  bool causal;
+  Band band;  ///< the causal rule and sliding window (attention_masking.h)
   double dropout_p;
   int64_t seed;
   int64_t chunk;

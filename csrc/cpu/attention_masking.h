@@ -1,5 +1,5 @@
 // Which (query, key) pairs of a tile take part in the attention, and the per-tile work that follows
-// from it: key padding, the causal diagonal, an attn_mask read through its strides (bool, or additive
+// from it: key padding, the band (causal diagonal, sliding window), an attn_mask read through its strides (bool, or additive
 // float), dropout, and the "never read a masked pair" rule for non-finite operands.
 //
 // The attn_mask kind is a compile-time policy (NoMask, MaskPlane<bool>, MaskPlane<scalar_t>), so the
@@ -35,18 +35,63 @@ constexpr bool kHasMask = !std::is_same_v<Plane, NoMask>;
 template <typename Plane>
 constexpr bool kAdditiveMask = kHasMask<Plane> && !std::is_same_v<Plane, MaskPlane<bool>>;
 
+/// A side of a Band without a limit: far beyond any index difference, and far from int64's ends.
+constexpr int64_t kBandUnbounded = int64_t(1) << 62;
+
+/// The keys n that query m may attend by position: m + lo ≤ n ≤ m + hi. The causal rule is hi = diagonal
+/// (0 top-left; S − L with the queries aligned to the end of the keys), a sliding window (left, right)
+/// about the diagonal key lo = diagonal − left, hi = diagonal + right; ±kBandUnbounded where a side has
+/// no limit (cross attention: both).
+struct Band {
+  int64_t lo = -kBandUnbounded, hi = kBandUnbounded;
+  bool active() const { return lo != -kBandUnbounded || hi != kBandUnbounded; }
+};
+
+/// The band of the op arguments is_causal, window_left, window_right (−1: unbounded) and diagonal.
+inline Band make_band(bool causal, int64_t window_left, int64_t window_right, int64_t diagonal) {
+  Band band;
+  if (window_left >= 0) band.lo = diagonal - window_left;
+  if (causal) band.hi = diagonal;
+  if (window_right >= 0) band.hi = std::min(band.hi, diagonal + window_right);
+  return band;
+}
+
+/// Keys [*first, *end) ⊂ [0, N) that some query of rows [m0, m0 + mt) may attend.
+inline void band_keys(const Band& band, int64_t m0, int64_t mt, int64_t N, int64_t* first, int64_t* end) {
+  *first = std::clamp<int64_t>(m0 + band.lo, 0, N);
+  *end = std::clamp<int64_t>(m0 + mt + band.hi, *first, N);
+}
+
+/// Queries [*first, *end) ⊂ [0, M) that may attend some key of [n0, n0 + nc).
+inline void band_queries(const Band& band, int64_t n0, int64_t nc, int64_t M, int64_t* first, int64_t* end) {
+  *first = std::clamp<int64_t>(n0 - band.hi, 0, M);
+  *end = std::clamp<int64_t>(n0 + nc - band.lo, *first, M);
+}
+
+/// The number of (query, key) pairs of an M × N problem inside the band (the work to expect).
+inline int64_t band_pairs(const Band& band, int64_t M, int64_t N) {
+  if (!band.active()) return M * N;
+  int64_t pairs = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    int64_t first, end;
+    band_keys(band, m, 1, N, &first, &end);
+    pairs += end - first;
+  }
+  return pairs;
+}
+
 /// Everything that masks pairs of one (batch, query head).
 template <typename Plane>
 struct PairRule {
   const bool* padding;  ///< [N] flags of the batch entry (true = padding), or null
   Plane mask;
-  bool causal;  ///< key n takes part for query m iff n ≤ m
+  Band band;  ///< key n takes part for query m only if m + band.lo ≤ n ≤ m + band.hi
 };
 
 template <typename Plane>
 inline bool pair_allowed(const PairRule<Plane>& rule, int64_t m, int64_t n) {
   if (rule.padding != nullptr && rule.padding[n]) return false;
-  if (rule.causal && n > m) return false;
+  if (n < m + rule.band.lo || n > m + rule.band.hi) return false;
   if constexpr (kHasMask<Plane>) {
     const auto value = rule.mask.data[m * rule.mask.row_stride + n * rule.mask.col_stride];
     if constexpr (kAdditiveMask<Plane>) {
@@ -61,10 +106,10 @@ inline bool pair_allowed(const PairRule<Plane>& rule, int64_t m, int64_t n) {
 /// What a tile [m0, m0 + mt) × [n0, n0 + nc) holds.
 struct TileStatus {
   bool padded;       ///< some key of the tile is padding
-  bool causal_cut;   ///< the diagonal crosses the tile
+  bool band_cut;     ///< an edge of the band (the causal diagonal, a window's side) crosses the tile
   bool mask_cut;     ///< attn_mask masks some pair of the tile
   bool all_masked;   ///< no pair takes part (a sufficient test: the tile may be skipped)
-  bool any_masked;   ///< padded || causal_cut || mask_cut
+  bool any_masked;   ///< padded || band_cut || mask_cut
 };
 
 /// One pass over the tile's mask entries (none without attn_mask).
@@ -77,9 +122,10 @@ TileStatus scan_tile(const PairRule<Plane>& rule, int64_t m0, int64_t mt, int64_
     st.padded = valid < nc;
     st.all_masked = valid == 0;
   }
-  if (rule.causal) {
-    st.causal_cut = n0 + nc - 1 > m0;
-    st.all_masked = st.all_masked || n0 > m0 + mt - 1;
+  if (rule.band.active()) {
+    const Band& band = rule.band;
+    st.band_cut = n0 < m0 + mt - 1 + band.lo || n0 + nc - 1 > m0 + band.hi;
+    st.all_masked = st.all_masked || n0 + nc - 1 < m0 + band.lo || n0 > m0 + mt - 1 + band.hi;
   }
   if constexpr (kHasMask<Plane>) {
     if (st.all_masked) return st;  // (any_masked is not needed then)
@@ -100,7 +146,7 @@ TileStatus scan_tile(const PairRule<Plane>& rule, int64_t m0, int64_t mt, int64_
     st.mask_cut = allowed < rows * cols;
     st.all_masked = allowed == 0;
   }
-  st.any_masked = st.padded || st.causal_cut || st.mask_cut;
+  st.any_masked = st.padded || st.band_cut || st.mask_cut;
   return st;
 }
 
@@ -141,8 +187,11 @@ void fill_masked(const PairRule<Plane>& rule, const TileStatus& st, acc_t* tile,
     if (st.padded) {
       for (int64_t j = 0; j < nc; ++j) row[j] = rule.padding[n0 + j] ? value : row[j];
     }
-    if (st.causal_cut) {  // keys n > m: columns from m − n0 + 1 on
-      for (int64_t j = std::max<int64_t>(m0 + r - n0 + 1, 0); j < nc; ++j) row[j] = value;
+    if (st.band_cut) {  // keys n < m + lo: columns before m + lo − n0; n > m + hi: from m + hi − n0 + 1 on
+      const int64_t first = std::clamp<int64_t>(m0 + r + rule.band.lo - n0, 0, nc);
+      const int64_t end = std::clamp<int64_t>(m0 + r + rule.band.hi - n0 + 1, 0, nc);
+      for (int64_t j = 0; j < first; ++j) row[j] = value;
+      for (int64_t j = std::max(end, first); j < nc; ++j) row[j] = value;
     }
   }
 }

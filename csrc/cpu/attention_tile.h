@@ -46,13 +46,15 @@ struct AttentionTileScratch {
         rows(tile_m) {}
 };
 
-/// Streams key chunks [c_first, c_last) (of `chunk` keys) for the `mt` query rows m0.. `qt` (acc_t,
+/// Streams key chunks [c_first, c_last) (of `chunk` keys, counted from the first key the band lets the tile
+/// see: 0 without a lower edge) for the `mt` query rows m0.. `qt` (acc_t,
 /// leading dimension ldq). Leaves the unnormalised accumulator in `w.acc` [mt, Dv] and the row
 /// states in `w.rows`; store_tile finishes the rows. `rule` says which pairs take part (its padding,
 /// not kv.padding, is used), `dropout` which of them are dropped from P·V.
 ///
-/// Causal: the keys after the tile's last query never take part, so the chunks stop there and the
-/// last one is cut short (only the triangle of the tile's own diagonal block is computed in vain).
+/// The band (causal rule, sliding window): the chunks outside the keys some row of the tile may see are
+/// never visited, and the last one is cut short at the band's end (only the triangles of the blocks the
+/// band's edges cross are computed in vain).
 /// NaN needs no work here (see attn_ext/online_softmax.h): a NaN score makes that row's sum and
 /// accumulator NaN, which store_tile reports. Masked pairs are never read: their scores are replaced
 /// by −inf, and when a value row holding inf/NaN meets a masked pair (probability 0, 0 · inf = NaN)
@@ -62,11 +64,12 @@ void attend_tile(const acc_t* qt, int64_t ldq, int64_t m0, int64_t mt, acc_t sca
                  const PairRule<Plane>& rule, const DropoutRule& dropout, int64_t chunk, int64_t c_first,
                  int64_t c_last, AttentionTileScratch<acc_t>& w) {
   const int64_t D = kv.D, Dv = kv.Dv;
-  const int64_t n_end = rule.causal ? std::min(kv.N, m0 + mt) : kv.N;
+  int64_t n_first, n_end;  // the keys the band lets some row of the tile see; chunk c starts at n_first + c·chunk
+  band_keys(rule.band, m0, mt, kv.N, &n_first, &n_end);
   std::fill(w.acc.begin(), w.acc.begin() + mt * Dv, acc_t(0));
   std::fill(w.rows.begin(), w.rows.begin() + mt, online_softmax_empty<acc_t>());
-  for (int64_t c = c_first; c < c_last && c * chunk < n_end; ++c) {
-    const int64_t n0 = c * chunk, nc = std::min(chunk, n_end - n0);
+  for (int64_t c = c_first; c < c_last && n_first + c * chunk < n_end; ++c) {
+    const int64_t n0 = n_first + c * chunk, nc = std::min(chunk, n_end - n0);
     const TileStatus st = scan_tile(rule, m0, mt, n0, nc);
     if (st.all_masked) continue;  // changes nothing
     int64_t ldk, ldv;
@@ -107,7 +110,7 @@ void attend_tile(const acc_t* qt, int64_t ldq, int64_t m0, int64_t mt, acc_t sca
 template <typename scalar_t, typename acc_t>
 void attend_tile(const acc_t* qt, int64_t ldq, int64_t mt, acc_t scale, const KeyValueRows<scalar_t>& kv,
                  int64_t chunk, int64_t c_first, int64_t c_last, AttentionTileScratch<acc_t>& w) {
-  const PairRule<NoMask> rule{kv.padding, NoMask{}, false};
+  const PairRule<NoMask> rule{kv.padding, NoMask{}, Band{}};
   const DropoutRule no_dropout{false, 0, 0, 1.0, 0, 0};
   attend_tile(qt, ldq, 0, mt, scale, kv, rule, no_dropout, chunk, c_first, c_last, w);
 }

@@ -92,7 +92,7 @@ void check_scores_in_range(const AttentionCall& call, const at::Tensor& out, con
     const int64_t m = row % M, h = (row / M) % Hq, b = row / (M * Hq);
     const PairRule<Plane> rule{call.padding.defined() ? call.padding.const_data_ptr<bool>() + b * call.k.size(2)
                                                       : nullptr,
-                               mask_plane<Plane>(call.attn_mask, b, h), call.causal};
+                               mask_plane<Plane>(call.attn_mask, b, h), call.band};
     bool has_key = false, inputs_finite = false;
     score_range::examine_row<scalar_t>(call, rule, b, h, h / (Hq / Hkv), m, &has_key, &inputs_finite);
     if (!has_key || !inputs_finite) continue;  // a row with no key (0, −inf), or the NaN rule

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from attn_ext.ops.attention import naive
 from attn_ext.ops.attention.dropout import keep_mask
+from attn_ext.ops.attention.band import Band
 from attn_ext.ops.attention.pairs import chunk_rules, expand_heads
 from attn_ext.ops.utils.dense_attention import dense_attention
 from attn_ext.ops.utils.dtypes import accumulation_dtype
@@ -63,13 +64,14 @@ def _finite(x: Tensor) -> Tensor:
 
 def attention(inputs: Sequence, outputs: Sequence[Tensor]) -> Tuple[Tensor, Tensor]:
     """The composite of ``attention_fwd(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p,
-    dropout_seed, chunk_size)``: ``(out, lse)``."""
-    q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p, dropout_seed, _chunk = inputs
+    dropout_seed, chunk_size[, window_left, window_right, diagonal])``: ``(out, lse)``."""
+    q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p, dropout_seed, _chunk = inputs[:10]
+    band = Band.of(is_causal, *inputs[10:])
     acc = accumulation_dtype(q.dtype)
     B, Hq, L, _ = q.shape
     S = k.shape[2]
     qf, kf, vf = _finite(q.to(acc)), _finite(expand_heads(k, Hq).to(acc)), _finite(expand_heads(v, Hq).to(acc))
-    allowed, bias = chunk_rules(attn_mask, key_padding_mask, is_causal, 0, S, L, acc, q.device)
+    allowed, bias = chunk_rules(attn_mask, key_padding_mask, band, 0, S, L, acc, q.device)
     scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale
     if bias is not None:
         scores = scores + torch.where(torch.isneginf(bias), torch.zeros_like(bias), bias)

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from attn_ext.ops.attention.dropout import keep_mask
+from attn_ext.ops.attention.band import Band
 from attn_ext.ops.attention.pairs import (chunk_rules, expand_heads, masked_scores, sum_heads, weighted_columns,
                                           weighted_rows, zero_outside)
 from attn_ext.ops.utils.dtypes import accumulation_dtype
@@ -137,7 +138,7 @@ def _normaliser(qf: Tensor, k: Tensor, key_padding_mask: Optional[Tensor], lse: 
                 chunk_size: int) -> Tuple[Tensor, Tensor]:
     """``(shift [..., 1], log_sum [..., 1])`` with ``P = exp((s − shift) − log_sum)`` for every row: the
     masked reference's, with key padding as the only rule."""
-    return row_normaliser(qf, k, None, key_padding_mask, False, lse, scale, chunk_size)
+    return row_normaliser(qf, k, None, key_padding_mask, Band(), lse, scale, chunk_size)
 
 
 def _merge_weights(lse_a: Tensor, lse_b: Tensor, lse: Tensor) -> Tuple[Tensor, Tensor]:
@@ -179,10 +180,11 @@ def merge_states_backward(
 # ---- the general op: attention mask, causal order, dropout, grouped heads
 
 
-def _key_chunks(S: int, L: int, chunk_size: int, is_causal: bool):
-    """Key ranges ``[n0, n1)`` that some query may attend: causal calls stop at key L − 1."""
-    last = min(S, L) if is_causal else S
-    for n0 in range(0, last, chunk_size):
+def _key_chunks(S: int, L: int, chunk_size: int, band: Band):
+    """Key ranges ``[n0, n1)`` that some query may attend: within the band's keys (causal calls stop at the
+    last query's diagonal key, windows start at the first query's first key)."""
+    first, last = band.keys(L, S)
+    for n0 in range(first, last, chunk_size):
         yield n0, min(last, n0 + chunk_size)
 
 
@@ -196,8 +198,11 @@ def _dropout_scale(seed: Optional[Tensor], dropout_p: float, shape, n0: int, n1:
 
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor],
                       scale: float, is_causal: bool, dropout_p: float, dropout_seed: Optional[Tensor],
-                      chunk_size: int) -> Tuple[Tensor, Tensor]:
-    """``(out [B, Hq, L, Dv], lse [B, Hq, L])``; a row with no pair taking part is ``(0, −inf)``."""
+                      chunk_size: int, window_left: int = -1, window_right: int = -1,
+                      diagonal: int = 0) -> Tuple[Tensor, Tensor]:
+    """``(out [B, Hq, L, Dv], lse [B, Hq, L])``; a row with no pair taking part is ``(0, −inf)``. The band
+    (``is_causal``, ``window_left``, ``window_right``, ``diagonal``) as :meth:`Band.of` reads it."""
+    band = Band.of(is_causal, window_left, window_right, diagonal)
     acc = accumulation_dtype(q.dtype)
     B, Hq, L, _ = q.shape
     S, Dv = k.shape[2], v.shape[3]
@@ -206,8 +211,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tenso
     running_max = torch.full((B, Hq, L), -math.inf, dtype=acc, device=q.device)
     running_sum = torch.zeros((B, Hq, L), dtype=acc, device=q.device)
     out = torch.zeros((B, Hq, L, Dv), dtype=acc, device=q.device)
-    for n0, n1 in _key_chunks(S, L, chunk_size, is_causal):
-        allowed, bias = chunk_rules(attn_mask, key_padding_mask, is_causal, n0, n1, L, acc, q.device)
+    for n0, n1 in _key_chunks(S, L, chunk_size, band):
+        allowed, bias = chunk_rules(attn_mask, key_padding_mask, band, n0, n1, L, acc, q.device)
         scores = masked_scores(qf, kx[:, :, n0:n1].to(acc), scale, allowed, bias)
         new_max = torch.maximum(running_max, scores.amax(dim=-1))  # both propagate NaN
         shift = torch.where(new_max == -math.inf, torch.zeros_like(new_max), new_max)
@@ -222,8 +227,8 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tenso
     return out.to(q.dtype), lse
 
 
-def row_normaliser(qf: Tensor, kx: Tensor, attn_mask, key_padding_mask, is_causal: bool, lse: Tensor, scale: float,
-                chunk_size: int) -> Tuple[Tensor, Tensor]:
+def row_normaliser(qf: Tensor, kx: Tensor, attn_mask, key_padding_mask, band: Band, lse: Tensor, scale: float,
+                   chunk_size: int) -> Tuple[Tensor, Tensor]:
     """``(shift, log_sum)`` with ``P = exp((s − shift) − log_sum)``: the saved lse, except rows with
     |lse| ≥ 512, whose exact (max, log Σ) are recomputed (the fp32 lse has rounded log Σ away there)."""
     precise = torch.isfinite(lse) & (lse.abs() >= PRECISE_NORMALISER_LSE)
@@ -232,8 +237,8 @@ def row_normaliser(qf: Tensor, kx: Tensor, attn_mask, key_padding_mask, is_causa
     L, S = qf.shape[2], kx.shape[2]
     row_max = torch.full_like(lse, -math.inf)
     total = torch.zeros_like(lse)
-    for n0, n1 in _key_chunks(S, L, chunk_size, is_causal):
-        allowed, bias = chunk_rules(attn_mask, key_padding_mask, is_causal, n0, n1, L, qf.dtype, qf.device)
+    for n0, n1 in _key_chunks(S, L, chunk_size, band):
+        allowed, bias = chunk_rules(attn_mask, key_padding_mask, band, n0, n1, L, qf.dtype, qf.device)
         scores = masked_scores(qf, kx[:, :, n0:n1].to(qf.dtype), scale, allowed, bias)
         new_max = torch.maximum(row_max, scores.amax(dim=-1))
         safe = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
@@ -247,10 +252,12 @@ def row_normaliser(qf: Tensor, kx: Tensor, attn_mask, key_padding_mask, is_causa
 def attention_backward(grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor, v: Tensor,
                        attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], out: Tensor, lse: Tensor,
                        scale: float, is_causal: bool, dropout_p: float, dropout_seed: Optional[Tensor],
-                       chunk_size: int) -> Tuple[Tensor, Tensor, Tensor]:
+                       chunk_size: int, window_left: int = -1, window_right: int = -1,
+                       diagonal: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients of q, k, v (FlashAttention's backward with the dropout mask regenerated):
     ``dV = (P∘Z)ᵀ dO``, ``dP = (dO Vᵀ)∘Z``, ``dS = P∘(dP − Δ + dlse)``, ``Δ = rowsum(dO∘out)``.
     Pairs that take no part, and empty rows, contribute exactly 0."""
+    band = Band.of(is_causal, window_left, window_right, diagonal)
     acc = accumulation_dtype(q.dtype)
     B, Hq, L, _ = q.shape
     Hkv, S = k.shape[1], k.shape[2]
@@ -258,13 +265,13 @@ def attention_backward(grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor,
     lse = lse.to(acc)
     kx, vx = expand_heads(k, Hq), expand_heads(v, Hq)
     empty_row = (lse == -math.inf)[..., None]
-    shift, log_sum = row_normaliser(qf, kx, attn_mask, key_padding_mask, is_causal, lse, scale, chunk_size)
+    shift, log_sum = row_normaliser(qf, kx, attn_mask, key_padding_mask, band, lse, scale, chunk_size)
     delta_minus_dlse = (dout * out.to(acc)).sum(dim=-1) - grad_lse.to(acc)
     grad_q = torch.zeros_like(qf, memory_format=torch.contiguous_format)  # as the fake kernel declares
     grad_k = torch.zeros((B, Hq) + tuple(k.shape[2:]), dtype=acc, device=q.device)
     grad_v = torch.zeros((B, Hq) + tuple(v.shape[2:]), dtype=acc, device=q.device)
-    for n0, n1 in _key_chunks(S, L, chunk_size, is_causal):
-        allowed, bias = chunk_rules(attn_mask, key_padding_mask, is_causal, n0, n1, L, acc, q.device)
+    for n0, n1 in _key_chunks(S, L, chunk_size, band):
+        allowed, bias = chunk_rules(attn_mask, key_padding_mask, band, n0, n1, L, acc, q.device)
         k_chunk, v_chunk = kx[:, :, n0:n1].to(acc), vx[:, :, n0:n1].to(acc)
         scores = masked_scores(qf, k_chunk, scale, allowed, bias)
         # Zero outside too: a NaN row's lse would make exp(−inf − NaN) = NaN on its masked pairs.

@@ -1,8 +1,8 @@
 """Which (query, key) pairs take part in a masked attention call, and products that never read the rest.
 
 A pair takes part (is *allowed*) iff every rule allows it: the bool ``attn_mask`` is True there, the
-additive ``attn_mask`` is not −inf there, the key is not padding, and (``is_causal``) the key index is
-at most the query index. A pair that is not allowed is **never read**: NaN or inf in its key's ``k``
+additive ``attn_mask`` is not −inf there, the key is not padding, and the key lies in the query's band
+(:class:`~attn_ext.ops.attention.band.Band`: the causal rule, a sliding window). A pair that is not allowed is **never read**: NaN or inf in its key's ``k``
 or ``v`` row, or in its query row, reaches neither that pair's output nor any gradient through it.
 The GEMMs of a chunk would break that rule only through ``0 · NaN``, so :func:`weighted_rows` and
 :func:`weighted_columns` switch to an exact per-pair product when the operand holds a non-finite value
@@ -16,8 +16,10 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from attn_ext.ops.attention.band import Band
 
-def chunk_rules(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], is_causal: bool, n0: int, n1: int,
+
+def chunk_rules(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], band: Band, n0: int, n1: int,
                 queries: int, acc: torch.dtype, device) -> Tuple[Optional[Tensor], Optional[Tensor]]:
     """``(allowed, bias)`` of the keys ``[n0, n1)``: a bool tensor broadcastable to ``[B, Hq, L, n1 − n0]``
     (None: every pair takes part) and the additive float mask of the chunk in ``acc`` (None: none)."""
@@ -36,10 +38,8 @@ def chunk_rules(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor],
             allowed = bias != -math.inf
     if key_padding_mask is not None:
         allowed = both(allowed, ~key_padding_mask[:, None, None, n0:n1])
-    if is_causal:
-        m = torch.arange(queries, device=device).view(queries, 1)
-        n = torch.arange(n0, n1, device=device).view(1, n1 - n0)
-        allowed = both(allowed, n <= m)
+    if band.active:  # the causal rule, a sliding window
+        allowed = both(allowed, band.allowed(queries, n0, n1, device))
     return allowed, bias
 
 

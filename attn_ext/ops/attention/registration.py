@@ -45,6 +45,7 @@ from torch import Tensor
 
 from attn_ext.ops.attention import composite
 from attn_ext.ops.attention import naive as reference
+from attn_ext.ops.attention.band import Band, check_band_args
 from attn_ext.ops.utils.autograd import Derivatives
 from attn_ext.ops.utils.cuda_capability import bf16_tensor_core_reason
 from attn_ext.ops.utils.dispatch import Implementation, declare
@@ -62,40 +63,63 @@ _BwdResult = Tuple[Tensor, Tensor, Tensor]
 
 @define_op("attn_ext::attention_fwd_reference")
 def attention_fwd_reference(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p, dropout_seed,
-                            chunk_size):
+                            chunk_size, window_left=-1, window_right=-1, diagonal=0):
+    check_band_args(window_left, window_right, diagonal)
     out, lse = reference.attention_forward(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p,
-                                           dropout_seed, chunk_size)
+                                           dropout_seed, chunk_size, window_left, window_right, diagonal)
     check_scores_in_range("scaled_dot_product_attention", q, k, v, out, lse, scale, attn_mask, key_padding_mask,
-                          is_causal)
+                          Band.of(is_causal, window_left, window_right, diagonal))
     return out, lse
 
 
 @define_op("attn_ext::attention_bwd_reference")
 def attention_bwd_reference(grad_out, grad_lse, q, k, v, attn_mask, key_padding_mask, out, lse, scale, is_causal,
-                            dropout_p, dropout_seed, chunk_size):
+                            dropout_p, dropout_seed, chunk_size, window_left=-1, window_right=-1, diagonal=0):
+    check_band_args(window_left, window_right, diagonal)
     return reference.attention_backward(grad_out, grad_lse, q, k, v, attn_mask, key_padding_mask, out, lse, scale,
-                                        is_causal, dropout_p, dropout_seed, chunk_size)
+                                        is_causal, dropout_p, dropout_seed, chunk_size, window_left, window_right,
+                                        diagonal)
+
+
+#: The backends whose kernels take the band arguments (the public function gives the others a band as a mask).
+BAND_BACKENDS = ("cpp", "reference")
+
+
+def _triton_band_reason(is_causal: bool, window_left: int, window_right: int, diagonal: int) -> Optional[str]:
+    """Why the Triton kernels cannot take this band (their only one is the top-left causal rule), or None."""
+    if window_left >= 0 or window_right >= 0:
+        return f"no sliding window (window_size = ({window_left}, {window_right})) in the Triton kernels yet"
+    if is_causal and diagonal != 0:
+        return f"the Triton kernels' causal rule is top-left only (diagonal offset {diagonal})"
+    return None
 
 
 @define_op("attn_ext::attention_fwd_triton")
 def attention_fwd_triton(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p, dropout_seed,
-                         chunk_size):
+                         chunk_size, window_left=-1, window_right=-1, diagonal=0):
     from attn_ext.ops.attention import triton_fwd  # optional dependency: see the module docstring
 
+    why = _triton_band_reason(is_causal, window_left, window_right, diagonal)
+    if why is not None:
+        raise NotImplementedError(f"attn_ext::attention_fwd_triton: {why}; use the cpp or reference backend")
     return triton_fwd.attention_forward(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p,
                                         dropout_seed, chunk_size)
 
 
 @define_op("attn_ext::attention_bwd_triton")
 def attention_bwd_triton(grad_out, grad_lse, q, k, v, attn_mask, key_padding_mask, out, lse, scale, is_causal,
-                         dropout_p, dropout_seed, chunk_size):
+                         dropout_p, dropout_seed, chunk_size, window_left=-1, window_right=-1, diagonal=0):
     from attn_ext.ops.attention import triton_bwd  # optional dependency: see the module docstring
 
+    why = _triton_band_reason(is_causal, window_left, window_right, diagonal)
+    if why is not None:
+        raise NotImplementedError(f"attn_ext::attention_bwd_triton: {why}; use the cpp or reference backend")
     return triton_bwd.attention_backward(grad_out, grad_lse, q, k, v, attn_mask, key_padding_mask, out, lse, scale,
                                          is_causal, dropout_p, dropout_seed, chunk_size)
 
 
-def _fake_attention(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p, dropout_seed, chunk_size):
+def _fake_attention(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p, dropout_seed, chunk_size,
+                    window_left=-1, window_right=-1, diagonal=0):
     B, H, L, _ = q.shape
     return q.new_empty((B, H, L, v.shape[-1])), q.new_empty((B, H, L), dtype=accumulation_dtype(q.dtype))
 
@@ -107,11 +131,11 @@ def _fake_attention_backward(grad_out, grad_lse, q, k, v, *_rest):
 
 def _attention_derivatives(backward_op: Callable[..., _BwdResult]) -> Derivatives:
     def backward(inputs, outputs, grads):
-        q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p, dropout_seed, chunk_size = inputs
+        q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p, dropout_seed, chunk_size = inputs[:10]
         out, lse = outputs
         grad_q, grad_k, grad_v = backward_op(grads[0], grads[1], q, k, v, attn_mask, key_padding_mask, out, lse,
-                                             scale, is_causal, dropout_p, dropout_seed, chunk_size)
-        return grad_q, grad_k, grad_v, None, None, None, None, None, None, None
+                                             scale, is_causal, dropout_p, dropout_seed, chunk_size, *inputs[10:])
+        return (grad_q, grad_k, grad_v) + (None,) * (len(inputs) - 3)
 
     # A float attn_mask is differentiable too, in both modes: its gradient is the [L, S] score gradient, which
     # the fused kernels do not form, so the composite gives it (holding the scores, as PyTorch's math path).
@@ -121,7 +145,8 @@ def _attention_derivatives(backward_op: Callable[..., _BwdResult]) -> Derivative
 
 def _register_attention(forward_name: str, backward_name: str) -> None:
     register_op_pair(forward_name, backward_name, _fake_attention, _fake_attention_backward, _attention_derivatives,
-                     "attn_ext.scaled_dot_product_attention", backward_layout="g0 g1 i0 i1 i2 i3 i4 o0 o1 i5 i6 i7 i8 i9")
+                     "attn_ext.scaled_dot_product_attention",
+                     backward_layout="g0 g1 i0 i1 i2 i3 i4 o0 o1 i5 i6 i7 i8 i9 i10 i11 i12")
 
 
 def compiled_kernels_present() -> bool:
@@ -147,6 +172,7 @@ def _cuda_supports_call(x: Tensor, context: Mapping[str, Any]) -> Optional[str]:
     if context.get("dropout_p", 0.0) > 0.0:
         return "the CUDA kernels have no attention dropout (the Triton kernels have)"
     return None
+
 
 
 def _compiled_reason(x: Tensor, context: Mapping[str, Any]) -> Optional[str]:

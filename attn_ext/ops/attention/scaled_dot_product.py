@@ -11,7 +11,8 @@ from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from attn_ext.ops.attention.chunked import DEFAULT_CHUNK_SIZE
 from attn_ext.ops.attention.dropout import draw_seed
-from attn_ext.ops.attention.registration import SCALED_DOT_PRODUCT_ATTENTION
+from attn_ext.ops.attention.band import Band
+from attn_ext.ops.attention.registration import BAND_BACKENDS, SCALED_DOT_PRODUCT_ATTENTION
 from attn_ext.ops.utils import dispatch
 from attn_ext.ops.utils.validation import SUPPORTED_DTYPES, check_chunk_size, check_scale, is_real_scalar
 
@@ -69,13 +70,13 @@ def _check_mask(attn_mask: Tensor, query: Tensor, keys: int) -> None:
         raise RuntimeError(f"{_OP}: attn_mask is on {attn_mask.device} but query is on {query.device}")
 
 
-def _from_causal_bias(attn_mask: Tensor, is_causal: bool, queries: int, keys: int) -> Tuple[Optional[Tensor], bool]:
-    """``attn_mask=torch.nn.attention.bias.CausalBias`` as this function's own arguments.
+def _from_causal_bias(attn_mask: Tensor, is_causal: bool, alignment: str, queries: int, keys: int) -> str:
+    """The alignment of ``attn_mask=torch.nn.attention.bias.CausalBias``, which stands for the causal rule.
 
     A ``CausalBias`` is a tensor subclass that stands for a causal rule and holds no mask values: read as an
     ordinary tensor it would add garbage to the scores. Upper-left is ``is_causal=True``; lower-right (query
-    ``i`` sees keys ``j <= i + S - L``, queries aligned to the end of the keys) becomes its bool mask, read
-    tile by tile as any other ``attn_mask``."""
+    ``i`` sees keys ``j <= i + S - L``, queries aligned to the end of the keys) is ``is_causal=True`` with
+    ``alignment="bottom_right"``."""
     if is_causal:
         raise ValueError(f"{_OP}: attn_mask is a CausalBias, which already is the causal rule; do not also set "
                          "is_causal=True (as in PyTorch)")
@@ -83,10 +84,48 @@ def _from_causal_bias(attn_mask: Tensor, is_causal: bool, queries: int, keys: in
         raise ValueError(f"{_OP}: attn_mask is a CausalBias for (L, S) = ({attn_mask.seq_len_q}, "
                          f"{attn_mask.seq_len_kv}) but the call has (L, S) = ({queries}, {keys})")
     if attn_mask.variant == CausalVariant.UPPER_LEFT:
-        return None, True
+        if alignment == "bottom_right":
+            raise ValueError(f"{_OP}: attn_mask is an upper-left CausalBias but alignment='bottom_right'")
+        return "top_left"
     if attn_mask.variant == CausalVariant.LOWER_RIGHT:
-        return attn_mask._materialize(), False
+        return "bottom_right"
     raise ValueError(f"{_OP}: attn_mask is a CausalBias of variant {attn_mask.variant!r}, which it does not know")
+
+
+_ALIGNMENTS = ("top_left", "bottom_right")
+
+
+def _check_band(window_size, alignment: str, is_causal: bool) -> Tuple[int, int]:
+    """``(left, right)`` of ``window_size`` (``(-1, -1)`` for None), checked against ``alignment`` and the causal rule."""
+    if alignment not in _ALIGNMENTS:
+        raise ValueError(f"{_OP}: alignment must be 'top_left' or 'bottom_right', got {alignment!r}")
+    if window_size is None:
+        return -1, -1
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise TypeError(f"{_OP}: window_size must be a pair (left, right) of ints, got {window_size!r}") from None
+    for side in (left, right):
+        if isinstance(side, bool) or not isinstance(side, int):
+            raise TypeError(f"{_OP}: window_size must be a pair (left, right) of ints, got {window_size!r}")
+    if left < -1 or right < -1:
+        raise ValueError(f"{_OP}: window_size = {window_size!r}: each side is a number of keys >= 0, or -1 for no "
+                         "limit on that side")
+    if is_causal and right > 0:
+        raise ValueError(f"{_OP}: is_causal=True lets no query see keys after its diagonal, but window_size = "
+                         f"{window_size!r} asks for {right}; pass (left, 0) or (left, -1)")
+    return int(left), int(right)
+
+
+def _band_as_mask(attn_mask: Optional[Tensor], band: Band, queries: int, keys: int, device) -> Tensor:
+    """``attn_mask`` (None, bool, or additive) with the band's pairs outside it masked, in ``attn_mask``'s own
+    broadcast shape with ``[L, S]``: for the backends whose kernels have no band (they read it as a mask)."""
+    inside = band.allowed(queries, 0, keys, device)
+    if attn_mask is None:
+        return inside
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & inside
+    return attn_mask.masked_fill(~inside, -math.inf)
 
 
 def _check_padding(key_padding_mask: Tensor, query: Tensor, keys: int) -> None:
@@ -123,6 +162,8 @@ def scaled_dot_product_attention(
     return_lse: bool = False,
     chunk_size: Optional[int] = None,
     backend: Optional[str] = None,
+    alignment: str = "top_left",
+    window_size: Optional[Tuple[int, int]] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """``torch.nn.functional.scaled_dot_product_attention`` on attn_ext's fused kernels.
 
@@ -145,7 +186,8 @@ def scaled_dot_product_attention(
         kernels do not form, so a call that differentiates the mask runs the dense composition (as
         PyTorch's math path) instead of the fused backward. A ``torch.nn.attention.bias.CausalBias``
         (``causal_upper_left(L, S)``, ``causal_lower_right(L, S)``) is understood as the causal rule it
-        stands for: upper-left is ``is_causal=True``, lower-right aligns the queries to the end of the keys.
+        stands for: upper-left is ``is_causal=True``, lower-right is ``is_causal=True`` with
+        ``alignment="bottom_right"``.
     dropout_p : float
         Attention dropout probability in ``[0, 1)``, applied whenever it is > 0 (as PyTorch's function,
         which has no training flag). The keep mask comes from a counter-based generator seeded from
@@ -169,6 +211,17 @@ def scaled_dot_product_attention(
         Keys per chunk (default 512); never changes the result beyond rounding.
     backend : {"cpp", "cuda", "triton", "reference", "auto"}, optional
         As for :func:`attn_ext.cross_attention`.
+    alignment : {"top_left", "bottom_right"}
+        Where query ``i`` sits among the keys, for ``is_causal`` and ``window_size``: its diagonal key is
+        ``i' = i`` (top-left, PyTorch's ``is_causal``) or ``i' = i + S − L`` (the queries are the last ``L``
+        positions of the ``S`` keys: decoding with a cache, ``CausalBias`` lower-right). A query whose
+        diagonal falls before key 0 sees no key (``0``, ``lse = -inf``).
+    window_size : (int, int), optional
+        ``(left, right)``: key ``j`` takes part for query ``i`` only if ``i' − left ≤ j ≤ i' + right`` (a
+        sliding window); ``-1`` leaves that side unbounded. ``is_causal=True`` sets ``right = 0`` (pass 0 or
+        -1 there). Combines with masks, padding, grouped heads and dropout. The cpp and reference kernels
+        skip the key chunks outside the band (cost ∝ ``L · (left + right)``); the Triton and CUDA kernels do
+        not have it yet and read the band as a bool mask.
 
     Returns
     -------
@@ -191,10 +244,10 @@ def scaled_dot_product_attention(
     True
     """
     _check_qkv(query, key, value, enable_gqa)
-    keys = key.shape[-2]
+    keys, queries = key.shape[-2], query.shape[-2]
     if isinstance(attn_mask, CausalBias):
-        attn_mask, is_causal = _from_causal_bias(attn_mask, is_causal, query.shape[-2], keys)
-        attn_mask = None if attn_mask is None else attn_mask.to(query.device)
+        alignment = _from_causal_bias(attn_mask, is_causal, alignment, queries, keys)
+        attn_mask, is_causal = None, True
     if attn_mask is not None:
         if is_causal:
             raise ValueError(f"{_OP}: attn_mask cannot be combined with is_causal=True (as in PyTorch); "
@@ -206,6 +259,8 @@ def scaled_dot_product_attention(
         raise ValueError(f"{_OP}: dropout_p must be a float in [0, 1), got {dropout_p!r}")
     if not isinstance(is_causal, bool):
         raise TypeError(f"{_OP}: is_causal must be a bool, got {type(is_causal).__name__}")
+    window_left, window_right = _check_band(window_size, alignment, is_causal)
+    diagonal = keys - queries if alignment == "bottom_right" else 0
     scale = check_scale(scale, "scaled_dot_product_attention")
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     chunk_size = check_chunk_size(chunk_size, "scaled_dot_product_attention") or DEFAULT_CHUNK_SIZE
@@ -213,13 +268,19 @@ def scaled_dot_product_attention(
 
     q, k, v = _as_4d(query), _as_4d(key), _as_4d(value)
     B, Hq, L, _ = q.shape
+    name = dispatch.select_backend(SCALED_DOT_PRODUCT_ATTENTION, backend, q, dropout_p=dropout_p)
+    band = Band.of(is_causal, window_left, window_right, diagonal)
+    if band.active and band != Band.of(is_causal) and name not in BAND_BACKENDS:
+        # A sliding window or an offset causal rule on kernels without them: read as a bool mask.
+        attn_mask = _band_as_mask(attn_mask, band, queries, keys, query.device)
+        is_causal, window_left, window_right, diagonal = False, -1, -1, 0
     mask = None
     if attn_mask is not None:
         mask = attn_mask.expand(_shape(query)[:-1] + (keys,)).reshape(B, Hq, L, keys)
     padding = None if key_padding_mask is None else key_padding_mask.reshape(B, keys)
     seed = draw_seed() if dropout_p > 0.0 else None
-    name = dispatch.select_backend(SCALED_DOT_PRODUCT_ATTENTION, backend, q, dropout_p=dropout_p)
     out, lse = dispatch.entry(SCALED_DOT_PRODUCT_ATTENTION, name)(q, k, v, mask, padding, scale, is_causal,
-                                                                     dropout_p, seed, chunk_size)
+                                                                     dropout_p, seed, chunk_size, window_left,
+                                                                     window_right, diagonal)
     out = out.reshape(_shape(query)[:-1] + (value.shape[-1],))
     return (out, lse.reshape(_shape(query)[:-1])) if return_lse else out

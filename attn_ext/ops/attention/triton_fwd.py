@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from attn_ext.ops.attention.band import Band
 from attn_ext.ops.attention.triton_args import check_attention_args
 from attn_ext.ops.attention.triton_fwd_tma import launch_forward_tma, tma_forward_unavailable_reason
 from attn_ext.ops.attention.triton_pairs import attn_mask_arg, dropout_arg, dropout_keep, masked_scores, pair_dot_into
@@ -278,5 +279,5 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tenso
     out, lse = launch_forward(q, k, v, key_padding_mask, scale, chunk_size, attn_mask=attn_mask,
                               is_causal=is_causal, dropout_p=float(dropout_p), dropout_seed=dropout_seed)
     check_scores_in_range("scaled_dot_product_attention", q, k, v, out, lse, scale, attn_mask, key_padding_mask,
-                          is_causal)
+                          Band.of(is_causal))
     return out, lse

@@ -22,8 +22,7 @@ from torch._C import _functorch
 from torch._subclasses.fake_tensor import FakeTensor
 
 
-def _allowed_and_bias(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], is_causal: bool,
-                      shape) -> tuple:
+def _allowed_and_bias(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], band, shape) -> tuple:
     """``(allowed [B, Hq, L, S] bool, bias or None)`` of the pair rules of docs/sdpa.md."""
     B, Hq, L, S = shape
     allowed = torch.ones(shape, dtype=torch.bool)
@@ -36,8 +35,8 @@ def _allowed_and_bias(attn_mask: Optional[Tensor], key_padding_mask: Optional[Te
             allowed = allowed & (bias != -float("inf"))
     if key_padding_mask is not None:
         allowed = allowed & ~key_padding_mask[:, None, None, :]
-    if is_causal:
-        allowed = allowed & torch.ones(L, S, dtype=torch.bool).tril()
+    if band is not None and band.active:
+        allowed = allowed & band.allowed(L, 0, S, allowed.device)
     return allowed, bias
 
 
@@ -71,9 +70,10 @@ def _cannot_overflow(q: Tensor, k: Tensor, v: Tensor, acc: torch.dtype, scale: f
 
 def check_scores_in_range(op: str, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, scale: float,
                           attn_mask: Optional[Tensor] = None, key_padding_mask: Optional[Tensor] = None,
-                          is_causal: bool = False) -> None:
+                          band=None) -> None:
     """Raises ``ValueError`` naming ``attn_ext.<op>`` for the first overflowed row of a forward's
-    ``(out [B, Hq, L, Dv], lse [B, Hq, L])`` of ``q [B, Hq, L, D]``, ``k``, ``v [B, Hkv, S, ·]``."""
+    ``(out [B, Hq, L, Dv], lse [B, Hq, L])`` of ``q [B, Hq, L, D]``, ``k``, ``v [B, Hkv, S, ·]``; ``band``: the
+    call's :class:`~attn_ext.ops.attention.band.Band` (causal rule, sliding window), None for none."""
     if lse.device.type != "cpu" or lse.numel() == 0 or isinstance(lse, FakeTensor) or \
             _functorch.is_functorch_wrapped_tensor(lse):
         return  # no values on the host without a synchronisation, or none at all (tracing)
@@ -83,7 +83,7 @@ def check_scores_in_range(op: str, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
     B, Hq, L = lse.shape
     S, Hkv = k.shape[2], k.shape[1]
     rows = (~ok).nonzero(as_tuple=True)
-    allowed, bias = _allowed_and_bias(attn_mask, key_padding_mask, is_causal, (B, Hq, L, S))
+    allowed, bias = _allowed_and_bias(attn_mask, key_padding_mask, band, (B, Hq, L, S))
     kv_finite = (torch.isfinite(k).all(dim=-1) & torch.isfinite(v).all(dim=-1)).repeat_interleave(Hq // Hkv, dim=1)
     pair_finite = kv_finite[:, :, None, :] if bias is None else kv_finite[:, :, None, :] & torch.isfinite(bias)
     pairs = allowed.expand(B, Hq, L, S)[rows]

@@ -139,6 +139,16 @@ std::string describe_qkv(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return c10::str("q ", q.sizes(), " ", q.scalar_type(), ", k ", k.sizes(), ", v ", v.sizes());
 }
 
+/// The CUDA kernels' only band is the top-left causal rule: a sliding window or the causal rule aligned
+/// elsewhere is refused, naming why (the public function's dispatch does not send such calls here).
+void check_no_band(bool is_causal, int64_t window_left, int64_t window_right, int64_t diagonal, const char* op) {
+  check_attention_band(window_left, window_right, diagonal);
+  TORCH_CHECK_NOT_IMPLEMENTED(window_left < 0 && window_right < 0 && (!is_causal || diagonal == 0), "attn_ext::", op,
+                              " (CUDA): no sliding window (window_size = (", window_left, ", ", window_right,
+                              ")) or causal rule off the top-left diagonal (diagonal ", diagonal,
+                              ") in the CUDA kernels yet; use the cpp or reference backend");
+}
+
 std::string describe_qv(const at::Tensor& q, const at::Tensor& v) {
   return c10::str("q ", q.sizes(), " ", q.scalar_type(), ", v ", v.sizes());
 }
@@ -150,10 +160,12 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_cuda(const at::Tensor& q, const
                                                       const std::optional<at::Tensor>& key_padding_mask, double scale,
                                                       bool is_causal, double dropout_p,
                                                       const std::optional<at::Tensor>& dropout_seed,
-                                                      int64_t chunk_size) {
+                                                      int64_t chunk_size, int64_t window_left, int64_t window_right,
+                                                      int64_t diagonal) {
   const char* op = "attention_fwd";
   const AttentionShape s =
       check_attention_inputs(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size);
+  check_no_band(is_causal, window_left, window_right, diagonal, op);
   const Inputs in = prepare(q, k, v, attn_mask, key_padding_mask, s, dropout_p, op);
   return launch_forward(in, scale, is_causal, op, [&] { return describe_qkv(q, k, v); });
 }
@@ -162,10 +174,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_cuda(
     const at::Tensor& grad_out, const at::Tensor& grad_lse, const at::Tensor& q, const at::Tensor& k,
     const at::Tensor& v, const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_padding_mask,
     const at::Tensor& out, const at::Tensor& lse, double scale, bool is_causal, double dropout_p,
-    const std::optional<at::Tensor>& dropout_seed, int64_t chunk_size) {
+    const std::optional<at::Tensor>& dropout_seed, int64_t chunk_size, int64_t window_left, int64_t window_right,
+    int64_t diagonal) {
   const char* op = "attention_bwd";
   const AttentionShape s =
       check_attention_inputs(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size);
+  check_no_band(is_causal, window_left, window_right, diagonal, op);
   const Inputs in = prepare(q, k, v, attn_mask, key_padding_mask, s, dropout_p, op);
   check_attention_grads(s, q, grad_out, grad_lse, out, lse);
   return launch_backward(in, grad_out, grad_lse, out, lse, scale, is_causal, op, [&] { return describe_qkv(q, k, v); });
