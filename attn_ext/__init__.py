@@ -16,6 +16,7 @@ from attn_ext import nn
 from attn_ext.ops.attention import (
     DEFAULT_CHUNK_SIZE,
     AttentionState,
+    SlidingWindowState,
     attention_state,
     cross_attention,
     empty_state,
@@ -24,6 +25,7 @@ from attn_ext.ops.attention import (
     scaled_dot_product_attention,
     stream_attention,
     update_state,
+    varlen_attention,
 )
 from attn_ext.ops.intention import (
     IntentionState,
@@ -64,6 +66,7 @@ __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "AttentionState",
     "IntentionState",
+    "SlidingWindowState",
     "Tree",
     "TreeAttentionResult",
     "attention_state",
@@ -99,5 +102,6 @@ __all__ = [
     "tree_num_selected",
     "update_intention_state",
     "update_state",
+    "varlen_attention",
     "__version__",
 ]

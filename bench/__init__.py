@@ -24,6 +24,8 @@ BENCHMARKS: dict[str, str] = {
     "batched_cholesky": "bench.bench_batched_cholesky",
     "sdpa": "bench.bench_sdpa",
     "sdpa_window": "bench.bench_sdpa_window",
+    "varlen": "bench.bench_varlen",
+    "decoding": "bench.bench_decoding",
     "call_overhead": "bench.bench_call_overhead",
     "np_step": "bench.bench_np_step",
     "np_demo": "bench.np.demo",
@@ -36,7 +38,7 @@ BENCHMARKS: dict[str, str] = {
 #: ``gp_quick`` (hours) run only when named.
 DEFAULT_BENCHMARKS: tuple[str, ...] = (
     "cross_attention", "state_update", "streaming_memory", "tree_attention", "intention", "batched_cholesky",
-    "sdpa", "sdpa_window", "call_overhead", "np_step", "np_demo",
+    "sdpa", "sdpa_window", "varlen", "decoding", "call_overhead", "np_step", "np_demo",
 )
 
 

@@ -112,6 +112,20 @@ def record_calls(step: Callable[[], object], seed: int = 0) -> tuple[list[Call],
     return calls, counts
 
 
+#: The attention op's arguments after its first ten, at their defaults (no window, alignment offset, softcap,
+#: ALiBi or packed batch): what the NP models' calls pass, and all the replays below understand.
+_DEFAULT_EXTRA_ARGS = (-1, -1, 0, 0.0, None, None, None, False)
+
+
+def _sdpa_args(call: Call) -> tuple:
+    """The first ten arguments of a recorded ``attention_fwd`` call; raises if it used any of the others."""
+    extra = tuple(call.args[10:])
+    if extra != _DEFAULT_EXTRA_ARGS[:len(extra)]:
+        raise ValueError(f"np_step_attention: a recorded attention call used a window, softcap, ALiBi or a packed "
+                         f"batch ({extra}), which the replay does not reproduce")
+    return tuple(call.args[:10])
+
+
 def ours_call(call: Call) -> Tensor:
     """attn_ext's public op on the call's arguments: the output (the lse the kernels return alongside is not
     used by the modules' calls, so its gradient is zero, as in the step)."""
@@ -119,7 +133,7 @@ def ours_call(call: Call) -> Tensor:
         q, k, v, padding, scale, chunk_size = call.args
         return attn_ext.cross_attention(q, k, v, key_padding_mask=padding, scale=scale, chunk_size=chunk_size,
                                         backend=call.backend)
-    q, k, v, mask, padding, scale, is_causal, dropout_p, _seed, chunk_size = call.args
+    q, k, v, mask, padding, scale, is_causal, dropout_p, _seed, chunk_size = _sdpa_args(call)
     return attn_ext.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
                                                  scale=scale, enable_gqa=q.shape[1] != k.shape[1],
                                                  key_padding_mask=padding, chunk_size=chunk_size, backend=call.backend)
@@ -147,7 +161,7 @@ def sdpa_call(call: Call) -> Tensor:
         q, k, v, padding, scale, _ = call.args
         mask, _ = _sdpa_mask(q.shape[-2], k.shape[-2], None, padding, False, q.device)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    q, k, v, mask, padding, scale, is_causal, dropout_p, _, _ = call.args
+    q, k, v, mask, padding, scale, is_causal, dropout_p, _, _ = _sdpa_args(call)
     mask, is_causal = _sdpa_mask(q.shape[-2], k.shape[-2], mask, padding, is_causal, q.device)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
                                           scale=scale, enable_gqa=q.shape[1] != k.shape[1])

@@ -41,17 +41,25 @@
 /// True = take part, or additive in q's dtype), key padding [B, S] (True = padding), a band about each
 /// query's diagonal key m + diagonal (causal: keys n ≤ m + diagonal; window_left / window_right ≥ 0: keys
 /// m + diagonal − window_left ≤ n ≤ m + diagonal + window_right, −1 unbounded), grouped heads (Hq a
-/// multiple of Hkv: query head h reads kv head h / (Hq / Hkv)) and Philox dropout from dropout_seed
-/// (int64, one element) when dropout_p > 0: (out [B, Hq, L, Dv], lse [B, Hq, L]), lse of the undropped
-/// scores. Empty rows: out 0, lse -inf.
+/// multiple of Hkv: query head h reads kv head h / (Hq / Hkv)), Philox dropout from dropout_seed
+/// (int64, one element) when dropout_p > 0, a soft cap (softcap > 0: scores c·tanh(s / c) before the mask)
+/// and ALiBi (alibi_slopes fp32 [B, Hq]: scores − slope·|m + diagonal − n|): (out [B, Hq, L, Dv],
+/// lse [B, Hq, L]), lse of the undropped scores. Empty rows: out 0, lse -inf. With cu_seqlens_q/k (int32
+/// [S + 1]) a packed batch of S sequences: B = 1, sequence s's query rows cu_q[s] .. cu_q[s + 1] attend its key
+/// rows cu_k[s] .. cu_k[s + 1] only, the band aligned per sequence (bottom_right: at the end of its keys;
+/// diagonal must be 0), alibi_slopes [S, Hq]; no attn_mask or key padding.
 ATTN_EXT_OP(attention_fwd, (std::tuple<at::Tensor, at::Tensor>),
             (const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& attn_mask,
              const std::optional<at::Tensor>& key_padding_mask, double scale, bool is_causal, double dropout_p,
              const std::optional<at::Tensor>& dropout_seed, int64_t chunk_size, int64_t window_left,
-             int64_t window_right, int64_t diagonal),
+             int64_t window_right, int64_t diagonal, double softcap, const std::optional<at::Tensor>& alibi_slopes,
+             const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+             bool bottom_right),
             "attention_fwd(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, Tensor? key_padding_mask, float scale, "
             "bool is_causal, float dropout_p, Tensor? dropout_seed, int chunk_size, int window_left=-1, "
-            "int window_right=-1, int diagonal=0) -> (Tensor out, Tensor lse)")
+            "int window_right=-1, int diagonal=0, float softcap=0.0, Tensor? alibi_slopes=None, "
+            "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, bool bottom_right=False) -> "
+            "(Tensor out, Tensor lse)")
 
 /// Its backward: (grad_q, grad_k, grad_v), the dropout regenerated from the seed.
 ATTN_EXT_OP(attention_bwd, (std::tuple<at::Tensor, at::Tensor, at::Tensor>),
@@ -59,11 +67,14 @@ ATTN_EXT_OP(attention_bwd, (std::tuple<at::Tensor, at::Tensor, at::Tensor>),
              const at::Tensor& v, const std::optional<at::Tensor>& attn_mask,
              const std::optional<at::Tensor>& key_padding_mask, const at::Tensor& out, const at::Tensor& lse,
              double scale, bool is_causal, double dropout_p, const std::optional<at::Tensor>& dropout_seed,
-             int64_t chunk_size, int64_t window_left, int64_t window_right, int64_t diagonal),
+             int64_t chunk_size, int64_t window_left, int64_t window_right, int64_t diagonal, double softcap,
+             const std::optional<at::Tensor>& alibi_slopes, const std::optional<at::Tensor>& cu_seqlens_q,
+             const std::optional<at::Tensor>& cu_seqlens_k, bool bottom_right),
             "attention_bwd(Tensor grad_out, Tensor grad_lse, Tensor q, Tensor k, Tensor v, Tensor? attn_mask, "
             "Tensor? key_padding_mask, Tensor out, Tensor lse, float scale, bool is_causal, float dropout_p, "
-            "Tensor? dropout_seed, int chunk_size, int window_left=-1, int window_right=-1, int diagonal=0) -> "
-            "(Tensor grad_q, Tensor grad_k, Tensor grad_v)")
+            "Tensor? dropout_seed, int chunk_size, int window_left=-1, int window_right=-1, int diagonal=0, "
+            "float softcap=0.0, Tensor? alibi_slopes=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
+            "bool bottom_right=False) -> (Tensor grad_q, Tensor grad_k, Tensor grad_v)")
 
 /// Cross attention, attention_fwd's case without attn_mask, causal, grouped heads or dropout.
 /// Forward: (out [B,H,M,Dv] in q's dtype, lse [B,H,M]).

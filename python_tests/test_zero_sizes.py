@@ -79,7 +79,28 @@ def _flat(x):
     return x.reshape((math.prod(x.shape[:-3]),) + tuple(x.shape[-3:]))
 
 
+def _packed(s, dtype, g):
+    """A packed batch of B sequences of M queries and N keys each: q [B·M, H, D], k, v [B·N, H, ·], cu_seqlens."""
+    B, H, M, N = s["B"], s["H"], s["M"], s["N"]
+    cu = lambda n: torch.arange(B + 1, dtype=torch.int32) * n  # noqa: E731
+    return (randn(g, dtype, B * M, H, s["D"]), randn(g, dtype, B * N, H, s["D"]), randn(g, dtype, B * N, H, s["Dv"]),
+            cu(M), cu(N))
+
+
+def _packed_reference(q, k, v, cu_q, cu_k):
+    """Each sequence's attention (every sequence has the same lengths here), in the packed layout."""
+    B = cu_q.numel() - 1
+    M, N = (int(cu[1]) if B else 0 for cu in (cu_q, cu_k))
+    unpack = lambda t, n: t.reshape(B, n, *t.shape[1:]).transpose(1, 2)  # noqa: E731
+    out, lse = attention(unpack(q, M), unpack(k, N), unpack(v, N))
+    H = q.shape[1]
+    return out.transpose(1, 2).reshape(B * M, H, out.shape[-1]), lse.permute(1, 0, 2).reshape(H, B * M)
+
+
 CASES = [
+    Case("varlen_attention", SIZES, _packed,
+         lambda b, q, k, v, cq, ck: ae.varlen_attention(q, k, v, cq, ck, return_lse=True, backend=b),
+         _packed_reference, ATTENTION_BACKENDS, (0, 1, 2), {"D": REFUSE_D}),
     Case("cross_attention", SIZES, _qkv_mask,
          lambda b, q, k, v, m: ae.cross_attention(q, k, v, key_padding_mask=m, return_lse=True, backend=b),
          lambda q, k, v, m: attention(q, k, v, key_allowed(m)),

@@ -115,6 +115,24 @@ inline void check_attention_band(int64_t window_left, int64_t window_right, int6
                     "attn_ext.scaled_dot_product_attention: diagonal offset ", diagonal, " is out of range");
 }
 
+/// The score modifications of attention_fwd/bwd: softcap 0 (none) or a finite c > 0; alibi_slopes absent or a
+/// float32 [B, Hq] tensor of finite slopes on q's device.
+inline void check_score_mods(const AttentionShape& s, const at::Tensor& q, double softcap,
+                             const std::optional<at::Tensor>& alibi_slopes) {
+  TORCH_CHECK_VALUE(softcap == 0 || (std::isfinite(softcap) && softcap > 0),
+                    "attn_ext.scaled_dot_product_attention: softcap must be a finite float > 0 (or 0: none), got ",
+                    softcap);
+  if (!alibi_slopes.has_value()) return;
+  const at::Tensor& a = *alibi_slopes;
+  TORCH_CHECK_TYPE(a.scalar_type() == at::kFloat, "attn_ext.scaled_dot_product_attention: alibi_slopes must be "
+                   "float32, got ", a.scalar_type());
+  TORCH_CHECK_VALUE(a.dim() == 2 && a.size(0) == s.batch && a.size(1) == s.q_heads,
+                    "attn_ext.scaled_dot_product_attention: alibi_slopes must be [B, Hq] = [", s.batch, ", ",
+                    s.q_heads, "], got ", a.sizes());
+  TORCH_CHECK_VALUE(a.device() == q.device(), "attn_ext.scaled_dot_product_attention: alibi_slopes is on ",
+                    a.device(), " but q is on ", q.device());
+}
+
 /// The backward's extra inputs: grad_out and out [B, Hq, L, Dv] in q's dtype, grad_lse and lse
 /// [B, Hq, L] in the accumulation dtype.
 inline void check_attention_grads(const AttentionShape& s, const at::Tensor& q, const at::Tensor& grad_out,

@@ -62,9 +62,12 @@ inline int64_t band_chunk(const Band& band, int64_t chunk) {
 /// main loop both call this with the same operands, so their scores are bit-identical.
 template <typename acc_t, typename Plane>
 void masked_scores(const PairRule<Plane>& rule, const TileStatus& st, const acc_t* qt, int64_t ldq, const acc_t* kt,
-                   int64_t ldk, acc_t scale, int64_t m0, int64_t mt, int64_t n0, int64_t nc, int64_t D, acc_t* s) {
+                   int64_t ldk, acc_t scale, int64_t m0, int64_t mt, int64_t n0, int64_t nc, int64_t D, acc_t* s,
+                   acc_t* tanh_out = nullptr) {
   gemm(Transpose::kNo, Transpose::kYes, mt, nc, D, scale, qt, ldq, kt, ldk, acc_t(0), s, nc);
+  cap_scores(rule, s, nc, mt, nc, tanh_out);
   add_mask_values(rule, s, nc, m0, mt, n0, nc);
+  add_alibi(rule, s, nc, m0, mt, n0, nc);
   if (st.any_masked) fill_masked(rule, st, s, nc, m0, mt, n0, nc, negative_infinity<acc_t>());
 }
 
@@ -88,11 +91,13 @@ struct Backward {
         chunk(band_chunk(c.band, std::min<int64_t>(c.chunk, std::max<int64_t>(N, 1)))),
         n_chunks((N + chunk - 1) / chunk),
         scale(static_cast<acc_t>(c.scale)), padding(c.padding.defined() ? c.padding.const_data_ptr<bool>() : nullptr),
-        lse(lse_t.const_data_ptr<acc_t>()) {}
+        lse(lse_t.const_data_ptr<acc_t>()), segments(call_segments(c)), tiles(work_tiles(segments, tile_m)) {}
 
-  PairRule<Plane> rule(int64_t b, int64_t h) const {
-    return PairRule<Plane>{padding ? padding + b * N : nullptr, mask_plane<Plane>(call.attn_mask, b, h), call.band};
-  }
+  // The segments (batch entries, or a packed batch's sequences) and their query tiles.
+  std::vector<Segment> segments;
+  std::vector<WorkTile> tiles;
+
+  PairRule<Plane> rule(int64_t segment, int64_t h) const { return pair_rule<Plane>(call, segments, segment, h); }
 
   void row_deltas(const at::Tensor& out, const at::Tensor& grad_out, const at::Tensor& grad_lse) {
     const acc_t* grad_lse_data = grad_lse.const_data_ptr<acc_t>();
@@ -111,15 +116,15 @@ struct Backward {
 
   // Exact normaliser of rows with a huge lse (kPreciseNormaliserLse), from the main loop's tiles.
   void precise_normalisers() {
-    const int64_t n_tiles = (M + tile_m - 1) / tile_m;
+    const int64_t n_tiles = static_cast<int64_t>(tiles.size());
     precise.assign(B * Hq * M, 0);
     row_shift.resize(B * Hq * M), row_log_sum.resize(B * Hq * M);
-    at::parallel_for(0, B * Hq * n_tiles, 1, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, Hq * n_tiles, 1, [&](int64_t begin, int64_t end) {
       std::vector<acc_t> scores, q_tile, k_tile;
       std::vector<OnlineSoftmaxRow<acc_t>> rows;
       for (int64_t unit = begin; unit < end; ++unit) {
-        const int64_t bh = unit / n_tiles, b = bh / Hq, h = bh % Hq, m0 = (unit % n_tiles) * tile_m;
-        const int64_t mt = std::min(tile_m, M - m0);
+        const WorkTile& tile = tiles[unit % n_tiles];
+        const int64_t h = unit / n_tiles, b = segments[tile.segment].b, bh = b * Hq + h, m0 = tile.m0, mt = tile.mt;
         bool any = false;
         for (int64_t r = 0; r < mt; ++r) {
           const acc_t l = lse[bh * M + m0 + r];
@@ -127,15 +132,14 @@ struct Backward {
         }
         if (!any) continue;
         scores.resize(tile_m * chunk), q_tile.resize(tile_m * D), k_tile.resize(chunk * D), rows.resize(tile_m);
-        const PairRule<Plane> pr = rule(b, h);
+        const PairRule<Plane> pr = rule(tile.segment, h);
         int64_t ldq, ldk;
         const acc_t* qt = rows_as_acc<acc_t>(matrix_at<scalar_t>(q, b, h, m0), q.stride(2), mt, D, q_tile.data(), &ldq);
         std::fill(rows.begin(), rows.begin() + mt, online_softmax_empty<acc_t>());
-        int64_t n_first, n_end;
-        band_keys(call.band, m0, mt, N, &n_first, &n_end);
-        for (int64_t c = n_first / chunk; c < n_chunks; ++c) {
-          const int64_t n0 = c * chunk, nc = std::min(chunk, N - n0), ncc = tile_keys(call.band, m0, mt, n0, nc);
-          if (ncc <= 0) break;
+        int64_t n_first, n_end;  // the tile's keys, chunks counted from the first
+        rule_keys(pr, m0, mt, N, &n_first, &n_end);
+        for (int64_t n0 = n_first; n0 < n_end; n0 += chunk) {
+          const int64_t nc = std::min(chunk, n_end - n0), ncc = nc;
           const TileStatus st = scan_tile(pr, m0, mt, n0, ncc);
           if (st.all_masked) continue;
           const acc_t* kt = rows_as_acc<acc_t>(matrix_at<scalar_t>(k, b, h / group, n0), k.stride(2), nc, D,
@@ -159,25 +163,33 @@ struct Backward {
   }
 
   void run(const at::Tensor& grad_out, at::Tensor& grad_q, at::Tensor& grad_k, at::Tensor& grad_v) {
-    const int64_t total_macs = 2 * B * Hq * band_pairs(call.band, M, N) * (D + Dv);
-    const int64_t splits = key_splits_for(B * Hkv, n_chunks, total_macs);
+    int64_t pairs = 0;
+    for (const Segment& seg : segments) pairs += segment_pairs(seg);
+    const int64_t total_macs = 2 * Hq * pairs * (D + Dv);
+    // Work units: a segment's keys (a batch entry's, or a packed sequence's) of one key/value head, in parts.
+    const int64_t n_segments = static_cast<int64_t>(segments.size());
+    const int64_t splits = key_splits_for(n_segments * Hkv, n_chunks, total_macs);
     std::vector<acc_t> partial_grad_q(splits * B * Hq * M * D, acc_t(0));
     scalar_t* grad_k_data = grad_k.mutable_data_ptr<scalar_t>();
     scalar_t* grad_v_data = grad_v.mutable_data_ptr<scalar_t>();
     const bool dropout = call.dropout_p > 0;
+    const int64_t units = n_segments * Hkv * splits;
 
-    at::parallel_for(0, B * Hkv * splits, grain_size_for(B * Hkv * splits, total_macs), [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, units, grain_size_for(units, total_macs), [&](int64_t begin, int64_t end) {
       const int64_t tc = tile_m * chunk;
-      ScratchBuffer<acc_t> p(tc), dp(tc), z(dropout ? tc : 0), pz(dropout ? tc : 0), q_tile(tile_m * D),
+      ScratchBuffer<acc_t> p(tc), dp(tc), z(dropout ? tc : 0), pz(dropout ? tc : 0), capped(call.softcap > 0 ? tc : 0),
+          q_tile(tile_m * D),
           do_tile(tile_m * Dv), k_tile(chunk * D), v_tile(chunk * Dv), dk(chunk * D), dv(chunk * Dv),
           q_fix(tile_m * D), do_fix(tile_m * Dv), k_fix(chunk * D);
       std::vector<int64_t> bad_q, bad_do, bad_k;
       for (int64_t unit = begin; unit < end; ++unit) {
-        const int64_t split = unit % splits, bkv = unit / splits, b = bkv / Hkv, hkv = bkv % Hkv;
-        int64_t c_first, c_last;
-        split_range(n_chunks, splits, split, &c_first, &c_last);
+        const int64_t split = unit % splits, segment = unit / (splits * Hkv), hkv = (unit / splits) % Hkv;
+        const Segment& seg = segments[segment];
+        const int64_t b = seg.b;
+        int64_t c_first, c_last;  // the segment's key chunks, counted from its first key
+        split_range((seg.k_end - seg.k_begin + chunk - 1) / chunk, splits, split, &c_first, &c_last);
         for (int64_t c = c_first; c < c_last; ++c) {
-          const int64_t n0 = c * chunk, nc = std::min(chunk, N - n0);
+          const int64_t n0 = seg.k_begin + c * chunk, nc = std::min(chunk, seg.k_end - n0);
           std::fill(dk.begin(), dk.begin() + nc * D, acc_t(0));
           std::fill(dv.begin(), dv.begin() + nc * Dv, acc_t(0));
           int64_t ldk, ldv, ldq, lddo;
@@ -185,14 +197,15 @@ struct Backward {
           const acc_t* vt = rows_as_acc<acc_t>(matrix_at<scalar_t>(v, b, hkv, n0), v.stride(2), nc, Dv, v_tile.data(), &ldv);
           nonfinite_rows(kt, ldk, nc, D, bad_k);
           for (int64_t h = hkv * group; h < (hkv + 1) * group; ++h) {
-            const PairRule<Plane> pr = rule(b, h);
+            const PairRule<Plane> pr = rule(segment, h);
             const DropoutRule drop = dropout_rule(call, b, h, Hq, M, N);
             const int64_t bh = b * Hq + h;
             acc_t* grad_q_part = partial_grad_q.data() + (split * B * Hq + bh) * M * D;
-            int64_t m_first, m_end;  // the queries the band lets see some key of the chunk
-            band_queries(call.band, n0, nc, M, &m_first, &m_end);
-            for (int64_t m0 = m_first / tile_m * tile_m; m0 < m_end; m0 += tile_m) {
-              const int64_t mt = std::min(tile_m, M - m0), ncc = tile_keys(call.band, m0, mt, n0, nc);
+            int64_t m_first, m_end;  // the segment's queries the band lets see some key of the chunk
+            band_queries(pr.band, n0, nc, M, &m_first, &m_end);
+            m_first = std::max(m_first, seg.q_begin), m_end = std::min(m_end, seg.q_end);
+            for (int64_t m0 = seg.q_begin + (m_first - seg.q_begin) / tile_m * tile_m; m0 < m_end; m0 += tile_m) {
+              const int64_t mt = std::min(tile_m, seg.q_end - m0), ncc = tile_keys(pr.band, m0, mt, n0, nc);
               if (ncc <= 0) continue;  // the chunk lies past the tile's band
               const TileStatus st = scan_tile(pr, m0, mt, n0, ncc);
               if (st.all_masked) continue;
@@ -200,7 +213,8 @@ struct Backward {
               const acc_t* dot = rows_as_acc<acc_t>(matrix_at<scalar_t>(grad_out, b, h, m0), grad_out.stride(2), mt, Dv,
                                                     do_tile.data(), &lddo);
               // P = exp(s − lse), 0 for masked pairs and for rows without any allowed key.
-              masked_scores(pr, st, qt, ldq, kt, ldk, scale, m0, mt, n0, ncc, D, p.data());
+              masked_scores(pr, st, qt, ldq, kt, ldk, scale, m0, mt, n0, ncc, D, p.data(),
+                            call.softcap > 0 ? capped.data() : nullptr);
               bool nan_row = false;
               for (int64_t r = 0; r < mt; ++r) {
                 acc_t* row_p = p.data() + r * ncc;
@@ -245,6 +259,9 @@ struct Backward {
               for (int64_t r = 0; r < mt; ++r) {
                 score_gradient_row(p.data() + r * ncc, dp.data() + r * ncc, dp.data() + r * ncc, ncc,
                                    delta_minus_dlse[bh * M + m0 + r]);
+              }
+              if (call.softcap > 0) {  // through s = c · tanh(s₀ / c): dS₀ = dS · (1 − tanh²)
+                for (int64_t i = 0; i < mt * ncc; ++i) dp[i] *= acc_t(1) - capped[i] * capped[i];
               }
               // P = 0 there, but 0 · (dP − Δ) is NaN when dP or Δ is not finite.
               if (st.any_masked) fill_masked(pr, st, dp.data(), ncc, m0, mt, n0, ncc, acc_t(0));

@@ -29,16 +29,20 @@ void forward_kernel(const AttentionCall& call, at::Tensor& out, at::Tensor& lse)
   const int64_t group = Hkv > 0 ? Hq / Hkv : 0;  // Hkv = 0 only with Hq = 0: no head, no work unit
   const int64_t tile_m = std::min<int64_t>(kQueryTile, std::max<int64_t>(M, 1));
   const int64_t chunk = std::min<int64_t>(call.chunk, std::max<int64_t>(N, 1));
-  const int64_t q_tiles = (M + tile_m - 1) / tile_m;
+  // Work units: a query head and a tile of a segment's rows (a batch entry's, or a packed sequence's).
+  const std::vector<Segment> segments = call_segments(call);
+  const std::vector<WorkTile> tiles = work_tiles(segments, tile_m);
+  const int64_t n_tiles = static_cast<int64_t>(tiles.size());
   const int64_t n_chunks = (N + chunk - 1) / chunk;
-  const int64_t units = B * Hq * q_tiles;
-  const int64_t total_macs = B * Hq * band_pairs(call.band, M, N) * (D + Dv);
+  const int64_t units = Hq * n_tiles;
+  int64_t pairs = 0;
+  for (const Segment& seg : segments) pairs += segment_pairs(seg);
+  const int64_t total_macs = Hq * pairs * (D + Dv);
   const int64_t splits = key_splits_for(units, n_chunks, total_macs);
 
   const scalar_t* q_data = q.const_data_ptr<scalar_t>();
   const scalar_t* k_data = k.const_data_ptr<scalar_t>();
   const scalar_t* v_data = v.const_data_ptr<scalar_t>();
-  const bool* padding = call.padding.defined() ? call.padding.const_data_ptr<bool>() : nullptr;
   scalar_t* out_data = out.mutable_data_ptr<scalar_t>();
   acc_t* lse_data = lse.mutable_data_ptr<acc_t>();
 
@@ -51,20 +55,20 @@ void forward_kernel(const AttentionCall& call, at::Tensor& out, at::Tensor& lse)
     AttentionTileScratch<acc_t> scratch(tile_m, chunk, D, Dv);
     ScratchBuffer<acc_t> q_tile(tile_m * D);  // written by rows_as_acc before it is read, when used at all
     for (int64_t unit = begin; unit < end; ++unit) {
-      const int64_t split = unit % splits, tile = (unit / splits) % q_tiles, bh = unit / (splits * q_tiles);
-      const int64_t b = bh / Hq, h = bh % Hq, hkv = h / group;
-      const int64_t m0 = tile * tile_m, mt = std::min(tile_m, M - m0);
-      // With a band (causal, window) only the chunks holding keys the tile may see are split among the parts.
-      // (attend_tile counts them from the tile's first key: a window's chunks start at its lower edge).
+      const int64_t split = unit % splits, h = unit / (splits * n_tiles);
+      const WorkTile& tile = tiles[(unit / splits) % n_tiles];
+      const int64_t b = segments[tile.segment].b, bh = b * Hq + h, hkv = h / group;
+      const int64_t m0 = tile.m0, mt = tile.mt;
+      const PairRule<Plane> rule = pair_rule<Plane>(call, segments, tile.segment, h);
+      // With a band (causal, window) or a packed sequence only the chunks holding keys the tile may see are split
+      // among the parts (attend_tile counts them from the tile's first key: a window's chunks start at its edge).
       int64_t n_first, n_end;
-      band_keys(call.band, m0, mt, N, &n_first, &n_end);
+      rule_keys(rule, m0, mt, N, &n_first, &n_end);
       int64_t c_first, c_last;
       split_range((n_end - n_first + chunk - 1) / chunk, splits, split, &c_first, &c_last);
       const KeyValueRows<scalar_t> kv{k_data + b * k.stride(0) + hkv * k.stride(1),
                                       v_data + b * v.stride(0) + hkv * v.stride(1),
                                       k.stride(2), v.stride(2), nullptr, N, D, Dv};
-      const PairRule<Plane> rule{padding ? padding + b * N : nullptr, mask_plane<Plane>(call.attn_mask, b, h),
-                                 call.band};
       int64_t ldq;
       const acc_t* qt = rows_as_acc<acc_t>(q_data + b * q.stride(0) + h * q.stride(1) + m0 * q.stride(2),
                                            q.stride(2), mt, D, q_tile.data(), &ldq);

@@ -5,12 +5,23 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <tuple>
+#include <vector>
 
 #include "attention_masking.h"
 
 namespace attn_ext::cpu {
+
+/// The query rows [q_begin, q_end) and key rows [k_begin, k_end) of batch entry b that attend each other: a whole
+/// batch entry, or one sequence of a packed (varlen) batch (b = 0). `band` and `diagonal` are in the rows'
+/// global numbering (the sequence's own band shifted by k_begin − q_begin).
+struct Segment {
+  int64_t b, q_begin, q_end, k_begin, k_end;
+  Band band;
+  int64_t diagonal;  ///< query m's diagonal key m + diagonal (ALiBi's distances)
+};
 
 /// Checked inputs of one attention call. q [B, Hq, L, D], k [B, Hkv, S, D], v [B, Hkv, S, Dv] with
 /// unit inner stride; attn_mask undefined or a [B, Hq, L, S] view (any strides) of bool or q's
@@ -22,8 +33,58 @@ struct AttentionCall {
   double dropout_p;
   int64_t seed;
   int64_t chunk;
+  double softcap = 0;     ///< > 0: scores c · tanh(s / c)
+  at::Tensor alibi;       ///< undefined, or fp32 [segments, Hq] contiguous ALiBi slopes
+  int64_t diagonal = 0;   ///< query m's diagonal key m + diagonal (ALiBi's distances)
+  /// A packed (varlen) batch: B = 1 and one segment per sequence; empty: one segment per batch entry.
+  std::vector<Segment> packed;
   const char* op = "attn_ext.scaled_dot_product_attention";  ///< the public op, for errors
 };
+
+/// The segments of a call: its packed sequences, or one per batch entry (every query row over every key).
+inline std::vector<Segment> call_segments(const AttentionCall& call) {
+  if (!call.packed.empty()) return call.packed;
+  std::vector<Segment> segments;
+  const int64_t B = call.q.size(0), M = call.q.size(2), N = call.k.size(2);
+  for (int64_t b = 0; b < B; ++b) segments.push_back(Segment{b, 0, M, 0, N, call.band, call.diagonal});
+  return segments;
+}
+
+/// The segment of query row m of batch entry b.
+inline int64_t segment_of(const std::vector<Segment>& segments, bool packed, int64_t b, int64_t m) {
+  if (!packed) return b;
+  const auto it = std::upper_bound(segments.begin(), segments.end(), m,
+                                   [](int64_t row, const Segment& s) { return row < s.q_end; });
+  return static_cast<int64_t>(it - segments.begin());
+}
+
+/// The (query, key) pairs of a segment inside its band: the work to expect.
+inline int64_t segment_pairs(const Segment& s) {
+  if (!s.band.active()) return (s.q_end - s.q_begin) * (s.k_end - s.k_begin);
+  int64_t pairs = 0;
+  for (int64_t m = s.q_begin; m < s.q_end; ++m) {
+    int64_t first, end;
+    band_keys(s.band, m, 1, s.k_end, &first, &end);
+    pairs += std::max<int64_t>(end - std::max(first, s.k_begin), 0);
+  }
+  return pairs;
+}
+
+/// A tile of a segment's query rows [m0, m0 + mt): the forward's unit of work (with a query head).
+struct WorkTile {
+  int64_t segment, m0, mt;
+};
+
+/// Each segment's query rows cut into tiles of tile_m from its first row.
+inline std::vector<WorkTile> work_tiles(const std::vector<Segment>& segments, int64_t tile_m) {
+  std::vector<WorkTile> tiles;
+  for (int64_t s = 0; s < static_cast<int64_t>(segments.size()); ++s) {
+    for (int64_t m0 = segments[s].q_begin; m0 < segments[s].q_end; m0 += tile_m) {
+      tiles.push_back(WorkTile{s, m0, std::min(tile_m, segments[s].q_end - m0)});
+    }
+  }
+  return tiles;
+}
 
 /// (out [B, Hq, L, Dv] in q's dtype, lse [B, Hq, L] fp32, fp64 for fp64 inputs).
 std::tuple<at::Tensor, at::Tensor> attention_forward(const AttentionCall& call);
@@ -43,6 +104,20 @@ Plane mask_plane(const at::Tensor& mask, int64_t b, int64_t h) {
   } else {
     return Plane{};
   }
+}
+
+/// Every rule of the pairs of segment `index` of `segments` for query head h: key padding, the attn_mask plane,
+/// the band and key range, soft cap, ALiBi.
+template <typename Plane>
+PairRule<Plane> pair_rule(const AttentionCall& call, const std::vector<Segment>& segments, int64_t index, int64_t h) {
+  const Segment& seg = segments[index];
+  PairRule<Plane> rule{call.padding.defined() ? call.padding.const_data_ptr<bool>() + seg.b * call.k.size(2) : nullptr,
+                       mask_plane<Plane>(call.attn_mask, seg.b, h), seg.band};
+  rule.key_begin = seg.k_begin, rule.key_end = seg.k_end;
+  rule.softcap = call.softcap;
+  rule.diagonal = seg.diagonal;
+  if (call.alibi.defined()) rule.alibi_slope = call.alibi.const_data_ptr<float>()[index * call.q.size(1) + h];
+  return rule;
 }
 
 /// Dropout of (b, h) for a call with Hq query heads, L queries, S keys.

@@ -86,12 +86,47 @@ struct PairRule {
   const bool* padding;  ///< [N] flags of the batch entry (true = padding), or null
   Plane mask;
   Band band;  ///< key n takes part for query m only if m + band.lo ≤ n ≤ m + band.hi
+  int64_t key_begin = 0, key_end = kBandUnbounded;  ///< and key_begin ≤ n < key_end (a packed sequence's keys)
+  // What turns the scaled dot products of the allowed pairs into scores, before and beside the mask:
+  double softcap = 0;      ///< c > 0: s = c · tanh(s / c) (Gemma 2, Grok); 0: none
+  double alibi_slope = 0;  ///< ≠ 0: s −= slope · |m + diagonal − n| (ALiBi, this query head's slope)
+  int64_t diagonal = 0;    ///< query m's diagonal key m + diagonal, for ALiBi's distance
+  bool modifies_scores() const { return softcap > 0 || alibi_slope != 0; }
 };
+
+/// The soft cap of a tile's scaled dot products [mt, nc] (leading dim ld), in place: s ← c · tanh(s / c).
+/// `tanh_out` (leading dim nc), when not null, receives tanh(s / c), the backward's chain rule factor
+/// 1 − tanh². ±inf becomes ±c, NaN stays NaN.
+template <typename Plane, typename acc_t>
+void cap_scores(const PairRule<Plane>& rule, acc_t* tile, int64_t ld, int64_t mt, int64_t nc, acc_t* tanh_out) {
+  if (!(rule.softcap > 0)) return;
+  const acc_t c = static_cast<acc_t>(rule.softcap), inv_c = acc_t(1) / c;
+  for (int64_t r = 0; r < mt; ++r) {
+    acc_t* row = tile + r * ld;
+    for (int64_t j = 0; j < nc; ++j) {
+      const acc_t t = std::tanh(row[j] * inv_c);
+      if (tanh_out != nullptr) tanh_out[r * nc + j] = t;
+      row[j] = c * t;
+    }
+  }
+}
+
+/// ALiBi's linear bias of a tile of rows m0.., keys n0..: s −= slope · |m + diagonal − n|.
+template <typename Plane, typename acc_t>
+void add_alibi(const PairRule<Plane>& rule, acc_t* tile, int64_t ld, int64_t m0, int64_t mt, int64_t n0, int64_t nc) {
+  if (rule.alibi_slope == 0) return;
+  const acc_t slope = static_cast<acc_t>(rule.alibi_slope);
+  for (int64_t r = 0; r < mt; ++r) {
+    acc_t* row = tile + r * ld;
+    const int64_t diag = m0 + r + rule.diagonal - n0;  // key n0 + j is |diag − j| from the query's diagonal
+    for (int64_t j = 0; j < nc; ++j) row[j] -= slope * static_cast<acc_t>(diag > j ? diag - j : j - diag);
+  }
+}
 
 template <typename Plane>
 inline bool pair_allowed(const PairRule<Plane>& rule, int64_t m, int64_t n) {
   if (rule.padding != nullptr && rule.padding[n]) return false;
-  if (n < m + rule.band.lo || n > m + rule.band.hi) return false;
+  if (n < m + rule.band.lo || n > m + rule.band.hi || n < rule.key_begin || n >= rule.key_end) return false;
   if constexpr (kHasMask<Plane>) {
     const auto value = rule.mask.data[m * rule.mask.row_stride + n * rule.mask.col_stride];
     if constexpr (kAdditiveMask<Plane>) {
@@ -162,6 +197,14 @@ void add_mask_values(const PairRule<Plane>& rule, acc_t* tile, int64_t ld, int64
       for (int64_t j = 0; j < nc; ++j) row[j] += static_cast<acc_t>(mrow[j * cs]);
     }
   }
+}
+
+/// Keys [*first, *end) ⊂ [0, N) that some query of rows [m0, m0 + mt) may attend under `rule`'s band and key range.
+template <typename Plane>
+void rule_keys(const PairRule<Plane>& rule, int64_t m0, int64_t mt, int64_t N, int64_t* first, int64_t* end) {
+  band_keys(rule.band, m0, mt, N, first, end);
+  *first = std::clamp<int64_t>(*first, std::min(rule.key_begin, N), std::min(rule.key_end, N));
+  *end = std::clamp<int64_t>(*end, *first, std::min(rule.key_end, N));
 }
 
 /// Writes `value` over every masked pair of the tile (−inf into scores, 0 into score gradients),

@@ -6,6 +6,8 @@
 
 #include <optional>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "attention_kernels.h"
 #include "checks/attention_checks.h"
@@ -28,6 +30,86 @@ AttentionCall make_call(const at::Tensor& q, const at::Tensor& k, const at::Tens
   return call;
 }
 
+/// A packed batch's segments (one per sequence of cu_seqlens_q/k, int32 [S + 1]): checked, each with its band
+/// (the sequence's own, aligned top-left or at the end of its keys) shifted into the packed rows' numbering.
+std::vector<Segment> packed_segments(const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& cu_q_t,
+                                     const std::optional<at::Tensor>& cu_k_t, bool causal, int64_t window_left,
+                                     int64_t window_right, int64_t diagonal, bool bottom_right,
+                                     const std::optional<at::Tensor>& attn_mask,
+                                     const std::optional<at::Tensor>& key_padding_mask, double dropout_p) {
+  const char* who = "attn_ext.varlen_attention";
+  TORCH_CHECK_VALUE(!(dropout_p > 0), who, ": a packed batch takes no dropout here (ae.varlen_attention runs "
+                    "dropout one sequence at a time)");
+  TORCH_CHECK_VALUE(cu_q_t.has_value() && cu_k_t.has_value(), who, ": cu_seqlens_q and cu_seqlens_k come together");
+  TORCH_CHECK_VALUE(q.size(0) == 1, who, ": a packed batch is q [1, H, total_q, D], got ", q.sizes());
+  TORCH_CHECK_VALUE(diagonal == 0, who, ": the diagonal of a packed batch is per sequence (bottom_right), got ",
+                    diagonal);
+  TORCH_CHECK_VALUE(!attn_mask.has_value() && !key_padding_mask.has_value(), who,
+                    ": a packed batch takes no attn_mask or key padding mask");
+  const at::Tensor cu_q = cu_q_t->cpu(), cu_k = cu_k_t->cpu();
+  for (const at::Tensor* cu : {&cu_q, &cu_k}) {
+    TORCH_CHECK_TYPE(cu->scalar_type() == at::kInt && cu->dim() == 1 && cu->numel() >= 1, who,
+                     ": cu_seqlens must be int32 [S + 1], got ", cu->scalar_type(), " ", cu->sizes());
+  }
+  TORCH_CHECK_VALUE(cu_q.numel() == cu_k.numel(), who, ": cu_seqlens_q ", cu_q.sizes(), " and cu_seqlens_k ",
+                    cu_k.sizes(), " must describe the same sequences");
+  const int32_t* oq = cu_q.contiguous().const_data_ptr<int32_t>();
+  const int32_t* ok = cu_k.contiguous().const_data_ptr<int32_t>();
+  const int64_t n = cu_q.numel() - 1;
+  TORCH_CHECK_VALUE(oq[0] == 0 && ok[0] == 0 && oq[n] == q.size(2) && ok[n] == k.size(2), who,
+                    ": cu_seqlens must start at 0 and end at the packed rows (", q.size(2), " queries, ", k.size(2),
+                    " keys)");
+  std::vector<Segment> segments;
+  for (int64_t s = 0; s < n; ++s) {
+    TORCH_CHECK_VALUE(oq[s + 1] >= oq[s] && ok[s + 1] >= ok[s], who, ": cu_seqlens must not decrease");
+    const int64_t L = oq[s + 1] - oq[s], S = ok[s + 1] - ok[s], shift = ok[s] - oq[s];
+    const int64_t diag = bottom_right ? S - L : 0;
+    Band band = make_band(causal, window_left, window_right, diag);
+    if (band.lo != -kBandUnbounded) band.lo += shift;
+    if (band.hi != kBandUnbounded) band.hi += shift;
+    segments.push_back(Segment{0, oq[s], oq[s + 1], ok[s], ok[s + 1], band, diag + shift});
+  }
+  return segments;
+}
+
+/// The soft cap and ALiBi slopes (contiguous fp32 [B, Hq]) of a checked call.
+void with_score_mods(AttentionCall& call, int64_t diagonal, double softcap,
+                     const std::optional<at::Tensor>& alibi_slopes) {
+  call.softcap = softcap;
+  call.diagonal = diagonal;
+  if (alibi_slopes.has_value()) call.alibi = alibi_slopes->contiguous();
+}
+
+/// The checked call of attention_fwd/bwd's arguments (a packed batch's segments included).
+AttentionCall checked_call(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const std::optional<at::Tensor>& attn_mask,
+                           const std::optional<at::Tensor>& key_padding_mask, double scale, bool is_causal,
+                           double dropout_p, const std::optional<at::Tensor>& dropout_seed, int64_t chunk_size,
+                           int64_t window_left, int64_t window_right, int64_t diagonal, double softcap,
+                           const std::optional<at::Tensor>& alibi_slopes,
+                           const std::optional<at::Tensor>& cu_seqlens_q,
+                           const std::optional<at::Tensor>& cu_seqlens_k, bool bottom_right) {
+  AttentionShape s =
+      check_attention_inputs(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size);
+  check_attention_band(window_left, window_right, diagonal);
+  std::vector<Segment> packed;
+  if (cu_seqlens_q.has_value() || cu_seqlens_k.has_value()) {
+    packed = packed_segments(q, k, cu_seqlens_q, cu_seqlens_k, is_causal, window_left, window_right, diagonal,
+                             bottom_right, attn_mask, key_padding_mask, dropout_p);
+    s.batch = static_cast<int64_t>(packed.size());  // ALiBi's slopes are per sequence
+  } else {
+    TORCH_CHECK_VALUE(!bottom_right, "attn_ext.scaled_dot_product_attention: bottom_right is a packed batch's "
+                      "alignment; pass the diagonal offset");
+  }
+  check_score_mods(s, q, softcap, alibi_slopes);
+  AttentionCall call = make_call(q, k, v, attn_mask, key_padding_mask, scale,
+                                 make_band(is_causal, window_left, window_right, diagonal), dropout_p, dropout_seed,
+                                 chunk_size);
+  with_score_mods(call, diagonal, softcap, alibi_slopes);
+  call.packed = std::move(packed);
+  return call;
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> attention_fwd_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -35,12 +117,13 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_cpu(const at::Tensor& q, const 
                                                      const std::optional<at::Tensor>& key_padding_mask, double scale,
                                                      bool is_causal, double dropout_p,
                                                      const std::optional<at::Tensor>& dropout_seed, int64_t chunk_size,
-                                                     int64_t window_left, int64_t window_right, int64_t diagonal) {
-  check_attention_inputs(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size);
-  check_attention_band(window_left, window_right, diagonal);
-  return attention_forward(make_call(q, k, v, attn_mask, key_padding_mask, scale,
-                                     make_band(is_causal, window_left, window_right, diagonal), dropout_p,
-                                     dropout_seed, chunk_size));
+                                                     int64_t window_left, int64_t window_right, int64_t diagonal,
+                                                     double softcap, const std::optional<at::Tensor>& alibi_slopes,
+                                                     const std::optional<at::Tensor>& cu_seqlens_q,
+                                                     const std::optional<at::Tensor>& cu_seqlens_k, bool bottom_right) {
+  return attention_forward(checked_call(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p,
+                                        dropout_seed, chunk_size, window_left, window_right, diagonal, softcap,
+                                        alibi_slopes, cu_seqlens_q, cu_seqlens_k, bottom_right));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_cpu(
@@ -48,14 +131,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_cpu(
     const at::Tensor& v, const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_padding_mask,
     const at::Tensor& out, const at::Tensor& lse, double scale, bool is_causal, double dropout_p,
     const std::optional<at::Tensor>& dropout_seed, int64_t chunk_size, int64_t window_left, int64_t window_right,
-    int64_t diagonal) {
+    int64_t diagonal, double softcap, const std::optional<at::Tensor>& alibi_slopes,
+    const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, bool bottom_right) {
+  const AttentionCall call = checked_call(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p,
+                                          dropout_seed, chunk_size, window_left, window_right, diagonal, softcap,
+                                          alibi_slopes, cu_seqlens_q, cu_seqlens_k, bottom_right);
   const AttentionShape s =
       check_attention_inputs(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size);
-  check_attention_band(window_left, window_right, diagonal);
   check_attention_grads(s, q, grad_out, grad_lse, out, lse);
-  return attention_backward(
-      make_call(q, k, v, attn_mask, key_padding_mask, scale, make_band(is_causal, window_left, window_right, diagonal),
-                dropout_p, dropout_seed, chunk_size),
+  return attention_backward(call,
       with_unit_inner_stride(grad_out), grad_lse.contiguous(), with_unit_inner_stride(out), lse.contiguous());
 }
 

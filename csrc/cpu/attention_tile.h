@@ -65,7 +65,7 @@ void attend_tile(const acc_t* qt, int64_t ldq, int64_t m0, int64_t mt, acc_t sca
                  int64_t c_last, AttentionTileScratch<acc_t>& w) {
   const int64_t D = kv.D, Dv = kv.Dv;
   int64_t n_first, n_end;  // the keys the band lets some row of the tile see; chunk c starts at n_first + c·chunk
-  band_keys(rule.band, m0, mt, kv.N, &n_first, &n_end);
+  rule_keys(rule, m0, mt, kv.N, &n_first, &n_end);
   std::fill(w.acc.begin(), w.acc.begin() + mt * Dv, acc_t(0));
   std::fill(w.rows.begin(), w.rows.begin() + mt, online_softmax_empty<acc_t>());
   for (int64_t c = c_first; c < c_last && n_first + c * chunk < n_end; ++c) {
@@ -84,7 +84,9 @@ void attend_tile(const acc_t* qt, int64_t ldq, int64_t m0, int64_t mt, acc_t sca
     }
     acc_t* scores = w.scores.data();
     gemm(Transpose::kNo, Transpose::kYes, mt, nc, D, scale, qt, ldq, kt, ldk, acc_t(0), scores, nc);
+    cap_scores(rule, scores, nc, mt, nc, static_cast<acc_t*>(nullptr));
     add_mask_values(rule, scores, nc, m0, mt, n0, nc);
+    add_alibi(rule, scores, nc, m0, mt, n0, nc);
     if (st.any_masked) fill_masked(rule, st, scores, nc, m0, mt, n0, nc, negative_infinity<acc_t>());
     for (int64_t r = 0; r < mt; ++r) {
       acc_t* row_scores = scores + r * nc;

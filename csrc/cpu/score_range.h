@@ -84,15 +84,16 @@ void check_scores_in_range(const AttentionCall& call, const at::Tensor& out, con
   using acc_t = acc_type<scalar_t>;
   const int64_t B = out.size(0), Hq = out.size(1), M = out.size(2), Dv = out.size(3), Hkv = call.k.size(1);
   const int64_t rows = B * Hq * M;
+  const std::vector<Segment> segments = call_segments(call);
   const acc_t* lse_data = lse.const_data_ptr<acc_t>();
   const scalar_t* out_data = out.const_data_ptr<scalar_t>();  // contiguous
   for (int64_t row = 0; row < rows; ++row) {
     const acc_t l = lse_data[row];
     if (row_finite(lse_data, out_data, Dv, row)) continue;
     const int64_t m = row % M, h = (row / M) % Hq, b = row / (M * Hq);
-    const PairRule<Plane> rule{call.padding.defined() ? call.padding.const_data_ptr<bool>() + b * call.k.size(2)
-                                                      : nullptr,
-                               mask_plane<Plane>(call.attn_mask, b, h), call.band};
+    const int64_t segment = segment_of(segments, !call.packed.empty(), b, m);
+    if (segment >= static_cast<int64_t>(segments.size())) continue;  // a row of no packed sequence: none
+    const PairRule<Plane> rule = pair_rule<Plane>(call, segments, segment, h);
     bool has_key = false, inputs_finite = false;
     score_range::examine_row<scalar_t>(call, rule, b, h, h / (Hq / Hkv), m, &has_key, &inputs_finite);
     if (!has_key || !inputs_finite) continue;  // a row with no key (0, −inf), or the NaN rule

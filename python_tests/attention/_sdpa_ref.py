@@ -68,3 +68,11 @@ def require(backend: str, x: Tensor) -> None:
     reason = ae.available_backends(x, "scaled_dot_product_attention")[backend]
     if reason is not None:
         pytest.skip(f"backend {backend!r} unavailable: {reason}")
+
+
+def attention_ops():
+    """The attention forward ops that run on CPU tensors here: the reference, and the compiled one when built."""
+    ops = [torch.ops.attn_ext.attention_fwd_reference]
+    if hasattr(torch.ops.attn_ext, "attention_fwd"):
+        ops.append(torch.ops.attn_ext.attention_fwd)
+    return ops

@@ -14,7 +14,7 @@ from torch.nn.attention.bias import causal_lower_right, causal_upper_left
 
 import attn_ext as ae
 from _helpers import assert_within_flash_rule
-from _sdpa_ref import backends, dense_attention, require
+from _sdpa_ref import attention_ops, backends, dense_attention, require
 
 F64 = torch.float64
 
@@ -171,9 +171,7 @@ def test_gradcheck_and_gradgradcheck(backend):
 
 def test_opcheck_with_the_band_arguments():
     q, k, v = _qkv(1, 2, 2, 9, 13, 8, 8, dtype=torch.float32)
-    for op in (torch.ops.attn_ext.attention_fwd, torch.ops.attn_ext.attention_fwd_reference):
-        if op is torch.ops.attn_ext.attention_fwd and not hasattr(torch.ops.attn_ext, "attention_fwd"):
-            continue
+    for op in attention_ops():
         torch.library.opcheck(op, (q, k, v, None, None, 0.3, True, 0.0, None, 4, 3, -1, 4))
         torch.library.opcheck(op, (q, k, v, None, None, 0.3, False, 0.0, None, 4, 2, 5, 0))
 
@@ -246,10 +244,7 @@ def test_refused_arguments_are_named(kwargs, error, match):
 
 def test_the_ops_check_their_band_arguments():
     q, k, v = _qkv(1, 1, 1, 6, 9, 4, 4)
-    ops = [torch.ops.attn_ext.attention_fwd_reference]
-    if hasattr(torch.ops.attn_ext, "attention_fwd"):
-        ops.append(torch.ops.attn_ext.attention_fwd)
-    for op in ops:
+    for op in attention_ops():
         with pytest.raises(ValueError, match="window_size"):
             op(q, k, v, None, None, 0.5, False, 0.0, None, 4, -3, 0, 0)
 

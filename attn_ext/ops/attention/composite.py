@@ -22,7 +22,9 @@ from torch import Tensor
 from attn_ext.ops.attention import naive
 from attn_ext.ops.attention.dropout import keep_mask
 from attn_ext.ops.attention.band import Band
+from attn_ext.ops.attention.packed import packed_composite
 from attn_ext.ops.attention.pairs import chunk_rules, expand_heads
+from attn_ext.ops.attention.score_mod import ScoreMod
 from attn_ext.ops.utils.dense_attention import dense_attention
 from attn_ext.ops.utils.dtypes import accumulation_dtype
 
@@ -64,17 +66,25 @@ def _finite(x: Tensor) -> Tensor:
 
 def attention(inputs: Sequence, outputs: Sequence[Tensor]) -> Tuple[Tensor, Tensor]:
     """The composite of ``attention_fwd(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p,
-    dropout_seed, chunk_size[, window_left, window_right, diagonal])``: ``(out, lse)``."""
+    dropout_seed, chunk_size[, window_left, window_right, diagonal, softcap, alibi_slopes, cu_seqlens_q,
+    cu_seqlens_k, bottom_right])``: ``(out, lse)``."""
+    if len(inputs) > 15 and inputs[15] is not None:  # a packed (varlen) batch: each sequence's own composite
+        return packed_composite(attention, inputs, outputs)
     q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p, dropout_seed, _chunk = inputs[:10]
-    band = Band.of(is_causal, *inputs[10:])
+    window_left, window_right, diagonal, softcap, alibi_slopes = (tuple(inputs[10:15]) + (-1, -1, 0, 0.0, None)[
+        len(inputs[10:15]):])
+    band = Band.of(is_causal, window_left, window_right, diagonal)
+    mod = ScoreMod(softcap, alibi_slopes, diagonal)
     acc = accumulation_dtype(q.dtype)
     B, Hq, L, _ = q.shape
     S = k.shape[2]
     qf, kf, vf = _finite(q.to(acc)), _finite(expand_heads(k, Hq).to(acc)), _finite(expand_heads(v, Hq).to(acc))
     allowed, bias = chunk_rules(attn_mask, key_padding_mask, band, 0, S, L, acc, q.device)
-    scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+    scores, _ = mod.cap(torch.matmul(qf, kf.transpose(-1, -2)) * scale)
     if bias is not None:
         scores = scores + torch.where(torch.isneginf(bias), torch.zeros_like(bias), bias)
+    if mod.alibi_slopes is not None:
+        scores = scores + mod.alibi(L, 0, S, acc, q.device)
     if allowed is not None:
         scores = torch.where(allowed, scores, torch.full_like(scores, -math.inf))
     empty = torch.isneginf(torch.logsumexp(scores.detach(), dim=-1)) if S > 0 else \

@@ -22,8 +22,9 @@ from torch import Tensor
 
 from attn_ext.ops.attention.dropout import keep_mask
 from attn_ext.ops.attention.band import Band
-from attn_ext.ops.attention.pairs import (chunk_rules, expand_heads, masked_scores, sum_heads, weighted_columns,
-                                          weighted_rows, zero_outside)
+from attn_ext.ops.attention.pairs import (chunk_rules, expand_heads, masked_scores, masked_scores_and_tanh,
+                                          sum_heads, weighted_columns, weighted_rows, zero_outside)
+from attn_ext.ops.attention.score_mod import ScoreMod
 from attn_ext.ops.utils.dtypes import accumulation_dtype
 
 
@@ -199,10 +200,13 @@ def _dropout_scale(seed: Optional[Tensor], dropout_p: float, shape, n0: int, n1:
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor],
                       scale: float, is_causal: bool, dropout_p: float, dropout_seed: Optional[Tensor],
                       chunk_size: int, window_left: int = -1, window_right: int = -1,
-                      diagonal: int = 0) -> Tuple[Tensor, Tensor]:
+                      diagonal: int = 0, softcap: float = 0.0,
+                      alibi_slopes: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """``(out [B, Hq, L, Dv], lse [B, Hq, L])``; a row with no pair taking part is ``(0, −inf)``. The band
-    (``is_causal``, ``window_left``, ``window_right``, ``diagonal``) as :meth:`Band.of` reads it."""
+    (``is_causal``, ``window_left``, ``window_right``, ``diagonal``) as :meth:`Band.of` reads it; the soft cap and
+    ALiBi as :class:`ScoreMod`."""
     band = Band.of(is_causal, window_left, window_right, diagonal)
+    mod = ScoreMod(softcap, alibi_slopes, diagonal)
     acc = accumulation_dtype(q.dtype)
     B, Hq, L, _ = q.shape
     S, Dv = k.shape[2], v.shape[3]
@@ -213,7 +217,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tenso
     out = torch.zeros((B, Hq, L, Dv), dtype=acc, device=q.device)
     for n0, n1 in _key_chunks(S, L, chunk_size, band):
         allowed, bias = chunk_rules(attn_mask, key_padding_mask, band, n0, n1, L, acc, q.device)
-        scores = masked_scores(qf, kx[:, :, n0:n1].to(acc), scale, allowed, bias)
+        scores = masked_scores(qf, kx[:, :, n0:n1].to(acc), scale, allowed, bias, mod, n0)
         new_max = torch.maximum(running_max, scores.amax(dim=-1))  # both propagate NaN
         shift = torch.where(new_max == -math.inf, torch.zeros_like(new_max), new_max)
         factor = torch.exp(running_max - shift)
@@ -228,7 +232,7 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tenso
 
 
 def row_normaliser(qf: Tensor, kx: Tensor, attn_mask, key_padding_mask, band: Band, lse: Tensor, scale: float,
-                   chunk_size: int) -> Tuple[Tensor, Tensor]:
+                   chunk_size: int, mod: Optional[ScoreMod] = None) -> Tuple[Tensor, Tensor]:
     """``(shift, log_sum)`` with ``P = exp((s − shift) − log_sum)``: the saved lse, except rows with
     |lse| ≥ 512, whose exact (max, log Σ) are recomputed (the fp32 lse has rounded log Σ away there)."""
     precise = torch.isfinite(lse) & (lse.abs() >= PRECISE_NORMALISER_LSE)
@@ -239,7 +243,7 @@ def row_normaliser(qf: Tensor, kx: Tensor, attn_mask, key_padding_mask, band: Ba
     total = torch.zeros_like(lse)
     for n0, n1 in _key_chunks(S, L, chunk_size, band):
         allowed, bias = chunk_rules(attn_mask, key_padding_mask, band, n0, n1, L, qf.dtype, qf.device)
-        scores = masked_scores(qf, kx[:, :, n0:n1].to(qf.dtype), scale, allowed, bias)
+        scores = masked_scores(qf, kx[:, :, n0:n1].to(qf.dtype), scale, allowed, bias, mod, n0)
         new_max = torch.maximum(row_max, scores.amax(dim=-1))
         safe = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
         total = total * torch.exp(row_max - safe) + torch.exp(scores - safe[..., None]).sum(dim=-1)
@@ -253,11 +257,13 @@ def attention_backward(grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor,
                        attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], out: Tensor, lse: Tensor,
                        scale: float, is_causal: bool, dropout_p: float, dropout_seed: Optional[Tensor],
                        chunk_size: int, window_left: int = -1, window_right: int = -1,
-                       diagonal: int = 0) -> Tuple[Tensor, Tensor, Tensor]:
+                       diagonal: int = 0, softcap: float = 0.0,
+                       alibi_slopes: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients of q, k, v (FlashAttention's backward with the dropout mask regenerated):
     ``dV = (P∘Z)ᵀ dO``, ``dP = (dO Vᵀ)∘Z``, ``dS = P∘(dP − Δ + dlse)``, ``Δ = rowsum(dO∘out)``.
     Pairs that take no part, and empty rows, contribute exactly 0."""
     band = Band.of(is_causal, window_left, window_right, diagonal)
+    mod = ScoreMod(softcap, alibi_slopes, diagonal)
     acc = accumulation_dtype(q.dtype)
     B, Hq, L, _ = q.shape
     Hkv, S = k.shape[1], k.shape[2]
@@ -265,7 +271,7 @@ def attention_backward(grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor,
     lse = lse.to(acc)
     kx, vx = expand_heads(k, Hq), expand_heads(v, Hq)
     empty_row = (lse == -math.inf)[..., None]
-    shift, log_sum = row_normaliser(qf, kx, attn_mask, key_padding_mask, band, lse, scale, chunk_size)
+    shift, log_sum = row_normaliser(qf, kx, attn_mask, key_padding_mask, band, lse, scale, chunk_size, mod)
     delta_minus_dlse = (dout * out.to(acc)).sum(dim=-1) - grad_lse.to(acc)
     grad_q = torch.zeros_like(qf, memory_format=torch.contiguous_format)  # as the fake kernel declares
     grad_k = torch.zeros((B, Hq) + tuple(k.shape[2:]), dtype=acc, device=q.device)
@@ -273,7 +279,7 @@ def attention_backward(grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor,
     for n0, n1 in _key_chunks(S, L, chunk_size, band):
         allowed, bias = chunk_rules(attn_mask, key_padding_mask, band, n0, n1, L, acc, q.device)
         k_chunk, v_chunk = kx[:, :, n0:n1].to(acc), vx[:, :, n0:n1].to(acc)
-        scores = masked_scores(qf, k_chunk, scale, allowed, bias)
+        scores, tanh = masked_scores_and_tanh(qf, k_chunk, scale, allowed, bias, mod, n0)
         # Zero outside too: a NaN row's lse would make exp(−inf − NaN) = NaN on its masked pairs.
         probs = zero_outside(torch.where(empty_row, torch.zeros_like(scores), torch.exp((scores - shift) - log_sum)),
                              allowed)
@@ -283,7 +289,10 @@ def attention_backward(grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor,
         grad_probs = torch.matmul(dout, v_chunk.transpose(-1, -2))
         if dropped is not None:
             grad_probs = grad_probs * dropped
-        grad_scores = zero_outside(probs * (grad_probs - delta_minus_dlse[..., None]), allowed)
+        grad_scores = probs * (grad_probs - delta_minus_dlse[..., None])
+        if tanh is not None:  # through s = c · tanh(s₀ / c)
+            grad_scores = grad_scores * (1 - tanh * tanh)
+        grad_scores = zero_outside(grad_scores, allowed)
         grad_q = grad_q + scale * weighted_rows(grad_scores, allowed, k_chunk)
         grad_k[:, :, n0:n1] = scale * weighted_columns(grad_scores, allowed, qf)
     return grad_q.to(q.dtype), sum_heads(grad_k, Hkv).to(k.dtype), sum_heads(grad_v, Hkv).to(v.dtype)

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from attn_ext.ops.attention.band import Band
+from attn_ext.ops.attention.score_mod import ScoreMod
 
 
 def chunk_rules(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], band: Band, n0: int, n1: int,
@@ -43,14 +44,29 @@ def chunk_rules(attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor],
     return allowed, bias
 
 
-def masked_scores(q: Tensor, k_chunk: Tensor, scale: float, allowed: Optional[Tensor], bias: Optional[Tensor]) -> Tensor:
-    """``scale · q kᵀ + bias`` on allowed pairs, −inf elsewhere (whatever ``q kᵀ`` holds there)."""
+def masked_scores(q: Tensor, k_chunk: Tensor, scale: float, allowed: Optional[Tensor], bias: Optional[Tensor],
+                  mod: Optional[ScoreMod] = None, n0: int = 0) -> Tensor:
+    """``scale · q kᵀ`` (soft-capped by ``mod``) ``+ bias`` (+ ALiBi of ``mod``, keys from ``n0``) on allowed pairs,
+    −inf elsewhere (whatever ``q kᵀ`` holds there)."""
+    return masked_scores_and_tanh(q, k_chunk, scale, allowed, bias, mod, n0)[0]
+
+
+def masked_scores_and_tanh(q: Tensor, k_chunk: Tensor, scale: float, allowed: Optional[Tensor],
+                           bias: Optional[Tensor], mod: Optional[ScoreMod] = None,
+                           n0: int = 0) -> Tuple[Tensor, Optional[Tensor]]:
+    """:func:`masked_scores` and the soft cap's ``tanh(s / c)`` (None without one): the backward's factor
+    ``1 − tanh²``."""
     scores = torch.matmul(q, k_chunk.transpose(-1, -2)) * scale
+    tanh = None
+    if mod is not None and mod.active:
+        scores, tanh = mod.cap(scores)
     if bias is not None:
         scores = scores + bias
+    if mod is not None and mod.alibi_slopes is not None:
+        scores = scores + mod.alibi(q.shape[-2], n0, n0 + k_chunk.shape[-2], scores.dtype, scores.device)
     if allowed is not None:
         scores = torch.where(allowed, scores, torch.full_like(scores, -math.inf))
-    return scores
+    return scores, tanh
 
 
 def _known_finite(x: Tensor) -> bool:

@@ -46,6 +46,8 @@ from torch import Tensor
 from attn_ext.ops.attention import composite
 from attn_ext.ops.attention import naive as reference
 from attn_ext.ops.attention.band import Band, check_band_args
+from attn_ext.ops.attention.packed import check_packed_args, packed_backward, packed_forward
+from attn_ext.ops.attention.score_mod import check_score_mod_args
 from attn_ext.ops.utils.autograd import Derivatives
 from attn_ext.ops.utils.cuda_capability import bf16_tensor_core_reason
 from attn_ext.ops.utils.dispatch import Implementation, declare
@@ -61,32 +63,61 @@ _BwdResult = Tuple[Tensor, Tensor, Tensor]
 # ---- attention_fwd: attention mask, causal order, dropout, grouped key/value heads
 
 
-@define_op("attn_ext::attention_fwd_reference")
-def attention_fwd_reference(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p, dropout_seed,
-                            chunk_size, window_left=-1, window_right=-1, diagonal=0):
-    check_band_args(window_left, window_right, diagonal)
+def _reference_forward(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p, dropout_seed, chunk_size,
+                       window_left, window_right, diagonal, softcap, alibi_slopes):
     out, lse = reference.attention_forward(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p,
-                                           dropout_seed, chunk_size, window_left, window_right, diagonal)
+                                           dropout_seed, chunk_size, window_left, window_right, diagonal, softcap,
+                                           alibi_slopes)
     check_scores_in_range("scaled_dot_product_attention", q, k, v, out, lse, scale, attn_mask, key_padding_mask,
                           Band.of(is_causal, window_left, window_right, diagonal))
     return out, lse
 
 
+@define_op("attn_ext::attention_fwd_reference")
+def attention_fwd_reference(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p, dropout_seed,
+                            chunk_size, window_left=-1, window_right=-1, diagonal=0, softcap=0.0, alibi_slopes=None,
+                            cu_seqlens_q=None, cu_seqlens_k=None, bottom_right=False):
+    check_band_args(window_left, window_right, diagonal)
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        check_packed_args(q, diagonal, dropout_p, attn_mask, key_padding_mask)
+        check_score_mod_args(softcap, alibi_slopes, cu_seqlens_q.numel() - 1, q.shape[1], q.device)
+        return packed_forward(_reference_forward, q, k, v, scale, is_causal, chunk_size, window_left, window_right,
+                              softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, bottom_right)
+    check_score_mod_args(softcap, alibi_slopes, q.shape[0], q.shape[1], q.device)
+    return _reference_forward(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p, dropout_seed,
+                              chunk_size, window_left, window_right, diagonal, softcap, alibi_slopes)
+
+
 @define_op("attn_ext::attention_bwd_reference")
 def attention_bwd_reference(grad_out, grad_lse, q, k, v, attn_mask, key_padding_mask, out, lse, scale, is_causal,
-                            dropout_p, dropout_seed, chunk_size, window_left=-1, window_right=-1, diagonal=0):
+                            dropout_p, dropout_seed, chunk_size, window_left=-1, window_right=-1, diagonal=0,
+                            softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, bottom_right=False):
     check_band_args(window_left, window_right, diagonal)
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        check_packed_args(q, diagonal, dropout_p, attn_mask, key_padding_mask)
+        check_score_mod_args(softcap, alibi_slopes, cu_seqlens_q.numel() - 1, q.shape[1], q.device)
+        return packed_backward(reference.attention_backward, grad_out, grad_lse, q, k, v, out, lse, scale, is_causal,
+                               chunk_size, window_left, window_right, softcap, alibi_slopes, cu_seqlens_q,
+                               cu_seqlens_k, bottom_right)
+    check_score_mod_args(softcap, alibi_slopes, q.shape[0], q.shape[1], q.device)
     return reference.attention_backward(grad_out, grad_lse, q, k, v, attn_mask, key_padding_mask, out, lse, scale,
                                         is_causal, dropout_p, dropout_seed, chunk_size, window_left, window_right,
-                                        diagonal)
+                                        diagonal, softcap, alibi_slopes)
 
 
 #: The backends whose kernels take the band arguments (the public function gives the others a band as a mask).
 BAND_BACKENDS = ("cpp", "reference")
 
 
-def _triton_band_reason(is_causal: bool, window_left: int, window_right: int, diagonal: int) -> Optional[str]:
-    """Why the Triton kernels cannot take this band (their only one is the top-left causal rule), or None."""
+def _triton_band_reason(is_causal: bool, window_left: int, window_right: int, diagonal: int, softcap: float = 0.0,
+                        alibi_slopes: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
+                        cu_seqlens_k: Optional[Tensor] = None, bottom_right: bool = False) -> Optional[str]:
+    """Why the Triton kernels cannot take this band (their only one is the top-left causal rule), score
+    modification or packed batch (none yet), or None."""
+    if cu_seqlens_q is not None or cu_seqlens_k is not None or bottom_right:
+        return "no packed (varlen) batch in the Triton kernels yet (ae.varlen_attention runs one call per sequence)"
+    if softcap != 0.0 or alibi_slopes is not None:
+        return "no softcap or ALiBi in the Triton kernels yet"
     if window_left >= 0 or window_right >= 0:
         return f"no sliding window (window_size = ({window_left}, {window_right})) in the Triton kernels yet"
     if is_causal and diagonal != 0:
@@ -96,10 +127,12 @@ def _triton_band_reason(is_causal: bool, window_left: int, window_right: int, di
 
 @define_op("attn_ext::attention_fwd_triton")
 def attention_fwd_triton(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p, dropout_seed,
-                         chunk_size, window_left=-1, window_right=-1, diagonal=0):
+                         chunk_size, window_left=-1, window_right=-1, diagonal=0, softcap=0.0, alibi_slopes=None,
+                         cu_seqlens_q=None, cu_seqlens_k=None, bottom_right=False):
     from attn_ext.ops.attention import triton_fwd  # optional dependency: see the module docstring
 
-    why = _triton_band_reason(is_causal, window_left, window_right, diagonal)
+    why = _triton_band_reason(is_causal, window_left, window_right, diagonal, softcap, alibi_slopes, cu_seqlens_q,
+                              cu_seqlens_k, bottom_right)
     if why is not None:
         raise NotImplementedError(f"attn_ext::attention_fwd_triton: {why}; use the cpp or reference backend")
     return triton_fwd.attention_forward(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p,
@@ -108,10 +141,12 @@ def attention_fwd_triton(q, k, v, attn_mask, key_padding_mask, scale, is_causal,
 
 @define_op("attn_ext::attention_bwd_triton")
 def attention_bwd_triton(grad_out, grad_lse, q, k, v, attn_mask, key_padding_mask, out, lse, scale, is_causal,
-                         dropout_p, dropout_seed, chunk_size, window_left=-1, window_right=-1, diagonal=0):
+                         dropout_p, dropout_seed, chunk_size, window_left=-1, window_right=-1, diagonal=0,
+                         softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, bottom_right=False):
     from attn_ext.ops.attention import triton_bwd  # optional dependency: see the module docstring
 
-    why = _triton_band_reason(is_causal, window_left, window_right, diagonal)
+    why = _triton_band_reason(is_causal, window_left, window_right, diagonal, softcap, alibi_slopes, cu_seqlens_q,
+                              cu_seqlens_k, bottom_right)
     if why is not None:
         raise NotImplementedError(f"attn_ext::attention_bwd_triton: {why}; use the cpp or reference backend")
     return triton_bwd.attention_backward(grad_out, grad_lse, q, k, v, attn_mask, key_padding_mask, out, lse, scale,
@@ -119,7 +154,8 @@ def attention_bwd_triton(grad_out, grad_lse, q, k, v, attn_mask, key_padding_mas
 
 
 def _fake_attention(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p, dropout_seed, chunk_size,
-                    window_left=-1, window_right=-1, diagonal=0):
+                    window_left=-1, window_right=-1, diagonal=0, softcap=0.0, alibi_slopes=None, cu_seqlens_q=None,
+                    cu_seqlens_k=None, bottom_right=False):
     B, H, L, _ = q.shape
     return q.new_empty((B, H, L, v.shape[-1])), q.new_empty((B, H, L), dtype=accumulation_dtype(q.dtype))
 
@@ -146,7 +182,7 @@ def _attention_derivatives(backward_op: Callable[..., _BwdResult]) -> Derivative
 def _register_attention(forward_name: str, backward_name: str) -> None:
     register_op_pair(forward_name, backward_name, _fake_attention, _fake_attention_backward, _attention_derivatives,
                      "attn_ext.scaled_dot_product_attention",
-                     backward_layout="g0 g1 i0 i1 i2 i3 i4 o0 o1 i5 i6 i7 i8 i9 i10 i11 i12")
+                     backward_layout="g0 g1 i0 i1 i2 i3 i4 o0 o1 i5 i6 i7 i8 i9 i10 i11 i12 i13 i14 i15 i16 i17")
 
 
 def compiled_kernels_present() -> bool:
@@ -168,9 +204,19 @@ if _COMPILED_KERNELS:
 
 
 def _cuda_supports_call(x: Tensor, context: Mapping[str, Any]) -> Optional[str]:
-    """What the hand-written CUDA attention kernels do not take: dropout (the Triton kernels have it)."""
+    """What the hand-written CUDA attention kernels do not take: dropout (the Triton kernels have it), softcap
+    and ALiBi (the cpp and reference kernels have them)."""
     if context.get("dropout_p", 0.0) > 0.0:
         return "the CUDA kernels have no attention dropout (the Triton kernels have)"
+    if context.get("score_mod", False):
+        return "the CUDA kernels have no softcap or ALiBi yet (the cpp and reference kernels have)"
+    return None
+
+
+def _triton_supports_call(x: Tensor, context: Mapping[str, Any]) -> Optional[str]:
+    """What the Triton attention kernels do not take: softcap and ALiBi (the cpp and reference kernels have them)."""
+    if context.get("score_mod", False):
+        return "the Triton kernels have no softcap or ALiBi yet (the cpp and reference kernels have)"
     return None
 
 
@@ -305,7 +351,7 @@ SCALED_DOT_PRODUCT_ATTENTION = declare(
     "scaled_dot_product_attention",
     cpp=Implementation("attention_fwd", (_compiled_reason,)),
     cuda=Implementation("attention_fwd", (_compiled_reason, bf16_tensor_core_reason, _cuda_supports_call)),
-    triton=Implementation(attention_fwd_triton),
+    triton=Implementation(attention_fwd_triton, (_triton_supports_call,)),
     reference=Implementation(attention_fwd_reference))
 CROSS_ATTENTION = declare(
     "cross_attention",

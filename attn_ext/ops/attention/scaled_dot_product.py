@@ -117,6 +117,32 @@ def _check_band(window_size, alignment: str, is_causal: bool) -> Tuple[int, int]
     return int(left), int(right)
 
 
+def _check_softcap(softcap) -> float:
+    """``softcap`` as a float, 0.0 for none."""
+    if softcap is None:
+        return 0.0
+    if not is_real_scalar(softcap) or not (math.isfinite(float(softcap)) and float(softcap) >= 0.0):
+        raise ValueError(f"{_OP}: softcap must be a finite float > 0 (or None / 0 for none), got {softcap!r}")
+    return float(softcap)
+
+
+def _check_alibi_slopes(slopes, query: Tensor) -> Tensor:
+    """``alibi_slopes`` checked and broadcast to the query's ``(..., Hq)``."""
+    if not isinstance(slopes, Tensor):
+        raise TypeError(f"{_OP}: alibi_slopes must be a float32 tensor, got {type(slopes).__name__}")
+    if slopes.dtype != torch.float32:
+        raise TypeError(f"{_OP}: alibi_slopes must be float32 (as FlashAttention's), got {slopes.dtype}")
+    heads = _shape(query)[:-2]
+    if query.dim() < 3 or _shape(slopes) not in ((heads[-1],), heads):
+        raise ValueError(f"{_OP}: alibi_slopes must be (Hq,) or (..., Hq) = {heads} for query {_shape(query)}, "
+                         f"got {_shape(slopes)}")
+    if slopes.device != query.device:
+        raise RuntimeError(f"{_OP}: alibi_slopes is on {slopes.device} but query is on {query.device}")
+    if not bool(torch.isfinite(slopes).all()):
+        raise ValueError(f"{_OP}: alibi_slopes must be finite")
+    return slopes.expand(heads).contiguous()
+
+
 def _band_as_mask(attn_mask: Optional[Tensor], band: Band, queries: int, keys: int, device) -> Tensor:
     """``attn_mask`` (None, bool, or additive) with the band's pairs outside it masked, in ``attn_mask``'s own
     broadcast shape with ``[L, S]``: for the backends whose kernels have no band (they read it as a mask)."""
@@ -164,6 +190,8 @@ def scaled_dot_product_attention(
     backend: Optional[str] = None,
     alignment: str = "top_left",
     window_size: Optional[Tuple[int, int]] = None,
+    softcap: Optional[float] = None,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """``torch.nn.functional.scaled_dot_product_attention`` on attn_ext's fused kernels.
 
@@ -222,6 +250,13 @@ def scaled_dot_product_attention(
         -1 there). Combines with masks, padding, grouped heads and dropout. The cpp and reference kernels
         skip the key chunks outside the band (cost ∝ ``L · (left + right)``); the Triton and CUDA kernels do
         not have it yet and read the band as a bool mask.
+    softcap : float, optional
+        ``c > 0``: the scaled scores become ``c · tanh(scale · q·k / c)`` before the mask and ALiBi are added
+        (Gemma 2, Grok); None or 0: none. Differentiable (the backward applies ``1 − tanh²``).
+    alibi_slopes : Tensor, optional
+        float32 ``(Hq,)`` or ``(..., Hq)`` (the query's batch dims): ALiBi adds ``−slope_h · |i' − j|`` to the
+        scores of query head ``h`` (``i'`` the query's diagonal key, see ``alignment``). Not differentiated.
+        softcap and ALiBi run on the cpp and reference kernels (the automatic choice takes them).
 
     Returns
     -------
@@ -261,6 +296,8 @@ def scaled_dot_product_attention(
         raise TypeError(f"{_OP}: is_causal must be a bool, got {type(is_causal).__name__}")
     window_left, window_right = _check_band(window_size, alignment, is_causal)
     diagonal = keys - queries if alignment == "bottom_right" else 0
+    softcap = _check_softcap(softcap)
+    slopes = None if alibi_slopes is None else _check_alibi_slopes(alibi_slopes, query)
     scale = check_scale(scale, "scaled_dot_product_attention")
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     chunk_size = check_chunk_size(chunk_size, "scaled_dot_product_attention") or DEFAULT_CHUNK_SIZE
@@ -268,7 +305,8 @@ def scaled_dot_product_attention(
 
     q, k, v = _as_4d(query), _as_4d(key), _as_4d(value)
     B, Hq, L, _ = q.shape
-    name = dispatch.select_backend(SCALED_DOT_PRODUCT_ATTENTION, backend, q, dropout_p=dropout_p)
+    name = dispatch.select_backend(SCALED_DOT_PRODUCT_ATTENTION, backend, q, dropout_p=dropout_p,
+                                   score_mod=softcap > 0 or slopes is not None)
     band = Band.of(is_causal, window_left, window_right, diagonal)
     if band.active and band != Band.of(is_causal) and name not in BAND_BACKENDS:
         # A sliding window or an offset causal rule on kernels without them: read as a bool mask.
@@ -281,6 +319,7 @@ def scaled_dot_product_attention(
     seed = draw_seed() if dropout_p > 0.0 else None
     out, lse = dispatch.entry(SCALED_DOT_PRODUCT_ATTENTION, name)(q, k, v, mask, padding, scale, is_causal,
                                                                      dropout_p, seed, chunk_size, window_left,
-                                                                     window_right, diagonal)
+                                                                     window_right, diagonal, softcap,
+                                                                     None if slopes is None else slopes.reshape(B, Hq))
     out = out.reshape(_shape(query)[:-1] + (value.shape[-1],))
     return (out, lse.reshape(_shape(query)[:-1])) if return_lse else out

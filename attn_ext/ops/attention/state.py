@@ -10,13 +10,13 @@ union (docs/spec.md §1 backward).
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
-from typing import Iterable, Iterator, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Iterable, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from attn_ext.ops.attention.chunked import named_cross_attention
+from attn_ext.ops.attention.errors import named_after
 from attn_ext.ops.attention.registration import MERGE_STATES
 from attn_ext.ops.attention.scaled_dot_product import scaled_dot_product_attention
 from attn_ext.ops.utils import dispatch
@@ -64,31 +64,13 @@ def attention_state(
     return named_attention_state("attention_state", q, k, v, key_padding_mask, attn_mask, scale, chunk_size, backend)
 
 
-#: The error prefixes of what :func:`named_attention_state` runs with an ``attn_mask`` (the SDPA front end and
-#: the validators it shares), renamed after the public op that was called.
-_SDPA_PREFIXES = ("attn_ext.scaled_dot_product_attention: ", "attn_ext: ")
-
-
-@contextmanager
-def _named_after(op: str) -> Iterator[None]:
-    """Re-raises an error of the SDPA front end as ``attn_ext.<op>: ...``, with its type and the rest of its text."""
-    try:
-        yield
-    except (ValueError, TypeError, RuntimeError) as err:
-        message = str(err)
-        for prefix in _SDPA_PREFIXES:
-            if message.startswith(prefix):
-                raise type(err)(f"attn_ext.{op}: {message[len(prefix):]}") from err
-        raise
-
-
 def named_attention_state(op: str, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
                           attn_mask: Optional[Tensor], scale: Optional[float], chunk_size: Optional[int],
                           backend: Optional[str]) -> AttentionState:
     """:func:`attention_state`, its argument errors named after ``op``, the public op that was called."""
     if attn_mask is None:
         return AttentionState(*named_cross_attention(op, q, k, v, key_padding_mask, scale, chunk_size, backend))
-    with _named_after(op):
+    with named_after(op):
         out, lse = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
                                                 scale=scale, chunk_size=chunk_size, return_lse=True, backend=backend)
     return AttentionState(out, lse)

@@ -149,6 +149,22 @@ void check_no_band(bool is_causal, int64_t window_left, int64_t window_right, in
                               ") in the CUDA kernels yet; use the cpp or reference backend");
 }
 
+/// Nor a soft cap or ALiBi (the cpp and reference kernels have them).
+void check_no_score_mods(const AttentionShape& s, const at::Tensor& q, double softcap,
+                         const std::optional<at::Tensor>& alibi_slopes, const char* op) {
+  check_score_mods(s, q, softcap, alibi_slopes);
+  TORCH_CHECK_NOT_IMPLEMENTED(softcap == 0 && !alibi_slopes.has_value(), "attn_ext::", op,
+                              " (CUDA): no softcap or ALiBi in the CUDA kernels yet; use the cpp or reference backend");
+}
+
+/// Nor a packed (varlen) batch (ae.varlen_attention runs its sequences one call each on these kernels).
+void check_not_packed(const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
+                      bool bottom_right, const char* op) {
+  TORCH_CHECK_NOT_IMPLEMENTED(!cu_seqlens_q.has_value() && !cu_seqlens_k.has_value() && !bottom_right, "attn_ext::", op,
+                              " (CUDA): no packed (varlen) batch in the CUDA kernels yet; use the cpp or reference "
+                              "backend");
+}
+
 std::string describe_qv(const at::Tensor& q, const at::Tensor& v) {
   return c10::str("q ", q.sizes(), " ", q.scalar_type(), ", v ", v.sizes());
 }
@@ -161,11 +177,17 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_cuda(const at::Tensor& q, const
                                                       bool is_causal, double dropout_p,
                                                       const std::optional<at::Tensor>& dropout_seed,
                                                       int64_t chunk_size, int64_t window_left, int64_t window_right,
-                                                      int64_t diagonal) {
+                                                      int64_t diagonal, double softcap,
+                                                      const std::optional<at::Tensor>& alibi_slopes,
+                                                      const std::optional<at::Tensor>& cu_seqlens_q,
+                                                      const std::optional<at::Tensor>& cu_seqlens_k,
+                                                      bool bottom_right) {
   const char* op = "attention_fwd";
+  check_not_packed(cu_seqlens_q, cu_seqlens_k, bottom_right, op);
   const AttentionShape s =
       check_attention_inputs(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size);
   check_no_band(is_causal, window_left, window_right, diagonal, op);
+  check_no_score_mods(s, q, softcap, alibi_slopes, op);
   const Inputs in = prepare(q, k, v, attn_mask, key_padding_mask, s, dropout_p, op);
   return launch_forward(in, scale, is_causal, op, [&] { return describe_qkv(q, k, v); });
 }
@@ -175,11 +197,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_cuda(
     const at::Tensor& v, const std::optional<at::Tensor>& attn_mask, const std::optional<at::Tensor>& key_padding_mask,
     const at::Tensor& out, const at::Tensor& lse, double scale, bool is_causal, double dropout_p,
     const std::optional<at::Tensor>& dropout_seed, int64_t chunk_size, int64_t window_left, int64_t window_right,
-    int64_t diagonal) {
+    int64_t diagonal, double softcap, const std::optional<at::Tensor>& alibi_slopes,
+    const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, bool bottom_right) {
   const char* op = "attention_bwd";
+  check_not_packed(cu_seqlens_q, cu_seqlens_k, bottom_right, op);
   const AttentionShape s =
       check_attention_inputs(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size);
   check_no_band(is_causal, window_left, window_right, diagonal, op);
+  check_no_score_mods(s, q, softcap, alibi_slopes, op);
   const Inputs in = prepare(q, k, v, attn_mask, key_padding_mask, s, dropout_p, op);
   check_attention_grads(s, q, grad_out, grad_lse, out, lse);
   return launch_backward(in, grad_out, grad_lse, out, lse, scale, is_causal, op, [&] { return describe_qkv(q, k, v); });
