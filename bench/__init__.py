@@ -26,6 +26,7 @@ BENCHMARKS: dict[str, str] = {
     "sdpa_window": "bench.bench_sdpa_window",
     "varlen": "bench.bench_varlen",
     "decoding": "bench.bench_decoding",
+    "paged": "bench.bench_paged",
     "call_overhead": "bench.bench_call_overhead",
     "np_step": "bench.bench_np_step",
     "np_demo": "bench.np.demo",
@@ -38,7 +39,7 @@ BENCHMARKS: dict[str, str] = {
 #: ``gp_quick`` (hours) run only when named.
 DEFAULT_BENCHMARKS: tuple[str, ...] = (
     "cross_attention", "state_update", "streaming_memory", "tree_attention", "intention", "batched_cholesky",
-    "sdpa", "sdpa_window", "varlen", "decoding", "call_overhead", "np_step", "np_demo",
+    "sdpa", "sdpa_window", "varlen", "decoding", "paged", "call_overhead", "np_step", "np_demo",
 )
 
 

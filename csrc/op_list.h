@@ -93,6 +93,19 @@ ATTN_EXT_OP(cross_attention_bwd, (std::tuple<at::Tensor, at::Tensor, at::Tensor>
             "Tensor? key_padding_mask, Tensor out, Tensor lse, float scale, int chunk_size) "
             "-> (Tensor grad_q, Tensor grad_k, Tensor grad_v)")
 
+/// New tokens over a paged key/value cache: q [B, Hq, M, D] (the last M positions of each entry's keys), k_cache
+/// [num_blocks, block_size, Hkv, D], v_cache [..., Dv], block_table int32 [B, max_blocks] (entry b's key n is row
+/// n % block_size of block block_table[b, n / block_size]), cache_seqlens int32 [B]; the causal rule, window,
+/// soft cap and ALiBi ([B, Hq]) aligned bottom-right per entry: (out [B, Hq, M, Dv], lse [B, Hq, M]). Forward
+/// only (ae.paged_attention differentiates through a gather instead).
+ATTN_EXT_OP(paged_attention_fwd, (std::tuple<at::Tensor, at::Tensor>),
+            (const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& block_table,
+             const at::Tensor& cache_seqlens, double scale, bool is_causal, int64_t window_left, int64_t window_right,
+             double softcap, const std::optional<at::Tensor>& alibi_slopes, int64_t chunk_size),
+            "paged_attention_fwd(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor cache_seqlens, "
+            "float scale, bool is_causal, int window_left, int window_right, float softcap, Tensor? alibi_slopes, "
+            "int chunk_size) -> (Tensor out, Tensor lse)")
+
 /// (out, lse) of the union of two disjoint key sets from their states; any leading dims, lse = out.shape[:-1].
 ATTN_EXT_OP(merge_states_fwd, (std::tuple<at::Tensor, at::Tensor>),
             (const at::Tensor& out_a, const at::Tensor& lse_a, const at::Tensor& out_b, const at::Tensor& lse_b),

@@ -14,7 +14,8 @@ def test_docstring_examples_run():
     # import_module, because the package attribute `attn_ext.ops.attention.cross_attention` is the function.
     for module in map(importlib.import_module, (
             "attn_ext", "attn_ext.ops.attention.chunked", "attn_ext.ops.attention.state",
-            "attn_ext.ops.attention.scaled_dot_product",
+            "attn_ext.ops.attention.scaled_dot_product", "attn_ext.ops.attention.varlen",
+            "attn_ext.ops.attention.paged", "attn_ext.ops.attention.sliding_window_state",
             "attn_ext.ops.tree", "attn_ext.ops.tree.build", "attn_ext.ops.tree.aggregate", "attn_ext.ops.tree.retrieval",
             "attn_ext.ops.intention.ridge", "attn_ext.ops.intention.state", "attn_ext.ops.intention.cholesky",
             "attn_ext.nn.multihead_cross_attention", "attn_ext.nn.cmab", "attn_ext.nn.prenorm_block",

@@ -97,7 +97,25 @@ def _packed_reference(q, k, v, cu_q, cu_k):
     return out.transpose(1, 2).reshape(B * M, H, out.shape[-1]), lse.permute(1, 0, 2).reshape(H, B * M)
 
 
+def _paged(s, dtype, g):
+    """A paged cache of B entries of N keys each in blocks of 2 (entry b's blocks b·nb .. (b + 1)·nb − 1)."""
+    B, H, N = s["B"], s["H"], s["N"]
+    per_entry = (N + 1) // 2
+    table = torch.arange(B * per_entry, dtype=torch.int32).reshape(B, per_entry)
+    return (randn(g, dtype, B, H, s["M"], s["D"]), randn(g, dtype, B * per_entry, 2, H, s["D"]),
+            randn(g, dtype, B * per_entry, 2, H, s["Dv"]), table, torch.full((B,), N, dtype=torch.int32))
+
+
+def _paged_reference(q, k_cache, v_cache, table, seqlens):
+    B, N = q.shape[0], int(seqlens[0]) if seqlens.numel() else 0
+    rows = lambda c: c.reshape(B, table.shape[1] * 2, *c.shape[2:])[:, :N].transpose(1, 2)  # noqa: E731
+    return attention(q, rows(k_cache), rows(v_cache))
+
+
 CASES = [
+    Case("paged_attention", SIZES, _paged,
+         lambda b, q, kc, vc, t, n: ae.paged_attention(q, kc, vc, t, n, return_lse=True, backend=b),
+         _paged_reference, ATTENTION_BACKENDS, (0, 1, 2), {"D": REFUSE_D}),
     Case("varlen_attention", SIZES, _packed,
          lambda b, q, k, v, cq, ck: ae.varlen_attention(q, k, v, cq, ck, return_lse=True, backend=b),
          _packed_reference, ATTENTION_BACKENDS, (0, 1, 2), {"D": REFUSE_D}),

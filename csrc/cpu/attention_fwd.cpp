@@ -24,10 +24,14 @@ void forward_kernel(const AttentionCall& call, at::Tensor& out, at::Tensor& lse)
   using acc_t = acc_type<scalar_t>;
   const at::Tensor &q = call.q, &k = call.k, &v = call.v;
   const acc_t scale = static_cast<acc_t>(call.scale);
-  const int64_t B = q.size(0), Hq = q.size(1), Hkv = k.size(1), M = q.size(2), N = k.size(2), D = q.size(3),
-                Dv = v.size(3);
+  const int64_t B = q.size(0), Hq = q.size(1), Hkv = kv_heads(call), M = q.size(2), N = kv_rows(call),
+                D = q.size(3), Dv = v.size(3);
+  const bool paged = call.block_table.defined();
   const int64_t group = Hkv > 0 ? Hq / Hkv : 0;  // Hkv = 0 only with Hq = 0: no head, no work unit
   const int64_t tile_m = std::min<int64_t>(kQueryTile, std::max<int64_t>(M, 1));
+  // (A paged cache's chunk that spans blocks is gathered into the chunk's buffer, one inside a block read in place:
+  // measured, 512-key chunks gathered from 256-key blocks beat 256-key chunks read in place, 1.17x against 1.34x
+  // the contiguous cache's time, AMD EPYC, 2 threads, one query.)
   const int64_t chunk = std::min<int64_t>(call.chunk, std::max<int64_t>(N, 1));
   // Work units: a query head and a tile of a segment's rows (a batch entry's, or a packed sequence's).
   const std::vector<Segment> segments = call_segments(call);
@@ -66,9 +70,15 @@ void forward_kernel(const AttentionCall& call, at::Tensor& out, at::Tensor& lse)
       rule_keys(rule, m0, mt, N, &n_first, &n_end);
       int64_t c_first, c_last;
       split_range((n_end - n_first + chunk - 1) / chunk, splits, split, &c_first, &c_last);
-      const KeyValueRows<scalar_t> kv{k_data + b * k.stride(0) + hkv * k.stride(1),
-                                      v_data + b * v.stride(0) + hkv * v.stride(1),
-                                      k.stride(2), v.stride(2), nullptr, N, D, Dv};
+      KeyValueRows<scalar_t> kv{k_data + b * k.stride(0) + hkv * k.stride(1),
+                                v_data + b * v.stride(0) + hkv * v.stride(1), k.stride(2), v.stride(2), nullptr, N, D,
+                                Dv};
+      if (paged) {  // [num_blocks, block_size, Hkv, ·] read through entry b's row of the block table
+        kv = KeyValueRows<scalar_t>{k_data + hkv * k.stride(2), v_data + hkv * v.stride(2), k.stride(1), v.stride(1),
+                                    nullptr, N, D, Dv,
+                                    call.block_table.const_data_ptr<int32_t>() + b * call.block_table.stride(0),
+                                    k.size(1), k.stride(0), v.stride(0)};
+      }
       int64_t ldq;
       const acc_t* qt = rows_as_acc<acc_t>(q_data + b * q.stride(0) + h * q.stride(1) + m0 * q.stride(2),
                                            q.stride(2), mt, D, q_tile.data(), &ldq);

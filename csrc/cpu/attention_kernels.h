@@ -36,23 +36,47 @@ struct AttentionCall {
   double softcap = 0;     ///< > 0: scores c · tanh(s / c)
   at::Tensor alibi;       ///< undefined, or fp32 [segments, Hq] contiguous ALiBi slopes
   int64_t diagonal = 0;   ///< query m's diagonal key m + diagonal (ALiBi's distances)
-  /// A packed (varlen) batch: B = 1 and one segment per sequence; empty: one segment per batch entry.
+  /// A packed (varlen) batch: B = 1 and one segment per sequence; or a paged cache: one segment per batch entry
+  /// (its keys up to its length); empty: one segment per batch entry over every key.
   std::vector<Segment> packed;
+  /// A paged cache: k, v are [num_blocks, block_size, Hkv, ·] and row n of batch entry b is row n % block_size of
+  /// block block_table[b, n / block_size] (int32 [B, max_blocks]); undefined: k, v are [B, Hkv, S, ·].
+  at::Tensor block_table;
   const char* op = "attn_ext.scaled_dot_product_attention";  ///< the public op, for errors
 };
+
+/// The key/value heads and the keys per batch entry of a call (a paged cache: the block table's capacity).
+inline int64_t kv_heads(const AttentionCall& call) {
+  return call.block_table.defined() ? call.k.size(2) : call.k.size(1);
+}
+inline int64_t kv_rows(const AttentionCall& call) {
+  return call.block_table.defined() ? call.block_table.size(1) * call.k.size(1) : call.k.size(2);
+}
+
+/// Row n of key/value head hkv of batch entry b of `t` (the call's k or v), through the block table if paged.
+template <typename scalar_t>
+const scalar_t* kv_row(const AttentionCall& call, const at::Tensor& t, int64_t b, int64_t hkv, int64_t n) {
+  if (!call.block_table.defined()) {
+    return t.const_data_ptr<scalar_t>() + b * t.stride(0) + hkv * t.stride(1) + n * t.stride(2);
+  }
+  const int64_t bs = t.size(1);
+  const int64_t block = call.block_table.const_data_ptr<int32_t>()[b * call.block_table.stride(0) + n / bs];
+  return t.const_data_ptr<scalar_t>() + block * t.stride(0) + (n % bs) * t.stride(1) + hkv * t.stride(2);
+}
 
 /// The segments of a call: its packed sequences, or one per batch entry (every query row over every key).
 inline std::vector<Segment> call_segments(const AttentionCall& call) {
   if (!call.packed.empty()) return call.packed;
   std::vector<Segment> segments;
-  const int64_t B = call.q.size(0), M = call.q.size(2), N = call.k.size(2);
+  const int64_t B = call.q.size(0), M = call.q.size(2), N = kv_rows(call);
   for (int64_t b = 0; b < B; ++b) segments.push_back(Segment{b, 0, M, 0, N, call.band, call.diagonal});
   return segments;
 }
 
-/// The segment of query row m of batch entry b.
-inline int64_t segment_of(const std::vector<Segment>& segments, bool packed, int64_t b, int64_t m) {
-  if (!packed) return b;
+/// The segment of query row m of batch entry b: `by_row` for a packed batch's sequences (all of entry 0), else the
+/// entry's own.
+inline int64_t segment_of(const std::vector<Segment>& segments, bool by_row, int64_t b, int64_t m) {
+  if (!by_row) return b;
   const auto it = std::upper_bound(segments.begin(), segments.end(), m,
                                    [](int64_t row, const Segment& s) { return row < s.q_end; });
   return static_cast<int64_t>(it - segments.begin());
@@ -111,7 +135,7 @@ Plane mask_plane(const at::Tensor& mask, int64_t b, int64_t h) {
 template <typename Plane>
 PairRule<Plane> pair_rule(const AttentionCall& call, const std::vector<Segment>& segments, int64_t index, int64_t h) {
   const Segment& seg = segments[index];
-  PairRule<Plane> rule{call.padding.defined() ? call.padding.const_data_ptr<bool>() + seg.b * call.k.size(2) : nullptr,
+  PairRule<Plane> rule{call.padding.defined() ? call.padding.const_data_ptr<bool>() + seg.b * kv_rows(call) : nullptr,
                        mask_plane<Plane>(call.attn_mask, seg.b, h), seg.band};
   rule.key_begin = seg.k_begin, rule.key_end = seg.k_end;
   rule.softcap = call.softcap;

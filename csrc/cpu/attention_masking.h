@@ -1,6 +1,6 @@
 // Which (query, key) pairs of a tile take part in the attention, and the per-tile work that follows
-// from it: key padding, the band (causal diagonal, sliding window), an attn_mask read through its strides (bool, or additive
-// float), dropout, and the "never read a masked pair" rule for non-finite operands.
+// from it: key padding, the band (causal diagonal, sliding window), an attn_mask read through its strides
+// (bool, or additive float), dropout, and the "never read a masked pair" rule for non-finite operands.
 //
 // The attn_mask kind is a compile-time policy (NoMask, MaskPlane<bool>, MaskPlane<scalar_t>), so the
 // unmasked path (cross attention without padding) has no per-element work at all. Everything else is

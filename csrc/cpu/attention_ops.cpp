@@ -143,6 +143,60 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_cpu(
       with_unit_inner_stride(grad_out), grad_lse.contiguous(), with_unit_inner_stride(out), lse.contiguous());
 }
 
+std::tuple<at::Tensor, at::Tensor> paged_attention_fwd_cpu(const at::Tensor& q, const at::Tensor& k_cache,
+                                                           const at::Tensor& v_cache, const at::Tensor& block_table,
+                                                           const at::Tensor& cache_seqlens, double scale,
+                                                           bool is_causal, int64_t window_left, int64_t window_right,
+                                                           double softcap,
+                                                           const std::optional<at::Tensor>& alibi_slopes,
+                                                           int64_t chunk_size) {
+  const char* who = "attn_ext.paged_attention";
+  TORCH_CHECK(q.device().is_cpu(), "attn_ext: the CPU kernel got tensors on ", q.device());
+  TORCH_CHECK_VALUE(q.dim() == 4 && k_cache.dim() == 4 && v_cache.dim() == 4, who, ": q [B, Hq, M, D], k_cache and "
+                    "v_cache [num_blocks, block_size, Hkv, ·]; got ", q.sizes(), ", ", k_cache.sizes(), ", ",
+                    v_cache.sizes());
+  TORCH_CHECK_TYPE(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type(), who,
+                   ": q, k_cache, v_cache must share a dtype");
+  const int64_t B = q.size(0), Hq = q.size(1), M = q.size(2), bs = k_cache.size(1), Hkv = k_cache.size(2);
+  TORCH_CHECK_VALUE(k_cache.sizes().slice(0, 3) == v_cache.sizes().slice(0, 3) && k_cache.size(3) == q.size(3) &&
+                    q.size(3) > 0 && bs > 0 && Hkv > 0 && Hq % Hkv == 0, who, ": q ", q.sizes(), ", k_cache ",
+                    k_cache.sizes(), " and v_cache ", v_cache.sizes(), " do not fit together");
+  TORCH_CHECK_TYPE(block_table.scalar_type() == at::kInt && cache_seqlens.scalar_type() == at::kInt, who,
+                   ": block_table and cache_seqlens must be int32");
+  TORCH_CHECK_VALUE(block_table.dim() == 2 && block_table.size(0) == B && cache_seqlens.dim() == 1 &&
+                    cache_seqlens.size(0) == B, who, ": block_table [B, max_blocks] and cache_seqlens [B] for B = ",
+                    B, ", got ", block_table.sizes(), " and ", cache_seqlens.sizes());
+  check_attention_band(window_left, window_right, 0);
+  TORCH_CHECK_VALUE(chunk_size > 0, who, ": chunk_size must be positive");
+  const at::Tensor table = block_table.contiguous(), lengths_t = cache_seqlens.contiguous();
+  const int32_t* lengths = lengths_t.const_data_ptr<int32_t>();
+  const int32_t* blocks = table.const_data_ptr<int32_t>();
+  const int64_t capacity = table.size(1) * bs, num_blocks = k_cache.size(0);
+  std::vector<Segment> segments;
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = lengths[b];
+    TORCH_CHECK_VALUE(n >= 0 && n <= capacity, who, ": cache_seqlens[", b, "] = ", n, " is outside [0, ", capacity,
+                      "]");
+    for (int64_t i = 0; i < (n + bs - 1) / bs; ++i) {
+      TORCH_CHECK_VALUE(blocks[b * table.size(1) + i] >= 0 && blocks[b * table.size(1) + i] < num_blocks, who,
+                        ": block_table[", b, ", ", i, "] = ", blocks[b * table.size(1) + i], " is outside [0, ",
+                        num_blocks, ")");
+    }
+    // The M queries are the entry's last M positions: aligned bottom-right, the diagonal n − M.
+    segments.push_back(Segment{b, 0, M, 0, n, make_band(is_causal, window_left, window_right, n - M), n - M});
+  }
+  AttentionShape s{B, Hq, Hkv, M, capacity, q.size(3), v_cache.size(3)};
+  check_score_mods(s, q, softcap, alibi_slopes);
+  AttentionCall call{with_unit_inner_stride(q), with_unit_inner_stride(k_cache), with_unit_inner_stride(v_cache),
+                     at::Tensor(), at::Tensor(), scale, make_band(is_causal, window_left, window_right, 0), 0.0, 0,
+                     chunk_size};
+  with_score_mods(call, 0, softcap, alibi_slopes);
+  call.packed = std::move(segments);
+  call.block_table = table;
+  call.op = who;
+  return attention_forward(call);
+}
+
 std::tuple<at::Tensor, at::Tensor> cross_attention_fwd_cpu(const at::Tensor& q, const at::Tensor& k,
                                                           const at::Tensor& v,
                                                           const std::optional<at::Tensor>& key_padding_mask,

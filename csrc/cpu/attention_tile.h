@@ -26,6 +26,8 @@ constexpr int64_t kQueryTile = 128;
 
 /// Keys and values of one (batch, head): row `n` of K at `k + n * k_row_stride` (D elements, unit
 /// stride), likewise V with Dv; `padding` is that batch entry's [N] flags (true = padding) or null.
+/// A paged cache (`blocks` not null): row n is row n % block_size of block blocks[n / block_size], which
+/// starts at `k + block * k_block_stride` (likewise V).
 template <typename scalar_t>
 struct KeyValueRows {
   const scalar_t* k;
@@ -33,7 +35,32 @@ struct KeyValueRows {
   int64_t k_row_stride, v_row_stride;
   const bool* padding;
   int64_t N, D, Dv;
+  const int32_t* blocks = nullptr;
+  int64_t block_size = 0, k_block_stride = 0, v_block_stride = 0;
 };
+
+/// Rows [n0, n0 + nc) of K (`keys`) or V of `kv` as acc_t rows (see rows_as_acc): a view where the rows lie
+/// evenly spaced (always without a block table; within one block with it), else copied into `scratch`.
+template <typename acc_t, typename scalar_t>
+const acc_t* kv_rows_as_acc(const KeyValueRows<scalar_t>& kv, bool keys, int64_t n0, int64_t nc, acc_t* scratch,
+                            int64_t* ld) {
+  const scalar_t* base = keys ? kv.k : kv.v;
+  const int64_t stride = keys ? kv.k_row_stride : kv.v_row_stride, cols = keys ? kv.D : kv.Dv;
+  if (kv.blocks == nullptr) return rows_as_acc<acc_t>(base + n0 * stride, stride, nc, cols, scratch, ld);
+  const int64_t block_stride = keys ? kv.k_block_stride : kv.v_block_stride, bs = kv.block_size;
+  auto row = [&](int64_t n) { return base + kv.blocks[n / bs] * block_stride + (n % bs) * stride; };
+  if (n0 / bs == (n0 + nc - 1) / bs) return rows_as_acc<acc_t>(row(n0), stride, nc, cols, scratch, ld);
+  for (int64_t r = 0; r < nc; ++r) {  // the chunk spans blocks: its rows gathered, in acc_t
+    const scalar_t* src = row(n0 + r);
+    if constexpr (std::is_same_v<scalar_t, acc_t>) {
+      std::copy(src, src + cols, scratch + r * cols);
+    } else {
+      for (int64_t c = 0; c < cols; ++c) scratch[r * cols + c] = static_cast<acc_t>(src[c]);
+    }
+  }
+  *ld = cols;
+  return scratch;
+}
 
 /// Per-thread buffers of attend_tile for tiles of up to `tile_m` rows and chunks of `chunk` keys.
 template <typename acc_t>
@@ -73,8 +100,8 @@ void attend_tile(const acc_t* qt, int64_t ldq, int64_t m0, int64_t mt, acc_t sca
     const TileStatus st = scan_tile(rule, m0, mt, n0, nc);
     if (st.all_masked) continue;  // changes nothing
     int64_t ldk, ldv;
-    const acc_t* kt = rows_as_acc<acc_t>(kv.k + n0 * kv.k_row_stride, kv.k_row_stride, nc, D, w.k_tile.data(), &ldk);
-    const acc_t* vt = rows_as_acc<acc_t>(kv.v + n0 * kv.v_row_stride, kv.v_row_stride, nc, Dv, w.v_tile.data(), &ldv);
+    const acc_t* kt = kv_rows_as_acc<acc_t>(kv, true, n0, nc, w.k_tile.data(), &ldk);
+    const acc_t* vt = kv_rows_as_acc<acc_t>(kv, false, n0, nc, w.v_tile.data(), &ldv);
     const acc_t* v_gemm = vt;
     int64_t ldv_gemm = ldv;
     w.bad.clear();

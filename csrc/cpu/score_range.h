@@ -45,7 +45,7 @@ const scalar_t* row_at(const at::Tensor& t, int64_t b, int64_t h, int64_t row) {
 template <typename scalar_t, typename Plane>
 void examine_row(const AttentionCall& call, const PairRule<Plane>& rule, int64_t b, int64_t h, int64_t hkv, int64_t m,
                  bool* has_key, bool* inputs_finite) {
-  const int64_t N = call.k.size(2), D = call.q.size(3), Dv = call.v.size(3);
+  const int64_t N = kv_rows(call), D = call.q.size(3), Dv = call.v.size(3);
   *has_key = false;
   *inputs_finite = finite_row(row_at<scalar_t>(call.q, b, h, m), D);
   for (int64_t n = 0; n < N; ++n) {
@@ -55,8 +55,8 @@ void examine_row(const AttentionCall& call, const PairRule<Plane>& rule, int64_t
       const auto bias = rule.mask.data[m * rule.mask.row_stride + n * rule.mask.col_stride];
       *inputs_finite = *inputs_finite && std::isfinite(static_cast<double>(bias));
     }
-    *inputs_finite = *inputs_finite && finite_row(row_at<scalar_t>(call.k, b, hkv, n), D) &&
-                     finite_row(row_at<scalar_t>(call.v, b, hkv, n), Dv);
+    *inputs_finite = *inputs_finite && finite_row(kv_row<scalar_t>(call, call.k, b, hkv, n), D) &&
+                     finite_row(kv_row<scalar_t>(call, call.v, b, hkv, n), Dv);
     if (!*inputs_finite) return;
   }
 }
@@ -82,7 +82,7 @@ bool row_finite(const acc_t* lse, const scalar_t* out, int64_t Dv, int64_t row) 
 template <typename scalar_t, typename Plane>
 void check_scores_in_range(const AttentionCall& call, const at::Tensor& out, const at::Tensor& lse) {
   using acc_t = acc_type<scalar_t>;
-  const int64_t B = out.size(0), Hq = out.size(1), M = out.size(2), Dv = out.size(3), Hkv = call.k.size(1);
+  const int64_t B = out.size(0), Hq = out.size(1), M = out.size(2), Dv = out.size(3), Hkv = kv_heads(call);
   const int64_t rows = B * Hq * M;
   const std::vector<Segment> segments = call_segments(call);
   const acc_t* lse_data = lse.const_data_ptr<acc_t>();
@@ -91,7 +91,8 @@ void check_scores_in_range(const AttentionCall& call, const at::Tensor& out, con
     const acc_t l = lse_data[row];
     if (row_finite(lse_data, out_data, Dv, row)) continue;
     const int64_t m = row % M, h = (row / M) % Hq, b = row / (M * Hq);
-    const int64_t segment = segment_of(segments, !call.packed.empty(), b, m);
+    // A packed batch's segments are its sequences (by query row); otherwise one per batch entry (a paged cache's too).
+    const int64_t segment = segment_of(segments, !call.packed.empty() && !call.block_table.defined(), b, m);
     if (segment >= static_cast<int64_t>(segments.size())) continue;  // a row of no packed sequence: none
     const PairRule<Plane> rule = pair_rule<Plane>(call, segments, segment, h);
     bool has_key = false, inputs_finite = false;

@@ -6,6 +6,7 @@ One family from the general op to its special cases and the states built on them
   (attention masks, causal order, dropout, grouped key/value heads) on op ``attention_fwd``;
 * :func:`cross_attention` (:mod:`.chunked`): key padding as the only rule, op ``cross_attention_fwd``;
 * :func:`varlen_attention` (:mod:`.varlen`): a packed batch of sequences of different lengths, per sequence;
+* :func:`paged_attention` (:mod:`.paged`): new tokens over a paged key/value cache (a block table);
 * the attention-state API (:mod:`.state`: update, merge, remove, stream; :mod:`.sliding_window_state`: the last
   ``W`` keys of a stream) and its sharding over ``torch.distributed`` (:mod:`.sharded`).
 
@@ -15,6 +16,7 @@ public function to kernel; the Triton kernels are the ``triton_*`` modules.
 """
 from attn_ext.ops.attention import registration  # noqa: F401  (custom ops, fakes, autograd, backends)
 from attn_ext.ops.attention.chunked import DEFAULT_CHUNK_SIZE, cross_attention
+from attn_ext.ops.attention.paged import paged_attention
 from attn_ext.ops.attention.scaled_dot_product import scaled_dot_product_attention
 from attn_ext.ops.attention.sliding_window_state import SlidingWindowState
 from attn_ext.ops.attention.state import (
@@ -36,6 +38,7 @@ __all__ = [
     "cross_attention",
     "empty_state",
     "merge_states",
+    "paged_attention",
     "remove_from_state",
     "scaled_dot_product_attention",
     "stream_attention",

@@ -6,8 +6,9 @@ from typing import Iterator
 
 __all__ = ["named_after"]
 
-#: The error prefixes of the SDPA front end and the validators it shares.
-_SDPA_PREFIXES = ("attn_ext.scaled_dot_product_attention: ", "attn_ext: ")
+#: The error prefixes of the SDPA front end, the validators it shares, and ``varlen_attention`` (which
+#: ``paged_attention`` runs).
+_SDPA_PREFIXES = ("attn_ext.scaled_dot_product_attention: ", "attn_ext.varlen_attention: ", "attn_ext: ")
 
 
 @contextmanager

@@ -51,7 +51,7 @@ class SlidingWindowState:
     >>> s = ae.SlidingWindowState(q, window=50)
     >>> keys, values = torch.randn(1, 2, 130, 8), torch.randn(1, 2, 130, 8)
     >>> for i in range(0, 130, 20):
-    ...     s.update(keys[:, :, i:i + 20], values[:, :, i:i + 20])
+    ...     _ = s.update(keys[:, :, i:i + 20], values[:, :, i:i + 20])
     >>> bool(torch.allclose(s.out, ae.cross_attention(q, keys[:, :, -50:], values[:, :, -50:]), atol=1e-6))
     True
     """

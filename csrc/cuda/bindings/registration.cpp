@@ -1,6 +1,6 @@
 // The CUDA kernels of the attn_ext ops, registered for the schemas of csrc/schemas.cpp in one place,
-// as the CPU kernels are in csrc/cpu/registration.cpp. sigma_intention_fwd and batched_spd_solve have
-// no CUDA kernel; the Python dispatch asks the dispatcher per op which kernels a build holds. The list
+// as the CPU kernels are in csrc/cpu/registration.cpp. sigma_intention_fwd, batched_spd_solve and
+// paged_attention_fwd have no CUDA kernel; the Python dispatch asks the dispatcher per op which kernels a build holds. The list
 // is written out rather than expanded from csrc/op_list.h: it is the record of which ops have a CUDA
 // kernel (bench/gpu/build_check.py reads it to check a CUDA build holds them all), and the signatures
 // stay single, in op_list.h (the typed functions of ops.h, which the dispatcher checks against the schemas).

@@ -1,0 +1,74 @@
+"""Op ``paged_attention_fwd`` (forward only): its reference backend, fake kernel, the refusal of derivatives, and
+the backends :func:`attn_ext.paged_attention` dispatches to (``cpp``: the C++ kernels reading the cache through
+the block table, ``csrc/cpu/attention_ops.cpp``; ``reference``: a gather and the packed reference).
+
+Derivatives are refused here by design: the public function takes the differentiable route (a gather, then
+:func:`attn_ext.varlen_attention`) whenever an input requires a gradient.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from attn_ext.ops.attention.varlen import varlen_attention
+from attn_ext.ops.utils.autograd import register_not_differentiable
+from attn_ext.ops.utils.dispatch import Implementation, declare
+from attn_ext.ops.utils.dtypes import accumulation_dtype
+from attn_ext.ops.utils.extension import extension_error
+from attn_ext.ops.utils.registration import define_op
+
+__all__ = ["PAGED_ATTENTION", "gather_cache", "paged_attention_fwd_reference"]
+
+
+def gather_cache(cache: Tensor, block_table: Tensor, lengths: list) -> Tensor:
+    """The live rows of every entry of a paged ``cache [num_blocks, block_size, Hkv, ·]``, entry after entry:
+    ``[Σ lengths, Hkv, ·]`` (one index select; differentiable)."""
+    block_size = cache.shape[1]
+    positions = torch.arange(max(lengths, default=0), device=block_table.device)
+    rows = [block_table[b, positions[:n] // block_size].long() * block_size + positions[:n] % block_size
+            for b, n in enumerate(lengths)]
+    index = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long, device=block_table.device)
+    return cache.reshape(cache.shape[0] * block_size, *cache.shape[2:]).index_select(0, index.to(cache.device))
+
+
+def _extension_reason(x: Tensor, context) -> Optional[str]:
+    if extension_error() is not None or not hasattr(torch.ops.attn_ext, "paged_attention_fwd"):
+        return "this build of attn_ext has no paged_attention_fwd; rebuild the extension (pip install -e .)"
+    return None
+
+
+@define_op("attn_ext::paged_attention_fwd_reference")
+def paged_attention_fwd_reference(q, k_cache, v_cache, block_table, cache_seqlens, scale, is_causal, window_left,
+                                  window_right, softcap, alibi_slopes, chunk_size):
+    B, H, M, D = q.shape
+    lengths = [int(n) for n in cache_seqlens.tolist()]
+    k, v = gather_cache(k_cache, block_table, lengths), gather_cache(v_cache, block_table, lengths)
+    cu_q = torch.arange(B + 1, dtype=torch.int32) * M
+    cu_k = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0).to(torch.int32)
+    out, lse = varlen_attention(q.transpose(1, 2).reshape(B * M, H, D), k, v, cu_q, cu_k, is_causal=is_causal,
+                                scale=scale, window_size=(window_left, window_right), softcap=softcap or None,
+                                alibi_slopes=alibi_slopes, alignment="bottom_right", return_lse=True,
+                                chunk_size=chunk_size, backend="reference")
+    return (out.reshape(B, M, H, v.shape[-1]).transpose(1, 2).contiguous(),
+            lse.reshape(H, B, M).transpose(0, 1).contiguous())
+
+
+def _fake_paged(q, k_cache, v_cache, block_table, cache_seqlens, *_rest):
+    B, H, M, _ = q.shape
+    return q.new_empty((B, H, M, v_cache.shape[-1])), q.new_empty((B, H, M), dtype=accumulation_dtype(q.dtype))
+
+
+_REASON = ("by design: ae.paged_attention differentiates through a gather of the live cache rows whenever an "
+           "input requires a gradient")
+torch.library.register_fake("attn_ext::paged_attention_fwd_reference")(_fake_paged)
+register_not_differentiable("attn_ext::paged_attention_fwd_reference", _REASON)
+if extension_error() is None and hasattr(torch.ops.attn_ext, "paged_attention_fwd"):
+    torch.library.register_fake("attn_ext::paged_attention_fwd")(_fake_paged)
+    register_not_differentiable("attn_ext::paged_attention_fwd", _REASON)
+
+PAGED_ATTENTION = declare(
+    "paged_attention",
+    cpp=Implementation("paged_attention_fwd", (_extension_reason,)),
+    reference=Implementation(paged_attention_fwd_reference))
