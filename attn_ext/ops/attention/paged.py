@@ -19,7 +19,7 @@ from torch import Tensor
 from attn_ext.ops.attention.chunked import DEFAULT_CHUNK_SIZE
 from attn_ext.ops.attention.errors import named_after
 from attn_ext.ops.attention.paged_ops import PAGED_ATTENTION, gather_cache
-from attn_ext.ops.attention.scaled_dot_product import _check_alibi_slopes, _check_band, _check_softcap
+from attn_ext.ops.attention.scaled_dot_product import alibi_slopes_for, softcap_value, window_sides
 from attn_ext.ops.attention.varlen import varlen_attention
 from attn_ext.ops.utils import dispatch
 from attn_ext.ops.utils.validation import check_scale
@@ -123,16 +123,16 @@ def paged_attention(
     if not any(isinstance(t, Tensor) and t.requires_grad for t in (q, k_cache, v_cache)):
         # Inference: one call of the kernels reading the cache through the block table.
         name = dispatch.select_backend(PAGED_ATTENTION, backend, q)
-        window_left, window_right = _check_band(window_size, "bottom_right", is_causal)
-        softcap_value = _check_softcap(softcap)
-        slopes = None if alibi_slopes is None else _check_alibi_slopes(alibi_slopes, q)
+        window_left, window_right = window_sides(window_size, "bottom_right", is_causal)
+        cap = softcap_value(softcap)
+        slopes = None if alibi_slopes is None else alibi_slopes_for(alibi_slopes, q)
         scale_value = check_scale(scale, "paged_attention")
         scale_value = 1.0 / math.sqrt(D) if scale_value is None else scale_value
         if k_cache.shape[2] == 0 or H % k_cache.shape[2]:
             raise ValueError(f"{_OP}: q has {H} heads and the cache {k_cache.shape[2]}; the query heads must be a "
                              "multiple of them")
         out, lse = dispatch.entry(PAGED_ATTENTION, name)(q, k_cache, v_cache, block_table, cache_seqlens, scale_value,
-                                                         is_causal, window_left, window_right, softcap_value, slopes,
+                                                         is_causal, window_left, window_right, cap, slopes,
                                                          DEFAULT_CHUNK_SIZE)
         return (out, lse) if return_lse else out
     # Differentiable: the live rows gathered (one index select each), then one packed call.

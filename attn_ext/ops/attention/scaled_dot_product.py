@@ -23,7 +23,7 @@ def _shape(t: Tensor) -> Tuple[int, ...]:
     return tuple(t.shape)
 
 
-def _check_qkv(query: Tensor, key: Tensor, value: Tensor, enable_gqa: bool) -> None:
+def check_qkv(query: Tensor, key: Tensor, value: Tensor, enable_gqa: bool) -> None:
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, Tensor):
             raise TypeError(f"{_OP}: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -95,7 +95,7 @@ def _from_causal_bias(attn_mask: Tensor, is_causal: bool, alignment: str, querie
 _ALIGNMENTS = ("top_left", "bottom_right")
 
 
-def _check_band(window_size, alignment: str, is_causal: bool) -> Tuple[int, int]:
+def window_sides(window_size, alignment: str, is_causal: bool) -> Tuple[int, int]:
     """``(left, right)`` of ``window_size`` (``(-1, -1)`` for None), checked against ``alignment`` and the causal rule."""
     if alignment not in _ALIGNMENTS:
         raise ValueError(f"{_OP}: alignment must be 'top_left' or 'bottom_right', got {alignment!r}")
@@ -117,7 +117,7 @@ def _check_band(window_size, alignment: str, is_causal: bool) -> Tuple[int, int]
     return int(left), int(right)
 
 
-def _check_softcap(softcap) -> float:
+def softcap_value(softcap) -> float:
     """``softcap`` as a float, 0.0 for none."""
     if softcap is None:
         return 0.0
@@ -126,7 +126,7 @@ def _check_softcap(softcap) -> float:
     return float(softcap)
 
 
-def _check_alibi_slopes(slopes, query: Tensor) -> Tensor:
+def alibi_slopes_for(slopes, query: Tensor) -> Tensor:
     """``alibi_slopes`` checked and broadcast to the query's ``(..., Hq)``."""
     if not isinstance(slopes, Tensor):
         raise TypeError(f"{_OP}: alibi_slopes must be a float32 tensor, got {type(slopes).__name__}")
@@ -278,7 +278,7 @@ def scaled_dot_product_attention(
     >>> bool(torch.allclose(out, ref, atol=1e-5))
     True
     """
-    _check_qkv(query, key, value, enable_gqa)
+    check_qkv(query, key, value, enable_gqa)
     keys, queries = key.shape[-2], query.shape[-2]
     if isinstance(attn_mask, CausalBias):
         alignment = _from_causal_bias(attn_mask, is_causal, alignment, queries, keys)
@@ -294,10 +294,10 @@ def scaled_dot_product_attention(
         raise ValueError(f"{_OP}: dropout_p must be a float in [0, 1), got {dropout_p!r}")
     if not isinstance(is_causal, bool):
         raise TypeError(f"{_OP}: is_causal must be a bool, got {type(is_causal).__name__}")
-    window_left, window_right = _check_band(window_size, alignment, is_causal)
+    window_left, window_right = window_sides(window_size, alignment, is_causal)
     diagonal = keys - queries if alignment == "bottom_right" else 0
-    softcap = _check_softcap(softcap)
-    slopes = None if alibi_slopes is None else _check_alibi_slopes(alibi_slopes, query)
+    softcap = softcap_value(softcap)
+    slopes = None if alibi_slopes is None else alibi_slopes_for(alibi_slopes, query)
     scale = check_scale(scale, "scaled_dot_product_attention")
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
     chunk_size = check_chunk_size(chunk_size, "scaled_dot_product_attention") or DEFAULT_CHUNK_SIZE

@@ -20,8 +20,8 @@ from torch import Tensor
 from attn_ext.ops.attention.chunked import DEFAULT_CHUNK_SIZE
 from attn_ext.ops.attention.errors import named_after
 from attn_ext.ops.attention.registration import BAND_BACKENDS, SCALED_DOT_PRODUCT_ATTENTION
-from attn_ext.ops.attention.scaled_dot_product import (_check_alibi_slopes, _check_band, _check_qkv, _check_softcap,
-                                                       scaled_dot_product_attention)
+from attn_ext.ops.attention.scaled_dot_product import (alibi_slopes_for, check_qkv, scaled_dot_product_attention,
+                                                       softcap_value, window_sides)
 from attn_ext.ops.utils import dispatch
 from attn_ext.ops.utils.validation import check_chunk_size, check_scale
 
@@ -59,14 +59,14 @@ def _fused(q, k, v, cu_q, cu_k, dropout_p, is_causal, scale, window_size, softca
     heads = q.shape[1]
     # [rows, heads, dim] -> [1, heads, rows, dim]: views, read through their strides
     q4, k4, v4 = (t.transpose(0, 1)[None] for t in (q, k, v))
-    _check_qkv(q4, k4, v4, enable_gqa=True)
+    check_qkv(q4, k4, v4, enable_gqa=True)
     if not isinstance(is_causal, bool):
         raise TypeError(f"{_OP}: is_causal must be a bool, got {type(is_causal).__name__}")
-    window_left, window_right = _check_band(window_size, alignment, is_causal)
-    softcap = _check_softcap(softcap)
+    window_left, window_right = window_sides(window_size, alignment, is_causal)
+    softcap = softcap_value(softcap)
     slopes = None
     if alibi_slopes is not None:  # [H] or [B, H]: as SDPA's (..., Hq) for a batch of B sequences
-        slopes = _check_alibi_slopes(alibi_slopes, torch.empty((batch, heads, 1, 1), device=q.device))
+        slopes = alibi_slopes_for(alibi_slopes, torch.empty((batch, heads, 1, 1), device=q.device))
     name = dispatch.select_backend(SCALED_DOT_PRODUCT_ATTENTION, backend, q4, dropout_p=0.0,
                                    score_mod=softcap > 0 or slopes is not None)
     if name not in BAND_BACKENDS:
