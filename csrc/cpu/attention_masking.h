@@ -68,18 +68,6 @@ inline void band_queries(const Band& band, int64_t n0, int64_t nc, int64_t M, in
   *end = std::clamp<int64_t>(n0 + nc - band.lo, *first, M);
 }
 
-/// The number of (query, key) pairs of an M × N problem inside the band (the work to expect).
-inline int64_t band_pairs(const Band& band, int64_t M, int64_t N) {
-  if (!band.active()) return M * N;
-  int64_t pairs = 0;
-  for (int64_t m = 0; m < M; ++m) {
-    int64_t first, end;
-    band_keys(band, m, 1, N, &first, &end);
-    pairs += end - first;
-  }
-  return pairs;
-}
-
 /// Everything that masks pairs of one (batch, query head).
 template <typename Plane>
 struct PairRule {

@@ -13,25 +13,31 @@ from torch import Tensor
 
 from attn_ext.ops.utils.dtypes import accumulation_dtype
 
-__all__ = ["check_packed_args", "packed_backward", "packed_composite", "packed_forward", "segments"]
+__all__ = ["check_packed_args", "checked_offsets", "packed_backward", "packed_composite", "packed_forward", "segments"]
 
 _OP = "attn_ext.varlen_attention"
 
 
+def checked_offsets(cu: Tensor, name: str, total: int, batch: Optional[int] = None) -> List[int]:
+    """The host copy of a checked ``cu_seqlens`` (int32 ``[B + 1]``, from 0, non-decreasing, ending at ``total``;
+    ``batch`` sequences when given)."""
+    if not isinstance(cu, Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 1:
+        got = type(cu).__name__ if not isinstance(cu, Tensor) else f"{cu.dtype} of shape {tuple(cu.shape)}"
+        raise TypeError(f"{_OP}: {name} must be an int32 tensor [B + 1] of sequence offsets, got {got}")
+    offsets = [int(x) for x in cu.tolist()]
+    if batch is not None and len(offsets) != batch + 1:
+        raise ValueError(f"{_OP}: cu_seqlens_q and cu_seqlens_k must describe the same number of sequences; got "
+                         f"{batch} and {len(offsets) - 1}")
+    if offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:])) or offsets[-1] != total:
+        raise ValueError(f"{_OP}: {name} must start at 0, never decrease and end at the number of packed rows "
+                         f"({total}); got {offsets}")
+    return offsets
+
+
 def segments(cu_q: Tensor, cu_k: Tensor, total_q: int, total_k: int) -> List[Tuple[int, int, int, int]]:
-    """``[(q0, q1, k0, k1)]`` of checked offsets (int32 ``[S + 1]``, from 0, non-decreasing, to the totals)."""
-    for cu in (cu_q, cu_k):
-        if cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 1:
-            raise TypeError(f"{_OP}: cu_seqlens must be int32 [S + 1], got {cu.dtype} {tuple(cu.shape)}")
-    if cu_q.numel() != cu_k.numel():
-        raise ValueError(f"{_OP}: cu_seqlens_q {tuple(cu_q.shape)} and cu_seqlens_k {tuple(cu_k.shape)} must describe "
-                         "the same sequences")
-    oq, ok = cu_q.tolist(), cu_k.tolist()
-    if oq[0] != 0 or ok[0] != 0 or oq[-1] != total_q or ok[-1] != total_k:
-        raise ValueError(f"{_OP}: cu_seqlens must start at 0 and end at the packed rows ({total_q} queries, "
-                         f"{total_k} keys)")
-    if any(b < a for a, b in zip(oq, oq[1:])) or any(b < a for a, b in zip(ok, ok[1:])):
-        raise ValueError(f"{_OP}: cu_seqlens must not decrease")
+    """``[(q0, q1, k0, k1)]`` of checked offsets (:func:`checked_offsets`)."""
+    oq = checked_offsets(cu_q, "cu_seqlens_q", total_q)
+    ok = checked_offsets(cu_k, "cu_seqlens_k", total_k, len(oq) - 1)
     return [(oq[s], oq[s + 1], ok[s], ok[s + 1]) for s in range(len(oq) - 1)]
 
 

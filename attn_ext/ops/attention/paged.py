@@ -18,9 +18,8 @@ from torch import Tensor
 
 from attn_ext.ops.attention.chunked import DEFAULT_CHUNK_SIZE
 from attn_ext.ops.attention.errors import named_after
-from attn_ext.ops.attention.paged_ops import PAGED_ATTENTION, gather_cache
+from attn_ext.ops.attention.paged_ops import PAGED_ATTENTION, attention_by_gather
 from attn_ext.ops.attention.scaled_dot_product import alibi_slopes_for, softcap_value, window_sides
-from attn_ext.ops.attention.varlen import varlen_attention
 from attn_ext.ops.utils import dispatch
 from attn_ext.ops.utils.validation import check_scale
 
@@ -136,12 +135,7 @@ def paged_attention(
                                                          DEFAULT_CHUNK_SIZE)
         return (out, lse) if return_lse else out
     # Differentiable: the live rows gathered (one index select each), then one packed call.
-    k, v = gather_cache(k_cache, block_table, lengths), gather_cache(v_cache, block_table, lengths)
-    cu_q = torch.arange(B + 1, dtype=torch.int32) * M
-    cu_k = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0).to(torch.int32)
-    out, lse = varlen_attention(q.transpose(1, 2).reshape(B * M, H, D), k, v, cu_q, cu_k, is_causal=is_causal,
-                                scale=scale, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                                alignment="bottom_right", return_lse=True, backend=backend)
-    out = out.reshape(B, M, H, v.shape[2]).transpose(1, 2)
-    lse = lse.reshape(H, B, M).transpose(0, 1)
+    out, lse = attention_by_gather(q, k_cache, v_cache, block_table, lengths, is_causal=is_causal, scale=scale,
+                                   window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                                   backend=backend)
     return (out, lse) if return_lse else out

@@ -7,7 +7,7 @@ Derivatives are refused here by design: the public function takes the differenti
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -19,7 +19,7 @@ from attn_ext.ops.utils.dtypes import accumulation_dtype
 from attn_ext.ops.utils.extension import extension_error
 from attn_ext.ops.utils.registration import define_op
 
-__all__ = ["PAGED_ATTENTION", "gather_cache", "paged_attention_fwd_reference"]
+__all__ = ["PAGED_ATTENTION", "attention_by_gather", "gather_cache", "paged_attention_fwd_reference"]
 
 
 def gather_cache(cache: Tensor, block_table: Tensor, lengths: list) -> Tensor:
@@ -39,20 +39,27 @@ def _extension_reason(x: Tensor, context) -> Optional[str]:
     return None
 
 
-@define_op("attn_ext::paged_attention_fwd_reference")
-def paged_attention_fwd_reference(q, k_cache, v_cache, block_table, cache_seqlens, scale, is_causal, window_left,
-                                  window_right, softcap, alibi_slopes, chunk_size):
+def attention_by_gather(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tensor, lengths: list,
+                        **kwargs) -> Tuple[Tensor, Tensor]:
+    """``(out [B, H, M, Dv], lse [B, H, M])``: each entry's live rows gathered (:func:`gather_cache`), then one
+    :func:`~attn_ext.varlen_attention` over them aligned bottom-right (``kwargs``: its keywords); differentiable."""
     B, H, M, D = q.shape
-    lengths = [int(n) for n in cache_seqlens.tolist()]
     k, v = gather_cache(k_cache, block_table, lengths), gather_cache(v_cache, block_table, lengths)
     cu_q = torch.arange(B + 1, dtype=torch.int32) * M
     cu_k = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0).to(torch.int32)
-    out, lse = varlen_attention(q.transpose(1, 2).reshape(B * M, H, D), k, v, cu_q, cu_k, is_causal=is_causal,
-                                scale=scale, window_size=(window_left, window_right), softcap=softcap or None,
-                                alibi_slopes=alibi_slopes, alignment="bottom_right", return_lse=True,
-                                chunk_size=chunk_size, backend="reference")
-    return (out.reshape(B, M, H, v.shape[-1]).transpose(1, 2).contiguous(),
-            lse.reshape(H, B, M).transpose(0, 1).contiguous())
+    out, lse = varlen_attention(q.transpose(1, 2).reshape(B * M, H, D), k, v, cu_q, cu_k, alignment="bottom_right",
+                                return_lse=True, **kwargs)
+    return out.reshape(B, M, H, v.shape[-1]).transpose(1, 2), lse.reshape(H, B, M).transpose(0, 1)
+
+
+@define_op("attn_ext::paged_attention_fwd_reference")
+def paged_attention_fwd_reference(q, k_cache, v_cache, block_table, cache_seqlens, scale, is_causal, window_left,
+                                  window_right, softcap, alibi_slopes, chunk_size):
+    out, lse = attention_by_gather(q, k_cache, v_cache, block_table, [int(n) for n in cache_seqlens.tolist()],
+                                   is_causal=is_causal, scale=scale, window_size=(window_left, window_right),
+                                   softcap=softcap or None, alibi_slopes=alibi_slopes, chunk_size=chunk_size,
+                                   backend="reference")
+    return out.contiguous(), lse.contiguous()
 
 
 def _fake_paged(q, k_cache, v_cache, block_table, cache_seqlens, *_rest):

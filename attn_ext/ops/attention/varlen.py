@@ -19,6 +19,7 @@ from torch import Tensor
 
 from attn_ext.ops.attention.chunked import DEFAULT_CHUNK_SIZE
 from attn_ext.ops.attention.errors import named_after
+from attn_ext.ops.attention.packed import checked_offsets
 from attn_ext.ops.attention.registration import BAND_BACKENDS, SCALED_DOT_PRODUCT_ATTENTION
 from attn_ext.ops.attention.scaled_dot_product import (alibi_slopes_for, check_qkv, scaled_dot_product_attention,
                                                        softcap_value, window_sides)
@@ -28,21 +29,6 @@ from attn_ext.ops.utils.validation import check_chunk_size, check_scale
 __all__ = ["varlen_attention"]
 
 _OP = "attn_ext.varlen_attention"
-
-
-def _offsets(cu: Tensor, name: str, total: int, batch: Optional[int]) -> List[int]:
-    """The host copy of a checked ``cu_seqlens`` (int32 ``[B + 1]``, from 0, non-decreasing, ending at ``total``)."""
-    if not isinstance(cu, Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 1:
-        got = type(cu).__name__ if not isinstance(cu, Tensor) else f"{cu.dtype} of shape {tuple(cu.shape)}"
-        raise TypeError(f"{_OP}: {name} must be an int32 tensor [B + 1] of sequence offsets, got {got}")
-    offsets = [int(x) for x in cu.tolist()]
-    if batch is not None and len(offsets) != batch + 1:
-        raise ValueError(f"{_OP}: cu_seqlens_q and cu_seqlens_k must describe the same number of sequences; got "
-                         f"{batch} and {len(offsets) - 1}")
-    if offsets[0] != 0 or any(b < a for a, b in zip(offsets, offsets[1:])) or offsets[-1] != total:
-        raise ValueError(f"{_OP}: {name} must start at 0, never decrease and end at the number of packed rows "
-                         f"({total}); got {offsets}")
-    return offsets
 
 
 def _check_max(max_seqlen: Optional[int], lengths: List[int], name: str) -> None:
@@ -146,8 +132,8 @@ def varlen_attention(
             raise ValueError(f"{_OP}: {name} must be a packed [total, heads, dim] tensor, got {shape}")
     if k.shape[0] != v.shape[0] or k.shape[1] != v.shape[1]:
         raise ValueError(f"{_OP}: k {tuple(k.shape)} and v {tuple(v.shape)} must have the same rows and heads")
-    starts_q = _offsets(cu_seqlens_q, "cu_seqlens_q", q.shape[0], None)
-    starts_k = _offsets(cu_seqlens_k, "cu_seqlens_k", k.shape[0], len(starts_q) - 1)
+    starts_q = checked_offsets(cu_seqlens_q, "cu_seqlens_q", q.shape[0])
+    starts_k = checked_offsets(cu_seqlens_k, "cu_seqlens_k", k.shape[0], len(starts_q) - 1)
     batch = len(starts_q) - 1
     _check_max(max_seqlen_q, [b - a for a, b in zip(starts_q, starts_q[1:])], "max_seqlen_q")
     _check_max(max_seqlen_k, [b - a for a, b in zip(starts_k, starts_k[1:])], "max_seqlen_k")
