@@ -22,7 +22,7 @@ def test_docstring_examples_run():
             "attn_ext.nn.perceiver_block", "attn_ext.nn.tree_cross_attention", "attn_ext.nn.tree_aggregator",
             "attn_ext.nn.tca_loss", "attn_ext.nn.latents", "attn_ext.nn.intention", "attn_ext.nn.informer",
             "attn_ext.nn.hypermixer", "attn_ext.ops.intention.ridge_map", "attn_ext.ops.intention.pinv",
-            "attn_ext.ops.intention.convex_regulariser", "attn_ext.ops.intention.kernelised")):
+            "attn_ext.ops.intention.convex_regulariser", "attn_ext.ops.intention.kernelised", "attn_ext.data.batch")):
         result = doctest.testmod(module, raise_on_error=False)
         assert result.attempted > 0, f"{module.__name__} has no examples"
         assert result.failed == 0, f"{module.__name__}: {result.failed} of {result.attempted} examples failed"

@@ -12,8 +12,9 @@ repository's ``bench/np/data/`` (run from a clone), not in the installed package
 >>> SawtoothSampler(dim_x=2).sample(4, generator=torch.Generator().manual_seed(0)).xc.shape[-1]
 2
 """
-from attn_ext.data.gp import KERNELS, LENGTH_RANGES, GPSampler, NPBatch, kernel_matrix
+from attn_ext.data.batch import NPBatch, PackedNPBatch, pack_tasks
+from attn_ext.data.gp import KERNELS, LENGTH_RANGES, GPSampler, kernel_matrix
 from attn_ext.data.sawtooth import SawtoothFunctions, SawtoothSampler
 
-__all__ = ["GPSampler", "KERNELS", "LENGTH_RANGES", "NPBatch", "SawtoothFunctions", "SawtoothSampler",
-           "kernel_matrix"]
+__all__ = ["GPSampler", "KERNELS", "LENGTH_RANGES", "NPBatch", "PackedNPBatch", "SawtoothFunctions", "SawtoothSampler",
+           "kernel_matrix", "pack_tasks"]

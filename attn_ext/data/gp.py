@@ -11,24 +11,16 @@ targets from ``N(0, K + 0.02² I)``, so the 0.02 observation noise is part of ev
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
 from torch import Tensor
 
+from attn_ext.data.batch import NPBatch, PackedNPBatch, pack_tasks
+
 KERNELS = ("rbf", "matern52", "periodic")
 #: Named length ranges: the official code's and the CMANP paper text's.
 LENGTH_RANGES = {"code": (0.1, 0.6), "paper": (0.6, 1.0)}
-
-
-class NPBatch(NamedTuple):
-    """A batch of Neural Process tasks: ``xc [B, N_c, dx]``, ``yc [B, N_c, dy]``, ``xt [B, N_t, dx]``,
-    ``yt [B, N_t, dy]``; every task of the batch has the same ``N_c`` and ``N_t``."""
-
-    xc: Tensor
-    yc: Tensor
-    xt: Tensor
-    yt: Tensor
 
 
 def _uniform(low: float, high: float, shape, generator, dtype) -> Tensor:
@@ -166,3 +158,16 @@ class GPSampler:
         y = torch.linalg.cholesky(cov) @ torch.randn(batch_size, n, 1, generator=generator, dtype=f64)
         x, y = x.to(dtype), y.to(dtype)
         return NPBatch(x[:, :num_ctx], y[:, :num_ctx], x[:, num_ctx:], y[:, num_ctx:])
+
+    def sample_packed(self, batch_size: int, generator: Optional[torch.Generator] = None, *,
+                      dtype: torch.dtype = torch.float32) -> PackedNPBatch:
+        """``batch_size`` tasks, each with its own ``(N_c, N_t)`` (drawn as :meth:`sample_counts` draws a batch's),
+        packed end to end (:class:`~attn_ext.data.PackedNPBatch`): task ``b`` is what :meth:`sample` of one
+        task with those counts draws next from ``generator``."""
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        tasks = []
+        for _ in range(batch_size):
+            num_ctx, num_tar = self.sample_counts(generator)
+            tasks.append(self.sample(1, generator, num_context=num_ctx, num_target=num_tar, dtype=dtype))
+        return pack_tasks(tasks)

@@ -14,6 +14,8 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import Normal
 
+from attn_ext.data.batch import PackedNPBatch
+from attn_ext.models.packed import task_log_likelihood
 from attn_ext.nn.layer_norm import LayerNorm
 
 
@@ -142,13 +144,24 @@ class NeuralProcess(nn.Module):
         diagonal models; the Not-Diagonal ones return their joint prediction's marginals."""
         return self.predict(xc, yc, xt)
 
+    def predict_packed(self, xc: Tensor, yc: Tensor, xt: Tensor, cu_seqlens_c: Tensor, cu_seqlens_t: Tensor) -> Normal:
+        """Predictive ``Normal`` over the packed targets ``[T_t, dim_y]`` of a packed batch (the layout of
+        :class:`~attn_ext.data.PackedNPBatch`); only the models that have a packed path implement it."""
+        raise NotImplementedError(f"{type(self).__name__} has no packed-batch path (TNPD has one): pass an NPBatch, "
+                                  "whose tasks share N_c and N_t")
+
     def forward(self, batch) -> Tensor:
-        """Mean negative log-likelihood per target of ``batch`` (an ``NPBatch``), a scalar."""
+        """Mean negative log-likelihood per target of ``batch`` (an ``NPBatch``), a scalar; of a
+        :class:`~attn_ext.data.PackedNPBatch`, the mean over tasks of each task's (:mod:`attn_ext.models.packed`)."""
+        if isinstance(batch, PackedNPBatch):
+            return -task_log_likelihood(self, batch).mean()
         check_points(self, xc=batch.xc, yc=batch.yc, xt=batch.xt, yt=batch.yt)
         return -self.predict(batch.xc, batch.yc, batch.xt).log_prob(batch.yt).sum(-1).mean()
 
     @torch.no_grad()
     def log_likelihood(self, batch) -> Tensor:
         """``[B]``: per task, the mean over targets of ``log p(y_t)`` summed over y dims (docs/spec.md §6)."""
+        if isinstance(batch, PackedNPBatch):
+            return task_log_likelihood(self, batch)
         check_points(self, xc=batch.xc, yc=batch.yc, xt=batch.xt, yt=batch.yt)
         return self.predict(batch.xc, batch.yc, batch.xt).log_prob(batch.yt).sum(-1).mean(-1)

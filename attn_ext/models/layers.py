@@ -8,7 +8,7 @@ is the query phase of LBANP and CMANP: ``X^i = CA(X^{i−1}, L_i)`` per layer.
 from __future__ import annotations
 
 import copy
-from typing import Callable, Sequence
+from typing import Callable, Sequence, Tuple
 
 from torch import Tensor, nn
 
@@ -74,6 +74,19 @@ class ContextAttentionLayer(nn.Module):
         x = x + self.attention(h, context, context)
         return x + self.ff(self.norm_ff(x))
 
+    def packed(self, context: Tensor, targets: Tensor, cu_seqlens_c: Tensor,
+               cu_seqlens_t: Tensor) -> Tuple[Tensor, Tensor]:
+        """:meth:`forward` over a packed batch: ``context [T_c, dim]``, ``targets [T_t, dim]``, each task's tokens
+        attending over its own context tokens (softmax attention only)."""
+        if not isinstance(self.attention, _FirstOutput):
+            raise NotImplementedError(f"ContextAttentionLayer: a packed batch needs softmax attention, this layer has "
+                                      f"{type(self.attention).__name__}")
+        mha = self.attention.attention
+        hc, ht = self.norm(context), self.norm(targets)
+        context = context + mha.packed(hc, hc, hc, cu_seqlens_c, cu_seqlens_c)
+        targets = targets + mha.packed(ht, hc, hc, cu_seqlens_t, cu_seqlens_c)
+        return context + self.ff(self.norm_ff(context)), targets + self.ff(self.norm_ff(targets))
+
 
 class ContextEncoder(nn.Module):
     """A stack of :class:`ContextAttentionLayer` and a final LayerNorm over ``[context; targets]``."""
@@ -88,6 +101,12 @@ class ContextEncoder(nn.Module):
         for layer in self.layers:
             x = layer(x, num_context)
         return self.norm(x)
+
+    def packed(self, context: Tensor, targets: Tensor, cu_seqlens_c: Tensor, cu_seqlens_t: Tensor) -> Tensor:
+        """The final target tokens ``[T_t, dim]`` of a packed batch (see :meth:`ContextAttentionLayer.packed`)."""
+        for layer in self.layers:
+            context, targets = layer.packed(context, targets, cu_seqlens_c, cu_seqlens_t)
+        return self.norm(targets)
 
 
 class LatentDecoder(nn.Module):

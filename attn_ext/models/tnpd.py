@@ -52,3 +52,10 @@ class TNPD(NeuralProcess):
         tokens = torch.cat([self.embed_pairs(xc, yc), self.embed_pairs(xt, None)], 1)
         h = self.encoder(tokens, xc.shape[1])
         return self.head(h[:, xc.shape[1]:])
+
+    def predict_packed(self, xc: Tensor, yc: Tensor, xt: Tensor, cu_seqlens_c: Tensor, cu_seqlens_t: Tensor) -> Normal:
+        """Predictive ``Normal`` over the packed targets ``[T_t, dim_y]`` of tasks packed end to end (the layout of
+        :class:`~attn_ext.data.PackedNPBatch`): each task's tokens attend over its own context only, by
+        :func:`attn_ext.varlen_attention`, with no padding formed; per task, what :meth:`predict` gives it alone."""
+        h = self.encoder.packed(self.embed_pairs(xc, yc), self.embed_pairs(xt, None), cu_seqlens_c, cu_seqlens_t)
+        return self.head(h)
