@@ -11,7 +11,7 @@ from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from attn_ext.ops.attention.chunked import DEFAULT_CHUNK_SIZE
 from attn_ext.ops.attention.dropout import draw_seed
-from attn_ext.ops.attention.band import Band
+from attn_ext.ops.attention.band import Band, check_band_args
 from attn_ext.ops.attention.registration import BAND_BACKENDS, SCALED_DOT_PRODUCT_ATTENTION
 from attn_ext.ops.utils import dispatch
 from attn_ext.ops.utils.validation import SUPPORTED_DTYPES, check_chunk_size, check_scale, is_real_scalar
@@ -278,6 +278,28 @@ def scaled_dot_product_attention(
     >>> bool(torch.allclose(out, ref, atol=1e-5))
     True
     """
+    return _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_padding_mask,
+                      return_lse, chunk_size, backend, alignment, window_size, softcap, alibi_slopes)
+
+
+def attention_by_position(
+    query: Tensor, key: Tensor, value: Tensor, *, diagonal: int, attn_mask: Optional[Tensor] = None,
+    key_padding_mask: Optional[Tensor] = None, is_causal: bool = False, window_size: Optional[Tuple[int, int]] = None,
+    scale: Optional[float] = None, chunk_size: Optional[int] = None, backend: Optional[str] = None,
+) -> Tuple[Tensor, Tensor]:
+    """``(out, lse)`` of :func:`scaled_dot_product_attention` with query ``i``'s diagonal key at ``i + diagonal``
+    for any offset (the public function's two alignments are ``0`` and ``S − L``): the causal rule and
+    ``window_size`` of a set of keys that is a part of a longer sequence, as the attention states take them."""
+    if isinstance(diagonal, bool) or not isinstance(diagonal, int):
+        raise TypeError(f"{_OP}: the diagonal offset must be an int, got {diagonal!r}")
+    return _attention(query, key, value, attn_mask, 0.0, is_causal, scale, False, key_padding_mask, True, chunk_size,
+                      backend, "top_left", window_size, None, None, diagonal=diagonal)
+
+
+def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, key_padding_mask, return_lse,
+               chunk_size, backend, alignment, window_size, softcap, alibi_slopes, diagonal=None):
+    """:func:`scaled_dot_product_attention`'s checks and call; ``diagonal`` (None: from ``alignment``) as for
+    :func:`attention_by_position`."""
     check_qkv(query, key, value, enable_gqa)
     keys, queries = key.shape[-2], query.shape[-2]
     if isinstance(attn_mask, CausalBias):
@@ -295,7 +317,9 @@ def scaled_dot_product_attention(
     if not isinstance(is_causal, bool):
         raise TypeError(f"{_OP}: is_causal must be a bool, got {type(is_causal).__name__}")
     window_left, window_right = window_sides(window_size, alignment, is_causal)
-    diagonal = keys - queries if alignment == "bottom_right" else 0
+    if diagonal is None:
+        diagonal = keys - queries if alignment == "bottom_right" else 0
+    check_band_args(window_left, window_right, diagonal)
     softcap = softcap_value(softcap)
     slopes = None if alibi_slopes is None else alibi_slopes_for(alibi_slopes, query)
     scale = check_scale(scale, "scaled_dot_product_attention")

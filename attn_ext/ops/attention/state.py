@@ -18,7 +18,7 @@ from torch import Tensor
 from attn_ext.ops.attention.chunked import named_cross_attention
 from attn_ext.ops.attention.errors import named_after
 from attn_ext.ops.attention.registration import MERGE_STATES
-from attn_ext.ops.attention.scaled_dot_product import scaled_dot_product_attention
+from attn_ext.ops.attention.scaled_dot_product import attention_by_position, scaled_dot_product_attention, window_sides
 from attn_ext.ops.utils import dispatch
 from attn_ext.ops.utils.dtypes import accumulation_dtype
 
@@ -50,9 +50,36 @@ def empty_state(q: Tensor, dv: int) -> AttentionState:
     return AttentionState(out, lse)
 
 
+class Positions(NamedTuple):
+    """Where a state's queries and keys sit in their sequence, for the causal rule and a sliding window: query
+    ``i`` at ``query_start + i``, key ``j`` at ``key_start + j``; key ``j`` takes part for query ``i`` only if
+    ``qpos − left ≤ kpos ≤ qpos + right`` (``window_size = (left, right)``, ``-1``: no limit on that side;
+    ``is_causal`` sets ``right = 0``)."""
+
+    is_causal: bool = False
+    window_size: Optional[Tuple[int, int]] = None
+    query_start: int = 0
+    key_start: int = 0
+
+    @property
+    def banded(self) -> bool:
+        return self.is_causal or self.window_size is not None
+
+    def checked(self, op: str) -> "Positions":
+        if not isinstance(self.is_causal, bool):
+            raise TypeError(f"attn_ext.{op}: is_causal must be a bool, got {type(self.is_causal).__name__}")
+        for name, value in (("query_start", self.query_start), ("key_start", self.key_start)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"attn_ext.{op}: {name} must be an int (a position in the sequence), got {value!r}")
+        with named_after(op):
+            window_sides(self.window_size, "top_left", self.is_causal)
+        return self
+
+
 def attention_state(
     q: Tensor, k: Tensor, v: Tensor, *, key_padding_mask: Optional[Tensor] = None, attn_mask: Optional[Tensor] = None,
     scale: Optional[float] = None, chunk_size: Optional[int] = None, backend: Optional[str] = None,
+    is_causal: bool = False, window_size: Optional[Tuple[int, int]] = None, query_start: int = 0, key_start: int = 0,
 ) -> AttentionState:
     """The state of ``q`` over the keys ``k, v``: :func:`attn_ext.cross_attention` with its LSE.
 
@@ -60,19 +87,44 @@ def attention_state(
     :func:`attn_ext.scaled_dot_product_attention`'s convention (bool: **True = takes part**; float:
     added to the scores), next to ``key_padding_mask`` (True = padding). A row for which no key takes
     part is the empty state (0, −inf), so masked states merge like any other.
+
+    ``is_causal`` and ``window_size = (left, right)`` restrict each query to the keys near it by position, with
+    query ``i`` at ``query_start + i`` and key ``j`` at ``key_start + j`` of one sequence: key ``j`` takes part
+    only if ``qpos − left ≤ kpos ≤ qpos + right`` (``-1``: no limit on that side; ``is_causal``: ``right = 0``).
+    A state built chunk by chunk passes each chunk's ``key_start`` (:func:`stream_attention` counts them).
+
+    Examples
+    --------
+    >>> import torch, attn_ext as ae
+    >>> q, k, v = torch.randn(1, 2, 4, 8), torch.randn(1, 2, 100, 8), torch.randn(1, 2, 100, 8)
+    >>> # the last 4 positions of a 100-key sequence, each seeing itself and the 15 keys before it
+    >>> st = ae.attention_state(q, k[:, :, :60], v[:, :, :60], window_size=(15, 0), query_start=96)
+    >>> st = ae.update_state(st, q, k[:, :, 60:], v[:, :, 60:], window_size=(15, 0), query_start=96, key_start=60)
+    >>> ref = ae.scaled_dot_product_attention(q, k, v, window_size=(15, 0), alignment="bottom_right")
+    >>> bool(torch.allclose(st.out, ref, atol=1e-6))
+    True
     """
-    return named_attention_state("attention_state", q, k, v, key_padding_mask, attn_mask, scale, chunk_size, backend)
+    return named_attention_state("attention_state", q, k, v, key_padding_mask, attn_mask, scale, chunk_size, backend,
+                                 Positions(is_causal, window_size, query_start, key_start))
 
 
 def named_attention_state(op: str, q: Tensor, k: Tensor, v: Tensor, key_padding_mask: Optional[Tensor],
                           attn_mask: Optional[Tensor], scale: Optional[float], chunk_size: Optional[int],
-                          backend: Optional[str]) -> AttentionState:
+                          backend: Optional[str], positions: Positions = Positions()) -> AttentionState:
     """:func:`attention_state`, its argument errors named after ``op``, the public op that was called."""
-    if attn_mask is None:
+    positions.checked(op)
+    if attn_mask is None and not positions.banded:
         return AttentionState(*named_cross_attention(op, q, k, v, key_padding_mask, scale, chunk_size, backend))
     with named_after(op):
-        out, lse = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
-                                                scale=scale, chunk_size=chunk_size, return_lse=True, backend=backend)
+        if positions.banded:
+            out, lse = attention_by_position(q, k, v, diagonal=positions.query_start - positions.key_start,
+                                             attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                                             is_causal=positions.is_causal, window_size=positions.window_size,
+                                             scale=scale, chunk_size=chunk_size, backend=backend)
+        else:
+            out, lse = scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, key_padding_mask=key_padding_mask,
+                                                    scale=scale, chunk_size=chunk_size, return_lse=True,
+                                                    backend=backend)
     return AttentionState(out, lse)
 
 
@@ -132,23 +184,26 @@ def merge_states(
 def update_state(
     state: AttentionState, q: Tensor, k_new: Tensor, v_new: Tensor, *, key_padding_mask: Optional[Tensor] = None,
     attn_mask: Optional[Tensor] = None, scale: Optional[float] = None, chunk_size: Optional[int] = None,
-    backend: Optional[str] = None,
+    backend: Optional[str] = None, is_causal: bool = False, window_size: Optional[Tuple[int, int]] = None,
+    query_start: int = 0, key_start: int = 0,
 ) -> AttentionState:
     """Add keys to a state in O(new keys · M): the UPDATE of the CMANP paper (§3.1.1).
 
     ``state`` must be the state of the same ``q`` (and ``scale``) over keys disjoint from ``k_new``.
-    ``attn_mask``: the new keys' per-pair mask, as in :func:`attention_state`.
+    ``attn_mask``: the new keys' per-pair mask; ``is_causal``, ``window_size``, ``query_start`` and
+    ``key_start`` (the new keys' first position): as in :func:`attention_state`.
     """
     _check_state("update_state", state)
     new = named_attention_state("update_state", q, k_new, v_new, key_padding_mask, attn_mask, scale, chunk_size,
-                                backend)
+                                backend, Positions(is_causal, window_size, query_start, key_start))
     return _merge_pair("update_state", AttentionState(*state), new, backend)
 
 
 def remove_from_state(
     state: AttentionState, q: Tensor, k_old: Tensor, v_old: Tensor, *, key_padding_mask: Optional[Tensor] = None,
-    attn_mask: Optional[Tensor] = None, scale: Optional[float] = None, min_remaining: float = DEFAULT_MIN_REMAINING, chunk_size: Optional[int] = None,
-    backend: Optional[str] = None,
+    attn_mask: Optional[Tensor] = None, scale: Optional[float] = None, min_remaining: float = DEFAULT_MIN_REMAINING,
+    chunk_size: Optional[int] = None, backend: Optional[str] = None, is_causal: bool = False,
+    window_size: Optional[Tuple[int, int]] = None, query_start: int = 0, key_start: int = 0,
 ) -> AttentionState:
     """Remove keys from a state (downdate): the inverse of :func:`update_state`.
 
@@ -160,14 +215,15 @@ def remove_from_state(
 
     The keys must have been added to ``state`` before (with the same ``q`` and ``scale``): the
     function cannot tell, and removing keys that were never added returns a meaningless state.
-    ``attn_mask`` must be the mask the keys were added with.
+    ``attn_mask`` and the positions (``is_causal``, ``window_size``, ``query_start``, ``key_start``) must be
+    those the keys were added with.
     NaN cannot be removed: a NaN row of ``state`` or of the removed keys' state stays NaN.
     """
     _check_state("remove_from_state", state)
     if not (0.0 < min_remaining <= 1.0):
         raise ValueError(f"attn_ext.remove_from_state: min_remaining must be in (0, 1], got {min_remaining}")
     removed = named_attention_state("remove_from_state", q, k_old, v_old, key_padding_mask, attn_mask, scale,
-                                    chunk_size, backend)
+                                    chunk_size, backend, Positions(is_causal, window_size, query_start, key_start))
     out, lse = state
     # Only the empty marker −inf means "nothing removed": a NaN removed state (NaN keys) must not
     # pass the row through as if nothing had happened, and a NaN share makes the result NaN.
@@ -201,7 +257,8 @@ ChunkLike = Union[Tuple[Tensor, Tensor], Tuple[Tensor, Tensor, Optional[Tensor]]
 
 def stream_attention(
     q: Tensor, chunks: Iterable[ChunkLike], *, scale: Optional[float] = None, chunk_size: Optional[int] = None,
-    backend: Optional[str] = None,
+    backend: Optional[str] = None, is_causal: bool = False, window_size: Optional[Tuple[int, int]] = None,
+    query_start: int = 0,
 ) -> AttentionState:
     """Attention of ``q`` over keys delivered by an iterator, holding only the state and one chunk.
 
@@ -209,6 +266,10 @@ def stream_attention(
     (the chunk's per-pair mask, as in :func:`attention_state`); peak memory is that of one chunk
     plus the state, however many chunks come (CMANP §3.1.2). Differentiable, but under autograd
     each chunk's inputs stay alive for the backward pass like any other saved tensor.
+
+    ``is_causal`` and ``window_size`` as in :func:`attention_state`, the keys counted from position 0 in the
+    order they come and the queries at ``query_start + i`` (the cpp and reference kernels skip the key tiles
+    outside every query's band, so a chunk no band reaches costs next to nothing).
 
     Examples
     --------
@@ -220,10 +281,11 @@ def stream_attention(
     >>> bool(torch.allclose(st.out, ae.cross_attention(q, k, v), atol=1e-6))
     True
     """
+    positions = Positions(is_causal, window_size, query_start).checked("stream_attention")
     state: Optional[AttentionState] = None
     # No enumerate(): it keeps its last (index, chunk) tuple, and so the previous chunk, alive while
     # the iterator makes the next one, which doubles the peak memory.
-    i = -1
+    i, key_start = -1, 0
     for chunk in chunks:
         i += 1
         if not isinstance(chunk, (tuple, list)) or len(chunk) not in (2, 3, 4):
@@ -232,7 +294,9 @@ def stream_attention(
         k, v = chunk[0], chunk[1]
         mask = chunk[2] if len(chunk) >= 3 else None
         pair_mask = chunk[3] if len(chunk) == 4 else None
-        new = named_attention_state("stream_attention", q, k, v, mask, pair_mask, scale, chunk_size, backend)
+        here = positions._replace(key_start=key_start)
+        key_start += k.shape[-2]
+        new = named_attention_state("stream_attention", q, k, v, mask, pair_mask, scale, chunk_size, backend, here)
         state = new if state is None else _merge_pair("stream_attention", state, new, backend)
         # Drop this chunk before the iterator makes the next one, so at most one chunk is alive.
         del chunk, k, v, mask, pair_mask, new
