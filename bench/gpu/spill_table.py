@@ -45,7 +45,8 @@ def entries(rows: list[dict]) -> dict:
         # for the key padding the masked cases also have).
         opts, name = row["options"], launch_variants(row["options"])[-1]
         elems = {DTYPES[d].itemsize for d in row["dtypes"] if d in DTYPES}
-        if len(elems) != 1 or opts.get("UPCAST"):
+        # The guarded paths (GUARD_ROWS, for non-finite rows) are launched with one fixed tile, never pruned.
+        if len(elems) != 1 or opts.get("UPCAST") or opts.get("GUARD_ROWS"):
             continue
         key = (row["kernel"], TARGETS[row["target"]].capability, elems.pop(), opts["BLOCK_D"], opts["BLOCK_DV"], name)
         tiles = (opts["BLOCK_M"], opts["BLOCK_N"], opts["num_warps"], opts["num_stages"])

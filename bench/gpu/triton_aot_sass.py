@@ -20,7 +20,10 @@ _RANK = {**{status: 0 for status in FAILURES}, GAP: 1, PASS: 2}
 
 
 def _config(row) -> str:
-    return f"{row.dtypes()} {row.dims()} {row.job.config()}"
+    # A launch of a guarded code path (GUARD_ROWS: the attention kernels' path for non-finite rows) says so: the
+    # criteria hold it to the MMA mix but not to "no spill" (sass_criteria.GUARDED).
+    guarded = " guarded" if dict(row.job.options).get("GUARD_ROWS") else ""
+    return f"{row.dtypes()} {row.dims()}{guarded} {row.job.config()}"
 
 
 def sass_rows(rows: list) -> list[SassRow]:

@@ -171,8 +171,10 @@ def test_committed_table_covers_the_kernels_and_their_configs(version):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_committed_gaps_are_the_code_paths_without_a_free_full_rate_tile(version):
     gaps = {(k, a, d, v) for k, a, d, _, v, _ in triton_spills.spill_gaps(version)}
-    assert gaps and all(len(v) == 1 for _, _, _, v in gaps)
+    # (Triton 3.9's table has no gap since 2026-11-29, 3.6's one; each entry below is checked either way.)
+    assert all(len(v) == 1 for _, _, _, v in gaps)
     table = triton_spills.spill_table(version)
+    assert table
     for (kernel, arch, elem, d, dv, variant), entry in table.items():
         if variant.endswith(triton_spills.PERSISTENT):  # weighed with its path's own grid
             assert not any(g[:3] == (kernel, arch, d) and g[3][0] == variant for g in gaps)

@@ -34,7 +34,7 @@ from attn_ext.ops.attention.triton_tiles import autotuned, block_d, block_m_inte
 from attn_ext.ops.utils.triton import check_device, check_dtypes, interpreting, mask_arg
 from attn_ext.ops.utils.validation import check_cross_attention_args
 
-__all__ = ["attention_backward", "cross_attention_backward", "has_saturated_rows", "launch_backward"]
+__all__ = ["attention_backward", "backward_route", "cross_attention_backward", "has_saturated_rows", "launch_backward"]
 
 
 @triton.jit
@@ -72,7 +72,31 @@ _bwd_dq_tuned = autotuned(_bwd_dq, "backward")
 def has_saturated_rows(lse: torch.Tensor) -> bool:
     """Whether a finite lse reaches the magnitude where fp32 has rounded its log(sum) away."""
 
-    return bool((torch.isfinite(lse) & (lse.abs() >= naive.PRECISE_NORMALISER_LSE)).any())
+    return bool(_saturated(lse))
+
+
+def _saturated(lse: Tensor) -> Tensor:
+    return (torch.isfinite(lse) & (lse.abs() >= naive.PRECISE_NORMALISER_LSE)).any()
+
+
+def _finite_sum(x: Tensor) -> Tensor:
+    # Sound for "every element is finite": a NaN or inf makes the sum NaN or inf; a sum that overflows from
+    # finite values only sends the call down the guarded path, which is exact too.
+    return torch.isfinite(torch.sum(x, dtype=torch.float32))
+
+
+def backward_route(lse: Tensor, q: Tensor, k: Tensor, pair_rules: bool) -> tuple[bool, bool]:
+    """``(saturated, guard_rows)`` of a backward call, read with one host sync: whether a row's ``lse`` is
+    saturated (the reference backward then runs), and whether the kernels must guard their products against a
+    non-finite row of ``q`` (dK's ``dSᵀQ``) or ``k`` (dQ's ``dS K``) met through a masked pair. Only calls with
+    per-pair rules (``pair_rules``: the causal rule or an attention mask) have such pairs, and only a non-finite
+    ``q`` or ``k`` makes the guard do anything; the guard's code costs the dK/dV kernel its registers (D = 128:
+    spills in every full-rate tile on sm_90), so the common, finite call runs the kernels without it."""
+    checks = [_saturated(lse)]
+    if pair_rules:
+        checks += [_finite_sum(q), _finite_sum(k)]
+    flags = torch.stack(checks).tolist()
+    return bool(flags[0]), pair_rules and not all(flags[1:])
 
 
 def cross_attention_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: torch.Tensor,
@@ -117,7 +141,7 @@ def cross_attention_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | No
     so results are bitwise reproducible run to run.
     """
     check_cross_attention_args(q, k, v, key_padding_mask, scale, chunk_size, op="cross_attention")
-    if has_saturated_rows(lse):
+    if has_saturated_rows(lse):  # no per-pair rules here, so no guard to decide
         # The kernels rebuild P = exp(s - lse) from the fp32 lse, which at |lse| >= 512 has rounded log(sum)
         # away (tied keys would each get P = 1). Until the forward saves (max, log sum) apart, such calls run
         # the reference backward, which recomputes those rows' normaliser. Costs one host sync per call.
@@ -130,9 +154,10 @@ def cross_attention_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | No
 def launch_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
                     v: torch.Tensor, key_padding_mask: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor,
                     scale: float, chunk_size: int, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
-                    dropout_p: float = 0.0, dropout_seed: torch.Tensor | None = None):
+                    dropout_p: float = 0.0, dropout_seed: torch.Tensor | None = None, guard_rows: bool = False):
     """The three backward kernels on checked q, k, v and masks (``k``, ``v`` may have fewer heads than
-    ``q``; the mask, causal and dropout arguments as for ``launch_forward``)."""
+    ``q``; the mask, causal and dropout arguments as for ``launch_forward``). ``guard_rows``: q or k may hold a
+    non-finite row (:func:`backward_route`); without it the kernels assume finite operands."""
     tensors = [grad_out, q, k, v, out, lse] + [t for t in (grad_lse, key_padding_mask, attn_mask) if t is not None]
     check_device(_bwd_dq, *tensors)
     dtype = check_dtypes(q=q, k=k, v=v)
@@ -168,13 +193,13 @@ def launch_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: to
         HAS_DLSE=has_dlse, BLOCK_M=pre_m, BLOCK_DV=block_dv)
 
     if tma_backward_unavailable_reason(grad_out, q, k, v, key_padding_mask, attn_mask, dropout_p) is None:
-        return launch_backward_tma(grad_out, q, k, v, lse, delta, scale, chunk_size, is_causal)
+        return launch_backward_tma(grad_out, q, k, v, lse, delta, scale, chunk_size, is_causal, guard_rows)
 
     common = (q, k, v, mask, attn, seed, grad_out, lse, delta)
     strides = (*q.stride(), *k.stride(), *v.stride(), smb, smn, *attn_strides, *grad_out.stride(), *lse.stride())
     sizes = (H, H // HKV, M, N, D, DV, float(scale), threshold, drop_scale)
     meta = dict(HAS_MASK=has_mask, ATTN_MASK=attn_kind, IS_CAUSAL=bool(is_causal), HAS_DROPOUT=has_dropout,
-                UPCAST=interp, BLOCK_D=block_d(D), BLOCK_DV=block_dv)
+                GUARD_ROWS=bool(guard_rows), UPCAST=interp, BLOCK_D=block_d(D), BLOCK_DV=block_dv)
     launch(_bwd_dkdv, _bwd_dkdv_tuned, lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), B * HKV),
            (*common, grad_k, grad_v, *strides, *grad_k.stride(), *grad_v.stride(), *sizes),
            meta, M, N, chunk_size)
@@ -216,7 +241,8 @@ def attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, 
     has rounded their ``log(sum)`` away) run the reference backward instead, as cross attention does.
     """
     check_attention_args(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size)
-    if has_saturated_rows(lse):
+    saturated, guard_rows = backward_route(lse, q, k, bool(is_causal) or attn_mask is not None)
+    if saturated:
         grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse
         grads = torch.ops.attn_ext.attention_bwd_reference(grad_out, grad_lse, q, k, v, attn_mask, key_padding_mask,
                                                            out, lse, scale, is_causal, dropout_p, dropout_seed,
@@ -224,4 +250,4 @@ def attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, 
         return tuple(g.contiguous() for g in grads)
     return launch_backward(grad_out, grad_lse, q, k, v, key_padding_mask, out, lse, scale, chunk_size,
                            attn_mask=attn_mask, is_causal=is_causal, dropout_p=float(dropout_p),
-                           dropout_seed=dropout_seed)
+                           dropout_seed=dropout_seed, guard_rows=guard_rows)

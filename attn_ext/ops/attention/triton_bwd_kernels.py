@@ -15,8 +15,14 @@ The constexpr flags are the forward's (:mod:`.triton_fwd`): attention mask, caus
 (``dV = (P∘Z)ᵀ dO``, ``dS = P ∘ ((dO Vᵀ)∘Z − delta)``, ``Z`` = keep / (1 − p)), and ``GROUP``
 query heads per key/value head: a dK/dV program loops over its key block's whole group, so the
 group's sum needs no atomics. With the causal rule, a key block starts at its first query and a
-query block stops at the diagonal, and only the blocks the diagonal crosses pay for the per-pair
-causal test (each loop is split there, as in the forward).
+query block stops at the diagonal; dQ splits its loop there, so that only the blocks the diagonal
+crosses pay for the per-pair causal test (as the forward), while dK/dV tests every pair in one loop
+(a second copy of its body cost registers it does not have at D = 128).
+
+``GUARD_ROWS`` (set by ``backward_route`` in :mod:`.triton_bwd` when q or k holds a NaN or inf, for
+calls with per-pair rules): the products ``dSᵀ Q`` and ``dS K`` read no operand row through a masked
+pair (:func:`~.triton_pairs.pair_dot_into`'s exact product where such a row is not finite). Without it
+they are plain GEMMs: a masked pair's weight is 0 and, every row being finite, so is its share.
 """
 import triton
 import triton.language as tl
@@ -83,7 +89,7 @@ def _bwd_dkdv(
     H, GROUP, M, N, D, DV,
     scale, drop_threshold, drop_scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
     HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    UPCAST: tl.constexpr,
+    GUARD_ROWS: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -106,11 +112,8 @@ def _bwd_dkdv(
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
 
     lo = 0
-    full_lo = 0
     if IS_CAUSAL:
         lo = pid_n * BLOCK_N  # earlier queries see none of these keys
-        # the first query block at or past the block's last key: lo + ceil(BLOCK_N / BLOCK_M) blocks
-        full_lo = tl.minimum(M, lo + (BLOCK_N + BLOCK_M - 1) // BLOCK_M * BLOCK_M)
     for g in range(0, GROUP):
         off_h = off_kvh * GROUP + g
         bh = off_b * H + off_h
@@ -118,19 +121,15 @@ def _bwd_dkdv(
         do_base = DO + off_b * sdob + off_h * sdoh
         lse_base = LSE + off_b * slb + off_h * slh
         attn_base = ATTN + off_b * sab + off_h * sah
-        # Query blocks from `full_lo` on lie wholly below the diagonal (every query sees every key of this
-        # block): no per-pair causal test there. Only the first blocks, which the diagonal crosses, pay it.
-        if IS_CAUSAL:
-            dk, dv = _dkdv_query_blocks(
-                dk, dv, k, v, q_base, do_base, lse_base, DELTA, attn_base, SEED, bh, lo, full_lo,
-                offs_n, n_ok, offs_d, d_ok, offs_dv, dv_ok, sqm, sqd, sdom, sdod, slm, sam, san, M, N,
-                scale, drop_threshold, drop_scale,
-                ATTN_MASK, True, HAS_DROPOUT, True, UPCAST, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
+        # One loop, every block testing the causal rule per pair: splitting off the blocks the diagonal crosses
+        # (as the forward and dQ do) compiles the body twice, and the second copy's registers made dK/dV spill
+        # (D = 128, sm_90, Triton 3.9, 32 x 128 with 8 warps: 80 bytes split, none as one loop).
         dk, dv = _dkdv_query_blocks(
-            dk, dv, k, v, q_base, do_base, lse_base, DELTA, attn_base, SEED, bh, full_lo, M,
+            dk, dv, k, v, q_base, do_base, lse_base, DELTA, attn_base, SEED, bh, lo, M,
             offs_n, n_ok, offs_d, d_ok, offs_dv, dv_ok, sqm, sqd, sdom, sdod, slm, sam, san, M, N,
             scale, drop_threshold, drop_scale,
-            ATTN_MASK, False, HAS_DROPOUT, ATTN_MASK != 0, UPCAST, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
+            ATTN_MASK, IS_CAUSAL, HAS_DROPOUT, GUARD_ROWS and (IS_CAUSAL or ATTN_MASK != 0), UPCAST,
+            BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
 
     # Padded keys take no part: 0, also beside a NaN query row (whose 0 * NaN would land here).
     dk = tl.where(n_ok[:, None], dk * scale, 0.0)
@@ -187,7 +186,7 @@ def _bwd_dq(
     H, GROUP, M, N, D, DV,
     scale, drop_threshold, drop_scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
     HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    UPCAST: tl.constexpr,
+    GUARD_ROWS: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -228,13 +227,14 @@ def _bwd_dq(
         dq, q, do, lse, delta, row_ok, rows, k_base, v_base, attn_base, MASK, SEED, 0, full_hi,
         offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, off_b * smb, smn, skn, skd, svn, svd, sam, san, N,
         scale, drop_threshold, drop_scale,
-        HAS_MASK, ATTN_MASK, False, HAS_DROPOUT, ATTN_MASK != 0, UPCAST, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
+        HAS_MASK, ATTN_MASK, False, HAS_DROPOUT, GUARD_ROWS and ATTN_MASK != 0, UPCAST, BLOCK_M, BLOCK_N, BLOCK_D,
+        BLOCK_DV)
     if IS_CAUSAL:
         dq = _dq_key_blocks(
             dq, q, do, lse, delta, row_ok, rows, k_base, v_base, attn_base, MASK, SEED, full_hi, hi,
             offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, off_b * smb, smn, skn, skd, svn, svd, sam, san, N,
             scale, drop_threshold, drop_scale,
-            HAS_MASK, ATTN_MASK, True, HAS_DROPOUT, True, UPCAST, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
+            HAS_MASK, ATTN_MASK, True, HAS_DROPOUT, GUARD_ROWS, UPCAST, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
 
     dq = dq * scale
     tl.store(DQ + off_b * sdqb + off_h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :] * sdqd,

@@ -7,8 +7,8 @@ The common path only, as the TMA forward: fp16/bf16, no key padding mask, no att
 causal rule (top-left) or none; grouped key/value heads (a dK/dV program sums its group, no atomics). The
 general kernels' conventions (:mod:`.triton_bwd_kernels`): ``P = exp(s - lse)`` from the saved natural-log
 ``lse`` clamped to 1, empty rows (``lse = -inf``) and masked pairs give 0 through ``where``, NaN rows stay NaN,
-and in the blocks the diagonal crosses no operand row is read through a masked pair (the exact product of
-:func:`~.triton_pairs.causal_dot_into` when such a row is not finite).
+and, where q or k holds a NaN or inf (``GUARD_ROWS``), no operand row is read through a pair above the diagonal
+(the exact product of :func:`~.triton_pairs.causal_dot_into` when such a row is not finite).
 
 TMA fills the rows of a box past ``M`` or ``N`` with zeros and drops them on the store: a dK/dV program's
 query tail needs no mask (a zero ``dO`` row and an ``lse`` of ``-inf`` give it no weight), and only dQ's last
@@ -39,9 +39,10 @@ __all__ = ["TMA_BWD_TILES", "launch_backward_tma", "tma_backward_unavailable_rea
 
 @triton.jit
 def _dkdv_tma_query_blocks(dk, dv, k, v, q_desc, do_desc, lse_base, slm, delta_base, lo, hi, offs_n, M,
-                           scale, CAUSAL_PAIRS: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr):
+                           scale, CAUSAL_PAIRS: tl.constexpr, GUARD_ROWS: tl.constexpr, UPCAST: tl.constexpr,
+                           BLOCK_M: tl.constexpr):
     """One key block's ``(dk, dv)`` updated by one query head's query blocks ``[lo, hi)``; ``CAUSAL_PAIRS``:
-    these blocks hold pairs above the diagonal."""
+    these blocks may hold pairs above the diagonal; ``GUARD_ROWS``: a query row may be non-finite."""
     for start_m in tl.range(lo, hi, BLOCK_M):
         q = load_box(q_desc, start_m, UPCAST)
         do = load_box(do_desc, start_m, UPCAST)
@@ -59,7 +60,7 @@ def _dkdv_tma_query_blocks(dk, dv, k, v, q_desc, do_desc, lse_base, slm, delta_b
         dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision="ieee")
         dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")
         ds_t = tl.where(valid, p_t * (dp_t - delta[None, :]), 0.0)
-        if CAUSAL_PAIRS:
+        if CAUSAL_PAIRS and GUARD_ROWS:
             dk = causal_dot_into(dk, ds_t, q, offs_n, start_m, M, True, BLOCK_M)
         else:
             dk = tl.dot(ds_t.to(q.dtype), q, dk, input_precision="ieee")
@@ -71,7 +72,7 @@ def _bwd_dkdv_tma_kernel(
     Q, K, V, DO, LSE, DELTA, DK, DV_OUT,
     sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdom, slb, slh, slm,
     H, GROUP, M, N, D, DV, scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
-    IS_CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, GUARD_ROWS: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -87,21 +88,17 @@ def _bwd_dkdv_tma_kernel(
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
 
     lo = 0
-    full_lo = 0
     if IS_CAUSAL:
         lo = pid_n * BLOCK_N  # earlier queries see none of these keys
-        full_lo = tl.minimum(M, lo + (BLOCK_N + BLOCK_M - 1) // BLOCK_M * BLOCK_M)  # past the block's last key
     for g in range(0, GROUP):
         off_h = off_kvh * GROUP + g
         q_desc = rows_descriptor(Q + off_b * sqb + off_h * sqh, M, D, sqm, BLOCK_M, BLOCK_D)
         do_desc = rows_descriptor(DO + off_b * sdob + off_h * sdoh, M, DV, sdom, BLOCK_M, BLOCK_DV)
         lse_base = LSE + off_b * slb + off_h * slh
         delta_base = DELTA + (off_b * H + off_h) * M
-        if IS_CAUSAL:
-            dk, dv = _dkdv_tma_query_blocks(dk, dv, k, v, q_desc, do_desc, lse_base, slm, delta_base, lo, full_lo,
-                                            offs_n, M, scale, True, UPCAST, BLOCK_M)
-        dk, dv = _dkdv_tma_query_blocks(dk, dv, k, v, q_desc, do_desc, lse_base, slm, delta_base, full_lo, M,
-                                        offs_n, M, scale, False, UPCAST, BLOCK_M)
+        # One loop testing the causal rule in every block, as the general dK/dV kernel (one copy of the body).
+        dk, dv = _dkdv_tma_query_blocks(dk, dv, k, v, q_desc, do_desc, lse_base, slm, delta_base, lo, M,
+                                        offs_n, M, scale, IS_CAUSAL, GUARD_ROWS, UPCAST, BLOCK_M)
 
     # DK and DV are fresh contiguous [B, HKV, N, D] buffers; TMA drops the rows past N.
     dk_desc = rows_descriptor(DK + pid_bkv.to(tl.int64) * N * D, N, D, D, BLOCK_N, BLOCK_D)
@@ -112,7 +109,8 @@ def _bwd_dkdv_tma_kernel(
 
 @triton.jit
 def _dq_tma_key_blocks(dq, q, do, lse, delta, row_ok, k_desc, v_desc, lo, hi, offs_m, m_ok, N, scale,
-                       MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, UPCAST: tl.constexpr, BLOCK_N: tl.constexpr):
+                       MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr, GUARD_ROWS: tl.constexpr, UPCAST: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
     """One query block's ``dq`` updated by the key blocks ``[lo, hi)``. ``MASKED``: these blocks hold keys past
     ``N`` or (``IS_CAUSAL``) pairs above the diagonal, whose weights are 0 and whose key rows are read through
     :func:`~.triton_pairs.causal_dot_into`'s guard."""
@@ -131,7 +129,7 @@ def _dq_tma_key_blocks(dq, q, do, lse, delta, row_ok, k_desc, v_desc, lo, hi, of
         dp = tl.dot(do, tl.trans(v), input_precision="ieee")
         ds = tl.where(valid, p * (dp - delta[:, None]), 0.0)
         # Keys past N are zero rows (TMA's fill): only pairs above the diagonal may meet a non-finite one.
-        if MASKED and IS_CAUSAL:
+        if MASKED and IS_CAUSAL and GUARD_ROWS:
             dq = causal_dot_into(dq, ds, k, offs_m, start_n, N, False, BLOCK_N)
         else:
             dq = tl.dot(ds.to(k.dtype), k, dq, input_precision="ieee")
@@ -143,7 +141,7 @@ def _bwd_dq_tma_kernel(
     Q, K, V, DO, LSE, DELTA, DQ,
     sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdom, slb, slh, slm,
     H, GROUP, M, N, D, DV, scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
-    IS_CAUSAL: tl.constexpr, UPCAST: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, GUARD_ROWS: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -174,9 +172,9 @@ def _bwd_dq_tma_kernel(
         hi = tl.minimum(N, (pid_m + 1) * BLOCK_M)
         full_hi = tl.minimum(full_hi, (pid_m * BLOCK_M // BLOCK_N) * BLOCK_N)
     dq = _dq_tma_key_blocks(dq, q, do, lse, delta, row_ok, k_desc, v_desc, 0, full_hi, offs_m, m_ok, N, scale,
-                            False, False, UPCAST, BLOCK_N)
+                            False, False, GUARD_ROWS, UPCAST, BLOCK_N)
     dq = _dq_tma_key_blocks(dq, q, do, lse, delta, row_ok, k_desc, v_desc, full_hi, hi, offs_m, m_ok, N, scale,
-                            True, IS_CAUSAL, UPCAST, BLOCK_N)
+                            True, IS_CAUSAL, GUARD_ROWS, UPCAST, BLOCK_N)
 
     dq_desc = rows_descriptor(DQ + pid_bh.to(tl.int64) * M * D, M, D, D, BLOCK_M, BLOCK_D)
     dq_desc.store([pid_m * BLOCK_M, 0], (dq * scale).to(DQ.dtype.element_ty))
@@ -185,16 +183,19 @@ def _bwd_dq_tma_kernel(
 # --------------------------------------------------------------------------- tiles
 
 #: (BLOCK_M, BLOCK_N, num_warps, num_stages) of each kernel. wgmma takes 64 rows per warpgroup of the MMA's row
-#: tile: dK/dV's keys (BLOCK_N >= 64), dQ's queries (BLOCK_M >= 64); a narrower one compiles to mma.sync. The
+#: tile: dK/dV's keys (BLOCK_N >= 64), dQ's queries (BLOCK_M >= 64); a narrower one compiles to mma.sync. dK/dV's
+#: last three (8 warps, 2 stages: 32 x 128, 32 x 64, 16 x 128) are those spill-free under the causal rule at
+#: D = 128 with Triton 3.6 as well as 3.9 (223-238 registers), where 3.6 spills 8 bytes and more in the others. The
 #: pruning drops the configs that spill for the call's head dims and causal rule, as the AOT table of
 #: :mod:`.spill_tables` measured them (:func:`~.triton_spills.spill_free_configs`).
 TMA_BWD_TILES = {
-    "dkdv": ((64, 64, 8, 2), (64, 64, 4, 2), (32, 64, 4, 2), (128, 64, 8, 2), (64, 128, 8, 2)),
+    "dkdv": ((64, 64, 8, 2), (64, 64, 4, 2), (32, 64, 4, 2), (128, 64, 8, 2), (64, 128, 8, 2), (32, 128, 8, 2),
+             (32, 64, 8, 2), (16, 128, 8, 2)),
     "dq": ((64, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2), (128, 64, 8, 2), (64, 128, 8, 2)),
 }
-#: Spill-free for both kernels at D = 64 and 128 without the causal rule, and for dQ with it (Triton 3.9).
+#: Spill-free for both kernels at D = 64 and 128, with the causal rule and without (Triton 3.9).
 _PINNED = ((("BLOCK_M", 64), ("BLOCK_N", 64)), 8, 2)
-_TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "BLOCK_N_MAX", "M_BUCKET", "N_BUCKET", "IS_CAUSAL"]
+_TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "BLOCK_N_MAX", "M_BUCKET", "N_BUCKET", "IS_CAUSAL", "GUARD_ROWS"]
 
 
 def _configs(kind: str) -> list:
@@ -211,7 +212,7 @@ def _pruning(kernel_name: str):
         if not kept:
             return configs[:1]
         return spill_free_configs(kept, kernel_name, device_arch(), named_args["Q"].element_size(), kwargs["BLOCK_D"],
-                                  kwargs["BLOCK_DV"], {"IS_CAUSAL": kwargs.get("IS_CAUSAL")})
+                                  kwargs["BLOCK_DV"], {k: kwargs.get(k) for k in ("IS_CAUSAL", "GUARD_ROWS")})
 
     return prune
 
@@ -243,9 +244,11 @@ def tma_backward_unavailable_reason(grad_out: Tensor, q: Tensor, k: Tensor, v: T
 
 
 def launch_backward_tma(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, delta: Tensor,
-                        scale: float, chunk_size: int, is_causal: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                        scale: float, chunk_size: int, is_causal: bool = False,
+                        guard_rows: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """``(grad_q, grad_k, grad_v)`` of the TMA backward for a call :func:`tma_backward_unavailable_reason`
-    accepts, given the general backward's ``delta`` (``[B, H, M]`` float32, contiguous)."""
+    accepts, given the general backward's ``delta`` (``[B, H, M]`` float32, contiguous); ``guard_rows`` as for
+    the general kernels (``backward_route`` of :mod:`.triton_bwd`)."""
     B, H, M, D = q.shape
     HKV, N, DV = k.shape[1], k.shape[2], v.shape[3]
     grad_q = torch.empty((B, H, M, D), dtype=q.dtype, device=q.device)
@@ -257,7 +260,8 @@ def launch_backward_tma(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: 
                v.stride(0), v.stride(1), v.stride(2), grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
                *lse.stride())
     sizes = (H, H // HKV, M, N, D, DV, float(scale))
-    meta = dict(IS_CAUSAL=bool(is_causal), UPCAST=interpreting(), BLOCK_D=block_d(D), BLOCK_DV=block_d(DV))
+    meta = dict(IS_CAUSAL=bool(is_causal), GUARD_ROWS=bool(guard_rows), UPCAST=interpreting(), BLOCK_D=block_d(D),
+                BLOCK_DV=block_d(DV))
     launch(_bwd_dkdv_tma_kernel, _dkdv_tuned, lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), B * HKV),
            (*common, grad_k, grad_v, *strides, *sizes), meta, M, N, chunk_size)
     launch(_bwd_dq_tma_kernel, _dq_tuned, lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), B * H),

@@ -36,7 +36,7 @@ from attn_ext.ops.attention.band import Band
 from attn_ext.ops.attention.triton_args import check_attention_args
 from attn_ext.ops.attention.triton_fwd_tma import launch_forward_tma, tma_forward_unavailable_reason
 from attn_ext.ops.attention.triton_pairs import attn_mask_arg, dropout_arg, dropout_keep, masked_scores, pair_dot_into
-from attn_ext.ops.attention.triton_tiles import autotuned, block_d, launch
+from attn_ext.ops.attention.triton_tiles import autotuned, block_d, launch, launch_fixed
 from attn_ext.ops.utils.triton import check_device, check_dtypes, interpreting, mask_arg
 from attn_ext.ops.utils.triton_jit import attention_rows, load_tile, valid_rows
 from attn_ext.ops.utils.score_range import check_scores_in_range
@@ -53,11 +53,13 @@ def _attend_key_blocks(
     offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, rows, mask_row, smn, skn, skd, svn, svd, sam, san,
     N, scale, drop_threshold, drop_scale,
     HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    PAIR_MASKS: tl.constexpr, UPCAST: tl.constexpr,
+    PAIR_MASKS: tl.constexpr, GUARD_ROWS: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     """The online softmax of one query block over the key blocks ``[lo, hi)``: returns the updated
-    ``(acc, l_i, m_i)``. ``IS_CAUSAL`` and ``PAIR_MASKS`` are the per-pair rules these blocks need."""
+    ``(acc, l_i, m_i)``. ``IS_CAUSAL`` and ``PAIR_MASKS`` are the per-pair rules these blocks need; with
+    ``PAIR_MASKS``, ``GUARD_ROWS`` takes the exact product where a masked pair meets a non-finite V row (else
+    the plain GEMM, whose poisoned rows the fix-up launch recomputes)."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = valid_rows(MASK, mask_row, smn, offs_n, N, HAS_MASK)
@@ -77,14 +79,14 @@ def _attend_key_blocks(
         if HAS_DROPOUT:
             keep = dropout_keep(SEED, rows[:, None], offs_n[None, :], N, drop_threshold)
             p = tl.where(keep, p * drop_scale, 0.0)
-        acc = pair_dot_into(acc * alpha[:, None], p, v, allowed, m_ok, n_ok, PAIR_MASKS, BLOCK_N)
+        acc = pair_dot_into(acc * alpha[:, None], p, v, allowed, m_ok, n_ok, PAIR_MASKS and GUARD_ROWS, BLOCK_N)
         m_i = m_new
     return acc, l_i, m_i
 
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, MASK, ATTN, SEED, OUT, LSE,
+    Q, K, V, MASK, ATTN, SEED, OUT, LSE, UNSAFE,
     sqb, sqh, sqm, sqd,
     skb, skh, skn, skd,
     svb, svh, svn, svd,
@@ -95,7 +97,7 @@ def _fwd_kernel(
     H, GROUP, M, N, D, DV,
     scale, drop_threshold, drop_scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
     HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    UPCAST: tl.constexpr,
+    GUARD_ROWS: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -116,11 +118,16 @@ def _fwd_kernel(
     d_ok = offs_d < D
     dv_ok = offs_dv < DV
 
-    q = load_tile(Q + off_b * sqb + off_h * sqh, offs_m, offs_d, sqm, sqd, m_ok, d_ok, UPCAST)
+    rows = pid_bh.to(tl.int64) * M + offs_m  # (b·H + h)·M + m: dropout's counter row, UNSAFE's index
+    # The fix-up launch (GUARD_ROWS) redoes only the rows the first launch marked in UNSAFE; a block without one
+    # loads nothing and runs no loop.
+    redo = m_ok
+    if GUARD_ROWS:
+        redo = m_ok & (tl.load(UNSAFE + rows, mask=m_ok, other=0) != 0)
+    q = load_tile(Q + off_b * sqb + off_h * sqh, offs_m, offs_d, sqm, sqd, redo, d_ok, UPCAST)
     k_base = K + off_b * skb + off_kvh * skh
     v_base = V + off_b * svb + off_kvh * svh
     attn_base = ATTN + off_b * sab + off_h * sah
-    rows = pid_bh.to(tl.int64) * M + offs_m  # (b·H + h)·M + m: dropout's counter row
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -135,22 +142,32 @@ def _fwd_kernel(
     if IS_CAUSAL:
         hi = tl.minimum(N, (pid_m + 1) * BLOCK_M)
         full_hi = tl.minimum(hi, (pid_m * BLOCK_M // BLOCK_N) * BLOCK_N)
+    if GUARD_ROWS:
+        if tl.sum(redo.to(tl.int32)) == 0:
+            hi = 0
+            full_hi = 0
     acc, l_i, m_i = _attend_key_blocks(
         acc, l_i, m_i, q, k_base, v_base, attn_base, MASK, SEED, 0, full_hi,
         offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, rows, off_b * smb, smn, skn, skd, svn, svd, sam, san,
         N, scale, drop_threshold, drop_scale,
-        HAS_MASK, ATTN_MASK, False, HAS_DROPOUT, ATTN_MASK != 0, UPCAST, BLOCK_M, BLOCK_N, BLOCK_DV)
+        HAS_MASK, ATTN_MASK, False, HAS_DROPOUT, ATTN_MASK != 0, GUARD_ROWS, UPCAST, BLOCK_M, BLOCK_N, BLOCK_DV)
     if IS_CAUSAL:
         acc, l_i, m_i = _attend_key_blocks(
             acc, l_i, m_i, q, k_base, v_base, attn_base, MASK, SEED, full_hi, hi,
             offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, rows, off_b * smb, smn, skn, skd, svn, svd, sam, san,
             N, scale, drop_threshold, drop_scale,
-            HAS_MASK, ATTN_MASK, True, HAS_DROPOUT, True, UPCAST, BLOCK_M, BLOCK_N, BLOCK_DV)
+            HAS_MASK, ATTN_MASK, True, HAS_DROPOUT, True, GUARD_ROWS, UPCAST, BLOCK_M, BLOCK_N, BLOCK_DV)
 
     out, lse = attention_rows(acc, l_i, m_i)  # empty rows (0, -inf), NaN rows NaN
     tl.store(OUT + off_b * sob + off_h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod,
-             out.to(OUT.dtype.element_ty), mask=m_ok[:, None] & dv_ok[None, :])
-    tl.store(LSE + off_b * slb + off_h * slh + offs_m * slm, lse, mask=m_ok)
+             out.to(OUT.dtype.element_ty), mask=redo[:, None] & dv_ok[None, :])
+    tl.store(LSE + off_b * slb + off_h * slh + offs_m * slm, lse, mask=redo)
+    if (ATTN_MASK != 0 or IS_CAUSAL) and not GUARD_ROWS:
+        # A masked pair's zero weight times a NaN or inf row of V poisons its row; only a non-finite row can have
+        # been, so those are the rows the fix-up launch recomputes (a row that is non-finite by right, e.g. a NaN
+        # query, comes out the same).
+        unsafe = tl.sum(((out != out) | (tl.abs(out) == float("inf"))).to(tl.int32), 1) > 0
+        tl.store(UNSAFE + rows, unsafe.to(tl.int8), mask=m_ok)
 
 
 _fwd_kernel_tuned = autotuned(_fwd_kernel, "forward")
@@ -228,13 +245,20 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_paddin
     if lse.numel() == 0:
         return out, lse  # an empty launch grid is an error in Triton
 
-    args = (q, k, v, mask, attn, seed, out, lse,
+    # With per-pair rules, the first launch multiplies whole tiles and marks its non-finite rows (a masked pair
+    # meeting a NaN or inf row of V poisons only those); a second, guarded launch recomputes them (16 x 16 tiles;
+    # its blocks without a marked row load nothing and run no loop).
+    pair_rules = attn_kind != 0 or bool(is_causal)
+    unsafe = torch.empty(B * H * M if pair_rules else 1, dtype=torch.int8, device=q.device)  # every row written
+    args = (q, k, v, mask, attn, seed, out, lse, unsafe,
             *q.stride(), *k.stride(), *v.stride(), smb, smn, *attn_strides, *out.stride(), *lse.stride(),
             H, H // k.shape[1], M, N, D, DV, float(scale), threshold, drop_scale)
     meta = dict(HAS_MASK=has_mask, ATTN_MASK=attn_kind, IS_CAUSAL=bool(is_causal), HAS_DROPOUT=has_dropout,
-                UPCAST=interpreting(), BLOCK_D=block_d(D), BLOCK_DV=block_d(DV))
-    launch(_fwd_kernel, _fwd_kernel_tuned, lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), B * H),
-           args, meta, M, N, chunk_size)
+                GUARD_ROWS=False, UPCAST=interpreting(), BLOCK_D=block_d(D), BLOCK_DV=block_d(DV))
+    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), B * H)  # noqa: E731
+    launch(_fwd_kernel, _fwd_kernel_tuned, grid, args, meta, M, N, chunk_size)
+    if pair_rules:
+        launch_fixed(_fwd_kernel, grid, args, {**meta, "GUARD_ROWS": True}, M, N, chunk_size)
     return out, lse
 
 

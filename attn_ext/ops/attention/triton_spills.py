@@ -30,8 +30,8 @@ from typing import Iterable, Optional
 
 import triton
 
-__all__ = ["CHECKED_VARIANTS", "PERSISTENT", "SPILL_TABLE_ENV", "device_arch", "full_rate", "launch_variants",
-           "spill_free_configs", "spill_gaps", "spill_table", "table_arch"]
+__all__ = ["CHECKED_VARIANTS", "GUARDED", "PERSISTENT", "SPILL_TABLE_ENV", "device_arch", "full_rate",
+           "launch_variants", "spill_free_configs", "spill_gaps", "spill_table", "table_arch"]
 
 SPILL_TABLE_ENV = "ATTN_EXT_TRITON_SPILL_TABLE"
 
@@ -73,6 +73,10 @@ def table_arch(arch: Optional[int]) -> Optional[int]:
 
 #: The suffix of a variant compiled in the persistent grid (``causal_persistent``).
 PERSISTENT = "_persistent"
+#: The suffix of the backward's guarded variants (``causal_guarded``): the code a call takes only when its q or k
+#: holds a NaN or inf (``backward_route`` in :mod:`.triton_bwd`), never measured into the table, so its configs
+#: are left as they are (the guard's exact product spills at D = 128; a rare call's cost, not training's).
+GUARDED = "_guarded"
 
 
 def launch_variants(flags) -> tuple[str, ...]:
@@ -84,6 +88,8 @@ def launch_variants(flags) -> tuple[str, ...]:
         variants.append({(True, False): "causal", (False, True): "pairs", (True, True): "causal_pairs"}[causal, pairs])
     if flags.get("PROGRAMS_PER_SM"):  # the TMA forward's persistent grid: the same path inside a loop over tiles
         variants = [f"{v}{PERSISTENT}" for v in variants]
+    if flags.get("GUARD_ROWS"):  # the backward's path for a non-finite q or k: not in the table, not pruned
+        variants = [f"{v}{GUARDED}" for v in variants]
     return tuple(variants)
 
 

@@ -14,7 +14,7 @@ from attn_ext.ops.attention.triton_spills import device_arch, spill_free_configs
 from attn_ext.ops.utils.triton import block_dim as block_d
 from attn_ext.ops.utils.triton import interpreting, lazily_autotuned, next_pow2
 
-__all__ = ["PINNED_TILES", "autotuned", "block_d", "block_m_interpreted", "launch"]
+__all__ = ["FIXED_TILES", "PINNED_TILES", "autotuned", "block_d", "block_m_interpreted", "launch", "launch_fixed"]
 
 
 def _pow2_floor(x: int) -> int:
@@ -45,10 +45,15 @@ def _bucket(x: int) -> int:
 # 4-warp tiles of those sizes spill (dK/dV 64x64, 4 warps: 48 bytes) and the larger 8-warp ones too (dK/dV
 # 128x64: 432 bytes). Which is fastest is the autotuner's to measure on the card, among the configs that do not
 # spill for the call's code path where the AOT table has such a full-rate one (:mod:`.triton_spills`).
+# The last three are dK/dV's with dropout at D = 128: on sm_90 128 keys (two warpgroups' wgmma rows) against 16
+# queries, or 32 queries unpipelined, are the full-rate tiles whose registers hold dK, dV, K, V and the
+# dropout mask without a spill (32 x 128 pipelined: 80 bytes causal, 232 with a mask; Triton 3.9); 64 x 32 with
+# 8 warps is sm_80's with a mask and dropout in Triton 3.6 (every other full-rate tile spills 40 bytes or more).
 _GPU_TILES = ((16, 16, 2, 1), (16, 64, 4, 2), (16, 128, 4, 2), (32, 32, 4, 2), (64, 16, 4, 2),
               (64, 32, 4, 2), (64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 2),
               (64, 128, 4, 2), (128, 128, 8, 2),
-              (64, 64, 8, 2), (64, 128, 8, 2), (32, 128, 8, 2), (128, 32, 8, 2))
+              (64, 64, 8, 2), (64, 128, 8, 2), (32, 128, 8, 2), (128, 32, 8, 2),
+              (16, 128, 8, 2), (32, 128, 8, 1), (64, 32, 8, 2))
 
 
 def _gpu_configs():
@@ -105,7 +110,9 @@ _FP32_MAX_TILE = 1024
 
 # The per-pair flags too: causal halves the work per program and the masks and dropout add to it, so
 # their best tiles may differ from cross attention's.
-_TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "BLOCK_N_MAX", "M_BUCKET", "N_BUCKET", "ATTN_MASK", "IS_CAUSAL", "HAS_DROPOUT"]
+# The backward's GUARD_ROWS too (a call with a non-finite q or k runs another code path).
+_TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "BLOCK_N_MAX", "M_BUCKET", "N_BUCKET", "ATTN_MASK", "IS_CAUSAL", "HAS_DROPOUT",
+             "GUARD_ROWS"]
 
 
 #: The tiles each kernel runs under ``ATTN_EXT_TRITON_PIN=1`` when its pruning keeps them (else the largest
@@ -130,7 +137,25 @@ def autotuned(kernel, pinned: str):
     def prune(configs, named_args, **kwargs):
         return _prune_configs(configs, named_args, kernel_name=name, **kwargs)
 
-    return lazily_autotuned(kernel, _gpu_configs, _TUNE_KEY, prune=prune, preferred=_tiles_key(*PINNED_TILES[pinned]))
+    key = [arg for arg in _TUNE_KEY if arg in kernel.arg_names]
+    return lazily_autotuned(kernel, _gpu_configs, key, prune=prune, preferred=_tiles_key(*PINNED_TILES[pinned]))
+
+
+#: The one config of a launch that is not autotuned (:func:`launch_fixed`): the smallest tile, which fits every
+#: head dim, dtype and card.
+FIXED_TILES = (16, 16, 4, 1)
+
+
+def launch_fixed(kernel, grid, args, meta, m: int, n: int, chunk_size: int) -> None:
+    """Launch ``kernel`` as :func:`launch` does, but with :data:`FIXED_TILES` on a GPU too: for a rare code path
+    (the forward's fix-up of rows with non-finite operands), where autotuning would time programs that exit."""
+    if interpreting():
+        launch(kernel, None, grid, args, meta, m, n, chunk_size)
+        return
+    bm, bn, warps, stages = FIXED_TILES
+    args = (*args, bn, _bucket(m), _bucket(n))
+    kernel[grid({**meta, "BLOCK_M": bm, "BLOCK_N": bn})](*args, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
+                                                         num_stages=stages, **meta)
 
 
 def launch(kernel, tuned, grid, args, meta, m: int, n: int, chunk_size: int) -> None:
