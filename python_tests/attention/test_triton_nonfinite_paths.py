@@ -26,15 +26,16 @@ def _inputs(dtype=torch.float32, seed=0):
     return tuple(torch.randn(B, h, n, D, generator=gen).to(dtype) for h, n in ((HQ, L), (HKV, S), (HKV, S)))
 
 
-def _grads(q, k, v, causal=True, attn_mask=None, guard_rows=None):
-    """``(dq, dk, dv)`` of the Triton backward; ``guard_rows`` None: as the op routes the call, else forced."""
+def _grads(q, k, v, causal=True, attn_mask=None, guard_rows="routed"):
+    """``(dq, dk, dv)`` of the Triton backward; ``guard_rows`` "routed": as the op routes the call, None: as
+    ``launch_backward`` decides it alone, else forced."""
     from attn_ext.ops.attention.triton_bwd import attention_backward, launch_backward
     from attn_ext.ops.attention.triton_fwd import attention_forward
 
     args = (attn_mask, None, D ** -0.5, causal, 0.0, torch.tensor([7]), 16)
     out, lse = attention_forward(q, k, v, *args)
     grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
-    if guard_rows is None:
+    if guard_rows == "routed":
         return attention_backward(grad_out, None, q, k, v, attn_mask, None, out, lse, *args[2:])
     return launch_backward(grad_out, None, q, k, v, None, out, lse, D ** -0.5, 16, attn_mask=attn_mask,
                            is_causal=causal, guard_rows=guard_rows)
@@ -71,6 +72,10 @@ def test_the_guard_is_what_keeps_a_nan_query_row_out_of_the_keys_above_its_diago
     assert torch.isfinite(dv[0, 0, NAN_QUERY + 1:]).all()
     _, dk_forced, _ = _grads(q, k, v, guard_rows=False)
     assert torch.isnan(dk_forced[0, 0, NAN_QUERY + 1:]).any()
+    # launch_backward called without the route finds the NaN itself: the routed call's gradients.
+    _, dk_alone, dv_alone = _grads(q, k, v, guard_rows=None)
+    torch.testing.assert_close(dk_alone, dk, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(dv_alone, dv, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("mask", ["causal", "float", "bool"])

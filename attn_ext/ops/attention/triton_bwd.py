@@ -29,7 +29,7 @@ from attn_ext.ops.attention import naive
 from attn_ext.ops.attention.triton_args import check_attention_args
 from attn_ext.ops.attention.triton_bwd_kernels import _bwd_dkdv, _bwd_dq
 from attn_ext.ops.attention.triton_bwd_tma import launch_backward_tma, tma_backward_unavailable_reason
-from attn_ext.ops.attention.triton_pairs import attn_mask_arg, dropout_arg
+from attn_ext.ops.attention.triton_pairs import all_finite, attn_mask_arg, dropout_arg
 from attn_ext.ops.attention.triton_tiles import autotuned, block_d, block_m_interpreted, launch
 from attn_ext.ops.utils.triton import check_device, check_dtypes, interpreting, mask_arg
 from attn_ext.ops.utils.validation import check_cross_attention_args
@@ -79,12 +79,6 @@ def _saturated(lse: Tensor) -> Tensor:
     return (torch.isfinite(lse) & (lse.abs() >= naive.PRECISE_NORMALISER_LSE)).any()
 
 
-def _finite_sum(x: Tensor) -> Tensor:
-    # Sound for "every element is finite": a NaN or inf makes the sum NaN or inf; a sum that overflows from
-    # finite values only sends the call down the guarded path, which is exact too.
-    return torch.isfinite(torch.sum(x, dtype=torch.float32))
-
-
 def backward_route(lse: Tensor, q: Tensor, k: Tensor, pair_rules: bool) -> tuple[bool, bool]:
     """``(saturated, guard_rows)`` of a backward call, read with one host sync: whether a row's ``lse`` is
     saturated (the reference backward then runs), and whether the kernels must guard their products against a
@@ -92,11 +86,10 @@ def backward_route(lse: Tensor, q: Tensor, k: Tensor, pair_rules: bool) -> tuple
     per-pair rules (``pair_rules``: the causal rule or an attention mask) have such pairs, and only a non-finite
     ``q`` or ``k`` makes the guard do anything; the guard's code costs the dK/dV kernel its registers (D = 128:
     spills in every full-rate tile on sm_90), so the common, finite call runs the kernels without it."""
-    checks = [_saturated(lse)]
-    if pair_rules:
-        checks += [_finite_sum(q), _finite_sum(k)]
-    flags = torch.stack(checks).tolist()
-    return bool(flags[0]), pair_rules and not all(flags[1:])
+    if not pair_rules:
+        return bool(_saturated(lse)), False
+    saturated, finite = torch.stack([_saturated(lse), all_finite(q, k)]).tolist()
+    return bool(saturated), not finite
 
 
 def cross_attention_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: torch.Tensor,
@@ -154,10 +147,12 @@ def cross_attention_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | No
 def launch_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
                     v: torch.Tensor, key_padding_mask: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor,
                     scale: float, chunk_size: int, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
-                    dropout_p: float = 0.0, dropout_seed: torch.Tensor | None = None, guard_rows: bool = False):
+                    dropout_p: float = 0.0, dropout_seed: torch.Tensor | None = None,
+                    guard_rows: Optional[bool] = None):
     """The three backward kernels on checked q, k, v and masks (``k``, ``v`` may have fewer heads than
-    ``q``; the mask, causal and dropout arguments as for ``launch_forward``). ``guard_rows``: q or k may hold a
-    non-finite row (:func:`backward_route`); without it the kernels assume finite operands."""
+    ``q``; the mask, causal and dropout arguments as for ``launch_forward``). ``guard_rows``: whether q or k may
+    hold a non-finite row (:func:`backward_route` decides it with its other check); None: found out here, with a
+    host sync, for calls with the causal rule or an attention mask."""
     tensors = [grad_out, q, k, v, out, lse] + [t for t in (grad_lse, key_padding_mask, attn_mask) if t is not None]
     check_device(_bwd_dq, *tensors)
     dtype = check_dtypes(q=q, k=k, v=v)
@@ -192,6 +187,8 @@ def launch_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: to
         out, grad_out, dlse, delta, *out.stride(), *grad_out.stride(), *dlse.stride(), H, M, DV,
         HAS_DLSE=has_dlse, BLOCK_M=pre_m, BLOCK_DV=block_dv)
 
+    if guard_rows is None:
+        guard_rows = (bool(is_causal) or attn_mask is not None) and not bool(all_finite(q, k))
     if tma_backward_unavailable_reason(grad_out, q, k, v, key_padding_mask, attn_mask, dropout_p) is None:
         return launch_backward_tma(grad_out, q, k, v, lse, delta, scale, chunk_size, is_causal, guard_rows)
 

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from attn_ext.ops.attention.triton_fwd_tma import (ensure_allocator, tma_forward_unavailable_reason, tma_ready,
                                                    within_problem)
-from attn_ext.ops.attention.triton_pairs import causal_dot_into
+from attn_ext.ops.attention.triton_pairs import all_finite, causal_dot_into
 from attn_ext.ops.attention.triton_spills import device_arch, spill_free_configs
 from attn_ext.ops.attention.triton_tiles import block_d, launch
 from attn_ext.ops.utils.triton import interpreting, lazily_autotuned
@@ -245,10 +245,12 @@ def tma_backward_unavailable_reason(grad_out: Tensor, q: Tensor, k: Tensor, v: T
 
 def launch_backward_tma(grad_out: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, delta: Tensor,
                         scale: float, chunk_size: int, is_causal: bool = False,
-                        guard_rows: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                        guard_rows: Optional[bool] = None) -> tuple[Tensor, Tensor, Tensor]:
     """``(grad_q, grad_k, grad_v)`` of the TMA backward for a call :func:`tma_backward_unavailable_reason`
     accepts, given the general backward's ``delta`` (``[B, H, M]`` float32, contiguous); ``guard_rows`` as for
-    the general kernels (``backward_route`` of :mod:`.triton_bwd`)."""
+    the general kernels (``launch_backward`` of :mod:`.triton_bwd`; None: found out here under the causal rule)."""
+    if guard_rows is None:
+        guard_rows = bool(is_causal) and not bool(all_finite(q, k))
     B, H, M, D = q.shape
     HKV, N, DV = k.shape[1], k.shape[2], v.shape[3]
     grad_q = torch.empty((B, H, M, D), dtype=q.dtype, device=q.device)

@@ -137,6 +137,13 @@ def attn_mask_arg(attn_mask, fallback):
     return attn_mask, attn_mask.stride(), 2
 
 
+def all_finite(*tensors) -> torch.Tensor:
+    """A bool scalar tensor (no host sync): whether every element of ``tensors`` is finite, read from float32 sums.
+    Sound for the guard it decides: a NaN or inf element makes its sum NaN or inf, and a sum that overflows from
+    finite values only sends a call down the guarded path, which is exact too."""
+    return torch.stack([torch.isfinite(torch.sum(t, dtype=torch.float32)) for t in tensors]).all()
+
+
 def dropout_arg(dropout_p: float, dropout_seed, fallback):
     """``(seed tensor on fallback's device, threshold, 1 / (1 - p), HAS_DROPOUT)``. The seed stays a
     tensor read inside the kernel, so that a compiled or captured graph does not bake in its value;
