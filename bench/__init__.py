@@ -24,6 +24,7 @@ BENCHMARKS: dict[str, str] = {
     "batched_cholesky": "bench.bench_batched_cholesky",
     "sdpa": "bench.bench_sdpa",
     "sdpa_window": "bench.bench_sdpa_window",
+    "sdpa_bias": "bench.bench_sdpa_bias",
     "varlen": "bench.bench_varlen",
     "decoding": "bench.bench_decoding",
     "paged": "bench.bench_paged",
@@ -39,7 +40,7 @@ BENCHMARKS: dict[str, str] = {
 #: ``gp_quick`` (hours) run only when named.
 DEFAULT_BENCHMARKS: tuple[str, ...] = (
     "cross_attention", "state_update", "streaming_memory", "tree_attention", "intention", "batched_cholesky",
-    "sdpa", "sdpa_window", "varlen", "decoding", "paged", "call_overhead", "np_step", "np_demo",
+    "sdpa", "sdpa_window", "sdpa_bias", "varlen", "decoding", "paged", "call_overhead", "np_step", "np_demo",
 )
 
 

@@ -76,6 +76,21 @@ ATTN_EXT_OP(attention_bwd, (std::tuple<at::Tensor, at::Tensor, at::Tensor>),
             "float softcap=0.0, Tensor? alibi_slopes=None, Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_k=None, "
             "bool bottom_right=False) -> (Tensor grad_q, Tensor grad_k, Tensor grad_v)")
 
+/// attention_bwd of a call whose additive attn_mask (a learned bias) is differentiated too: (grad_q, grad_k, grad_v,
+/// grad_mask), grad_mask the gradient of the attn_mask [B, Hq, L, S] view with its broadcast dims (stride 0) of
+/// size 1, in the accumulation dtype, summed tile by tile (no [L, S] buffer); no packed batch.
+ATTN_EXT_OP(attention_bwd_bias, (std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>),
+            (const at::Tensor& grad_out, const at::Tensor& grad_lse, const at::Tensor& q, const at::Tensor& k,
+             const at::Tensor& v, const at::Tensor& attn_mask, const std::optional<at::Tensor>& key_padding_mask,
+             const at::Tensor& out, const at::Tensor& lse, double scale, bool is_causal, double dropout_p,
+             const std::optional<at::Tensor>& dropout_seed, int64_t chunk_size, int64_t window_left,
+             int64_t window_right, int64_t diagonal, double softcap, const std::optional<at::Tensor>& alibi_slopes),
+            "attention_bwd_bias(Tensor grad_out, Tensor grad_lse, Tensor q, Tensor k, Tensor v, Tensor attn_mask, "
+            "Tensor? key_padding_mask, Tensor out, Tensor lse, float scale, bool is_causal, float dropout_p, "
+            "Tensor? dropout_seed, int chunk_size, int window_left=-1, int window_right=-1, int diagonal=0, "
+            "float softcap=0.0, Tensor? alibi_slopes=None) -> (Tensor grad_q, Tensor grad_k, Tensor grad_v, "
+            "Tensor grad_mask)")
+
 /// Cross attention, attention_fwd's case without attn_mask, causal, grouped heads or dropout.
 /// Forward: (out [B,H,M,Dv] in q's dtype, lse [B,H,M]).
 ATTN_EXT_OP(cross_attention_fwd, (std::tuple<at::Tensor, at::Tensor>),

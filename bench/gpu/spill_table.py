@@ -13,6 +13,10 @@ Usage::
 
     python bench/gpu/spill_table.py            # compile (cached where possible) and write the table
     python bench/gpu/spill_table.py --rows F   # write it from an earlier run's --rows-json output (same Triton)
+    python bench/gpu/spill_table.py --cases 'scored' --merge   # compile one code path's cases, keep the others
+
+``--merge`` keeps the table's entries that the run does not write: right when the kernels' other code paths did not
+change (a new constexpr path compiles nothing new into them); after any change to the shared code, rerun it whole.
 """
 from __future__ import annotations
 
@@ -86,6 +90,8 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=Path, default=None, help="an earlier triton_aot.py --rows-json output")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--out", type=Path, default=None, help="default: spill_tables/triton_<major>_<minor>.py")
+    p.add_argument("--cases", default=None, help="only the cases matching this regular expression (triton_aot.py's)")
+    p.add_argument("--merge", action="store_true", help="keep the existing table's entries this run does not write")
     args = p.parse_args(argv)
     import triton
 
@@ -99,9 +105,14 @@ def main(argv=None) -> int:
         # Its machine-code verdict fails without the table's pruning (spilling configs kept): not this run's concern.
         subprocess.run([sys.executable, str(Path(__file__).with_name("triton_aot.py")), "--scope", "sass",
                         "--kernels", "|".join(KERNELS), "--jobs", str(args.jobs), "--rows-json", str(rows_path),
-                        "--out", str(rows_path.with_suffix(".md"))], env=env, check=False)
+                        "--out", str(rows_path.with_suffix(".md"))] + (["--cases", args.cases] if args.cases else []),
+                       env=env, check=False)
     rows = json.loads(rows_path.read_text())
     table = entries(rows)
+    if args.merge and table and args.out.exists():
+        namespace: dict = {}
+        exec(compile(args.out.read_text(), str(args.out), "exec"), namespace)  # the generated module: a dict literal
+        table = {**namespace["SPILLS"], **table}
     if not table:
         print(f"spill_table: no rows of {', '.join(KERNELS)} in {rows_path}", file=sys.stderr)
         return 1

@@ -36,7 +36,7 @@ ATTENTION_CAUSAL_DIMS = (64, 128)
 #: its largest (step 2 of select): 1681 compiles would otherwise be ~700. They do add shared memory (with a
 #: mask or dropout up to a [BLOCK_M, BLOCK_N] tile more, see triton_tiles._smem_estimate), which the largest
 #: config shows where it matters most: fp32 dK/dV at D = 16 with 128x128 tiles was over sm_80's limit.
-PAIR_FLAGS = frozenset({"HAS_MASK", "ATTN_MASK", "IS_CAUSAL", "HAS_DROPOUT"})
+PAIR_FLAGS = frozenset({"HAS_MASK", "ATTN_MASK", "IS_CAUSAL", "HAS_DROPOUT", "WINDOW", "SOFTCAP", "ALIBI"})
 #: The machine-code report's scope (``--scope sass``, ``make sass-report``): the attention kernels (the
 #: families' launches: forward, backward, merge) at the head dims and dtypes of issue 43, every kept config.
 #: Every code path of the attention kernels, causal with dropout too: the spill table (spill_table.py) is
@@ -103,6 +103,26 @@ def _attention(dtype, d: int, causal: bool, dropout_p: float = 0.1) -> None:
     attention_forward(q, k, v, *args)
     out, lse = torch.zeros_like(q), torch.zeros(B, hq, M)
     attention_backward(torch.ones_like(out), torch.ones(B, hq, M), q, k, v, mask, padding, out, lse, *args[2:])
+
+
+def _attention_scored(dtype, d: int) -> None:
+    """The general attention op with a window, the soft cap and ALiBi at once (the spill table's ``scored``
+    variant, the path of the decoders that use them: Mistral's window, Gemma 2's window and cap, ALiBi with the
+    causal rule), off the top-left diagonal, with key padding and grouped heads. A launch that adds a mask or
+    dropout is weighed by this variant's stack and theirs (``triton_spills.launch_variants``)."""
+    from attn_ext.ops.attention.triton_bwd import attention_backward
+    from attn_ext.ops.attention.triton_fwd import attention_forward
+
+    hq = 2 * H
+    q, k, v = _randn(B, hq, M, d, dtype=dtype), _randn(B, H, N, d, dtype=dtype), _randn(B, H, N, d, dtype=dtype)
+    mask, padding = None, _key_mask(N)
+    args = (mask, padding, d ** -0.5, True, 0.0, None, 128)
+    band = dict(window_left=64, window_right=-1, diagonal=N - M + 3, softcap=30.0,
+                alibi_slopes=torch.full((B, hq), 0.25))
+    attention_forward(q, k, v, *args, **band)
+    out, lse = torch.zeros_like(q), torch.zeros(B, hq, M)
+    attention_backward(torch.ones_like(out), torch.ones(B, hq, M), q, k, v, mask, padding, out, lse, *args[2:],
+                       **band)
 
 
 def _attention_tma(dtype, d: int, causal: bool, n: int = N) -> None:
@@ -176,6 +196,8 @@ def all_cases() -> list[Case]:
                                   lambda dtype=dtype, d=d: _attention(dtype, d, True, 0.0)))
                 cases.append(Case("attention", name, dims + " causal dropout",
                                   lambda dtype=dtype, d=d: _attention(dtype, d, True)))
+                cases.append(Case("attention", name, dims + " scored",
+                                  lambda dtype=dtype, d=d: _attention_scored(dtype, d)))
             if name in TMA_DTYPES and d in TMA_DIMS:
                 for variant, causal, n in (("", False, N), (" N=256", False, 256), (" causal", True, N)):
                     cases.append(Case("attention_tma", name, dims + variant,

@@ -7,6 +7,9 @@
 // result is bit-identical run to run. With a band (causal, sliding window): a key chunk only meets the query
 // tiles whose band reaches it, and each tile only the chunk's keys up to its band's end.
 //
+// With the gradient of an additive mask wanted (attention_bwd_bias: a learned bias), dS is also summed into the
+// mask's shape tile by tile, and the work is split over the keys alone (see run): no [L, S] buffer is formed.
+//
 // Masked pairs are never read (attention_masking.h): their P and dS are exactly 0, and a row of
 // Q, K or dO holding inf/NaN that meets a masked pair goes through its GEMM as zeros, its allowed
 // products being added one pair at a time (0 · inf would otherwise be NaN).
@@ -70,6 +73,27 @@ void masked_scores(const PairRule<Plane>& rule, const TileStatus& st, const acc_
   add_alibi(rule, s, nc, m0, mt, n0, nc);
   if (st.any_masked) fill_masked(rule, st, s, nc, m0, mt, n0, nc, negative_infinity<acc_t>());
 }
+
+/// The gradient of an additive mask (a learned bias): dS summed into the mask's [B, Hq, L, S] view with its
+/// broadcast dims (stride 0) kept at size 1, through these strides (0 along those dims). Null: not wanted.
+template <typename acc_t>
+struct MaskGradient {
+  acc_t* data = nullptr;
+  int64_t sb = 0, sh = 0, sm = 0, sn = 0;
+  bool wanted() const { return data != nullptr; }
+  /// Adds the score gradient tile ds [mt, nc] (leading dim nc) of (b, h), rows m0.., keys n0...
+  void add(const acc_t* ds, int64_t b, int64_t h, int64_t m0, int64_t mt, int64_t n0, int64_t nc) const {
+    for (int64_t r = 0; r < mt; ++r) {
+      acc_t* row = data + b * sb + h * sh + (m0 + r) * sm + n0 * sn;
+      const acc_t* d = ds + r * nc;
+      if (sn == 1) {
+        for (int64_t j = 0; j < nc; ++j) row[j] += d[j];
+      } else {
+        for (int64_t j = 0; j < nc; ++j) row[j * sn] += d[j];
+      }
+    }
+  }
+};
 
 template <typename scalar_t, typename Plane>
 struct Backward {
@@ -162,143 +186,180 @@ struct Backward {
     });
   }
 
-  void run(const at::Tensor& grad_out, at::Tensor& grad_q, at::Tensor& grad_k, at::Tensor& grad_v) {
+  // Per thread: the tiles of one (query tile, key chunk) and of one key chunk.
+  struct Scratch {
+    ScratchBuffer<acc_t> p, dp, z, pz, capped, q_tile, do_tile, k_tile, v_tile, dk, dv, q_fix, do_fix, k_fix;
+    std::vector<int64_t> bad_q, bad_do, bad_k;
+    Scratch(int64_t tile_m, int64_t chunk, int64_t D, int64_t Dv, bool dropout, bool softcap)
+        : p(tile_m * chunk), dp(tile_m * chunk), z(dropout ? tile_m * chunk : 0), pz(dropout ? tile_m * chunk : 0),
+          capped(softcap ? tile_m * chunk : 0), q_tile(tile_m * D), do_tile(tile_m * Dv), k_tile(chunk * D),
+          v_tile(chunk * Dv), dk(chunk * D), dv(chunk * Dv), q_fix(tile_m * D), do_fix(tile_m * Dv), k_fix(chunk * D) {}
+  };
+
+  /// Key chunk c of a segment and key/value head: its dK, dV (written), its part of dQ (added to split's partial
+  /// sums) and of the mask gradient.
+  void key_chunk(Scratch& sc, const at::Tensor& grad_out, at::Tensor& grad_k, at::Tensor& grad_v,
+                 const MaskGradient<acc_t>& grad_mask, std::vector<acc_t>& partial_grad_q, int64_t split,
+                 int64_t segment, int64_t hkv, int64_t c) {
+    const Segment& seg = segments[segment];
+    const int64_t b = seg.b;
+    const bool dropout = call.dropout_p > 0;
+    scalar_t* grad_k_data = grad_k.mutable_data_ptr<scalar_t>();
+    scalar_t* grad_v_data = grad_v.mutable_data_ptr<scalar_t>();
+    const int64_t n0 = seg.k_begin + c * chunk;
+    if (n0 >= seg.k_end) return;
+    const int64_t nc = std::min(chunk, seg.k_end - n0);
+    std::fill(sc.dk.begin(), sc.dk.begin() + nc * D, acc_t(0));
+    std::fill(sc.dv.begin(), sc.dv.begin() + nc * Dv, acc_t(0));
+    int64_t ldk, ldv, ldq, lddo;
+    const acc_t* kt = rows_as_acc<acc_t>(matrix_at<scalar_t>(k, b, hkv, n0), k.stride(2), nc, D, sc.k_tile.data(), &ldk);
+    const acc_t* vt = rows_as_acc<acc_t>(matrix_at<scalar_t>(v, b, hkv, n0), v.stride(2), nc, Dv, sc.v_tile.data(), &ldv);
+    nonfinite_rows(kt, ldk, nc, D, sc.bad_k);
+    for (int64_t h = hkv * group; h < (hkv + 1) * group; ++h) {
+      const PairRule<Plane> pr = rule(segment, h);
+      const DropoutRule drop = dropout_rule(call, b, h, Hq, M, N);
+      const int64_t bh = b * Hq + h;
+      acc_t* grad_q_part = partial_grad_q.data() + (split * B * Hq + bh) * M * D;
+      int64_t m_first, m_end;  // the segment's queries the band lets see some key of the chunk
+      band_queries(pr.band, n0, nc, M, &m_first, &m_end);
+      m_first = std::max(m_first, seg.q_begin), m_end = std::min(m_end, seg.q_end);
+      for (int64_t m0 = seg.q_begin + (m_first - seg.q_begin) / tile_m * tile_m; m0 < m_end; m0 += tile_m) {
+        const int64_t mt = std::min(tile_m, seg.q_end - m0), ncc = tile_keys(pr.band, m0, mt, n0, nc);
+        if (ncc <= 0) continue;  // the chunk lies past the tile's band
+        const TileStatus st = scan_tile(pr, m0, mt, n0, ncc);
+        if (st.all_masked) continue;
+        const acc_t* qt = rows_as_acc<acc_t>(matrix_at<scalar_t>(q, b, h, m0), q.stride(2), mt, D, sc.q_tile.data(), &ldq);
+        const acc_t* dot = rows_as_acc<acc_t>(matrix_at<scalar_t>(grad_out, b, h, m0), grad_out.stride(2), mt, Dv,
+                                              sc.do_tile.data(), &lddo);
+        // P = exp(s − lse), 0 for masked pairs and for rows without any allowed key.
+        masked_scores(pr, st, qt, ldq, kt, ldk, scale, m0, mt, n0, ncc, D, sc.p.data(),
+                      call.softcap > 0 ? sc.capped.data() : nullptr);
+        bool nan_row = false;
+        for (int64_t r = 0; r < mt; ++r) {
+          acc_t* row_p = sc.p.data() + r * ncc;
+          const int64_t row = bh * M + m0 + r;
+          if (is_negative_infinity(lse[row])) {
+            std::fill(row_p, row_p + ncc, acc_t(0));
+          } else if (precise[row]) {  // exp((s − max) − log sum): s − max is exact near the max
+            for (int64_t j = 0; j < ncc; ++j) row_p[j] -= row_shift[row];
+            exp_shifted_inplace_sum(row_p, ncc, row_log_sum[row]);
+          } else {
+            nan_row = nan_row || std::isnan(lse[row]);
+            exp_shifted_inplace_sum(row_p, ncc, lse[row]);
+          }
+        }
+        // A NaN row (lse NaN) has P NaN everywhere; its masked pairs still are not read.
+        if (nan_row && st.any_masked) fill_masked(pr, st, sc.p.data(), ncc, m0, mt, n0, ncc, acc_t(0));
+        const acc_t* pd = sc.p.data();  // P ∘ Z with dropout
+        if (dropout) {
+          std::fill(sc.z.begin(), sc.z.begin() + mt * ncc, acc_t(1));
+          apply_dropout(drop, sc.z.data(), ncc, m0, mt, n0, ncc);
+          for (int64_t i = 0; i < mt * ncc; ++i) sc.pz[i] = sc.p[i] * sc.z[i];
+          pd = sc.pz.data();
+        }
+        const acc_t *q_gemm = qt, *do_gemm = dot, *k_gemm = kt;
+        int64_t ldq_gemm = ldq, lddo_gemm = lddo, ldk_gemm = ldk;
+        sc.bad_q.clear(), sc.bad_do.clear();
+        const bool k_fixup = st.any_masked && !sc.bad_k.empty() && sc.bad_k.front() < ncc;
+        if (st.any_masked) {
+          nonfinite_rows(qt, ldq, mt, D, sc.bad_q);
+          nonfinite_rows(dot, lddo, mt, Dv, sc.bad_do);
+          if (!sc.bad_q.empty()) q_gemm = without_rows(qt, ldq, mt, D, sc.bad_q, sc.q_fix.data()), ldq_gemm = D;
+          if (!sc.bad_do.empty()) do_gemm = without_rows(dot, lddo, mt, Dv, sc.bad_do, sc.do_fix.data()), lddo_gemm = Dv;
+          if (k_fixup) k_gemm = without_rows(kt, ldk, ncc, D, sc.bad_k, sc.k_fix.data()), ldk_gemm = D;
+        }
+        // dV += (P∘Z)ᵀ·dO ; dP = (dO·Vᵀ)∘Z ; dS = P ⊙ (dP − Δ + dlse) ; dK += scale·dSᵀ·Q ; dQ += scale·dS·K
+        gemm(Transpose::kYes, Transpose::kNo, ncc, Dv, mt, acc_t(1), pd, ncc, do_gemm, lddo_gemm, acc_t(1),
+             sc.dv.data(), Dv);
+        gemm(Transpose::kNo, Transpose::kYes, mt, ncc, Dv, acc_t(1), dot, lddo, vt, ldv, acc_t(0), sc.dp.data(), ncc);
+        if (dropout) {
+          for (int64_t i = 0; i < mt * ncc; ++i) sc.dp[i] *= sc.z[i];
+        }
+        for (int64_t r = 0; r < mt; ++r) {
+          score_gradient_row(sc.p.data() + r * ncc, sc.dp.data() + r * ncc, sc.dp.data() + r * ncc, ncc,
+                             delta_minus_dlse[bh * M + m0 + r]);
+        }
+        if (grad_mask.wanted()) {  // the mask is added after the cap: its gradient is dS, 0 off the allowed pairs
+          if (st.any_masked) fill_masked(pr, st, sc.dp.data(), ncc, m0, mt, n0, ncc, acc_t(0));
+          grad_mask.add(sc.dp.data(), b, h, m0, mt, n0, ncc);
+        }
+        if (call.softcap > 0) {  // through s = c · tanh(s₀ / c): dS₀ = dS · (1 − tanh²)
+          for (int64_t i = 0; i < mt * ncc; ++i) sc.dp[i] *= acc_t(1) - sc.capped[i] * sc.capped[i];
+        }
+        // P = 0 there, but 0 · (dP − Δ) is NaN when dP or Δ is not finite.
+        if (st.any_masked) fill_masked(pr, st, sc.dp.data(), ncc, m0, mt, n0, ncc, acc_t(0));
+        gemm(Transpose::kYes, Transpose::kNo, ncc, D, mt, scale, sc.dp.data(), ncc, q_gemm, ldq_gemm, acc_t(1),
+             sc.dk.data(), D);
+        gemm(Transpose::kNo, Transpose::kNo, mt, D, ncc, scale, sc.dp.data(), ncc, k_gemm, ldk_gemm, acc_t(1),
+             grad_q_part + m0 * D, D);
+        for (int64_t r : sc.bad_do) {
+          for (int64_t j = 0; j < ncc; ++j) {
+            if (!pair_allowed(pr, m0 + r, n0 + j)) continue;
+            for (int64_t d = 0; d < Dv; ++d) sc.dv[j * Dv + d] += pd[r * ncc + j] * dot[r * lddo + d];
+          }
+        }
+        for (int64_t r : sc.bad_q) {
+          for (int64_t j = 0; j < ncc; ++j) {
+            if (!pair_allowed(pr, m0 + r, n0 + j)) continue;
+            for (int64_t d = 0; d < D; ++d) sc.dk[j * D + d] += scale * sc.dp[r * ncc + j] * qt[r * ldq + d];
+          }
+        }
+        for (int64_t j : sc.bad_k) {
+          if (!k_fixup || j >= ncc) break;
+          for (int64_t r = 0; r < mt; ++r) {
+            if (!pair_allowed(pr, m0 + r, n0 + j)) continue;
+            for (int64_t d = 0; d < D; ++d) grad_q_part[(m0 + r) * D + d] += scale * sc.dp[r * ncc + j] * kt[j * ldk + d];
+          }
+        }
+      }
+    }
+    for (int64_t j = 0; j < nc; ++j) {
+      scalar_t* gk = grad_k_data + ((b * Hkv + hkv) * N + n0 + j) * D;
+      scalar_t* gv = grad_v_data + ((b * Hkv + hkv) * N + n0 + j) * Dv;
+      // A padded key takes no part in the attention, so its gradients are 0 even beside a NaN query
+      // row, whose dS·Q would otherwise put 0 · NaN = NaN there.
+      const bool padded = padding != nullptr && padding[b * N + n0 + j];
+      for (int64_t d = 0; d < D; ++d) gk[d] = static_cast<scalar_t>(padded ? acc_t(0) : sc.dk[j * D + d]);
+      for (int64_t d = 0; d < Dv; ++d) gv[d] = static_cast<scalar_t>(padded ? acc_t(0) : sc.dv[j * Dv + d]);
+    }
+  }
+
+  void run(const at::Tensor& grad_out, at::Tensor& grad_q, at::Tensor& grad_k, at::Tensor& grad_v,
+           const MaskGradient<acc_t>& grad_mask = {}) {
     int64_t pairs = 0;
     for (const Segment& seg : segments) pairs += segment_pairs(seg);
     const int64_t total_macs = 2 * Hq * pairs * (D + Dv);
     // Work units: a segment's keys (a batch entry's, or a packed sequence's) of one key/value head, in parts.
+    // With a mask gradient a unit owns key chunks of every segment and head instead (chunks split ≡ unit mod
+    // splits: a causal band's work spread evenly), so that the mask's columns, which broadcast dims share, are
+    // written by one thread; a mask broadcast along the keys makes one unit.
     const int64_t n_segments = static_cast<int64_t>(segments.size());
-    const int64_t splits = key_splits_for(n_segments * Hkv, n_chunks, total_macs);
+    const int64_t splits = !grad_mask.wanted() ? key_splits_for(n_segments * Hkv, n_chunks, total_macs)
+                           : grad_mask.sn == 0 ? 1
+                                               : std::max<int64_t>(1, std::min<int64_t>(n_chunks, 2 * at::get_num_threads()));
     std::vector<acc_t> partial_grad_q(splits * B * Hq * M * D, acc_t(0));
-    scalar_t* grad_k_data = grad_k.mutable_data_ptr<scalar_t>();
-    scalar_t* grad_v_data = grad_v.mutable_data_ptr<scalar_t>();
     const bool dropout = call.dropout_p > 0;
-    const int64_t units = n_segments * Hkv * splits;
+    const int64_t units = grad_mask.wanted() ? splits : n_segments * Hkv * splits;
 
     at::parallel_for(0, units, grain_size_for(units, total_macs), [&](int64_t begin, int64_t end) {
-      const int64_t tc = tile_m * chunk;
-      ScratchBuffer<acc_t> p(tc), dp(tc), z(dropout ? tc : 0), pz(dropout ? tc : 0), capped(call.softcap > 0 ? tc : 0),
-          q_tile(tile_m * D),
-          do_tile(tile_m * Dv), k_tile(chunk * D), v_tile(chunk * Dv), dk(chunk * D), dv(chunk * Dv),
-          q_fix(tile_m * D), do_fix(tile_m * Dv), k_fix(chunk * D);
-      std::vector<int64_t> bad_q, bad_do, bad_k;
+      Scratch sc(tile_m, chunk, D, Dv, dropout, call.softcap > 0);
       for (int64_t unit = begin; unit < end; ++unit) {
-        const int64_t split = unit % splits, segment = unit / (splits * Hkv), hkv = (unit / splits) % Hkv;
-        const Segment& seg = segments[segment];
-        const int64_t b = seg.b;
-        int64_t c_first, c_last;  // the segment's key chunks, counted from its first key
-        split_range((seg.k_end - seg.k_begin + chunk - 1) / chunk, splits, split, &c_first, &c_last);
-        for (int64_t c = c_first; c < c_last; ++c) {
-          const int64_t n0 = seg.k_begin + c * chunk, nc = std::min(chunk, seg.k_end - n0);
-          std::fill(dk.begin(), dk.begin() + nc * D, acc_t(0));
-          std::fill(dv.begin(), dv.begin() + nc * Dv, acc_t(0));
-          int64_t ldk, ldv, ldq, lddo;
-          const acc_t* kt = rows_as_acc<acc_t>(matrix_at<scalar_t>(k, b, hkv, n0), k.stride(2), nc, D, k_tile.data(), &ldk);
-          const acc_t* vt = rows_as_acc<acc_t>(matrix_at<scalar_t>(v, b, hkv, n0), v.stride(2), nc, Dv, v_tile.data(), &ldv);
-          nonfinite_rows(kt, ldk, nc, D, bad_k);
-          for (int64_t h = hkv * group; h < (hkv + 1) * group; ++h) {
-            const PairRule<Plane> pr = rule(segment, h);
-            const DropoutRule drop = dropout_rule(call, b, h, Hq, M, N);
-            const int64_t bh = b * Hq + h;
-            acc_t* grad_q_part = partial_grad_q.data() + (split * B * Hq + bh) * M * D;
-            int64_t m_first, m_end;  // the segment's queries the band lets see some key of the chunk
-            band_queries(pr.band, n0, nc, M, &m_first, &m_end);
-            m_first = std::max(m_first, seg.q_begin), m_end = std::min(m_end, seg.q_end);
-            for (int64_t m0 = seg.q_begin + (m_first - seg.q_begin) / tile_m * tile_m; m0 < m_end; m0 += tile_m) {
-              const int64_t mt = std::min(tile_m, seg.q_end - m0), ncc = tile_keys(pr.band, m0, mt, n0, nc);
-              if (ncc <= 0) continue;  // the chunk lies past the tile's band
-              const TileStatus st = scan_tile(pr, m0, mt, n0, ncc);
-              if (st.all_masked) continue;
-              const acc_t* qt = rows_as_acc<acc_t>(matrix_at<scalar_t>(q, b, h, m0), q.stride(2), mt, D, q_tile.data(), &ldq);
-              const acc_t* dot = rows_as_acc<acc_t>(matrix_at<scalar_t>(grad_out, b, h, m0), grad_out.stride(2), mt, Dv,
-                                                    do_tile.data(), &lddo);
-              // P = exp(s − lse), 0 for masked pairs and for rows without any allowed key.
-              masked_scores(pr, st, qt, ldq, kt, ldk, scale, m0, mt, n0, ncc, D, p.data(),
-                            call.softcap > 0 ? capped.data() : nullptr);
-              bool nan_row = false;
-              for (int64_t r = 0; r < mt; ++r) {
-                acc_t* row_p = p.data() + r * ncc;
-                const int64_t row = bh * M + m0 + r;
-                if (is_negative_infinity(lse[row])) {
-                  std::fill(row_p, row_p + ncc, acc_t(0));
-                } else if (precise[row]) {  // exp((s − max) − log sum): s − max is exact near the max
-                  for (int64_t j = 0; j < ncc; ++j) row_p[j] -= row_shift[row];
-                  exp_shifted_inplace_sum(row_p, ncc, row_log_sum[row]);
-                } else {
-                  nan_row = nan_row || std::isnan(lse[row]);
-                  exp_shifted_inplace_sum(row_p, ncc, lse[row]);
-                }
-              }
-              // A NaN row (lse NaN) has P NaN everywhere; its masked pairs still are not read.
-              if (nan_row && st.any_masked) fill_masked(pr, st, p.data(), ncc, m0, mt, n0, ncc, acc_t(0));
-              const acc_t* pd = p.data();  // P ∘ Z with dropout
-              if (dropout) {
-                std::fill(z.begin(), z.begin() + mt * ncc, acc_t(1));
-                apply_dropout(drop, z.data(), ncc, m0, mt, n0, ncc);
-                for (int64_t i = 0; i < mt * ncc; ++i) pz[i] = p[i] * z[i];
-                pd = pz.data();
-              }
-              const acc_t *q_gemm = qt, *do_gemm = dot, *k_gemm = kt;
-              int64_t ldq_gemm = ldq, lddo_gemm = lddo, ldk_gemm = ldk;
-              bad_q.clear(), bad_do.clear();
-              const bool k_fixup = st.any_masked && !bad_k.empty() && bad_k.front() < ncc;
-              if (st.any_masked) {
-                nonfinite_rows(qt, ldq, mt, D, bad_q);
-                nonfinite_rows(dot, lddo, mt, Dv, bad_do);
-                if (!bad_q.empty()) q_gemm = without_rows(qt, ldq, mt, D, bad_q, q_fix.data()), ldq_gemm = D;
-                if (!bad_do.empty()) do_gemm = without_rows(dot, lddo, mt, Dv, bad_do, do_fix.data()), lddo_gemm = Dv;
-                if (k_fixup) k_gemm = without_rows(kt, ldk, ncc, D, bad_k, k_fix.data()), ldk_gemm = D;
-              }
-              // dV += (P∘Z)ᵀ·dO ; dP = (dO·Vᵀ)∘Z ; dS = P ⊙ (dP − Δ + dlse) ; dK += scale·dSᵀ·Q ; dQ += scale·dS·K
-              gemm(Transpose::kYes, Transpose::kNo, ncc, Dv, mt, acc_t(1), pd, ncc, do_gemm, lddo_gemm, acc_t(1),
-                   dv.data(), Dv);
-              gemm(Transpose::kNo, Transpose::kYes, mt, ncc, Dv, acc_t(1), dot, lddo, vt, ldv, acc_t(0), dp.data(), ncc);
-              if (dropout) {
-                for (int64_t i = 0; i < mt * ncc; ++i) dp[i] *= z[i];
-              }
-              for (int64_t r = 0; r < mt; ++r) {
-                score_gradient_row(p.data() + r * ncc, dp.data() + r * ncc, dp.data() + r * ncc, ncc,
-                                   delta_minus_dlse[bh * M + m0 + r]);
-              }
-              if (call.softcap > 0) {  // through s = c · tanh(s₀ / c): dS₀ = dS · (1 − tanh²)
-                for (int64_t i = 0; i < mt * ncc; ++i) dp[i] *= acc_t(1) - capped[i] * capped[i];
-              }
-              // P = 0 there, but 0 · (dP − Δ) is NaN when dP or Δ is not finite.
-              if (st.any_masked) fill_masked(pr, st, dp.data(), ncc, m0, mt, n0, ncc, acc_t(0));
-              gemm(Transpose::kYes, Transpose::kNo, ncc, D, mt, scale, dp.data(), ncc, q_gemm, ldq_gemm, acc_t(1),
-                   dk.data(), D);
-              gemm(Transpose::kNo, Transpose::kNo, mt, D, ncc, scale, dp.data(), ncc, k_gemm, ldk_gemm, acc_t(1),
-                   grad_q_part + m0 * D, D);
-              for (int64_t r : bad_do) {
-                for (int64_t j = 0; j < ncc; ++j) {
-                  if (!pair_allowed(pr, m0 + r, n0 + j)) continue;
-                  for (int64_t d = 0; d < Dv; ++d) dv[j * Dv + d] += pd[r * ncc + j] * dot[r * lddo + d];
-                }
-              }
-              for (int64_t r : bad_q) {
-                for (int64_t j = 0; j < ncc; ++j) {
-                  if (!pair_allowed(pr, m0 + r, n0 + j)) continue;
-                  for (int64_t d = 0; d < D; ++d) dk[j * D + d] += scale * dp[r * ncc + j] * qt[r * ldq + d];
-                }
-              }
-              for (int64_t j : bad_k) {
-                if (!k_fixup || j >= ncc) break;
-                for (int64_t r = 0; r < mt; ++r) {
-                  if (!pair_allowed(pr, m0 + r, n0 + j)) continue;
-                  for (int64_t d = 0; d < D; ++d) grad_q_part[(m0 + r) * D + d] += scale * dp[r * ncc + j] * kt[j * ldk + d];
-                }
+        if (grad_mask.wanted()) {
+          for (int64_t c = unit; c < n_chunks; c += splits) {
+            for (int64_t segment = 0; segment < n_segments; ++segment) {
+              for (int64_t hkv = 0; hkv < Hkv; ++hkv) {
+                key_chunk(sc, grad_out, grad_k, grad_v, grad_mask, partial_grad_q, unit, segment, hkv, c);
               }
             }
           }
-          for (int64_t j = 0; j < nc; ++j) {
-            scalar_t* gk = grad_k_data + ((b * Hkv + hkv) * N + n0 + j) * D;
-            scalar_t* gv = grad_v_data + ((b * Hkv + hkv) * N + n0 + j) * Dv;
-            // A padded key takes no part in the attention, so its gradients are 0 even beside a NaN query
-            // row, whose dS·Q would otherwise put 0 · NaN = NaN there.
-            const bool padded = padding != nullptr && padding[b * N + n0 + j];
-            for (int64_t d = 0; d < D; ++d) gk[d] = static_cast<scalar_t>(padded ? acc_t(0) : dk[j * D + d]);
-            for (int64_t d = 0; d < Dv; ++d) gv[d] = static_cast<scalar_t>(padded ? acc_t(0) : dv[j * Dv + d]);
-          }
+          continue;
+        }
+        const int64_t split = unit % splits, segment = unit / (splits * Hkv), hkv = (unit / splits) % Hkv;
+        const Segment& seg = segments[segment];
+        int64_t c_first, c_last;  // the segment's key chunks, counted from its first key
+        split_range((seg.k_end - seg.k_begin + chunk - 1) / chunk, splits, split, &c_first, &c_last);
+        for (int64_t c = c_first; c < c_last; ++c) {
+          key_chunk(sc, grad_out, grad_k, grad_v, grad_mask, partial_grad_q, split, segment, hkv, c);
         }
       }
     });
@@ -320,17 +381,29 @@ struct Backward {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const AttentionCall& call, const at::Tensor& grad_out,
                                                                   const at::Tensor& grad_lse, const at::Tensor& out,
-                                                                  const at::Tensor& lse) {
+                                                                  const at::Tensor& lse, at::Tensor* grad_mask) {
   const at::Tensor &q = call.q, &k = call.k, &v = call.v;
   at::Tensor grad_q = at::empty(q.sizes(), q.options());
   at::Tensor grad_k = at::empty(k.sizes(), k.options());
   at::Tensor grad_v = at::empty(v.sizes(), v.options());
+  if (grad_mask != nullptr) {  // the mask's [B, Hq, L, S] view, its broadcast dims (stride 0) of size 1
+    std::vector<int64_t> sizes(4);
+    for (int64_t d = 0; d < 4; ++d) sizes[d] = call.attn_mask.stride(d) == 0 ? 1 : call.attn_mask.size(d);
+    *grad_mask = at::zeros(sizes, lse.options());
+  }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, q.scalar_type(), "attn_ext::attention_bwd", [&] {
     dispatch_mask_kind<scalar_t>(call, [&]<typename Plane>() {
+      using acc_t = acc_type<scalar_t>;
       Backward<scalar_t, Plane> bwd(call, lse);
       bwd.row_deltas(out, grad_out, grad_lse);
       bwd.precise_normalisers();
-      bwd.run(grad_out, grad_q, grad_k, grad_v);
+      MaskGradient<acc_t> mask_grad;
+      if (grad_mask != nullptr) {
+        const at::Tensor& g = *grad_mask;
+        mask_grad = {g.mutable_data_ptr<acc_t>(), g.size(0) == 1 ? 0 : g.stride(0), g.size(1) == 1 ? 0 : g.stride(1),
+                     g.size(2) == 1 ? 0 : g.stride(2), g.size(3) == 1 ? 0 : g.stride(3)};
+      }
+      bwd.run(grad_out, grad_q, grad_k, grad_v, mask_grad);
     });
   });
   return {grad_q, grad_k, grad_v};

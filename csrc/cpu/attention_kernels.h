@@ -113,10 +113,13 @@ inline std::vector<WorkTile> work_tiles(const std::vector<Segment>& segments, in
 /// (out [B, Hq, L, Dv] in q's dtype, lse [B, Hq, L] fp32, fp64 for fp64 inputs).
 std::tuple<at::Tensor, at::Tensor> attention_forward(const AttentionCall& call);
 
-/// (grad_q, grad_k, grad_v), contiguous, from the gradients of out and lse and the saved out, lse.
+/// (grad_q, grad_k, grad_v), contiguous, from the gradients of out and lse and the saved out, lse. With `grad_mask`
+/// not null (the call's additive attn_mask; no packed batch) also the mask's gradient, in the accumulation dtype,
+/// of its [B, Hq, L, S] view's shape with the broadcast dims (stride 0) of size 1.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const AttentionCall& call, const at::Tensor& grad_out,
                                                                   const at::Tensor& grad_lse, const at::Tensor& out,
-                                                                  const at::Tensor& lse);
+                                                                  const at::Tensor& lse,
+                                                                  at::Tensor* grad_mask = nullptr);
 
 /// The mask plane of (b, h) of a [B, Hq, L, S] attn_mask view.
 template <typename Plane>

@@ -143,6 +143,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_cpu(
       with_unit_inner_stride(grad_out), grad_lse.contiguous(), with_unit_inner_stride(out), lse.contiguous());
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> attention_bwd_bias_cpu(
+    const at::Tensor& grad_out, const at::Tensor& grad_lse, const at::Tensor& q, const at::Tensor& k,
+    const at::Tensor& v, const at::Tensor& attn_mask, const std::optional<at::Tensor>& key_padding_mask,
+    const at::Tensor& out, const at::Tensor& lse, double scale, bool is_causal, double dropout_p,
+    const std::optional<at::Tensor>& dropout_seed, int64_t chunk_size, int64_t window_left, int64_t window_right,
+    int64_t diagonal, double softcap, const std::optional<at::Tensor>& alibi_slopes) {
+  TORCH_CHECK_TYPE(attn_mask.is_floating_point(), "attn_ext::attention_bwd_bias: the gradient is of an additive "
+                   "(float) attn_mask; got ", attn_mask.scalar_type());
+  const AttentionCall call = checked_call(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p,
+                                          dropout_seed, chunk_size, window_left, window_right, diagonal, softcap,
+                                          alibi_slopes, std::nullopt, std::nullopt, false);
+  const AttentionShape s =
+      check_attention_inputs(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size);
+  check_attention_grads(s, q, grad_out, grad_lse, out, lse);
+  at::Tensor grad_mask;
+  auto [grad_q, grad_k, grad_v] = attention_backward(call, with_unit_inner_stride(grad_out), grad_lse.contiguous(),
+                                                     with_unit_inner_stride(out), lse.contiguous(), &grad_mask);
+  return {grad_q, grad_k, grad_v, grad_mask};
+}
+
 std::tuple<at::Tensor, at::Tensor> paged_attention_fwd_cpu(const at::Tensor& q, const at::Tensor& k_cache,
                                                            const at::Tensor& v_cache, const at::Tensor& block_table,
                                                            const at::Tensor& cache_seqlens, double scale,

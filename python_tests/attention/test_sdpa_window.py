@@ -210,21 +210,30 @@ def test_a_nan_key_outside_every_window_reaches_no_row(backend):
     assert torch.isfinite(out[0, 0, :15]).all() and torch.isnan(out[0, 0, 15]).all()
 
 
-def test_triton_reads_the_band_as_a_mask(monkeypatch):
+def test_triton_takes_the_band_and_a_backend_without_one_reads_it_as_a_mask(monkeypatch):
     pytest.importorskip("triton")
     from attn_ext.ops.utils.triton import triton_unavailable_reason
 
     if triton_unavailable_reason("cpu") is not None:
         pytest.skip(f"Triton interpreter unavailable: {triton_unavailable_reason('cpu')}")
     q, k, v = _qkv(1, 2, 2, 20, 33, 16, 16, dtype=torch.float32)
-    out = ae.scaled_dot_product_attention(q, k, v, is_causal=True, window_size=(4, 0), alignment="bottom_right",
-                                          backend="triton")
     ref, _ = dense_attention(q.double(), k.double(), v.double(),
                              attn_mask=band_mask(20, 33, True, (4, 0), "bottom_right"))
+    out = ae.scaled_dot_product_attention(q, k, v, is_causal=True, window_size=(4, 0), alignment="bottom_right",
+                                          backend="triton")
     torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-5)
-    # The op itself refuses a band it does not have, naming it (the public function never sends one).
-    with pytest.raises(NotImplementedError, match="sliding window"):
-        torch.ops.attn_ext.attention_fwd_triton(q, k, v, None, None, 0.25, False, 0.0, None, 16, 3, 0, 0)
+    # The op itself takes the band's arguments (window (3, 0) about the top-left diagonal).
+    direct, _ = torch.ops.attn_ext.attention_fwd_triton(q, k, v, None, None, 0.25, False, 0.0, None, 16, 3, 0, 0)
+    ref3, _ = dense_attention(q.double(), k.double(), v.double(), attn_mask=band_mask(20, 33, False, (3, 0)),
+                              scale=0.25)
+    torch.testing.assert_close(direct.double(), ref3, rtol=1e-4, atol=1e-5)
+    # A backend whose kernels have no band (the CUDA kernels) is given the band as a bool mask: the same result.
+    from attn_ext.ops.attention import scaled_dot_product
+
+    monkeypatch.setattr(scaled_dot_product, "BAND_BACKENDS", ("cpp", "reference"))
+    masked = ae.scaled_dot_product_attention(q, k, v, is_causal=True, window_size=(4, 0), alignment="bottom_right",
+                                             backend="triton")
+    torch.testing.assert_close(masked.double(), ref, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("kwargs, error, match", [

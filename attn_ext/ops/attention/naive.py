@@ -258,10 +258,12 @@ def attention_backward(grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor,
                        scale: float, is_causal: bool, dropout_p: float, dropout_seed: Optional[Tensor],
                        chunk_size: int, window_left: int = -1, window_right: int = -1,
                        diagonal: int = 0, softcap: float = 0.0,
-                       alibi_slopes: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+                       alibi_slopes: Optional[Tensor] = None, bias_grad=None) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients of q, k, v (FlashAttention's backward with the dropout mask regenerated):
     ``dV = (P∘Z)ᵀ dO``, ``dP = (dO Vᵀ)∘Z``, ``dS = P∘(dP − Δ + dlse)``, ``Δ = rowsum(dO∘out)``.
-    Pairs that take no part, and empty rows, contribute exactly 0."""
+    Pairs that take no part, and empty rows, contribute exactly 0. ``bias_grad`` (optional, an object with
+    ``add(grad_scores, n0, n1)``, :class:`~.bias_grad.BiasGradient`) receives each key chunk's ``dS`` (the gradient
+    of the additive mask, the soft cap's factor not applied: the mask is added after the cap)."""
     band = Band.of(is_causal, window_left, window_right, diagonal)
     mod = ScoreMod(softcap, alibi_slopes, diagonal)
     acc = accumulation_dtype(q.dtype)
@@ -290,6 +292,8 @@ def attention_backward(grad_out: Tensor, grad_lse: Tensor, q: Tensor, k: Tensor,
         if dropped is not None:
             grad_probs = grad_probs * dropped
         grad_scores = probs * (grad_probs - delta_minus_dlse[..., None])
+        if bias_grad is not None:
+            bias_grad.add(zero_outside(grad_scores, allowed), n0, n1)
         if tanh is not None:  # through s = c · tanh(s₀ / c)
             grad_scores = grad_scores * (1 - tanh * tanh)
         grad_scores = zero_outside(grad_scores, allowed)

@@ -106,22 +106,17 @@ def attention_bwd_reference(grad_out, grad_lse, q, k, v, attn_mask, key_padding_
 
 
 #: The backends whose kernels take the band arguments (the public function gives the others a band as a mask).
-BAND_BACKENDS = ("cpp", "reference")
+BAND_BACKENDS = ("cpp", "reference", "triton")
+#: The backends whose kernels take a packed batch (``cu_seqlens_q/k``; ``ae.varlen_attention`` runs the others one
+#: call per sequence).
+PACKED_BACKENDS = ("cpp", "reference")
 
 
-def _triton_band_reason(is_causal: bool, window_left: int, window_right: int, diagonal: int, softcap: float = 0.0,
-                        alibi_slopes: Optional[Tensor] = None, cu_seqlens_q: Optional[Tensor] = None,
-                        cu_seqlens_k: Optional[Tensor] = None, bottom_right: bool = False) -> Optional[str]:
-    """Why the Triton kernels cannot take this band (their only one is the top-left causal rule), score
-    modification or packed batch (none yet), or None."""
+def _triton_packed_reason(cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+                          bottom_right: bool) -> Optional[str]:
+    """Why the Triton kernels cannot take this call (a packed batch: none yet), or None."""
     if cu_seqlens_q is not None or cu_seqlens_k is not None or bottom_right:
         return "no packed (varlen) batch in the Triton kernels yet (ae.varlen_attention runs one call per sequence)"
-    if softcap != 0.0 or alibi_slopes is not None:
-        return "no softcap or ALiBi in the Triton kernels yet"
-    if window_left >= 0 or window_right >= 0:
-        return f"no sliding window (window_size = ({window_left}, {window_right})) in the Triton kernels yet"
-    if is_causal and diagonal != 0:
-        return f"the Triton kernels' causal rule is top-left only (diagonal offset {diagonal})"
     return None
 
 
@@ -131,12 +126,14 @@ def attention_fwd_triton(q, k, v, attn_mask, key_padding_mask, scale, is_causal,
                          cu_seqlens_q=None, cu_seqlens_k=None, bottom_right=False):
     from attn_ext.ops.attention import triton_fwd  # optional dependency: see the module docstring
 
-    why = _triton_band_reason(is_causal, window_left, window_right, diagonal, softcap, alibi_slopes, cu_seqlens_q,
-                              cu_seqlens_k, bottom_right)
+    why = _triton_packed_reason(cu_seqlens_q, cu_seqlens_k, bottom_right)
     if why is not None:
         raise NotImplementedError(f"attn_ext::attention_fwd_triton: {why}; use the cpp or reference backend")
+    check_band_args(window_left, window_right, diagonal)
+    check_score_mod_args(softcap, alibi_slopes, q.shape[0], q.shape[1], q.device)
     return triton_fwd.attention_forward(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p,
-                                        dropout_seed, chunk_size)
+                                        dropout_seed, chunk_size, window_left, window_right, diagonal, softcap,
+                                        alibi_slopes)
 
 
 @define_op("attn_ext::attention_bwd_triton")
@@ -145,12 +142,14 @@ def attention_bwd_triton(grad_out, grad_lse, q, k, v, attn_mask, key_padding_mas
                          softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, bottom_right=False):
     from attn_ext.ops.attention import triton_bwd  # optional dependency: see the module docstring
 
-    why = _triton_band_reason(is_causal, window_left, window_right, diagonal, softcap, alibi_slopes, cu_seqlens_q,
-                              cu_seqlens_k, bottom_right)
+    why = _triton_packed_reason(cu_seqlens_q, cu_seqlens_k, bottom_right)
     if why is not None:
         raise NotImplementedError(f"attn_ext::attention_bwd_triton: {why}; use the cpp or reference backend")
+    check_band_args(window_left, window_right, diagonal)
+    check_score_mod_args(softcap, alibi_slopes, q.shape[0], q.shape[1], q.device)
     return triton_bwd.attention_backward(grad_out, grad_lse, q, k, v, attn_mask, key_padding_mask, out, lse, scale,
-                                         is_causal, dropout_p, dropout_seed, chunk_size)
+                                         is_causal, dropout_p, dropout_seed, chunk_size, window_left, window_right,
+                                         diagonal, softcap, alibi_slopes)
 
 
 def _fake_attention(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p, dropout_seed, chunk_size,
@@ -173,8 +172,9 @@ def _attention_derivatives(backward_op: Callable[..., _BwdResult]) -> Derivative
                                              scale, is_causal, dropout_p, dropout_seed, chunk_size, *inputs[10:])
         return (grad_q, grad_k, grad_v) + (None,) * (len(inputs) - 3)
 
-    # A float attn_mask is differentiable too, in both modes: its gradient is the [L, S] score gradient, which
-    # the fused kernels do not form, so the composite gives it (holding the scores, as PyTorch's math path).
+    # A float attn_mask is differentiable too, in both modes. The public function's first-order reverse mode takes
+    # the chunked rule of bias_grad.py (op attention_bwd_bias); a call reaching this op with the mask differentiated
+    # (higher orders, forward mode, torch.func, torch.compile) gets the composite's derivatives.
     return Derivatives(backward, composite.attention, differentiable_inputs=(0, 1, 2), differentiable_outputs=(0, 1),
                        composite_inputs=(3,))
 
@@ -209,14 +209,7 @@ def _cuda_supports_call(x: Tensor, context: Mapping[str, Any]) -> Optional[str]:
     if context.get("dropout_p", 0.0) > 0.0:
         return "the CUDA kernels have no attention dropout (the Triton kernels have)"
     if context.get("score_mod", False):
-        return "the CUDA kernels have no softcap or ALiBi yet (the cpp and reference kernels have)"
-    return None
-
-
-def _triton_supports_call(x: Tensor, context: Mapping[str, Any]) -> Optional[str]:
-    """What the Triton attention kernels do not take: softcap and ALiBi (the cpp and reference kernels have them)."""
-    if context.get("score_mod", False):
-        return "the Triton kernels have no softcap or ALiBi yet (the cpp and reference kernels have)"
+        return "the CUDA kernels have no softcap or ALiBi yet (the cpp, reference and Triton kernels have)"
     return None
 
 
@@ -351,7 +344,7 @@ SCALED_DOT_PRODUCT_ATTENTION = declare(
     "scaled_dot_product_attention",
     cpp=Implementation("attention_fwd", (_compiled_reason,)),
     cuda=Implementation("attention_fwd", (_compiled_reason, bf16_tensor_core_reason, _cuda_supports_call)),
-    triton=Implementation(attention_fwd_triton, (_triton_supports_call,)),
+    triton=Implementation(attention_fwd_triton),
     reference=Implementation(attention_fwd_reference))
 CROSS_ATTENTION = declare(
     "cross_attention",

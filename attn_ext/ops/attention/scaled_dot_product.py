@@ -12,6 +12,7 @@ from torch.nn.attention.bias import CausalBias, CausalVariant
 from attn_ext.ops.attention.chunked import DEFAULT_CHUNK_SIZE
 from attn_ext.ops.attention.dropout import draw_seed
 from attn_ext.ops.attention.band import Band, check_band_args
+from attn_ext.ops.attention.bias_grad import attention_with_bias_gradient, takes_bias_gradient
 from attn_ext.ops.attention.registration import BAND_BACKENDS, SCALED_DOT_PRODUCT_ATTENTION
 from attn_ext.ops.utils import dispatch
 from attn_ext.ops.utils.validation import SUPPORTED_DTYPES, check_chunk_size, check_scale, is_real_scalar
@@ -210,9 +211,10 @@ def scaled_dot_product_attention(
         Broadcastable to ``(..., Hq, L, S)``. Bool: **True means the pair takes part** (SDPA's convention,
         the opposite of ``key_padding_mask`` and of ``torch.nn.MultiheadAttention``'s bool masks). Float
         (the query's dtype): added to the scaled scores; ``-inf`` excludes the pair. Differentiable in
-        both modes (a learned bias): its gradient is the ``[..., L, S]`` score gradient, which the fused
-        kernels do not form, so a call that differentiates the mask runs the dense composition (as
-        PyTorch's math path) instead of the fused backward. A ``torch.nn.attention.bias.CausalBias``
+        both modes (a learned bias): in reverse mode its gradient is summed key chunk by key chunk into the
+        mask's own shape (:mod:`attn_ext.ops.attention.bias_grad`: no ``[B, H, L, S]`` buffer for a mask
+        shared by the batch); higher orders, forward mode and ``torch.func`` differentiate the dense
+        composition. A ``torch.nn.attention.bias.CausalBias``
         (``causal_upper_left(L, S)``, ``causal_lower_right(L, S)``) is understood as the causal rule it
         stands for: upper-left is ``is_causal=True``, lower-right is ``is_causal=True`` with
         ``alignment="bottom_right"``.
@@ -247,8 +249,8 @@ def scaled_dot_product_attention(
     window_size : (int, int), optional
         ``(left, right)``: key ``j`` takes part for query ``i`` only if ``i' − left ≤ j ≤ i' + right`` (a
         sliding window); ``-1`` leaves that side unbounded. ``is_causal=True`` sets ``right = 0`` (pass 0 or
-        -1 there). Combines with masks, padding, grouped heads and dropout. The cpp and reference kernels
-        skip the key chunks outside the band (cost ∝ ``L · (left + right)``); the Triton and CUDA kernels do
+        -1 there). Combines with masks, padding, grouped heads and dropout. The cpp, reference and Triton
+        kernels skip the key chunks outside the band (cost ∝ ``L · (left + right)``); the CUDA kernels do
         not have it yet and read the band as a bool mask.
     softcap : float, optional
         ``c > 0``: the scaled scores become ``c · tanh(scale · q·k / c)`` before the mask and ALiBi are added
@@ -256,7 +258,8 @@ def scaled_dot_product_attention(
     alibi_slopes : Tensor, optional
         float32 ``(Hq,)`` or ``(..., Hq)`` (the query's batch dims): ALiBi adds ``−slope_h · |i' − j|`` to the
         scores of query head ``h`` (``i'`` the query's diagonal key, see ``alignment``). Not differentiated.
-        softcap and ALiBi run on the cpp and reference kernels (the automatic choice takes them).
+        softcap and ALiBi run on the cpp, reference and Triton kernels (the automatic choice takes them; the
+        CUDA kernels say they have neither).
 
     Returns
     -------
@@ -341,9 +344,14 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
         mask = attn_mask.expand(_shape(query)[:-1] + (keys,)).reshape(B, Hq, L, keys)
     padding = None if key_padding_mask is None else key_padding_mask.reshape(B, keys)
     seed = draw_seed() if dropout_p > 0.0 else None
-    out, lse = dispatch.entry(SCALED_DOT_PRODUCT_ATTENTION, name)(q, k, v, mask, padding, scale, is_causal,
-                                                                     dropout_p, seed, chunk_size, window_left,
-                                                                     window_right, diagonal, softcap,
-                                                                     None if slopes is None else slopes.reshape(B, Hq))
+    entry = dispatch.entry(SCALED_DOT_PRODUCT_ATTENTION, name)
+    slopes = None if slopes is None else slopes.reshape(B, Hq)
+    if takes_bias_gradient(attn_mask, q, k, v):  # a learned bias: its gradient chunk by chunk, in its own shape
+        out, lse = attention_with_bias_gradient(name, entry, q, k, v, attn_mask, _shape(query)[:-1], padding, scale,
+                                                is_causal, dropout_p, seed, chunk_size, window_left, window_right,
+                                                diagonal, softcap, slopes)
+    else:
+        out, lse = entry(q, k, v, mask, padding, scale, is_causal, dropout_p, seed, chunk_size, window_left,
+                         window_right, diagonal, softcap, slopes)
     out = out.reshape(_shape(query)[:-1] + (value.shape[-1],))
     return (out, lse.reshape(_shape(query)[:-1])) if return_lse else out

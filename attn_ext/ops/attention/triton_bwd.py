@@ -29,7 +29,9 @@ from attn_ext.ops.attention import naive
 from attn_ext.ops.attention.triton_args import check_attention_args
 from attn_ext.ops.attention.triton_bwd_kernels import _bwd_dkdv, _bwd_dq
 from attn_ext.ops.attention.triton_bwd_tma import launch_backward_tma, tma_backward_unavailable_reason
+from attn_ext.ops.attention.band import Band
 from attn_ext.ops.attention.triton_pairs import all_finite, attn_mask_arg, dropout_arg
+from attn_ext.ops.attention.triton_score_mod import ScoreArgs, kernel_scores, score_args
 from attn_ext.ops.attention.triton_tiles import autotuned, block_d, block_m_interpreted, launch
 from attn_ext.ops.utils.triton import check_device, check_dtypes, interpreting, mask_arg
 from attn_ext.ops.utils.validation import check_cross_attention_args
@@ -148,9 +150,9 @@ def launch_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: to
                     v: torch.Tensor, key_padding_mask: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor,
                     scale: float, chunk_size: int, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
                     dropout_p: float = 0.0, dropout_seed: torch.Tensor | None = None,
-                    guard_rows: Optional[bool] = None):
+                    guard_rows: Optional[bool] = None, scores: Optional[ScoreArgs] = None):
     """The three backward kernels on checked q, k, v and masks (``k``, ``v`` may have fewer heads than
-    ``q``; the mask, causal and dropout arguments as for ``launch_forward``). ``guard_rows``: whether q or k may
+    ``q``; the mask, causal, dropout and ``scores`` arguments as for ``launch_forward``). ``guard_rows``: whether q or k may
     hold a non-finite row (:func:`backward_route` decides it with its other check); None: found out here, with a
     host sync, for calls with the causal rule or an attention mask."""
     tensors = [grad_out, q, k, v, out, lse] + [t for t in (grad_lse, key_padding_mask, attn_mask) if t is not None]
@@ -187,16 +189,19 @@ def launch_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: to
         out, grad_out, dlse, delta, *out.stride(), *grad_out.stride(), *dlse.stride(), H, M, DV,
         HAS_DLSE=has_dlse, BLOCK_M=pre_m, BLOCK_DV=block_dv)
 
+    if scores is None:
+        scores = score_args(None, 0.0, None, 0, M, N, q)
     if guard_rows is None:
-        guard_rows = (bool(is_causal) or attn_mask is not None) and not bool(all_finite(q, k))
-    if tma_backward_unavailable_reason(grad_out, q, k, v, key_padding_mask, attn_mask, dropout_p) is None:
+        guard_rows = (bool(is_causal) or scores.window or attn_mask is not None) and not bool(all_finite(q, k))
+    if (not any(scores.meta.values())
+            and tma_backward_unavailable_reason(grad_out, q, k, v, key_padding_mask, attn_mask, dropout_p) is None):
         return launch_backward_tma(grad_out, q, k, v, lse, delta, scale, chunk_size, is_causal, guard_rows)
 
     common = (q, k, v, mask, attn, seed, grad_out, lse, delta)
     strides = (*q.stride(), *k.stride(), *v.stride(), smb, smn, *attn_strides, *grad_out.stride(), *lse.stride())
-    sizes = (H, H // HKV, M, N, D, DV, float(scale), threshold, drop_scale)
+    sizes = (H, H // HKV, M, N, D, DV, float(scale), threshold, drop_scale, *scores.args)
     meta = dict(HAS_MASK=has_mask, ATTN_MASK=attn_kind, IS_CAUSAL=bool(is_causal), HAS_DROPOUT=has_dropout,
-                GUARD_ROWS=bool(guard_rows), UPCAST=interp, BLOCK_D=block_d(D), BLOCK_DV=block_dv)
+                GUARD_ROWS=bool(guard_rows), UPCAST=interp, **scores.meta, BLOCK_D=block_d(D), BLOCK_DV=block_dv)
     launch(_bwd_dkdv, _bwd_dkdv_tuned, lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), B * HKV),
            (*common, grad_k, grad_v, *strides, *grad_k.stride(), *grad_v.stride(), *sizes),
            meta, M, N, chunk_size)
@@ -211,7 +216,8 @@ def launch_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: to
 def attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, k: Tensor, v: Tensor,
                        attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], out: Tensor, lse: Tensor,
                        scale: float, is_causal: bool, dropout_p: float, dropout_seed: Optional[Tensor],
-                       chunk_size: int) -> tuple[Tensor, Tensor, Tensor]:
+                       chunk_size: int, window_left: int = -1, window_right: int = -1, diagonal: int = 0,
+                       softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of :func:`attn_ext.ops.attention.triton_fwd.attention_forward` (Triton, deterministic).
 
     Parameters
@@ -222,6 +228,9 @@ def attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, 
         ``[B, Hq, L]`` gradient of ``lse`` (read as float32, any strides); None means zeros.
     q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p, dropout_seed, chunk_size
         The forward's arguments (the same seed: dropout drops the same pairs).
+    window_left, window_right, diagonal, softcap, alibi_slopes
+        The forward's band and score modifications (the soft cap's factor ``1 − tanh²`` enters ``dS``; ALiBi's
+        slopes get no gradient).
     out, lse : torch.Tensor
         The forward's results.
 
@@ -238,13 +247,16 @@ def attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, 
     has rounded their ``log(sum)`` away) run the reference backward instead, as cross attention does.
     """
     check_attention_args(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size)
-    saturated, guard_rows = backward_route(lse, q, k, bool(is_causal) or attn_mask is not None)
+    band = Band.of(is_causal, window_left, window_right, diagonal)
+    scores = kernel_scores(band, is_causal, softcap, alibi_slopes, diagonal, q, k)
+    saturated, guard_rows = backward_route(lse, q, k, bool(is_causal) or attn_mask is not None or scores.window)
     if saturated:
         grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse
         grads = torch.ops.attn_ext.attention_bwd_reference(grad_out, grad_lse, q, k, v, attn_mask, key_padding_mask,
                                                            out, lse, scale, is_causal, dropout_p, dropout_seed,
-                                                           chunk_size)
+                                                           chunk_size, window_left, window_right, diagonal, softcap,
+                                                           alibi_slopes)
         return tuple(g.contiguous() for g in grads)
     return launch_backward(grad_out, grad_lse, q, k, v, key_padding_mask, out, lse, scale, chunk_size,
-                           attn_mask=attn_mask, is_causal=is_causal, dropout_p=float(dropout_p),
-                           dropout_seed=dropout_seed, guard_rows=guard_rows)
+                           attn_mask=attn_mask, is_causal=is_causal and not scores.window, dropout_p=float(dropout_p),
+                           dropout_seed=dropout_seed, guard_rows=guard_rows, scores=scores)

@@ -27,7 +27,8 @@ they are plain GEMMs: a masked pair's weight is 0 and, every row being finite, s
 import triton
 import triton.language as tl
 
-from attn_ext.ops.attention.triton_pairs import dropout_keep, masked_scores, pair_dot_into
+from attn_ext.ops.attention.triton_pairs import dropout_keep, pair_dot_into
+from attn_ext.ops.attention.triton_score_mod import band_keys, band_queries, scored_pairs
 from attn_ext.ops.utils.triton_jit import load_tile, valid_rows
 
 
@@ -35,13 +36,13 @@ from attn_ext.ops.utils.triton_jit import load_tile, valid_rows
 def _dkdv_query_blocks(
     dk, dv, k, v, q_base, do_base, lse_base, DELTA, attn_base, SEED, bh, lo, hi,
     offs_n, n_ok, offs_d, d_ok, offs_dv, dv_ok, sqm, sqd, sdom, sdod, slm, sam, san, M, N,
-    scale, drop_threshold, drop_scale,
+    scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, slope, diagonal,
     ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr, PAIR_MASKS: tl.constexpr,
-    UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
+    UPCAST: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     """One key block's ``(dk, dv)`` updated by the query blocks ``[lo, hi)`` of one query head;
-    ``IS_CAUSAL`` and ``PAIR_MASKS`` are the per-pair rules these blocks need."""
+    ``IS_CAUSAL``, ``WINDOW`` and ``PAIR_MASKS`` are the per-pair rules these blocks need."""
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         m_ok = offs_m < M
@@ -54,8 +55,9 @@ def _dkdv_query_blocks(
 
         # Transposed orientation ([keys, queries]) so dv/dk need no transpose of P.
         s_t = tl.dot(k, tl.trans(q), input_precision="ieee") * scale
-        s_t, valid = masked_scores(s_t, attn_base, sam, san, offs_m[None, :], offs_n[:, None],
-                                   n_ok[:, None] & m_ok[None, :], ATTN_MASK, IS_CAUSAL)
+        s_t, valid, tanh_t = scored_pairs(s_t, attn_base, sam, san, offs_m[None, :], offs_n[:, None],
+                                          n_ok[:, None] & m_ok[None, :], band_lo, band_hi, softcap, slope,
+                                          diagonal, ATTN_MASK, IS_CAUSAL, WINDOW, SOFTCAP, ALIBI)
         valid = valid & row_ok[None, :]
         x_t = s_t - lse[None, :]
         # `where`, not tl.minimum: a GPU min may drop a NaN row's NaN.
@@ -69,6 +71,8 @@ def _dkdv_query_blocks(
         else:
             dv += tl.dot(p_t.to(do.dtype), do, input_precision="ieee")
         ds_t = tl.where(valid, p_t * (dp_t - delta[None, :]), 0.0)
+        if SOFTCAP:
+            ds_t = ds_t * (1.0 - tanh_t * tanh_t)  # d(c·tanh(s / c))/ds
         dk = pair_dot_into(dk, ds_t, q, valid, n_ok, m_ok, PAIR_MASKS, BLOCK_M)
 
     return dk, dv
@@ -87,9 +91,9 @@ def _bwd_dkdv(
     sdkb, sdkh, sdkn, sdkd,
     sdvb, sdvh, sdvn, sdvd,
     H, GROUP, M, N, D, DV,
-    scale, drop_threshold, drop_scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
+    scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, SLOPES, diagonal, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
     HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    GUARD_ROWS: tl.constexpr, UPCAST: tl.constexpr,
+    GUARD_ROWS: tl.constexpr, UPCAST: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -112,8 +116,11 @@ def _bwd_dkdv(
     dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
 
     lo = 0
+    hi = M
     if IS_CAUSAL:
         lo = pid_n * BLOCK_N  # earlier queries see none of these keys
+    if WINDOW:
+        lo, hi = band_queries(pid_n * BLOCK_N, BLOCK_N, M, band_lo, band_hi, BLOCK_M)
     for g in range(0, GROUP):
         off_h = off_kvh * GROUP + g
         bh = off_b * H + off_h
@@ -121,15 +128,18 @@ def _bwd_dkdv(
         do_base = DO + off_b * sdob + off_h * sdoh
         lse_base = LSE + off_b * slb + off_h * slh
         attn_base = ATTN + off_b * sab + off_h * sah
+        slope = 0.0
+        if ALIBI:
+            slope = tl.load(SLOPES + bh)
         # One loop, every block testing the causal rule per pair: splitting off the blocks the diagonal crosses
         # (as the forward and dQ do) compiles the body twice, and the second copy's registers made dK/dV spill
         # (D = 128, sm_90, Triton 3.9, 32 x 128 with 8 warps: 80 bytes split, none as one loop).
         dk, dv = _dkdv_query_blocks(
-            dk, dv, k, v, q_base, do_base, lse_base, DELTA, attn_base, SEED, bh, lo, M,
+            dk, dv, k, v, q_base, do_base, lse_base, DELTA, attn_base, SEED, bh, lo, hi,
             offs_n, n_ok, offs_d, d_ok, offs_dv, dv_ok, sqm, sqd, sdom, sdod, slm, sam, san, M, N,
-            scale, drop_threshold, drop_scale,
-            ATTN_MASK, IS_CAUSAL, HAS_DROPOUT, GUARD_ROWS and (IS_CAUSAL or ATTN_MASK != 0), UPCAST,
-            BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
+            scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, slope, diagonal,
+            ATTN_MASK, IS_CAUSAL, HAS_DROPOUT, GUARD_ROWS and (IS_CAUSAL or WINDOW or ATTN_MASK != 0), UPCAST,
+            WINDOW, SOFTCAP, ALIBI, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
 
     # Padded keys take no part: 0, also beside a NaN query row (whose 0 * NaN would land here).
     dk = tl.where(n_ok[:, None], dk * scale, 0.0)
@@ -144,12 +154,13 @@ def _bwd_dkdv(
 def _dq_key_blocks(
     dq, q, do, lse, delta, row_ok, rows, k_base, v_base, attn_base, MASK, SEED, lo, hi,
     offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, mask_row, smn, skn, skd, svn, svd, sam, san, N,
-    scale, drop_threshold, drop_scale,
+    scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, slope, diagonal,
     HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    PAIR_MASKS: tl.constexpr, UPCAST: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    PAIR_MASKS: tl.constexpr, UPCAST: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr,
+    ALIBI: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
 ):
-    """One query block's ``dq`` updated by the key blocks ``[lo, hi)``; ``IS_CAUSAL`` and
+    """One query block's ``dq`` updated by the key blocks ``[lo, hi)``; ``IS_CAUSAL``, ``WINDOW`` and
     ``PAIR_MASKS`` are the per-pair rules these blocks need."""
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -157,8 +168,9 @@ def _dq_key_blocks(
         k = load_tile(k_base, offs_n, offs_d, skn, skd, n_ok, d_ok, UPCAST)
         v = load_tile(v_base, offs_n, offs_dv, svn, svd, n_ok, dv_ok, UPCAST)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
-        s, valid = masked_scores(s, attn_base, sam, san, offs_m[:, None], offs_n[None, :],
-                                 m_ok[:, None] & n_ok[None, :], ATTN_MASK, IS_CAUSAL)
+        s, valid, tanh = scored_pairs(s, attn_base, sam, san, offs_m[:, None], offs_n[None, :],
+                                      m_ok[:, None] & n_ok[None, :], band_lo, band_hi, softcap, slope, diagonal,
+                                      ATTN_MASK, IS_CAUSAL, WINDOW, SOFTCAP, ALIBI)
         valid = valid & row_ok[:, None]
         x = s - lse[:, None]
         p = tl.where(valid, tl.exp(tl.where(x > 0.0, 0.0, x)), 0.0)  # P <= 1; NaN stays NaN
@@ -167,6 +179,8 @@ def _dq_key_blocks(
             keep = dropout_keep(SEED, rows[:, None], offs_n[None, :], N, drop_threshold)
             dp = dp * tl.where(keep, drop_scale, 0.0)
         ds = tl.where(valid, p * (dp - delta[:, None]), 0.0)
+        if SOFTCAP:
+            ds = ds * (1.0 - tanh * tanh)
         dq = pair_dot_into(dq, ds, k, valid, m_ok, n_ok, PAIR_MASKS, BLOCK_N)
 
     return dq
@@ -184,9 +198,9 @@ def _bwd_dq(
     slb, slh, slm,
     sdqb, sdqh, sdqm, sdqd,
     H, GROUP, M, N, D, DV,
-    scale, drop_threshold, drop_scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
+    scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, SLOPES, diagonal, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
     HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    GUARD_ROWS: tl.constexpr, UPCAST: tl.constexpr,
+    GUARD_ROWS: tl.constexpr, UPCAST: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -216,25 +230,32 @@ def _bwd_dq(
     v_base = V + off_b * svb + off_kvh * svh
     attn_base = ATTN + off_b * sab + off_h * sah
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    slope = 0.0
+    if ALIBI:
+        slope = tl.load(SLOPES + pid_bh)
 
-    # As in the forward: key blocks before `full_hi` need no per-pair causal test.
+    # As in the forward: key blocks before `full_hi` need no per-pair causal test; a window's blocks all take it.
     hi = N
     full_hi = N
     if IS_CAUSAL:
         hi = tl.minimum(N, (pid_m + 1) * BLOCK_M)
         full_hi = tl.minimum(hi, (pid_m * BLOCK_M // BLOCK_N) * BLOCK_N)
-    dq = _dq_key_blocks(
-        dq, q, do, lse, delta, row_ok, rows, k_base, v_base, attn_base, MASK, SEED, 0, full_hi,
-        offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, off_b * smb, smn, skn, skd, svn, svd, sam, san, N,
-        scale, drop_threshold, drop_scale,
-        HAS_MASK, ATTN_MASK, False, HAS_DROPOUT, GUARD_ROWS and ATTN_MASK != 0, UPCAST, BLOCK_M, BLOCK_N, BLOCK_D,
-        BLOCK_DV)
-    if IS_CAUSAL:
+    if WINDOW:
+        full_hi, hi = band_keys(pid_m * BLOCK_M, BLOCK_M, N, band_lo, band_hi, BLOCK_N)
+    if not WINDOW:
+        dq = _dq_key_blocks(
+            dq, q, do, lse, delta, row_ok, rows, k_base, v_base, attn_base, MASK, SEED, 0, full_hi,
+            offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, off_b * smb, smn, skn, skd, svn, svd, sam, san, N,
+            scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, slope, diagonal,
+            HAS_MASK, ATTN_MASK, False, HAS_DROPOUT, GUARD_ROWS and ATTN_MASK != 0, UPCAST, False, SOFTCAP, ALIBI,
+            BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
+    if IS_CAUSAL or WINDOW:
         dq = _dq_key_blocks(
             dq, q, do, lse, delta, row_ok, rows, k_base, v_base, attn_base, MASK, SEED, full_hi, hi,
             offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, off_b * smb, smn, skn, skd, svn, svd, sam, san, N,
-            scale, drop_threshold, drop_scale,
-            HAS_MASK, ATTN_MASK, True, HAS_DROPOUT, GUARD_ROWS, UPCAST, BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
+            scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, slope, diagonal,
+            HAS_MASK, ATTN_MASK, IS_CAUSAL, HAS_DROPOUT, GUARD_ROWS, UPCAST, WINDOW, SOFTCAP, ALIBI,
+            BLOCK_M, BLOCK_N, BLOCK_D, BLOCK_DV)
 
     dq = dq * scale
     tl.store(DQ + off_b * sdqb + off_h * sdqh + offs_m[:, None] * sdqm + offs_d[None, :] * sdqd,

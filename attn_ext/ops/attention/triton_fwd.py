@@ -35,7 +35,8 @@ from torch import Tensor
 from attn_ext.ops.attention.band import Band
 from attn_ext.ops.attention.triton_args import check_attention_args
 from attn_ext.ops.attention.triton_fwd_tma import launch_forward_tma, tma_forward_unavailable_reason
-from attn_ext.ops.attention.triton_pairs import attn_mask_arg, dropout_arg, dropout_keep, masked_scores, pair_dot_into
+from attn_ext.ops.attention.triton_pairs import attn_mask_arg, dropout_arg, dropout_keep, pair_dot_into
+from attn_ext.ops.attention.triton_score_mod import ScoreArgs, band_keys, kernel_scores, score_args, scored_pairs
 from attn_ext.ops.attention.triton_tiles import autotuned, block_d, launch, launch_fixed
 from attn_ext.ops.utils.triton import check_device, check_dtypes, interpreting, mask_arg
 from attn_ext.ops.utils.triton_jit import attention_rows, load_tile, valid_rows
@@ -51,13 +52,15 @@ __all__ = ["attention_forward", "cross_attention_forward", "launch_forward"]
 def _attend_key_blocks(
     acc, l_i, m_i, q, k_base, v_base, attn_base, MASK, SEED, lo, hi,
     offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, rows, mask_row, smn, skn, skd, svn, svd, sam, san,
-    N, scale, drop_threshold, drop_scale,
+    N, scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, slope, diagonal,
     HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     PAIR_MASKS: tl.constexpr, GUARD_ROWS: tl.constexpr, UPCAST: tl.constexpr,
+    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     """The online softmax of one query block over the key blocks ``[lo, hi)``: returns the updated
-    ``(acc, l_i, m_i)``. ``IS_CAUSAL`` and ``PAIR_MASKS`` are the per-pair rules these blocks need; with
+    ``(acc, l_i, m_i)``. ``IS_CAUSAL``, ``WINDOW`` and ``PAIR_MASKS`` are the per-pair rules these blocks need
+    (:func:`~.triton_score_mod.scored_pairs` has the window and the score modifications); with
     ``PAIR_MASKS``, ``GUARD_ROWS`` takes the exact product where a masked pair meets a non-finite V row (else
     the plain GEMM, whose poisoned rows the fix-up launch recomputes)."""
     for start_n in range(lo, hi, BLOCK_N):
@@ -67,8 +70,9 @@ def _attend_key_blocks(
         v = load_tile(v_base, offs_n, offs_dv, svn, svd, n_ok, dv_ok, UPCAST)
 
         s = tl.dot(q, kt, input_precision="ieee") * scale
-        s, allowed = masked_scores(s, attn_base, sam, san, offs_m[:, None], offs_n[None, :],
-                                   m_ok[:, None] & n_ok[None, :], ATTN_MASK, IS_CAUSAL)
+        s, allowed, _ = scored_pairs(s, attn_base, sam, san, offs_m[:, None], offs_n[None, :],
+                                     m_ok[:, None] & n_ok[None, :], band_lo, band_hi, softcap, slope, diagonal,
+                                     ATTN_MASK, IS_CAUSAL, WINDOW, SOFTCAP, ALIBI)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # While a row has seen no valid key its max is -inf; shift by 0 instead
         # so that no (-inf) - (-inf) = NaN appears.
@@ -95,9 +99,9 @@ def _fwd_kernel(
     sob, soh, som, sod,
     slb, slh, slm,
     H, GROUP, M, N, D, DV,
-    scale, drop_threshold, drop_scale, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
+    scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, SLOPES, diagonal, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
     HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    GUARD_ROWS: tl.constexpr, UPCAST: tl.constexpr,
+    GUARD_ROWS: tl.constexpr, UPCAST: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -129,6 +133,9 @@ def _fwd_kernel(
     v_base = V + off_b * svb + off_kvh * svh
     attn_base = ATTN + off_b * sab + off_h * sah
 
+    slope = 0.0
+    if ALIBI:
+        slope = tl.load(SLOPES + pid_bh)  # [B, Hq] contiguous: (b·H + h)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
@@ -137,32 +144,39 @@ def _fwd_kernel(
     # causal rule, so they take the plain loop (no per-pair test, a GEMM for P·V), and only the
     # blocks from `full_hi` to the diagonal pay for the causal test; later key blocks lie wholly
     # above it and are never read. Without the causal rule the first loop covers every key.
+    # A window (WINDOW: the band of the call's rules, the causal rule among them) visits only the key blocks its
+    # band reaches, one loop testing every pair: a band of a few blocks has few blocks wholly inside it.
     hi = N
     full_hi = N
     if IS_CAUSAL:
         hi = tl.minimum(N, (pid_m + 1) * BLOCK_M)
         full_hi = tl.minimum(hi, (pid_m * BLOCK_M // BLOCK_N) * BLOCK_N)
+    if WINDOW:
+        full_hi, hi = band_keys(pid_m * BLOCK_M, BLOCK_M, N, band_lo, band_hi, BLOCK_N)
     if GUARD_ROWS:
         if tl.sum(redo.to(tl.int32)) == 0:
             hi = 0
             full_hi = 0
-    acc, l_i, m_i = _attend_key_blocks(
-        acc, l_i, m_i, q, k_base, v_base, attn_base, MASK, SEED, 0, full_hi,
-        offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, rows, off_b * smb, smn, skn, skd, svn, svd, sam, san,
-        N, scale, drop_threshold, drop_scale,
-        HAS_MASK, ATTN_MASK, False, HAS_DROPOUT, ATTN_MASK != 0, GUARD_ROWS, UPCAST, BLOCK_M, BLOCK_N, BLOCK_DV)
-    if IS_CAUSAL:
+    if not WINDOW:
+        acc, l_i, m_i = _attend_key_blocks(
+            acc, l_i, m_i, q, k_base, v_base, attn_base, MASK, SEED, 0, full_hi,
+            offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, rows, off_b * smb, smn, skn, skd, svn, svd, sam, san,
+            N, scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, slope, diagonal,
+            HAS_MASK, ATTN_MASK, False, HAS_DROPOUT, ATTN_MASK != 0, GUARD_ROWS, UPCAST, False, SOFTCAP, ALIBI,
+            BLOCK_M, BLOCK_N, BLOCK_DV)
+    if IS_CAUSAL or WINDOW:
         acc, l_i, m_i = _attend_key_blocks(
             acc, l_i, m_i, q, k_base, v_base, attn_base, MASK, SEED, full_hi, hi,
             offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, rows, off_b * smb, smn, skn, skd, svn, svd, sam, san,
-            N, scale, drop_threshold, drop_scale,
-            HAS_MASK, ATTN_MASK, True, HAS_DROPOUT, True, GUARD_ROWS, UPCAST, BLOCK_M, BLOCK_N, BLOCK_DV)
+            N, scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, slope, diagonal,
+            HAS_MASK, ATTN_MASK, IS_CAUSAL, HAS_DROPOUT, True, GUARD_ROWS, UPCAST, WINDOW, SOFTCAP, ALIBI,
+            BLOCK_M, BLOCK_N, BLOCK_DV)
 
     out, lse = attention_rows(acc, l_i, m_i)  # empty rows (0, -inf), NaN rows NaN
     tl.store(OUT + off_b * sob + off_h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod,
              out.to(OUT.dtype.element_ty), mask=redo[:, None] & dv_ok[None, :])
     tl.store(LSE + off_b * slb + off_h * slh + offs_m * slm, lse, mask=redo)
-    if (ATTN_MASK != 0 or IS_CAUSAL) and not GUARD_ROWS:
+    if (ATTN_MASK != 0 or IS_CAUSAL or WINDOW) and not GUARD_ROWS:
         # A masked pair's zero weight times a NaN or inf row of V poisons its row; only a non-finite row can have
         # been, so those are the rows the fix-up launch recomputes (a row that is non-finite by right, e.g. a NaN
         # query, comes out the same).
@@ -226,13 +240,18 @@ def cross_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None,
                    scale: float, chunk_size: int, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
-                   dropout_p: float = 0.0, dropout_seed: torch.Tensor | None = None):
+                   dropout_p: float = 0.0, dropout_seed: torch.Tensor | None = None,
+                   scores: Optional[ScoreArgs] = None):
     """The forward kernel on checked arguments: ``k``, ``v`` may have fewer heads than ``q`` (GQA),
-    ``attn_mask`` is a ``[B, Hq, L, S]`` view (bool or q's dtype); see :func:`attention_forward`."""
+    ``attn_mask`` is a ``[B, Hq, L, S]`` view (bool or q's dtype), ``scores`` the band and score modifications
+    (:func:`~.triton_score_mod.score_args`; None: none); see :func:`attention_forward`."""
     check_device(_fwd_kernel, q, k, v, *(t for t in (key_padding_mask, attn_mask) if t is not None))
     check_dtypes(q=q, k=k, v=v)
+    if scores is None:
+        scores = score_args(None, 0.0, None, 0, q.shape[2], k.shape[2], q)
     # The Hopper TMA forward (opt-in, ATTN_EXT_TRITON_TMA=1) for the calls it takes; the same results.
-    if tma_forward_unavailable_reason(q, k, v, key_padding_mask, attn_mask, dropout_p) is None:
+    if (not any(scores.meta.values())
+            and tma_forward_unavailable_reason(q, k, v, key_padding_mask, attn_mask, dropout_p) is None):
         return launch_forward_tma(q, k, v, scale, chunk_size, is_causal)
     mask, smb, smn, has_mask = mask_arg(key_padding_mask, q)
     attn, attn_strides, attn_kind = attn_mask_arg(attn_mask, q)
@@ -248,13 +267,13 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_paddin
     # With per-pair rules, the first launch multiplies whole tiles and marks its non-finite rows (a masked pair
     # meeting a NaN or inf row of V poisons only those); a second, guarded launch recomputes them (16 x 16 tiles;
     # its blocks without a marked row load nothing and run no loop).
-    pair_rules = attn_kind != 0 or bool(is_causal)
+    pair_rules = attn_kind != 0 or bool(is_causal) or scores.window
     unsafe = torch.empty(B * H * M if pair_rules else 1, dtype=torch.int8, device=q.device)  # every row written
     args = (q, k, v, mask, attn, seed, out, lse, unsafe,
             *q.stride(), *k.stride(), *v.stride(), smb, smn, *attn_strides, *out.stride(), *lse.stride(),
-            H, H // k.shape[1], M, N, D, DV, float(scale), threshold, drop_scale)
+            H, H // k.shape[1], M, N, D, DV, float(scale), threshold, drop_scale, *scores.args)
     meta = dict(HAS_MASK=has_mask, ATTN_MASK=attn_kind, IS_CAUSAL=bool(is_causal), HAS_DROPOUT=has_dropout,
-                GUARD_ROWS=False, UPCAST=interpreting(), BLOCK_D=block_d(D), BLOCK_DV=block_d(DV))
+                GUARD_ROWS=False, UPCAST=interpreting(), **scores.meta, BLOCK_D=block_d(D), BLOCK_DV=block_d(DV))
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), B * H)  # noqa: E731
     launch(_fwd_kernel, _fwd_kernel_tuned, grid, args, meta, M, N, chunk_size)
     if pair_rules:
@@ -267,7 +286,9 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_paddin
 
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor],
                       key_padding_mask: Optional[Tensor], scale: float, is_causal: bool, dropout_p: float,
-                      dropout_seed: Optional[Tensor], chunk_size: int) -> tuple[Tensor, Tensor]:
+                      dropout_seed: Optional[Tensor], chunk_size: int, window_left: int = -1, window_right: int = -1,
+                      diagonal: int = 0, softcap: float = 0.0,
+                      alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Exact attention with a fused online softmax (Triton).
 
     Parameters
@@ -283,13 +304,20 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tenso
     scale : float
         Multiplier of ``q @ k^T``.
     is_causal : bool
-        Query ``m`` attends key ``n`` only if ``n <= m`` (top-left aligned).
+        Query ``m`` attends key ``n`` only if ``n <= m + diagonal``.
     dropout_p : float
         Probability in ``[0, 1)`` of dropping a weight (kept weights scaled by ``1 / (1 - p)``).
     dropout_seed : torch.Tensor or None
         int64 one-element tensor, the Philox key; needed when ``dropout_p > 0``.
     chunk_size : int
         Hint for the key tile, as for cross attention.
+    window_left, window_right, diagonal : int
+        The band of keys about query ``m``'s diagonal key ``m + diagonal`` (:class:`~.band.Band`; ``-1``: no
+        limit on that side): only the key blocks the band reaches are read.
+    softcap : float
+        ``c > 0``: scores ``c·tanh(s / c)`` before the mask; 0: none.
+    alibi_slopes : torch.Tensor or None
+        float32 ``[B, Hq]``: ``−slope·|m + diagonal − n|`` added to the scores.
 
     Returns
     -------
@@ -300,8 +328,12 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tenso
         for those empty rows.
     """
     check_attention_args(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size)
+    band = Band.of(is_causal, window_left, window_right, diagonal)
+    scores = kernel_scores(band, is_causal, softcap, alibi_slopes, diagonal, q, k)
     out, lse = launch_forward(q, k, v, key_padding_mask, scale, chunk_size, attn_mask=attn_mask,
-                              is_causal=is_causal, dropout_p=float(dropout_p), dropout_seed=dropout_seed)
+                              is_causal=is_causal and not scores.window, dropout_p=float(dropout_p),
+                              dropout_seed=dropout_seed, scores=scores)
     check_scores_in_range("scaled_dot_product_attention", q, k, v, out, lse, scale, attn_mask, key_padding_mask,
-                          Band.of(is_causal))
+                          band)
     return out, lse
+

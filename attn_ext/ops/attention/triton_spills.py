@@ -30,7 +30,7 @@ from typing import Iterable, Optional
 
 import triton
 
-__all__ = ["CHECKED_VARIANTS", "GUARDED", "PERSISTENT", "SPILL_TABLE_ENV", "device_arch", "full_rate",
+__all__ = ["CHECKED_VARIANTS", "GUARDED", "PERSISTENT", "SCORED", "SPILL_TABLE_ENV", "device_arch", "full_rate",
            "launch_variants", "spill_free_configs", "spill_gaps", "spill_table", "table_arch"]
 
 SPILL_TABLE_ENV = "ATTN_EXT_TRITON_SPILL_TABLE"
@@ -71,6 +71,8 @@ def table_arch(arch: Optional[int]) -> Optional[int]:
     return 90 if arch == 90 else None
 
 
+#: The variant of launches with a sliding window, a soft cap or ALiBi (:mod:`.triton_score_mod`).
+SCORED = "scored"
 #: The suffix of a variant compiled in the persistent grid (``causal_persistent``).
 PERSISTENT = "_persistent"
 #: The suffix of the backward's guarded variants (``causal_guarded``): the code a call takes only when its q or k
@@ -81,11 +83,14 @@ GUARDED = "_guarded"
 
 def launch_variants(flags) -> tuple[str, ...]:
     """The table variants whose code covers a launch with these constexprs (``HAS_MASK``, ``ATTN_MASK``,
-    ``IS_CAUSAL``, ``HAS_DROPOUT``; a config's ``PROGRAMS_PER_SM``)."""
+    ``IS_CAUSAL``, ``HAS_DROPOUT``, ``WINDOW``, ``SOFTCAP``, ``ALIBI``; a config's ``PROGRAMS_PER_SM``). A launch with
+    a window or a score modification adds ``scored``, compiled with all three (and key padding)."""
     causal, pairs = bool(flags.get("IS_CAUSAL")), bool(flags.get("ATTN_MASK") or flags.get("HAS_DROPOUT"))
     variants = ["plain"] if flags.get("HAS_MASK") or not (causal or pairs) else []
     if causal or pairs:
         variants.append({(True, False): "causal", (False, True): "pairs", (True, True): "causal_pairs"}[causal, pairs])
+    if flags.get("WINDOW") or flags.get("SOFTCAP") or flags.get("ALIBI"):
+        variants.append(SCORED)
     if flags.get("PROGRAMS_PER_SM"):  # the TMA forward's persistent grid: the same path inside a loop over tiles
         variants = [f"{v}{PERSISTENT}" for v in variants]
     if flags.get("GUARD_ROWS"):  # the backward's path for a non-finite q or k: not in the table, not pruned
@@ -136,7 +141,7 @@ def spill_free_configs(configs: list, kernel: str, arch: Optional[int], elem: in
 #: The code paths the AOT check compiles the general kernels in (cross attention; causal; the attention op with a
 #: mask and dropout; causal with dropout); the TMA kernels have the first two. A launch's configs may also run
 #: the same path in the persistent grid (:data:`PERSISTENT` variants), which the rule weighs with the others.
-CHECKED_VARIANTS = (("plain",), ("causal",), ("pairs",), ("causal_pairs",))
+CHECKED_VARIANTS = (("plain",), ("causal",), ("pairs",), ("causal_pairs",), (SCORED,))
 
 
 def _label(tiles, variants) -> str:

@@ -112,7 +112,7 @@ _FP32_MAX_TILE = 1024
 # their best tiles may differ from cross attention's.
 # The backward's GUARD_ROWS too (a call with a non-finite q or k runs another code path).
 _TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "BLOCK_N_MAX", "M_BUCKET", "N_BUCKET", "ATTN_MASK", "IS_CAUSAL", "HAS_DROPOUT",
-             "GUARD_ROWS"]
+             "GUARD_ROWS", "WINDOW", "SOFTCAP", "ALIBI"]
 
 
 #: The tiles each kernel runs under ``ATTN_EXT_TRITON_PIN=1`` when its pruning keeps them (else the largest

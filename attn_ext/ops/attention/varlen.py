@@ -20,7 +20,7 @@ from torch import Tensor
 from attn_ext.ops.attention.chunked import DEFAULT_CHUNK_SIZE
 from attn_ext.ops.attention.errors import named_after
 from attn_ext.ops.attention.packed import checked_offsets
-from attn_ext.ops.attention.registration import BAND_BACKENDS, SCALED_DOT_PRODUCT_ATTENTION
+from attn_ext.ops.attention.registration import PACKED_BACKENDS, SCALED_DOT_PRODUCT_ATTENTION
 from attn_ext.ops.attention.scaled_dot_product import (alibi_slopes_for, check_qkv, scaled_dot_product_attention,
                                                        softcap_value, window_sides)
 from attn_ext.ops.utils import dispatch
@@ -55,7 +55,7 @@ def _fused(q, k, v, cu_q, cu_k, dropout_p, is_causal, scale, window_size, softca
         slopes = alibi_slopes_for(alibi_slopes, torch.empty((batch, heads, 1, 1), device=q.device))
     name = dispatch.select_backend(SCALED_DOT_PRODUCT_ATTENTION, backend, q4, dropout_p=0.0,
                                    score_mod=softcap > 0 or slopes is not None)
-    if name not in BAND_BACKENDS:
+    if name not in PACKED_BACKENDS:
         return None
     scale = check_scale(scale, "varlen_attention")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale

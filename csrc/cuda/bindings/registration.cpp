@@ -1,5 +1,5 @@
 // The CUDA kernels of the attn_ext ops, registered for the schemas of csrc/schemas.cpp in one place,
-// as the CPU kernels are in csrc/cpu/registration.cpp. sigma_intention_fwd, batched_spd_solve and
+// as the CPU kernels are in csrc/cpu/registration.cpp. sigma_intention_fwd, batched_spd_solve, attention_bwd_bias and
 // paged_attention_fwd have no CUDA kernel; the Python dispatch asks the dispatcher per op which kernels a build holds. The list
 // is written out rather than expanded from csrc/op_list.h: it is the record of which ops have a CUDA
 // kernel (bench/gpu/build_check.py reads it to check a CUDA build holds them all), and the signatures
