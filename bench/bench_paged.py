@@ -5,8 +5,8 @@ on the CPU.
 ``ae.scaled_dot_product_attention(q, k, v, alignment="bottom_right")`` on each entry's keys in one contiguous
 tensor: B = 4 entries of L = 32768 keys, H = 8 heads, D = 128, one new query each, fp32, no gradient (decoding),
 timed in this process with the samples interleaved, for blocks of 16 keys (vLLM's default) and of 256
-(FlashAttention's). The kernels' 512-key chunks span blocks here: their rows are gathered into the chunk's buffer
-(a chunk inside one block would be read in place).
+(FlashAttention's). Decoding (at most 16 new tokens) takes all heads of an entry in one work unit, in turns on
+chunks of whole blocks (at least 64 keys) gathered into the chunk's buffer while those blocks are in the cache.
 
 Goal (issue 44): equal results and paged / contiguous ≤ :data:`MAX_RATIO`. Writes ``paged.{md,json}``.
 """

@@ -36,7 +36,8 @@ ATTENTION_CAUSAL_DIMS = (64, 128)
 #: its largest (step 2 of select): 1681 compiles would otherwise be ~700. They do add shared memory (with a
 #: mask or dropout up to a [BLOCK_M, BLOCK_N] tile more, see triton_tiles._smem_estimate), which the largest
 #: config shows where it matters most: fp32 dK/dV at D = 16 with 128x128 tiles was over sm_80's limit.
-PAIR_FLAGS = frozenset({"HAS_MASK", "ATTN_MASK", "IS_CAUSAL", "HAS_DROPOUT", "WINDOW", "SOFTCAP", "ALIBI"})
+PAIR_FLAGS = frozenset({"HAS_MASK", "ATTN_MASK", "IS_CAUSAL", "HAS_DROPOUT", "WINDOW", "SOFTCAP", "ALIBI", "VARLEN",
+                        "BOTTOM_RIGHT"})
 #: The machine-code report's scope (``--scope sass``, ``make sass-report``): the attention kernels (the
 #: families' launches: forward, backward, merge) at the head dims and dtypes of issue 43, every kept config.
 #: Every code path of the attention kernels, causal with dropout too: the spill table (spill_table.py) is
@@ -125,6 +126,26 @@ def _attention_scored(dtype, d: int) -> None:
                        **band)
 
 
+def _attention_varlen(dtype, d: int, scored: bool) -> None:
+    """A packed batch (``varlen_attention``'s one launch per kernel): three sequences of 40, 0 and 96 queries over
+    50, 9 and 77 keys, grouped heads; the causal rule per sequence (top-left), or the bottom-right window with the
+    soft cap and ALiBi."""
+    from attn_ext.ops.attention.triton_bwd import attention_backward
+    from attn_ext.ops.attention.triton_fwd import attention_forward
+
+    hq = 2 * H
+    cu_q, cu_k = torch.tensor([0, 40, 40, M], dtype=torch.int32), torch.tensor([0, 50, 59, N], dtype=torch.int32)
+    q, k, v = _randn(1, hq, M, d, dtype=dtype), _randn(1, H, N, d, dtype=dtype), _randn(1, H, N, d, dtype=dtype)
+    band = dict(window_left=64, window_right=-1, diagonal=0, softcap=30.0,
+                alibi_slopes=torch.full((3, hq), 0.25)) if scored else {}
+    packed = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, bottom_right=scored)
+    args = (None, None, d ** -0.5, True, 0.0, None, 128)
+    attention_forward(q, k, v, *args, **band, **packed)
+    out, lse = torch.zeros_like(q), torch.zeros(1, hq, M)
+    attention_backward(torch.ones_like(out), torch.ones(1, hq, M), q, k, v, None, None, out, lse, *args[2:], **band,
+                       **packed)
+
+
 def _attention_tma(dtype, d: int, causal: bool, n: int = N) -> None:
     """The Hopper forward and backward through TMA descriptors (grouped heads, no mask), called directly: their
     dispatch takes them only on a compute capability 9 device, so they are compiled for sm_90 alone. ``n`` = 136
@@ -198,6 +219,9 @@ def all_cases() -> list[Case]:
                                   lambda dtype=dtype, d=d: _attention(dtype, d, True)))
                 cases.append(Case("attention", name, dims + " scored",
                                   lambda dtype=dtype, d=d: _attention_scored(dtype, d)))
+                for scored in (False, True):
+                    cases.append(Case("attention", name, dims + (" varlen scored" if scored else " varlen causal"),
+                                      lambda dtype=dtype, d=d, scored=scored: _attention_varlen(dtype, d, scored)))
             if name in TMA_DTYPES and d in TMA_DIMS:
                 for variant, causal, n in (("", False, N), (" N=256", False, 256), (" causal", True, N)):
                     cases.append(Case("attention_tma", name, dims + variant,

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "attention_kernels.h"
+#include "mask_gradient.h"
 #include "attn_ext/online_softmax.h"
 #include "blas.h"
 #include "checks/common.h"
@@ -73,27 +74,6 @@ void masked_scores(const PairRule<Plane>& rule, const TileStatus& st, const acc_
   add_alibi(rule, s, nc, m0, mt, n0, nc);
   if (st.any_masked) fill_masked(rule, st, s, nc, m0, mt, n0, nc, negative_infinity<acc_t>());
 }
-
-/// The gradient of an additive mask (a learned bias): dS summed into the mask's [B, Hq, L, S] view with its
-/// broadcast dims (stride 0) kept at size 1, through these strides (0 along those dims). Null: not wanted.
-template <typename acc_t>
-struct MaskGradient {
-  acc_t* data = nullptr;
-  int64_t sb = 0, sh = 0, sm = 0, sn = 0;
-  bool wanted() const { return data != nullptr; }
-  /// Adds the score gradient tile ds [mt, nc] (leading dim nc) of (b, h), rows m0.., keys n0...
-  void add(const acc_t* ds, int64_t b, int64_t h, int64_t m0, int64_t mt, int64_t n0, int64_t nc) const {
-    for (int64_t r = 0; r < mt; ++r) {
-      acc_t* row = data + b * sb + h * sh + (m0 + r) * sm + n0 * sn;
-      const acc_t* d = ds + r * nc;
-      if (sn == 1) {
-        for (int64_t j = 0; j < nc; ++j) row[j] += d[j];
-      } else {
-        for (int64_t j = 0; j < nc; ++j) row[j * sn] += d[j];
-      }
-    }
-  }
-};
 
 template <typename scalar_t, typename Plane>
 struct Backward {

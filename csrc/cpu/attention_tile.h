@@ -74,7 +74,7 @@ struct AttentionTileScratch {
 };
 
 /// Streams key chunks [c_first, c_last) (of `chunk` keys, counted from the first key the band lets the tile
-/// see: 0 without a lower edge) for the `mt` query rows m0.. `qt` (acc_t,
+/// see: 0 without a lower edge; `fresh` false: added to the state w holds) for the `mt` query rows m0.. `qt` (acc_t,
 /// leading dimension ldq). Leaves the unnormalised accumulator in `w.acc` [mt, Dv] and the row
 /// states in `w.rows`; store_tile finishes the rows. `rule` says which pairs take part (its padding,
 /// not kv.padding, is used), `dropout` which of them are dropped from P·V.
@@ -89,12 +89,14 @@ struct AttentionTileScratch {
 template <typename scalar_t, typename acc_t, typename Plane>
 void attend_tile(const acc_t* qt, int64_t ldq, int64_t m0, int64_t mt, acc_t scale, const KeyValueRows<scalar_t>& kv,
                  const PairRule<Plane>& rule, const DropoutRule& dropout, int64_t chunk, int64_t c_first,
-                 int64_t c_last, AttentionTileScratch<acc_t>& w) {
+                 int64_t c_last, AttentionTileScratch<acc_t>& w, bool fresh = true) {
   const int64_t D = kv.D, Dv = kv.Dv;
   int64_t n_first, n_end;  // the keys the band lets some row of the tile see; chunk c starts at n_first + c·chunk
   rule_keys(rule, m0, mt, kv.N, &n_first, &n_end);
-  std::fill(w.acc.begin(), w.acc.begin() + mt * Dv, acc_t(0));
-  std::fill(w.rows.begin(), w.rows.begin() + mt, online_softmax_empty<acc_t>());
+  if (fresh) {  // else the chunks continue the state w holds (a caller interleaving tiles chunk by chunk)
+    std::fill(w.acc.begin(), w.acc.begin() + mt * Dv, acc_t(0));
+    std::fill(w.rows.begin(), w.rows.begin() + mt, online_softmax_empty<acc_t>());
+  }
   for (int64_t c = c_first; c < c_last && n_first + c * chunk < n_end; ++c) {
     const int64_t n0 = n_first + c * chunk, nc = std::min(chunk, n_end - n0);
     const TileStatus st = scan_tile(rule, m0, mt, n0, nc);

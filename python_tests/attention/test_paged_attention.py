@@ -149,3 +149,24 @@ def test_the_op_refuses_derivatives_and_bad_tables():
         with pytest.raises(ValueError, match=r"block_table\[0, 1\]"):
             torch.ops.attn_ext.paged_attention_fwd(q, k_cache, v_cache, bad, seqlens, 0.3, False, -1, -1, 0.0, None,
                                                    512)
+
+
+@pytest.mark.parametrize("M", [1, 16, 17])  # decoding (all heads of an entry in one unit, chunk by chunk) and not
+def test_long_cache_split_over_keys_equals_the_contiguous_cache(M):
+    """One entry, a long cache of 16-key blocks: the decoding path splits the keys among the threads and merges the
+    parts; M = 17 takes the general loop."""
+    k_cache, v_cache, table, seqlens, contiguous = cache([9000], block_size=16, Hkv=2, D=64, Dv=64)  # ≥ 2^22 MACs
+    require("cpp", k_cache)
+    q = torch.randn(1, 4, M, 64, dtype=F64)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        out, lse = ae.paged_attention(q, k_cache, v_cache, table, seqlens, is_causal=True, softcap=3.0,
+                                      return_lse=True, backend="cpp")
+    finally:
+        torch.set_num_threads(threads)
+    keys, values = contiguous[0]
+    o, l = ae.scaled_dot_product_attention(q, keys[None], values[None], is_causal=True, alignment="bottom_right",
+                                           softcap=3.0, enable_gqa=True, return_lse=True, backend="reference")
+    torch.testing.assert_close(out, o, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(lse, l, rtol=1e-10, atol=1e-12)

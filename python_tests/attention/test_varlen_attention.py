@@ -32,7 +32,7 @@ def per_sequence(q, k, v, cu_q, cu_k, is_causal=False, window=None, alignment="t
         vb = v[cu_k[b]:cu_k[b + 1]].transpose(0, 1)[None]
         L, S = qb.shape[2], kb.shape[2]
         sl = slopes[b] if slopes is not None and slopes.dim() == 2 else slopes
-        mask = band_mask(L, S, is_causal, window, alignment)
+        mask = band_mask(L, S, is_causal, window, alignment).to(q.device)
         outs.append(dense(qb, kb, vb, softcap, sl, mask, alignment)[0].transpose(0, 1))
     return torch.cat(outs, 0)
 

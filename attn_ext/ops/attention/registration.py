@@ -46,7 +46,7 @@ from torch import Tensor
 from attn_ext.ops.attention import composite
 from attn_ext.ops.attention import naive as reference
 from attn_ext.ops.attention.band import Band, check_band_args
-from attn_ext.ops.attention.packed import check_packed_args, packed_backward, packed_forward
+from attn_ext.ops.attention.packed import check_packed_args, packed_backward, packed_forward, segments
 from attn_ext.ops.attention.score_mod import check_score_mod_args
 from attn_ext.ops.utils.autograd import Derivatives
 from attn_ext.ops.utils.cuda_capability import bf16_tensor_core_reason
@@ -109,15 +109,18 @@ def attention_bwd_reference(grad_out, grad_lse, q, k, v, attn_mask, key_padding_
 BAND_BACKENDS = ("cpp", "reference", "triton")
 #: The backends whose kernels take a packed batch (``cu_seqlens_q/k``; ``ae.varlen_attention`` runs the others one
 #: call per sequence).
-PACKED_BACKENDS = ("cpp", "reference")
+PACKED_BACKENDS = ("cpp", "reference", "triton")
 
 
-def _triton_packed_reason(cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
-                          bottom_right: bool) -> Optional[str]:
-    """Why the Triton kernels cannot take this call (a packed batch: none yet), or None."""
-    if cu_seqlens_q is not None or cu_seqlens_k is not None or bottom_right:
-        return "no packed (varlen) batch in the Triton kernels yet (ae.varlen_attention runs one call per sequence)"
-    return None
+def _checked_packed(q, k, diagonal, dropout_p, attn_mask, key_padding_mask, cu_seqlens_q, cu_seqlens_k) -> int:
+    """The batch size of a call as ALiBi's slopes count it: the packed sequences (their offsets checked, as the
+    reference and C++ ops check them), or ``q``'s batch."""
+    if cu_seqlens_q is None and cu_seqlens_k is None:
+        return q.shape[0]
+    if cu_seqlens_q is None or cu_seqlens_k is None:
+        raise ValueError("attn_ext.varlen_attention: a packed batch needs both cu_seqlens_q and cu_seqlens_k")
+    check_packed_args(q, diagonal, dropout_p, attn_mask, key_padding_mask)
+    return len(segments(cu_seqlens_q, cu_seqlens_k, q.shape[2], k.shape[2]))
 
 
 @define_op("attn_ext::attention_fwd_triton")
@@ -126,14 +129,12 @@ def attention_fwd_triton(q, k, v, attn_mask, key_padding_mask, scale, is_causal,
                          cu_seqlens_q=None, cu_seqlens_k=None, bottom_right=False):
     from attn_ext.ops.attention import triton_fwd  # optional dependency: see the module docstring
 
-    why = _triton_packed_reason(cu_seqlens_q, cu_seqlens_k, bottom_right)
-    if why is not None:
-        raise NotImplementedError(f"attn_ext::attention_fwd_triton: {why}; use the cpp or reference backend")
     check_band_args(window_left, window_right, diagonal)
-    check_score_mod_args(softcap, alibi_slopes, q.shape[0], q.shape[1], q.device)
+    batch = _checked_packed(q, k, diagonal, dropout_p, attn_mask, key_padding_mask, cu_seqlens_q, cu_seqlens_k)
+    check_score_mod_args(softcap, alibi_slopes, batch, q.shape[1], q.device)
     return triton_fwd.attention_forward(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p,
                                         dropout_seed, chunk_size, window_left, window_right, diagonal, softcap,
-                                        alibi_slopes)
+                                        alibi_slopes, cu_seqlens_q, cu_seqlens_k, bottom_right)
 
 
 @define_op("attn_ext::attention_bwd_triton")
@@ -142,14 +143,12 @@ def attention_bwd_triton(grad_out, grad_lse, q, k, v, attn_mask, key_padding_mas
                          softcap=0.0, alibi_slopes=None, cu_seqlens_q=None, cu_seqlens_k=None, bottom_right=False):
     from attn_ext.ops.attention import triton_bwd  # optional dependency: see the module docstring
 
-    why = _triton_packed_reason(cu_seqlens_q, cu_seqlens_k, bottom_right)
-    if why is not None:
-        raise NotImplementedError(f"attn_ext::attention_bwd_triton: {why}; use the cpp or reference backend")
     check_band_args(window_left, window_right, diagonal)
-    check_score_mod_args(softcap, alibi_slopes, q.shape[0], q.shape[1], q.device)
+    batch = _checked_packed(q, k, diagonal, dropout_p, attn_mask, key_padding_mask, cu_seqlens_q, cu_seqlens_k)
+    check_score_mod_args(softcap, alibi_slopes, batch, q.shape[1], q.device)
     return triton_bwd.attention_backward(grad_out, grad_lse, q, k, v, attn_mask, key_padding_mask, out, lse, scale,
                                          is_causal, dropout_p, dropout_seed, chunk_size, window_left, window_right,
-                                         diagonal, softcap, alibi_slopes)
+                                         diagonal, softcap, alibi_slopes, cu_seqlens_q, cu_seqlens_k, bottom_right)
 
 
 def _fake_attention(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p, dropout_seed, chunk_size,

@@ -32,6 +32,7 @@ from attn_ext.ops.attention.triton_bwd_tma import launch_backward_tma, tma_backw
 from attn_ext.ops.attention.band import Band
 from attn_ext.ops.attention.triton_pairs import all_finite, attn_mask_arg, dropout_arg
 from attn_ext.ops.attention.triton_score_mod import ScoreArgs, kernel_scores, score_args
+from attn_ext.ops.attention.triton_varlen import Packed, packed_args, packed_call, packed_scores
 from attn_ext.ops.attention.triton_tiles import autotuned, block_d, block_m_interpreted, launch
 from attn_ext.ops.utils.triton import check_device, check_dtypes, interpreting, mask_arg
 from attn_ext.ops.utils.validation import check_cross_attention_args
@@ -150,7 +151,8 @@ def launch_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: to
                     v: torch.Tensor, key_padding_mask: torch.Tensor | None, out: torch.Tensor, lse: torch.Tensor,
                     scale: float, chunk_size: int, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
                     dropout_p: float = 0.0, dropout_seed: torch.Tensor | None = None,
-                    guard_rows: Optional[bool] = None, scores: Optional[ScoreArgs] = None):
+                    guard_rows: Optional[bool] = None, scores: Optional[ScoreArgs] = None,
+                    packed: Optional[Packed] = None):
     """The three backward kernels on checked q, k, v and masks (``k``, ``v`` may have fewer heads than
     ``q``; the mask, causal, dropout and ``scores`` arguments as for ``launch_forward``). ``guard_rows``: whether q or k may
     hold a non-finite row (:func:`backward_route` decides it with its other check); None: found out here, with a
@@ -193,20 +195,28 @@ def launch_backward(grad_out: torch.Tensor, grad_lse: torch.Tensor | None, q: to
         scores = score_args(None, 0.0, None, 0, M, N, q)
     if guard_rows is None:
         guard_rows = (bool(is_causal) or scores.window or attn_mask is not None) and not bool(all_finite(q, k))
-    if (not any(scores.meta.values())
+    if (not any(scores.meta.values()) and packed is None
             and tma_backward_unavailable_reason(grad_out, q, k, v, key_padding_mask, attn_mask, dropout_p) is None):
         return launch_backward_tma(grad_out, q, k, v, lse, delta, scale, chunk_size, is_causal, guard_rows)
 
     common = (q, k, v, mask, attn, seed, grad_out, lse, delta)
     strides = (*q.stride(), *k.stride(), *v.stride(), smb, smn, *attn_strides, *grad_out.stride(), *lse.stride())
-    sizes = (H, H // HKV, M, N, D, DV, float(scale), threshold, drop_scale, *scores.args)
+    cu_args, varlen_meta = packed_args(packed, q)
+    sizes = (H, H // HKV, M, N, D, DV, float(scale), threshold, drop_scale, *scores.args, *cu_args)
     meta = dict(HAS_MASK=has_mask, ATTN_MASK=attn_kind, IS_CAUSAL=bool(is_causal), HAS_DROPOUT=has_dropout,
-                GUARD_ROWS=bool(guard_rows), UPCAST=interp, **scores.meta, BLOCK_D=block_d(D), BLOCK_DV=block_dv)
-    launch(_bwd_dkdv, _bwd_dkdv_tuned, lambda meta: (triton.cdiv(N, meta["BLOCK_N"]), B * HKV),
+                GUARD_ROWS=bool(guard_rows), UPCAST=interp, **scores.meta, **varlen_meta, BLOCK_D=block_d(D),
+                BLOCK_DV=block_dv)
+    # A packed batch: programs per block of the longest sequence, per sequence and head (triton_varlen).
+    rows, keys, entries = (M, N, B) if packed is None else (packed.max_q, packed.max_k, packed.sequences)
+    if packed is not None:
+        # A key of no sequence (total_k beyond the last offset cannot happen: checked) or of a sequence without
+        # queries gets no program that writes it otherwise.
+        grad_k.zero_(), grad_v.zero_()
+    launch(_bwd_dkdv, _bwd_dkdv_tuned, lambda meta: (max(1, triton.cdiv(keys, meta["BLOCK_N"])), entries * HKV),
            (*common, grad_k, grad_v, *strides, *grad_k.stride(), *grad_v.stride(), *sizes),
-           meta, M, N, chunk_size)
-    launch(_bwd_dq, _bwd_dq_tuned, lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), B * H),
-           (*common, grad_q, *strides, *grad_q.stride(), *sizes), meta, M, N, chunk_size)
+           meta, rows, keys, chunk_size)
+    launch(_bwd_dq, _bwd_dq_tuned, lambda meta: (max(1, triton.cdiv(rows, meta["BLOCK_M"])), entries * H),
+           (*common, grad_q, *strides, *grad_q.stride(), *sizes), meta, rows, keys, chunk_size)
     return grad_q, grad_k, grad_v
 
 
@@ -217,7 +227,9 @@ def attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, 
                        attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], out: Tensor, lse: Tensor,
                        scale: float, is_causal: bool, dropout_p: float, dropout_seed: Optional[Tensor],
                        chunk_size: int, window_left: int = -1, window_right: int = -1, diagonal: int = 0,
-                       softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+                       softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+                       cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
+                       bottom_right: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """Gradients of :func:`attn_ext.ops.attention.triton_fwd.attention_forward` (Triton, deterministic).
 
     Parameters
@@ -231,6 +243,8 @@ def attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, 
     window_left, window_right, diagonal, softcap, alibi_slopes
         The forward's band and score modifications (the soft cap's factor ``1 − tanh²`` enters ``dS``; ALiBi's
         slopes get no gradient).
+    cu_seqlens_q, cu_seqlens_k, bottom_right
+        The forward's packed batch, if any.
     out, lse : torch.Tensor
         The forward's results.
 
@@ -247,16 +261,21 @@ def attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, 
     has rounded their ``log(sum)`` away) run the reference backward instead, as cross attention does.
     """
     check_attention_args(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size)
-    band = Band.of(is_causal, window_left, window_right, diagonal)
-    scores = kernel_scores(band, is_causal, softcap, alibi_slopes, diagonal, q, k)
+    packed = None
+    if cu_seqlens_q is not None:
+        packed = packed_call(cu_seqlens_q, cu_seqlens_k, bottom_right)
+        scores = packed_scores(packed, is_causal, window_left, window_right, softcap, alibi_slopes, q)
+    else:
+        band = Band.of(is_causal, window_left, window_right, diagonal)
+        scores = kernel_scores(band, is_causal, softcap, alibi_slopes, diagonal, q, k)
     saturated, guard_rows = backward_route(lse, q, k, bool(is_causal) or attn_mask is not None or scores.window)
     if saturated:
         grad_lse = torch.zeros_like(lse) if grad_lse is None else grad_lse
         grads = torch.ops.attn_ext.attention_bwd_reference(grad_out, grad_lse, q, k, v, attn_mask, key_padding_mask,
                                                            out, lse, scale, is_causal, dropout_p, dropout_seed,
                                                            chunk_size, window_left, window_right, diagonal, softcap,
-                                                           alibi_slopes)
+                                                           alibi_slopes, cu_seqlens_q, cu_seqlens_k, bottom_right)
         return tuple(g.contiguous() for g in grads)
     return launch_backward(grad_out, grad_lse, q, k, v, key_padding_mask, out, lse, scale, chunk_size,
                            attn_mask=attn_mask, is_causal=is_causal and not scores.window, dropout_p=float(dropout_p),
-                           dropout_seed=dropout_seed, guard_rows=guard_rows, scores=scores)
+                           dropout_seed=dropout_seed, guard_rows=guard_rows, scores=scores, packed=packed)

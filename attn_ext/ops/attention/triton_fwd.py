@@ -38,6 +38,9 @@ from attn_ext.ops.attention.triton_fwd_tma import launch_forward_tma, tma_forwar
 from attn_ext.ops.attention.triton_pairs import attn_mask_arg, dropout_arg, dropout_keep, pair_dot_into
 from attn_ext.ops.attention.triton_score_mod import ScoreArgs, band_keys, kernel_scores, score_args, scored_pairs
 from attn_ext.ops.attention.triton_tiles import autotuned, block_d, launch, launch_fixed
+from attn_ext.ops.attention.packed import segments
+from attn_ext.ops.attention.triton_varlen import (Packed, entry_offset, packed_args, packed_call, packed_scores,
+                                                  sequence)
 from attn_ext.ops.utils.triton import check_device, check_dtypes, interpreting, mask_arg
 from attn_ext.ops.utils.triton_jit import attention_rows, load_tile, valid_rows
 from attn_ext.ops.utils.score_range import check_scores_in_range
@@ -99,9 +102,11 @@ def _fwd_kernel(
     sob, soh, som, sod,
     slb, slh, slm,
     H, GROUP, M, N, D, DV,
-    scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, SLOPES, diagonal, BLOCK_N_MAX, M_BUCKET, N_BUCKET,
+    scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, SLOPES, diagonal, CU_Q, CU_K,
+    BLOCK_N_MAX, M_BUCKET, N_BUCKET,
     HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     GUARD_ROWS: tl.constexpr, UPCAST: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
+    VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -114,23 +119,36 @@ def _fwd_kernel(
     off_b = (pid_bh // H).to(tl.int64)
     off_h = (pid_bh % H).to(tl.int64)
     off_kvh = off_h // GROUP  # GQA: GROUP query heads share a key/value head
+    # A packed batch (VARLEN): batch entry off_b is a sequence of the packed rows, with its own lengths.
+    q_row0, M_rows, k_row0, N_keys, band_lo, band_hi, diagonal = sequence(
+        CU_Q, CU_K, off_b, M, N, band_lo, band_hi, diagonal, VARLEN, BOTTOM_RIGHT)
+    q_batch = entry_offset(off_b, sqb, q_row0, sqm, VARLEN)
+    k_batch = entry_offset(off_b, skb, k_row0, skn, VARLEN)
+    v_batch = entry_offset(off_b, svb, k_row0, svn, VARLEN)
+    o_batch = entry_offset(off_b, sob, q_row0, som, VARLEN)
+    l_batch = entry_offset(off_b, slb, q_row0, slm, VARLEN)
+    rows = pid_bh.to(tl.int64) * M  # (b·H + h)·M: the first of dropout's counter rows, UNSAFE's index
+    if VARLEN:
+        if pid_m * BLOCK_M >= M_rows:  # past its sequence's end
+            return
+        rows = off_h * M + q_row0
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
-    m_ok = offs_m < M
+    m_ok = offs_m < M_rows
     d_ok = offs_d < D
     dv_ok = offs_dv < DV
 
-    rows = pid_bh.to(tl.int64) * M + offs_m  # (b·H + h)·M + m: dropout's counter row, UNSAFE's index
+    rows = rows + offs_m
     # The fix-up launch (GUARD_ROWS) redoes only the rows the first launch marked in UNSAFE; a block without one
     # loads nothing and runs no loop.
     redo = m_ok
     if GUARD_ROWS:
         redo = m_ok & (tl.load(UNSAFE + rows, mask=m_ok, other=0) != 0)
-    q = load_tile(Q + off_b * sqb + off_h * sqh, offs_m, offs_d, sqm, sqd, redo, d_ok, UPCAST)
-    k_base = K + off_b * skb + off_kvh * skh
-    v_base = V + off_b * svb + off_kvh * svh
+    q = load_tile(Q + q_batch + off_h * sqh, offs_m, offs_d, sqm, sqd, redo, d_ok, UPCAST)
+    k_base = K + k_batch + off_kvh * skh
+    v_base = V + v_batch + off_kvh * svh
     attn_base = ATTN + off_b * sab + off_h * sah
 
     slope = 0.0
@@ -146,13 +164,13 @@ def _fwd_kernel(
     # above it and are never read. Without the causal rule the first loop covers every key.
     # A window (WINDOW: the band of the call's rules, the causal rule among them) visits only the key blocks its
     # band reaches, one loop testing every pair: a band of a few blocks has few blocks wholly inside it.
-    hi = N
-    full_hi = N
+    hi = N_keys
+    full_hi = N_keys
     if IS_CAUSAL:
-        hi = tl.minimum(N, (pid_m + 1) * BLOCK_M)
+        hi = tl.minimum(N_keys, (pid_m + 1) * BLOCK_M)
         full_hi = tl.minimum(hi, (pid_m * BLOCK_M // BLOCK_N) * BLOCK_N)
     if WINDOW:
-        full_hi, hi = band_keys(pid_m * BLOCK_M, BLOCK_M, N, band_lo, band_hi, BLOCK_N)
+        full_hi, hi = band_keys(pid_m * BLOCK_M, BLOCK_M, N_keys, band_lo, band_hi, BLOCK_N)
     if GUARD_ROWS:
         if tl.sum(redo.to(tl.int32)) == 0:
             hi = 0
@@ -161,21 +179,21 @@ def _fwd_kernel(
         acc, l_i, m_i = _attend_key_blocks(
             acc, l_i, m_i, q, k_base, v_base, attn_base, MASK, SEED, 0, full_hi,
             offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, rows, off_b * smb, smn, skn, skd, svn, svd, sam, san,
-            N, scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, slope, diagonal,
+            N_keys, scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, slope, diagonal,
             HAS_MASK, ATTN_MASK, False, HAS_DROPOUT, ATTN_MASK != 0, GUARD_ROWS, UPCAST, False, SOFTCAP, ALIBI,
             BLOCK_M, BLOCK_N, BLOCK_DV)
     if IS_CAUSAL or WINDOW:
         acc, l_i, m_i = _attend_key_blocks(
             acc, l_i, m_i, q, k_base, v_base, attn_base, MASK, SEED, full_hi, hi,
             offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, rows, off_b * smb, smn, skn, skd, svn, svd, sam, san,
-            N, scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, slope, diagonal,
+            N_keys, scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, slope, diagonal,
             HAS_MASK, ATTN_MASK, IS_CAUSAL, HAS_DROPOUT, True, GUARD_ROWS, UPCAST, WINDOW, SOFTCAP, ALIBI,
             BLOCK_M, BLOCK_N, BLOCK_DV)
 
     out, lse = attention_rows(acc, l_i, m_i)  # empty rows (0, -inf), NaN rows NaN
-    tl.store(OUT + off_b * sob + off_h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod,
+    tl.store(OUT + o_batch + off_h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod,
              out.to(OUT.dtype.element_ty), mask=redo[:, None] & dv_ok[None, :])
-    tl.store(LSE + off_b * slb + off_h * slh + offs_m * slm, lse, mask=redo)
+    tl.store(LSE + l_batch + off_h * slh + offs_m * slm, lse, mask=redo)
     if (ATTN_MASK != 0 or IS_CAUSAL or WINDOW) and not GUARD_ROWS:
         # A masked pair's zero weight times a NaN or inf row of V poisons its row; only a non-finite row can have
         # been, so those are the rows the fix-up launch recomputes (a row that is non-finite by right, e.g. a NaN
@@ -241,21 +259,23 @@ def cross_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None,
                    scale: float, chunk_size: int, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
                    dropout_p: float = 0.0, dropout_seed: torch.Tensor | None = None,
-                   scores: Optional[ScoreArgs] = None):
+                   scores: Optional[ScoreArgs] = None, packed: Optional[Packed] = None):
     """The forward kernel on checked arguments: ``k``, ``v`` may have fewer heads than ``q`` (GQA),
     ``attn_mask`` is a ``[B, Hq, L, S]`` view (bool or q's dtype), ``scores`` the band and score modifications
-    (:func:`~.triton_score_mod.score_args`; None: none); see :func:`attention_forward`."""
+    (:func:`~.triton_score_mod.score_args`; None: none), ``packed`` a packed batch (:mod:`.triton_varlen`: q, k, v
+    ``[1, ·, total, ·]``; the band's sides relative to each sequence's diagonal); see :func:`attention_forward`."""
     check_device(_fwd_kernel, q, k, v, *(t for t in (key_padding_mask, attn_mask) if t is not None))
     check_dtypes(q=q, k=k, v=v)
     if scores is None:
         scores = score_args(None, 0.0, None, 0, q.shape[2], k.shape[2], q)
     # The Hopper TMA forward (opt-in, ATTN_EXT_TRITON_TMA=1) for the calls it takes; the same results.
-    if (not any(scores.meta.values())
+    if (not any(scores.meta.values()) and packed is None
             and tma_forward_unavailable_reason(q, k, v, key_padding_mask, attn_mask, dropout_p) is None):
         return launch_forward_tma(q, k, v, scale, chunk_size, is_causal)
     mask, smb, smn, has_mask = mask_arg(key_padding_mask, q)
     attn, attn_strides, attn_kind = attn_mask_arg(attn_mask, q)
     seed, threshold, drop_scale, has_dropout = dropout_arg(dropout_p, dropout_seed, q)
+    cu_args, varlen_meta = packed_args(packed, q)
 
     B, H, M, D = q.shape
     N, DV = k.shape[2], v.shape[3]
@@ -271,13 +291,16 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_paddin
     unsafe = torch.empty(B * H * M if pair_rules else 1, dtype=torch.int8, device=q.device)  # every row written
     args = (q, k, v, mask, attn, seed, out, lse, unsafe,
             *q.stride(), *k.stride(), *v.stride(), smb, smn, *attn_strides, *out.stride(), *lse.stride(),
-            H, H // k.shape[1], M, N, D, DV, float(scale), threshold, drop_scale, *scores.args)
+            H, H // k.shape[1], M, N, D, DV, float(scale), threshold, drop_scale, *scores.args, *cu_args)
     meta = dict(HAS_MASK=has_mask, ATTN_MASK=attn_kind, IS_CAUSAL=bool(is_causal), HAS_DROPOUT=has_dropout,
-                GUARD_ROWS=False, UPCAST=interpreting(), **scores.meta, BLOCK_D=block_d(D), BLOCK_DV=block_d(DV))
-    grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]), B * H)  # noqa: E731
-    launch(_fwd_kernel, _fwd_kernel_tuned, grid, args, meta, M, N, chunk_size)
+                GUARD_ROWS=False, UPCAST=interpreting(), **scores.meta, **varlen_meta, BLOCK_D=block_d(D),
+                BLOCK_DV=block_d(DV))
+    # A packed batch: a program per block of the longest sequence, per sequence and head.
+    rows, keys, entries = (M, N, B) if packed is None else (packed.max_q, packed.max_k, packed.sequences)
+    grid = lambda meta: (max(1, triton.cdiv(rows, meta["BLOCK_M"])), entries * H)  # noqa: E731
+    launch(_fwd_kernel, _fwd_kernel_tuned, grid, args, meta, rows, keys, chunk_size)
     if pair_rules:
-        launch_fixed(_fwd_kernel, grid, args, {**meta, "GUARD_ROWS": True}, M, N, chunk_size)
+        launch_fixed(_fwd_kernel, grid, args, {**meta, "GUARD_ROWS": True}, rows, keys, chunk_size)
     return out, lse
 
 
@@ -287,8 +310,9 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_paddin
 def attention_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tensor],
                       key_padding_mask: Optional[Tensor], scale: float, is_causal: bool, dropout_p: float,
                       dropout_seed: Optional[Tensor], chunk_size: int, window_left: int = -1, window_right: int = -1,
-                      diagonal: int = 0, softcap: float = 0.0,
-                      alibi_slopes: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+                      diagonal: int = 0, softcap: float = 0.0, alibi_slopes: Optional[Tensor] = None,
+                      cu_seqlens_q: Optional[Tensor] = None, cu_seqlens_k: Optional[Tensor] = None,
+                      bottom_right: bool = False) -> tuple[Tensor, Tensor]:
     """Exact attention with a fused online softmax (Triton).
 
     Parameters
@@ -318,6 +342,10 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tenso
         ``c > 0``: scores ``c·tanh(s / c)`` before the mask; 0: none.
     alibi_slopes : torch.Tensor or None
         float32 ``[B, Hq]``: ``−slope·|m + diagonal − n|`` added to the scores.
+    cu_seqlens_q, cu_seqlens_k, bottom_right
+        A packed batch (:mod:`.triton_varlen`; checked offsets, ``B = 1``, ``diagonal`` 0, no masks or dropout):
+        each sequence attends its own keys, the band aligned per sequence (``bottom_right``: at the end of its
+        keys), ``alibi_slopes`` ``[sequences, Hq]``.
 
     Returns
     -------
@@ -328,6 +356,14 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tenso
         for those empty rows.
     """
     check_attention_args(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size)
+    if cu_seqlens_q is not None:
+        packed = packed_call(cu_seqlens_q, cu_seqlens_k, bottom_right)
+        scores = packed_scores(packed, is_causal, window_left, window_right, softcap, alibi_slopes, q)
+        out, lse = launch_forward(q, k, v, None, scale, chunk_size, is_causal=is_causal and not scores.window,
+                                  scores=scores, packed=packed)
+        check_packed_scores_in_range(q, k, v, out, lse, scale, is_causal, window_left, window_right, cu_seqlens_q,
+                                     cu_seqlens_k, bottom_right)
+        return out, lse
     band = Band.of(is_causal, window_left, window_right, diagonal)
     scores = kernel_scores(band, is_causal, softcap, alibi_slopes, diagonal, q, k)
     out, lse = launch_forward(q, k, v, key_padding_mask, scale, chunk_size, attn_mask=attn_mask,
@@ -336,4 +372,15 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tenso
     check_scores_in_range("scaled_dot_product_attention", q, k, v, out, lse, scale, attn_mask, key_padding_mask,
                           band)
     return out, lse
+
+
+def check_packed_scores_in_range(q, k, v, out, lse, scale, is_causal, window_left, window_right, cu_q, cu_k,
+                                 bottom_right) -> None:
+    """:func:`check_scores_in_range` per sequence of a packed batch (on the host's tensors only, as it)."""
+    if lse.device.type != "cpu":
+        return
+    for q0, q1, k0, k1 in segments(cu_q, cu_k, q.shape[2], k.shape[2]):
+        diag = (k1 - k0) - (q1 - q0) if bottom_right else 0
+        check_scores_in_range("varlen_attention", q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1], out[:, :, q0:q1],
+                              lse[:, :, q0:q1], scale, band=Band.of(is_causal, window_left, window_right, diag))
 

@@ -11,7 +11,9 @@ A launch is matched to the table's variants by what its code path does: ``plain`
 ``causal`` (the causal rule), ``pairs`` (an attention mask and dropout, the heaviest path without the causal
 rule) and ``causal_pairs`` (the causal rule with dropout); a launch with key padding besides the causal rule or
 per-pair rules takes the most ``plain`` and that variant spill (register use grows with the code path in
-these kernels; the four variants themselves are what the AOT check verifies). Where no table entry matches
+these kernels; the four variants themselves are what the AOT check verifies). A window, soft cap or ALiBi adds
+``scored`` (compiled with all three); a packed batch has its own ``causal_varlen`` and ``scored_varlen`` (the first
+also bounds a packed call without the causal rule). Where no table entry matches
 (a Triton version without a table, another head dim, fp32, a card outside sm_80-sm_89 and sm_90, a changed
 config list) the pruning leaves the configs as they are.
 
@@ -30,7 +32,7 @@ from typing import Iterable, Optional
 
 import triton
 
-__all__ = ["CHECKED_VARIANTS", "GUARDED", "PERSISTENT", "SCORED", "SPILL_TABLE_ENV", "device_arch", "full_rate",
+__all__ = ["CHECKED_VARIANTS", "GUARDED", "PERSISTENT", "SCORED", "SPILL_TABLE_ENV", "VARLEN", "device_arch", "full_rate",
            "launch_variants", "spill_free_configs", "spill_gaps", "spill_table", "table_arch"]
 
 SPILL_TABLE_ENV = "ATTN_EXT_TRITON_SPILL_TABLE"
@@ -73,6 +75,8 @@ def table_arch(arch: Optional[int]) -> Optional[int]:
 
 #: The variant of launches with a sliding window, a soft cap or ALiBi (:mod:`.triton_score_mod`).
 SCORED = "scored"
+#: The suffix of a packed batch's variants (``causal_varlen``, ``scored_varlen``; :mod:`.triton_varlen`).
+VARLEN = "_varlen"
 #: The suffix of a variant compiled in the persistent grid (``causal_persistent``).
 PERSISTENT = "_persistent"
 #: The suffix of the backward's guarded variants (``causal_guarded``): the code a call takes only when its q or k
@@ -89,8 +93,11 @@ def launch_variants(flags) -> tuple[str, ...]:
     variants = ["plain"] if flags.get("HAS_MASK") or not (causal or pairs) else []
     if causal or pairs:
         variants.append({(True, False): "causal", (False, True): "pairs", (True, True): "causal_pairs"}[causal, pairs])
-    if flags.get("WINDOW") or flags.get("SOFTCAP") or flags.get("ALIBI"):
+    scored = bool(flags.get("WINDOW") or flags.get("SOFTCAP") or flags.get("ALIBI"))
+    if scored:
         variants.append(SCORED)
+    if flags.get("VARLEN"):  # a packed batch (no masks, no dropout): its own compiles, the causal path bounding
+        variants = [(SCORED if scored else "causal") + VARLEN]  # the plain one (one loop less)
     if flags.get("PROGRAMS_PER_SM"):  # the TMA forward's persistent grid: the same path inside a loop over tiles
         variants = [f"{v}{PERSISTENT}" for v in variants]
     if flags.get("GUARD_ROWS"):  # the backward's path for a non-finite q or k: not in the table, not pruned
@@ -141,7 +148,8 @@ def spill_free_configs(configs: list, kernel: str, arch: Optional[int], elem: in
 #: The code paths the AOT check compiles the general kernels in (cross attention; causal; the attention op with a
 #: mask and dropout; causal with dropout); the TMA kernels have the first two. A launch's configs may also run
 #: the same path in the persistent grid (:data:`PERSISTENT` variants), which the rule weighs with the others.
-CHECKED_VARIANTS = (("plain",), ("causal",), ("pairs",), ("causal_pairs",), (SCORED,))
+CHECKED_VARIANTS = (("plain",), ("causal",), ("pairs",), ("causal_pairs",), (SCORED,), ("causal" + VARLEN,),
+                    (SCORED + VARLEN,))
 
 
 def _label(tiles, variants) -> str:

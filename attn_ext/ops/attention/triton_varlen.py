@@ -1,0 +1,92 @@
+"""The packed (varlen) batch of the attention Triton kernels: ``q [1, H, total_q, D]``, ``k, v [1, Hkv, total_k, ·]``
+and int32 ``cu_seqlens_q/k [S + 1]``, sequence ``s``'s query rows ``cu_q[s] .. cu_q[s + 1]`` attending its key rows
+``cu_k[s] .. cu_k[s + 1]`` only (FlashAttention's ``varlen`` layout, the cpp kernels' segments).
+
+One launch covers every sequence: the grid's batch axis runs over the sequences (``S · H`` programs of a query or
+key block each, the block axis sized by the longest sequence), and each program reads its sequence's offsets and
+lengths, then works as on one batch entry of those lengths; programs past their sequence's end return at once. No
+padding is formed and each sequence's work follows its own lengths. Under ``VARLEN`` (a constexpr; without it the
+kernels compile the code they had) the band's sides come relative to each sequence's diagonal
+(``BOTTOM_RIGHT``: ``keys − rows``, else 0), which ALiBi's distances use too.
+"""
+from typing import NamedTuple, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from attn_ext.ops.attention.band import Band
+from attn_ext.ops.attention.triton_score_mod import score_args
+
+__all__ = ["Packed", "entry_offset", "packed_args", "packed_call", "packed_scores", "sequence"]
+
+
+@triton.jit
+def sequence(CU_Q, CU_K, seq, M, N, band_lo, band_hi, diagonal, VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr):
+    """``(q_row0, rows, k_row0, keys, band_lo, band_hi, diagonal)`` of batch entry or packed sequence ``seq``: its
+    first query and key rows among the packed ones (0 without ``VARLEN``), its lengths (``M``, ``N``) and its band
+    sides and ALiBi diagonal (the call's, or relative ones moved to the sequence's diagonal)."""
+    q_row0 = 0
+    k_row0 = 0
+    rows = M
+    keys = N
+    if VARLEN:
+        q_row0 = tl.load(CU_Q + seq)
+        rows = tl.load(CU_Q + seq + 1) - q_row0
+        k_row0 = tl.load(CU_K + seq)
+        keys = tl.load(CU_K + seq + 1) - k_row0
+        diagonal = 0
+        if BOTTOM_RIGHT:
+            diagonal = keys - rows
+        band_lo = band_lo + diagonal
+        band_hi = band_hi + diagonal
+    return q_row0, rows, k_row0, keys, band_lo, band_hi, diagonal
+
+
+@triton.jit
+def entry_offset(entry, entry_stride, row0, row_stride, VARLEN: tl.constexpr):
+    """Where a batch entry of a tensor starts: ``entry · entry_stride``, or with ``VARLEN`` (one batch entry of
+    packed rows) where the sequence's first row ``row0`` is."""
+    if VARLEN:
+        return row0.to(tl.int64) * row_stride
+    return entry * entry_stride
+
+
+class Packed(NamedTuple):
+    """A packed batch as the launchers take it: the offsets (int32, on the tensors' device), the number of
+    sequences, the longest sequences' lengths and the alignment."""
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    sequences: int
+    max_q: int
+    max_k: int
+    bottom_right: bool
+
+
+def packed_args(packed: Optional[Packed], fallback: torch.Tensor) -> tuple:
+    """``(CU_Q, CU_K)`` kernel arguments (``fallback`` twice, never read, without a packed batch) and the
+    constexprs ``VARLEN``, ``BOTTOM_RIGHT``."""
+    if packed is None:
+        return (fallback, fallback), dict(VARLEN=False, BOTTOM_RIGHT=False)
+    return (packed.cu_q, packed.cu_k), dict(VARLEN=True, BOTTOM_RIGHT=bool(packed.bottom_right))
+
+
+def packed_call(cu_q: torch.Tensor, cu_k: torch.Tensor, bottom_right: bool) -> Packed:
+    """The :class:`Packed` of checked offsets, the longest lengths read with one host sync."""
+    sequences = cu_q.numel() - 1
+    if sequences <= 0:
+        return Packed(cu_q, cu_k, 0, 0, 0, bool(bottom_right))
+    lengths = torch.stack([(cu_q[1:] - cu_q[:-1]).max(), (cu_k[1:] - cu_k[:-1]).max()])
+    max_q, max_k = (int(x) for x in lengths.tolist())
+    return Packed(cu_q.contiguous(), cu_k.contiguous(), sequences, max_q, max_k, bool(bottom_right))
+
+
+def packed_scores(packed: Packed, is_causal: bool, window_left: int, window_right: int, softcap: float,
+                  alibi_slopes: Optional[torch.Tensor], fallback: torch.Tensor):
+    """The kernels' band and score arguments of a packed call: the band's sides relative to each sequence's
+    diagonal, clamped so that no side moved by a diagonal crosses a sequence (an unbounded side stays unbounded).
+    The top-left causal rule stays ``IS_CAUSAL``; the bottom-right one is a ``WINDOW``."""
+    band = Band.of(is_causal, window_left, window_right, 0)
+    window = band.active and (band != Band.of(is_causal) or packed.bottom_right)
+    reach = packed.max_q + packed.max_k + 1
+    return score_args(band if window else None, softcap, alibi_slopes, 0, reach, reach, fallback)
