@@ -46,7 +46,7 @@ from torch import Tensor
 from attn_ext.ops.attention import composite
 from attn_ext.ops.attention import naive as reference
 from attn_ext.ops.attention.band import Band, check_band_args
-from attn_ext.ops.attention.packed import check_packed_args, packed_backward, packed_forward, segments
+from attn_ext.ops.attention.packed import check_packed_args, packed_backward, packed_forward
 from attn_ext.ops.attention.score_mod import check_score_mod_args
 from attn_ext.ops.utils.autograd import Derivatives
 from attn_ext.ops.utils.cuda_capability import bf16_tensor_core_reason
@@ -112,15 +112,15 @@ BAND_BACKENDS = ("cpp", "reference", "triton")
 PACKED_BACKENDS = ("cpp", "reference", "triton")
 
 
-def _checked_packed(q, k, diagonal, dropout_p, attn_mask, key_padding_mask, cu_seqlens_q, cu_seqlens_k) -> int:
-    """The batch size of a call as ALiBi's slopes count it: the packed sequences (their offsets checked, as the
-    reference and C++ ops check them), or ``q``'s batch."""
+def _checked_packed(q, diagonal, dropout_p, attn_mask, key_padding_mask, cu_seqlens_q, cu_seqlens_k) -> int:
+    """The batch size of a call as ALiBi's slopes count it: the packed sequences (their offsets are checked where
+    the Triton launchers read them, triton_varlen.packed_call), or ``q``'s batch."""
     if cu_seqlens_q is None and cu_seqlens_k is None:
         return q.shape[0]
     if cu_seqlens_q is None or cu_seqlens_k is None:
         raise ValueError("attn_ext.varlen_attention: a packed batch needs both cu_seqlens_q and cu_seqlens_k")
     check_packed_args(q, diagonal, dropout_p, attn_mask, key_padding_mask)
-    return len(segments(cu_seqlens_q, cu_seqlens_k, q.shape[2], k.shape[2]))
+    return cu_seqlens_q.numel() - 1
 
 
 @define_op("attn_ext::attention_fwd_triton")
@@ -130,7 +130,7 @@ def attention_fwd_triton(q, k, v, attn_mask, key_padding_mask, scale, is_causal,
     from attn_ext.ops.attention import triton_fwd  # optional dependency: see the module docstring
 
     check_band_args(window_left, window_right, diagonal)
-    batch = _checked_packed(q, k, diagonal, dropout_p, attn_mask, key_padding_mask, cu_seqlens_q, cu_seqlens_k)
+    batch = _checked_packed(q, diagonal, dropout_p, attn_mask, key_padding_mask, cu_seqlens_q, cu_seqlens_k)
     check_score_mod_args(softcap, alibi_slopes, batch, q.shape[1], q.device)
     return triton_fwd.attention_forward(q, k, v, attn_mask, key_padding_mask, scale, is_causal, dropout_p,
                                         dropout_seed, chunk_size, window_left, window_right, diagonal, softcap,
@@ -144,7 +144,7 @@ def attention_bwd_triton(grad_out, grad_lse, q, k, v, attn_mask, key_padding_mas
     from attn_ext.ops.attention import triton_bwd  # optional dependency: see the module docstring
 
     check_band_args(window_left, window_right, diagonal)
-    batch = _checked_packed(q, k, diagonal, dropout_p, attn_mask, key_padding_mask, cu_seqlens_q, cu_seqlens_k)
+    batch = _checked_packed(q, diagonal, dropout_p, attn_mask, key_padding_mask, cu_seqlens_q, cu_seqlens_k)
     check_score_mod_args(softcap, alibi_slopes, batch, q.shape[1], q.device)
     return triton_bwd.attention_backward(grad_out, grad_lse, q, k, v, attn_mask, key_padding_mask, out, lse, scale,
                                          is_causal, dropout_p, dropout_seed, chunk_size, window_left, window_right,

@@ -263,7 +263,7 @@ def attention_backward(grad_out: Tensor, grad_lse: Optional[Tensor], q: Tensor, 
     check_attention_args(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size)
     packed = None
     if cu_seqlens_q is not None:
-        packed = packed_call(cu_seqlens_q, cu_seqlens_k, bottom_right)
+        packed = packed_call(cu_seqlens_q, cu_seqlens_k, q.shape[2], k.shape[2], bottom_right)
         scores = packed_scores(packed, is_causal, window_left, window_right, softcap, alibi_slopes, q)
     else:
         band = Band.of(is_causal, window_left, window_right, diagonal)

@@ -38,7 +38,6 @@ from attn_ext.ops.attention.triton_fwd_tma import launch_forward_tma, tma_forwar
 from attn_ext.ops.attention.triton_pairs import attn_mask_arg, dropout_arg, dropout_keep, pair_dot_into
 from attn_ext.ops.attention.triton_score_mod import ScoreArgs, band_keys, kernel_scores, score_args, scored_pairs
 from attn_ext.ops.attention.triton_tiles import autotuned, block_d, launch, launch_fixed
-from attn_ext.ops.attention.packed import segments
 from attn_ext.ops.attention.triton_varlen import (Packed, entry_offset, packed_args, packed_call, packed_scores,
                                                   sequence)
 from attn_ext.ops.utils.triton import check_device, check_dtypes, interpreting, mask_arg
@@ -357,12 +356,11 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tenso
     """
     check_attention_args(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size)
     if cu_seqlens_q is not None:
-        packed = packed_call(cu_seqlens_q, cu_seqlens_k, bottom_right)
+        packed = packed_call(cu_seqlens_q, cu_seqlens_k, q.shape[2], k.shape[2], bottom_right)
         scores = packed_scores(packed, is_causal, window_left, window_right, softcap, alibi_slopes, q)
         out, lse = launch_forward(q, k, v, None, scale, chunk_size, is_causal=is_causal and not scores.window,
                                   scores=scores, packed=packed)
-        check_packed_scores_in_range(q, k, v, out, lse, scale, is_causal, window_left, window_right, cu_seqlens_q,
-                                     cu_seqlens_k, bottom_right)
+        check_packed_scores_in_range(q, k, v, out, lse, scale, is_causal, window_left, window_right, packed)
         return out, lse
     band = Band.of(is_causal, window_left, window_right, diagonal)
     scores = kernel_scores(band, is_causal, softcap, alibi_slopes, diagonal, q, k)
@@ -374,13 +372,13 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tenso
     return out, lse
 
 
-def check_packed_scores_in_range(q, k, v, out, lse, scale, is_causal, window_left, window_right, cu_q, cu_k,
-                                 bottom_right) -> None:
+def check_packed_scores_in_range(q, k, v, out, lse, scale, is_causal, window_left, window_right,
+                                 packed: Packed) -> None:
     """:func:`check_scores_in_range` per sequence of a packed batch (on the host's tensors only, as it)."""
     if lse.device.type != "cpu":
         return
-    for q0, q1, k0, k1 in segments(cu_q, cu_k, q.shape[2], k.shape[2]):
-        diag = (k1 - k0) - (q1 - q0) if bottom_right else 0
+    for q0, q1, k0, k1 in packed.segments:
+        diag = (k1 - k0) - (q1 - q0) if packed.bottom_right else 0
         check_scores_in_range("varlen_attention", q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1], out[:, :, q0:q1],
                               lse[:, :, q0:q1], scale, band=Band.of(is_causal, window_left, window_right, diag))
 

@@ -9,13 +9,14 @@ padding is formed and each sequence's work follows its own lengths. Under ``VARL
 kernels compile the code they had) the band's sides come relative to each sequence's diagonal
 (``BOTTOM_RIGHT``: ``keys − rows``, else 0), which ALiBi's distances use too.
 """
-from typing import NamedTuple, Optional
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
 
 from attn_ext.ops.attention.band import Band
+from attn_ext.ops.attention.packed import segments
 from attn_ext.ops.attention.triton_score_mod import score_args
 
 __all__ = ["Packed", "entry_offset", "packed_args", "packed_call", "packed_scores", "sequence"]
@@ -53,14 +54,18 @@ def entry_offset(entry, entry_stride, row0, row_stride, VARLEN: tl.constexpr):
 
 
 class Packed(NamedTuple):
-    """A packed batch as the launchers take it: the offsets (int32, on the tensors' device), the number of
-    sequences, the longest sequences' lengths and the alignment."""
+    """A packed batch as the launchers take it: the offsets (int32, on the tensors' device), their host copy
+    ``[(q0, q1, k0, k1)]`` per sequence, the longest sequences' lengths and the alignment."""
     cu_q: torch.Tensor
     cu_k: torch.Tensor
-    sequences: int
+    segments: List[Tuple[int, int, int, int]]
     max_q: int
     max_k: int
     bottom_right: bool
+
+    @property
+    def sequences(self) -> int:
+        return len(self.segments)
 
 
 def packed_args(packed: Optional[Packed], fallback: torch.Tensor) -> tuple:
@@ -71,14 +76,13 @@ def packed_args(packed: Optional[Packed], fallback: torch.Tensor) -> tuple:
     return (packed.cu_q, packed.cu_k), dict(VARLEN=True, BOTTOM_RIGHT=bool(packed.bottom_right))
 
 
-def packed_call(cu_q: torch.Tensor, cu_k: torch.Tensor, bottom_right: bool) -> Packed:
-    """The :class:`Packed` of checked offsets, the longest lengths read with one host sync."""
-    sequences = cu_q.numel() - 1
-    if sequences <= 0:
-        return Packed(cu_q, cu_k, 0, 0, 0, bool(bottom_right))
-    lengths = torch.stack([(cu_q[1:] - cu_q[:-1]).max(), (cu_k[1:] - cu_k[:-1]).max()])
-    max_q, max_k = (int(x) for x in lengths.tolist())
-    return Packed(cu_q.contiguous(), cu_k.contiguous(), sequences, max_q, max_k, bool(bottom_right))
+def packed_call(cu_q: torch.Tensor, cu_k: torch.Tensor, total_q: int, total_k: int, bottom_right: bool) -> Packed:
+    """The :class:`Packed` of a call's offsets, checked (:func:`~.packed.segments`, named errors) with the one host
+    copy that also gives the longest lengths."""
+    segs = segments(cu_q, cu_k, total_q, total_k)
+    max_q = max((q1 - q0 for q0, q1, _, _ in segs), default=0)
+    max_k = max((k1 - k0 for _, _, k0, k1 in segs), default=0)
+    return Packed(cu_q.contiguous(), cu_k.contiguous(), segs, max_q, max_k, bool(bottom_right))
 
 
 def packed_scores(packed: Packed, is_causal: bool, window_left: int, window_right: int, softcap: float,
