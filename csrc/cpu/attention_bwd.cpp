@@ -312,11 +312,12 @@ struct Backward {
     // Work units: a segment's keys (a batch entry's, or a packed sequence's) of one key/value head, in parts.
     // With a mask gradient a unit owns key chunks of every segment and head instead (chunks split ≡ unit mod
     // splits: a causal band's work spread evenly), so that the mask's columns, which broadcast dims share, are
-    // written by one thread; a mask broadcast along the keys makes one unit.
+    // written by one thread; one unit per thread, each with its partial dQ sums (B·Hq·L·D each); a mask broadcast
+    // along the keys makes one unit.
     const int64_t n_segments = static_cast<int64_t>(segments.size());
     const int64_t splits = !grad_mask.wanted() ? key_splits_for(n_segments * Hkv, n_chunks, total_macs)
                            : grad_mask.sn == 0 ? 1
-                                               : std::max<int64_t>(1, std::min<int64_t>(n_chunks, 2 * at::get_num_threads()));
+                                               : std::max<int64_t>(1, std::min<int64_t>(n_chunks, at::get_num_threads()));
     std::vector<acc_t> partial_grad_q(splits * B * Hq * M * D, acc_t(0));
     const bool dropout = call.dropout_p > 0;
     const int64_t units = grad_mask.wanted() ? splits : n_segments * Hkv * splits;

@@ -215,3 +215,15 @@ def test_triton_forward_with_the_chunked_backward():
                              torch.autograd.grad(ref, leaves64, g.double()), torch.autograd.grad(pt, same, g),
                              ("dq", "dk", "dv", "dbias")):
         assert_within_flash_rule(a, r, p, grad=True, name=name)
+
+
+def test_the_ops_gradient_becomes_the_bias_gradient_without_a_copy():
+    """A bias [H, L, S] gets the op's [1, H, L, S] gradient as a view (a copy would double the gradient's memory)."""
+    from attn_ext.ops.attention.bias_grad import _in_bias_shape
+
+    g = torch.randn(1, H, L, S)
+    for bias_shape, lead in (((H, L, S), (B, H, L)), ((L, S), (B, H, L)), ((H, L, S), (H, L))):
+        grad = _in_bias_shape(g if len(bias_shape) == 3 else g[:, :1], torch.empty(bias_shape), lead)
+        assert tuple(grad.shape) == bias_shape and grad.data_ptr() == g.data_ptr()
+    summed = _in_bias_shape(torch.ones(B, H, L, S), torch.empty(H, L, S), (B, H, L))  # a batch dim to sum
+    assert torch.equal(summed, torch.full((H, L, S), float(B)))

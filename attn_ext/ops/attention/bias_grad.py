@@ -84,6 +84,9 @@ def _in_bias_shape(grad_mask: Tensor, bias: Tensor, lead: Tuple[int, ...]) -> Te
     broadcasts summed."""
     batch = lead[:-2]
     g = grad_mask.reshape((batch if grad_mask.shape[0] != 1 else (1,) * len(batch)) + tuple(grad_mask.shape[1:]))
+    extra = g.dim() - bias.dim()
+    if extra > 0 and all(size == 1 for size in g.shape[:extra]):
+        g = g.reshape(g.shape[extra:])  # a view: summing size-1 dims away would copy a gradient of the bias's size
     return g.sum_to_size(bias.shape).to(bias.dtype)
 
 
