@@ -6,7 +6,6 @@
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
-#include <atomic>
 #include <tuple>
 #include <vector>
 
@@ -18,6 +17,22 @@
 
 namespace attn_ext::cpu {
 namespace {
+
+/// Key/value head hkv of batch entry b: [B, Hkv, S, ·] rows, or a paged cache's [num_blocks, block_size, Hkv, ·]
+/// read through entry b's row of the block table.
+template <typename scalar_t>
+KeyValueRows<scalar_t> key_value_rows(const AttentionCall& call, int64_t b, int64_t hkv) {
+  const at::Tensor &k = call.k, &v = call.v;
+  const scalar_t *k_data = k.const_data_ptr<scalar_t>(), *v_data = v.const_data_ptr<scalar_t>();
+  const int64_t N = kv_rows(call), D = k.size(-1), Dv = v.size(-1);
+  if (!call.block_table.defined()) {
+    return {k_data + b * k.stride(0) + hkv * k.stride(1), v_data + b * v.stride(0) + hkv * v.stride(1), k.stride(2),
+            v.stride(2), nullptr, N, D, Dv};
+  }
+  return {k_data + hkv * k.stride(2), v_data + hkv * v.stride(2), k.stride(1), v.stride(1), nullptr, N, D, Dv,
+          call.block_table.const_data_ptr<int32_t>() + b * call.block_table.stride(0), k.size(1), k.stride(0),
+          v.stride(0)};
+}
 
 /// Decoding over a paged cache: at most this many new tokens per entry take paged_decode.
 constexpr int64_t kHeadsTogetherRows = 16;
@@ -43,13 +58,8 @@ void paged_decode(const AttentionCall& call, const std::vector<Segment>& segment
   const int64_t n_chunks = (N + chunk - 1) / chunk;
   const int64_t splits = key_splits_for(n_tiles, n_chunks, total_macs);
   const scalar_t* q_data = q.const_data_ptr<scalar_t>();
-  const scalar_t* k_data = k.const_data_ptr<scalar_t>();
-  const scalar_t* v_data = v.const_data_ptr<scalar_t>();
-  scalar_t* out_data = out.mutable_data_ptr<scalar_t>();
-  acc_t* lse_data = lse.mutable_data_ptr<acc_t>();
-  std::vector<acc_t> partial_out(splits > 1 ? splits * B * Hq * M * Dv : 0);
-  std::vector<acc_t> partial_lse(splits > 1 ? splits * B * Hq * M : 0);
-  std::atomic<bool> all_finite{true};
+  SplitRows<scalar_t, acc_t> results(splits, B * Hq * M, Dv, out.mutable_data_ptr<scalar_t>(),
+                                     lse.mutable_data_ptr<acc_t>());
   at::parallel_for(0, n_tiles * splits, grain_size_for(n_tiles * splits, total_macs), [&](int64_t begin, int64_t end) {
     std::vector<AttentionTileScratch<acc_t>> scratch;
     for (int64_t h = 0; h < Hq; ++h) scratch.emplace_back(tile_m, chunk, D, Dv);
@@ -67,10 +77,7 @@ void paged_decode(const AttentionCall& call, const std::vector<Segment>& segment
       for (int64_t h = 0; h < Hq; ++h) {
         rules.push_back(pair_rule<Plane>(call, segments, tile.segment, h));
         drops.push_back(dropout_rule(call, b, h, Hq, M, N));
-        kvs.push_back(KeyValueRows<scalar_t>{k_data + (h / group) * k.stride(2), v_data + (h / group) * v.stride(2),
-                                             k.stride(1), v.stride(1), nullptr, N, D, Dv,
-                                             call.block_table.const_data_ptr<int32_t>() + b * call.block_table.stride(0),
-                                             bs, k.stride(0), v.stride(0)});
+        kvs.push_back(key_value_rows<scalar_t>(call, b, h / group));
         qt[h] = rows_as_acc<acc_t>(q_data + b * q.stride(0) + h * q.stride(1) + m0 * q.stride(2), q.stride(2), mt, D,
                                    q_tiles.data() + h * tile_m * D, &ldq[h]);
       }
@@ -86,28 +93,17 @@ void paged_decode(const AttentionCall& call, const std::vector<Segment>& segment
           attend_tile(qt[h], ldq[h], m0, mt, scale, kvs[h], rules[h], drops[h], chunk, c, c + 1, scratch[h], false);
         }
       }
-      for (int64_t h = 0; h < Hq; ++h) {
-        const int64_t row = (b * Hq + h) * M + m0;
-        if (splits == 1) {
-          if (!store_tile(scratch[h], mt, Dv, out_data + row * Dv, lse_data + row)) all_finite = false;
-        } else {
-          store_tile(scratch[h], mt, Dv, partial_out.data() + (split * B * Hq * M + row) * Dv,
-                     partial_lse.data() + split * B * Hq * M + row);
-        }
-      }
+      for (int64_t h = 0; h < Hq; ++h) results.store(scratch[h], split, (b * Hq + h) * M + m0, mt);
     }
   });
-  if (splits > 1) {
-    all_finite =
-        merge_partial_states(partial_out.data(), partial_lse.data(), splits, B * Hq * M, Dv, out_data, lse_data);
-  }
-  if (!all_finite) check_scores_in_range<scalar_t, Plane>(call, out, lse);
+  // A row that is not finite (also a row with no key, lse = −inf) may be an overflow: examine it.
+  if (!results.finish()) check_scores_in_range<scalar_t, Plane>(call, out, lse);
 }
 
 template <typename scalar_t, typename Plane>
 void forward_kernel(const AttentionCall& call, at::Tensor& out, at::Tensor& lse) {
   using acc_t = acc_type<scalar_t>;
-  const at::Tensor &q = call.q, &k = call.k, &v = call.v;
+  const at::Tensor &q = call.q, &v = call.v;
   const acc_t scale = static_cast<acc_t>(call.scale);
   const int64_t B = q.size(0), Hq = q.size(1), Hkv = kv_heads(call), M = q.size(2), N = kv_rows(call),
                 D = q.size(3), Dv = v.size(3);
@@ -129,23 +125,16 @@ void forward_kernel(const AttentionCall& call, at::Tensor& out, at::Tensor& lse)
   int64_t pairs = 0;
   for (const Segment& seg : segments) pairs += segment_pairs(seg);
   const int64_t total_macs = Hq * pairs * (D + Dv);
-  const int64_t splits = key_splits_for(units, n_chunks, total_macs);
-
-  const scalar_t* q_data = q.const_data_ptr<scalar_t>();
-  const scalar_t* k_data = k.const_data_ptr<scalar_t>();
-  const scalar_t* v_data = v.const_data_ptr<scalar_t>();
-  scalar_t* out_data = out.mutable_data_ptr<scalar_t>();
-  acc_t* lse_data = lse.mutable_data_ptr<acc_t>();
-
-  // With key splits each part writes a normalised partial state; they are merged below (docs/spec.md §1 merge).
-  std::vector<acc_t> partial_out(splits > 1 ? splits * B * Hq * M * Dv : 0);
-  std::vector<acc_t> partial_lse(splits > 1 ? splits * B * Hq * M : 0);
-
-  std::atomic<bool> all_finite{true};
   if (paged && M <= kHeadsTogetherRows && Hq > 1) {
     paged_decode<scalar_t, Plane>(call, segments, tiles, out, lse, total_macs);
     return;
   }
+  const int64_t splits = key_splits_for(units, n_chunks, total_macs);
+
+  const scalar_t* q_data = q.const_data_ptr<scalar_t>();
+  // With key splits each part writes a normalised partial state; they are merged below (docs/spec.md §1 merge).
+  SplitRows<scalar_t, acc_t> results(splits, B * Hq * M, Dv, out.mutable_data_ptr<scalar_t>(),
+                                     lse.mutable_data_ptr<acc_t>());
   at::parallel_for(0, units * splits, grain_size_for(units * splits, total_macs), [&](int64_t begin, int64_t end) {
     AttentionTileScratch<acc_t> scratch(tile_m, chunk, D, Dv);
     ScratchBuffer<acc_t> q_tile(tile_m * D);  // written by rows_as_acc before it is read, when used at all
@@ -161,36 +150,17 @@ void forward_kernel(const AttentionCall& call, at::Tensor& out, at::Tensor& lse)
       rule_keys(rule, m0, mt, N, &n_first, &n_end);
       int64_t c_first, c_last;
       split_range((n_end - n_first + chunk - 1) / chunk, splits, split, &c_first, &c_last);
-      KeyValueRows<scalar_t> kv{k_data + b * k.stride(0) + hkv * k.stride(1),
-                                v_data + b * v.stride(0) + hkv * v.stride(1), k.stride(2), v.stride(2), nullptr, N, D,
-                                Dv};
-      if (paged) {  // [num_blocks, block_size, Hkv, ·] read through entry b's row of the block table
-        kv = KeyValueRows<scalar_t>{k_data + hkv * k.stride(2), v_data + hkv * v.stride(2), k.stride(1), v.stride(1),
-                                    nullptr, N, D, Dv,
-                                    call.block_table.const_data_ptr<int32_t>() + b * call.block_table.stride(0),
-                                    k.size(1), k.stride(0), v.stride(0)};
-      }
+      const KeyValueRows<scalar_t> kv = key_value_rows<scalar_t>(call, b, hkv);
       int64_t ldq;
       const acc_t* qt = rows_as_acc<acc_t>(q_data + b * q.stride(0) + h * q.stride(1) + m0 * q.stride(2),
                                            q.stride(2), mt, D, q_tile.data(), &ldq);
       attend_tile(qt, ldq, m0, mt, scale, kv, rule, dropout_rule(call, b, h, Hq, M, N), chunk, c_first, c_last,
                   scratch);
-      const int64_t row = bh * M + m0;
-      if (splits == 1) {
-        if (!store_tile(scratch, mt, Dv, out_data + row * Dv, lse_data + row)) all_finite = false;
-      } else {  // each part writes a normalised partial state, merged below
-        store_tile(scratch, mt, Dv, partial_out.data() + (split * B * Hq * M + row) * Dv,
-                   partial_lse.data() + split * B * Hq * M + row);
-      }
+      results.store(scratch, split, bh * M + m0, mt);
     }
   });
-
-  if (splits > 1) {
-    all_finite =
-        merge_partial_states(partial_out.data(), partial_lse.data(), splits, B * Hq * M, Dv, out_data, lse_data);
-  }
   // A row that is not finite (also a row with no key, lse = −inf) may be an overflow: examine it.
-  if (!all_finite) check_scores_in_range<scalar_t, Plane>(call, out, lse);
+  if (!results.finish()) check_scores_in_range<scalar_t, Plane>(call, out, lse);
 }
 
 }  // namespace

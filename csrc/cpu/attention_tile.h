@@ -196,4 +196,34 @@ bool merge_partial_states(const acc_t* partial_out, const acc_t* partial_lse, in
   return all_finite;
 }
 
+/// Where the tiles of a forward whose keys may be split into `splits` parts (key_splits_for) leave their rows: with
+/// one part straight into out [rows, Dv] and lse [rows]; with more, each part's normalised partial state, merged by
+/// finish(). all_finite: whether every value written was (store_tile's and merge_partial_states' report).
+template <typename scalar_t, typename acc_t>
+struct SplitRows {
+  int64_t splits, rows, Dv;
+  scalar_t* out;
+  acc_t* lse;
+  std::vector<acc_t> partial_out, partial_lse;
+  std::atomic<bool> all_finite{true};
+
+  SplitRows(int64_t splits_, int64_t rows_, int64_t Dv_, scalar_t* out_, acc_t* lse_)
+      : splits(splits_), rows(rows_), Dv(Dv_), out(out_), lse(lse_),
+        partial_out(splits_ > 1 ? splits_ * rows_ * Dv_ : 0), partial_lse(splits_ > 1 ? splits_ * rows_ : 0) {}
+
+  /// Stores the tile `w` of `mt` rows from `row` on, computed over key part `split`.
+  void store(const AttentionTileScratch<acc_t>& w, int64_t split, int64_t row, int64_t mt) {
+    const bool finite = splits == 1 ? store_tile(w, mt, Dv, out + row * Dv, lse + row)
+                                    : store_tile(w, mt, Dv, partial_out.data() + (split * rows + row) * Dv,
+                                                 partial_lse.data() + split * rows + row);
+    if (splits == 1 && !finite) all_finite = false;  // a partial state's rows are judged once merged
+  }
+
+  /// Merges the parts (with more than one); returns all_finite.
+  bool finish() {
+    if (splits > 1) all_finite = merge_partial_states(partial_out.data(), partial_lse.data(), splits, rows, Dv, out, lse);
+    return all_finite;
+  }
+};
+
 }  // namespace attn_ext::cpu

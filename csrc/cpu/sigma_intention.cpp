@@ -40,8 +40,7 @@ void attend_transformed_queries(const IntentionArgs<scalar_t>& a, const scalar_t
   const int64_t units = B * H * q_tiles;
   const int64_t total_macs = B * H * M * (N * (D + Dv) + D * D);
   const int64_t splits = key_splits_for(units, n_chunks, total_macs);
-  std::vector<acc_t> partial_out(splits > 1 ? splits * B * H * M * Dv : 0);
-  std::vector<acc_t> partial_lse(splits > 1 ? splits * B * H * M : 0);
+  SplitRows<scalar_t, acc_t> results(splits, B * H * M, Dv, out, lse);
 
   at::parallel_for(0, units * splits, grain_size_for(units * splits, total_macs), [&](int64_t begin, int64_t end) {
     AttentionTileScratch<acc_t> scratch(tile_m, chunk, D, Dv);
@@ -68,16 +67,10 @@ void attend_transformed_queries(const IntentionArgs<scalar_t>& a, const scalar_t
       const KeyValueRows<scalar_t> kv{a.k + b * a.ks0 + h * a.ks1, v + b * vs0 + h * vs1, a.ks2, vs2,
                                       a.mask ? a.mask + b * N : nullptr, N, D, Dv};
       attend_tile(static_cast<const acc_t*>(qw), D, mt, acc_t(1), kv, chunk, c_first, c_last, scratch);
-      const int64_t row = bh * M + m0;
-      if (splits == 1) {
-        store_tile(scratch, mt, Dv, out + row * Dv, lse + row);
-      } else {
-        store_tile(scratch, mt, Dv, partial_out.data() + (split * B * H * M + row) * Dv,
-                   partial_lse.data() + split * B * H * M + row);
-      }
+      results.store(scratch, split, bh * M + m0, mt);
     }
   });
-  if (splits > 1) merge_partial_states(partial_out.data(), partial_lse.data(), splits, B * H * M, Dv, out, lse);
+  results.finish();
 }
 
 }  // namespace

@@ -124,9 +124,9 @@ class _AttentionWithBias(torch.autograd.Function):
             return grad_q, grad_k, grad_v, _in_bias_shape(grad_mask, bias, call.lead), None
         gradient = BiasGradient(tuple(bias.shape), call.lead, accumulation_dtype(q.dtype), q.device)
         grad_q, grad_k, grad_v = naive.attention_backward(
-            grad_out, grad_lse, *call.op_args(q, k, v, call.mask(bias, q, k.shape[2]))[:4], call.padding, out, lse,
-            call.scale, call.is_causal, call.dropout_p, call.seed, _chunk_keys(q), call.window_left,
-            call.window_right, call.diagonal, call.softcap, call.alibi_slopes, bias_grad=gradient)
+            grad_out, grad_lse, q, k, v, call.mask(bias, q, k.shape[2]), call.padding, out, lse, call.scale,
+            call.is_causal, call.dropout_p, call.seed, _chunk_keys(q), call.window_left, call.window_right,
+            call.diagonal, call.softcap, call.alibi_slopes, bias_grad=gradient)
         return grad_q, grad_k, grad_v, gradient.grad.to(bias.dtype), None
 
 
