@@ -11,7 +11,10 @@ Sections (one module each; each checks a call's result before timing it and stop
   triton) vs SDPA's flash, cuDNN and memory-efficient kernels and FlexAttention;
 - ``states`` (:mod:`bench.gpu.states`): state update vs recomputation (the CPU benchmark's problem), merge;
 - ``tree`` (:mod:`bench.gpu.tree`): tree cross attention vs full cross attention and SDPA;
-- ``other_ops`` (:mod:`bench.gpu.other_ops`): Intention, σIntention vs SDPA; batched Cholesky vs torch.
+- ``other_ops`` (:mod:`bench.gpu.other_ops`): Intention, σIntention vs SDPA; batched Cholesky vs torch;
+- ``features`` (:mod:`bench.gpu.features`): a sliding window vs full causal, a packed (varlen) batch vs SDPA on
+  the padded one, decoding over 1e6 keys vs SDPA, a learned bias with its gradient vs SDPA; each with its
+  prediction.
 
 The cases run in :mod:`bench.gpu.plan`'s order: attention's goal rows (bf16, D = 128, L = S in {4096, 16384})
 first, then the rest of bf16, then fp16, then the other sections; ``--cases`` (default: the environment
@@ -54,7 +57,7 @@ WARM_SHARE = 0.35
 #: Environment variable giving ``--cases`` its default (how bench/gpu/check.sh passes it through).
 CASES_VARIABLE = "GPU_BENCH_CASES"
 TITLES = {"attention": "Attention", "states": "Attention states", "tree": "Tree cross attention",
-          "other_ops": "Intention and Cholesky"}
+          "other_ops": "Intention and Cholesky", "features": "Windows, packed batches, decoding, a learned bias"}
 
 
 def header(autotuning_problem: str | None) -> str:

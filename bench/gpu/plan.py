@@ -14,10 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.gpu import attention, other_ops, states, tree
+from bench.gpu import attention, features, other_ops, states, tree
 
 #: The benchmark sections, in the order their tables are printed (module names under bench.gpu).
-SECTIONS = {"attention": attention, "states": states, "tree": tree, "other_ops": other_ops}
+SECTIONS = {"attention": attention, "states": states, "tree": tree, "other_ops": other_ops, "features": features}
 #: The priority of a section without a ``priority`` function: after every attention row.
 LATER = 3
 #: Scope -> the largest priority it keeps.

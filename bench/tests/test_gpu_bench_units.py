@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from bench.gpu import attention, build_check, checks, other_ops, plan, report, states, tree
+from bench.gpu import attention, build_check, checks, features, other_ops, plan, report, states, tree
 
 
 def test_attention_flops_follow_the_cpu_benchmark_convention():
@@ -34,6 +34,9 @@ def test_benchmark_grids_are_the_ones_documented():
     assert [c.n for c in states.cases() if c.kind == "update" and c.backend == "cuda"] == [10**3, 10**4, 10**5, 10**6]
     assert [c.n for c in tree.cases()] == [10**3, 10**4, 10**5, 10**6]
     assert {c.what for c in other_ops.cases()} == {"intention", "sigma_intention", "sdpa", "cholesky"}
+    # The features section: each kind on both backends, each with a prediction written before any run.
+    assert {(c.kind, c.backend) for c in features.cases()} == set(features.PREDICTED)
+    assert set(features.GOALS) == set(features.KINDS) == set(features.CALLS)
     ids = [p.id for p in plan.plan()]
     assert len(ids) == sum(len(m.cases()) for m in plan.SECTIONS.values()) and len(set(ids)) == len(ids)
 

@@ -95,8 +95,9 @@ __device__ __forceinline__ void bwd_tile_scores(float* smem, const CrossAttentio
       const float bias = key_valid && i < pair->m_valid ? pair->mask.bias(pair->m0 + i, pair->n0 + j)
                                                          : negative_infinity<float>();
       const bool masked = is_negative_infinity(bias);
-      const float prob = softmax_probability(fmaf(dot, scale, bias), smem[s.lse + i]);
-      const float ds = score_gradient(prob, grad_prob, smem[s.delta + i], smem[s.dlse + i]);
+      float slope;
+      const float prob = softmax_probability(pair->mask.score(dot, scale, bias, &slope), smem[s.lse + i]);
+      const float ds = score_gradient(prob, grad_prob, smem[s.delta + i], smem[s.dlse + i]) * slope;
       smem[s.p + e] = masked ? masked_coefficient() : prob;
       smem[s.ds + e] = masked ? masked_coefficient() : allowed_coefficient<float>(ds);
     } else {
@@ -248,10 +249,11 @@ __global__ void __launch_bounds__(kCrossAttentionBwdThreads, 8) cross_attention_
   load_key_tile<scalar_t, kTile>(smem, s, p, b, kv_head, n0);
   for (int e = threadIdx.x; e < BN * D; e += kCrossAttentionBwdThreads) smem[s.acc_a + e] = 0.0f;
   for (int e = threadIdx.x; e < BN * Dv; e += kCrossAttentionBwdThreads) smem[s.acc_b + e] = 0.0f;
-  const int64_t m_begin = kPairMasks ? causal_query_begin(p.causal, n0) / BM * BM : 0;
+  // The query tiles the causal rule and the band leave to the block's keys (all without pair masks).
+  const IndexRange queries = kPairMasks ? band_queries(p, n0, n0 + BN, p.M) : IndexRange{0, p.M};
   for (int64_t g = 0; g < p.kv_group; ++g) {
     const int64_t h = kv_head * p.kv_group + g;
-    for (int64_t m0 = m_begin; m0 < p.M; m0 += BM) {
+    for (int64_t m0 = queries.begin / BM * BM; m0 < queries.end; m0 += BM) {
       const bool exact = bwd_step<scalar_t, kTile, true, kPairMasks>(smem, s, p, b, h, kv_head, m0, n0);
       accumulate_tile<kTile>(smem + s.acc_b, BN, Dv, smem + s.p, 1, BN, smem + s.dout, 1.0f, exact);   // dV += Pᵀ dO
       accumulate_tile<kTile>(smem + s.acc_a, BN, D, smem + s.ds, 1, BN, smem + s.q, p.scale, exact);  // dK += scale·dSᵀ Q
@@ -281,8 +283,9 @@ __global__ void __launch_bounds__(kCrossAttentionBwdThreads, 8) cross_attention_
 
   load_query_tile<scalar_t, kTile>(smem, s, p, bh, m0);
   for (int e = threadIdx.x; e < BM * D; e += kCrossAttentionBwdThreads) smem[s.acc_a + e] = 0.0f;
-  const int64_t n_end = kPairMasks ? causal_key_end(p.causal, m0 + BM, p.N) : p.N;
-  for (int64_t n0 = 0; n0 < n_end; n0 += BN) {
+  // The key tiles the causal rule and the band leave to the block's rows (all without pair masks).
+  const IndexRange keys = kPairMasks ? band_keys(p, m0, m0 + BM, p.N) : IndexRange{0, p.N};
+  for (int64_t n0 = keys.begin / BN * BN; n0 < keys.end; n0 += BN) {
     const bool exact = bwd_step<scalar_t, kTile, false, kPairMasks>(smem, s, p, b, h, kv_head, m0, n0);
     accumulate_tile<kTile>(smem + s.acc_a, BM, D, smem + s.ds, BN, 1, smem + s.k, p.scale, exact);  // dQ += scale·dS K
   }

@@ -174,10 +174,12 @@ __device__ __forceinline__ void attention_bwd_mma_block(const CrossAttentionBwdP
 #pragma unroll
   for (int db = 0; db < kDB; ++db) acc_a[db] = acc_b[db] = MmaC{{0.0f, 0.0f, 0.0f, 0.0f}};
 
-  // Causal: a dK/dV block starts at the streamed tile holding its first key, a dQ block stops after
-  // the tile holding its last query (the tiles outside are masked for every pair).
-  const int64_t t_begin = kPairMasks && kKeyTile ? causal_query_begin(p.causal, o0) / kOther * kOther : 0;
-  const int64_t t_end = kPairMasks && !kKeyTile ? causal_key_end(p.causal, o0 + kOwn, other_count) : other_count;
+  // The causal rule and the band: the streamed tiles that hold the queries seeing the block's keys (dK/dV) or
+  // the keys its queries see (dQ); the tiles outside are masked for every pair.
+  const IndexRange streamed = !kPairMasks ? IndexRange{0, other_count}
+                              : kKeyTile  ? band_queries(p, o0, o0 + kOwn, other_count)
+                                          : band_keys(p, o0, o0 + kOwn, other_count);
+  const int64_t t_begin = streamed.begin / kOther * kOther, t_end = streamed.end;
 #pragma unroll 1
   for (int64_t gq = 0; gq < (kKeyTile ? p.kv_group : 1); ++gq) {
     const int64_t q_head = kKeyTile ? kv_head * p.kv_group + gq : own_head;
@@ -224,8 +226,11 @@ __device__ __forceinline__ void attention_bwd_mma_block(const CrossAttentionBwdP
                                                           : negative_infinity<float>();
             masked = is_negative_infinity(key_bias);
           }
-          const float prob = softmax_probability(fmaf(x[nb].r[i], p.scale, key_bias), stats[query]);
-          const float ds = score_gradient(prob, dx[nb].r[i], stats[kOwn + query], stats[2 * kOwn + query]);
+          const float dot = x[nb].r[i];
+          float slope = 1.0f;
+          const float prob = softmax_probability(kPairMasks ? pair_mask.score(dot, p.scale, key_bias, &slope)
+                                                            : fmaf(dot, p.scale, key_bias), stats[query]);
+          const float ds = score_gradient(prob, dx[nb].r[i], stats[kOwn + query], stats[2 * kOwn + query]) * slope;
           x[nb].r[i] = kPairMasks && masked ? masked_coefficient() : prob;
           dx[nb].r[i] = kPairMasks && masked ? masked_coefficient() : ds;
         }

@@ -121,10 +121,12 @@ __device__ __forceinline__ void cross_attention_bwd_wmma_block(const CrossAttent
   float* dp_rows = s_rows + kOwn * L::score_stride;
   scalar_t* p_rows = coef + row0 * L::coef_stride;
   scalar_t* ds_rows = p_rows + kOwn * L::coef_stride;
-  // Causal: a dK/dV block starts at the query tile holding its first key, a dQ block stops after
-  // the key tile holding its last query (the tiles outside are masked for every pair).
-  const int64_t t_begin = kPairMasks && kKeyTile ? causal_query_begin(p.causal, o0) / kOther * kOther : 0;
-  const int64_t t_end = kPairMasks && !kKeyTile ? causal_key_end(p.causal, o0 + kOwn, other_count) : other_count;
+  // The causal rule and the band: the streamed tiles that hold the queries seeing the block's keys (dK/dV) or
+  // the keys its queries see (dQ); the tiles outside are masked for every pair.
+  const IndexRange streamed = !kPairMasks ? IndexRange{0, other_count}
+                              : kKeyTile  ? band_queries(p, o0, o0 + kOwn, other_count)
+                                          : band_keys(p, o0, o0 + kOwn, other_count);
+  const int64_t t_begin = streamed.begin / kOther * kOther, t_end = streamed.end;
   for (int64_t g = 0; g < (kKeyTile ? p.kv_group : 1); ++g) {
     const int64_t q_head = kKeyTile ? kv_head * p.kv_group + g : own_head;
     const int64_t bq = b * p.H + q_head;  // (batch, query head) row of lse, Δ and dlse
@@ -161,8 +163,12 @@ __device__ __forceinline__ void cross_attention_bwd_wmma_block(const CrossAttent
           key_bias = key_bias == 0.0f && query < m_valid ? pair_mask.bias(m0 + query, n0 + key) : negative_infinity<float>();
           masked = is_negative_infinity(key_bias);
         }
-        const float prob = softmax_probability(fmaf(s_rows[r * L::score_stride + t], p.scale, key_bias), stats[query]);
-        const float ds = score_gradient(prob, dp_rows[r * L::score_stride + t], stats[64 + query], stats[128 + query]);
+        const float dot = s_rows[r * L::score_stride + t];
+        float slope = 1.0f;
+        const float prob = softmax_probability(kPairMasks ? pair_mask.score(dot, p.scale, key_bias, &slope)
+                                                          : fmaf(dot, p.scale, key_bias), stats[query]);
+        const float ds =
+            score_gradient(prob, dp_rows[r * L::score_stride + t], stats[64 + query], stats[128 + query]) * slope;
         if (kPairMasks) {
           p_rows[r * L::coef_stride + t] = masked ? from_float<scalar_t>(masked_coefficient()) : allowed_coefficient<scalar_t>(prob);
           ds_rows[r * L::coef_stride + t] = masked ? from_float<scalar_t>(masked_coefficient()) : allowed_coefficient<scalar_t>(ds);

@@ -157,8 +157,9 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   }
 
   const PairMaskHead<scalar_t> pair_mask = pair_mask_head<scalar_t>(p, blk.b, blk.h);
-  const int64_t n_end = kPairMasks ? causal_key_end(p.causal, m0 + kBlockM, p.N) : p.N;
-  for (int64_t n0 = 0; n0 < n_end; n0 += kBlockN) {
+  // The key tiles the causal rule and the band leave to the block's rows (all without pair masks).
+  const IndexRange keys = kPairMasks ? band_keys(p, m0, m0 + kBlockM, p.N) : IndexRange{0, p.N};
+  for (int64_t n0 = keys.begin / kBlockN * kBlockN; n0 < keys.end; n0 += kBlockN) {
     const int n_rows = static_cast<int>(p.N - n0 < kBlockN ? p.N - n0 : kBlockN);
     __syncthreads();  // the previous K/V tile has been consumed by every warp
     load_tile<kThreads, kBlockN, kHeadDim, Layout::kKStride>(k_tile, k + n0 * p.k_stride_n, p.k_stride_n, n_rows,
@@ -198,7 +199,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
         const int64_t m = m0 + warp * kRowsPerWarp + r;
         const float bias = key_valid && m < p.M ? pair_mask.bias(m, n0 + lane) : negative_infinity<float>();
         masked = is_negative_infinity(bias);
-        score = masked_score(s[r], bias);
+        score = masked_score(pair_mask.capped(s[r]), bias);
       }
       const float factor = online_softmax_advance(row[r], warp_max(score));
       const float prob = math_exp(score - online_softmax_shift(row[r]));

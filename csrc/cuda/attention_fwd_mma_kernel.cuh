@@ -127,6 +127,7 @@ __device__ __forceinline__ void mma_fwd_key_tile(MmaFwdWarpState<kDim, MmaFwdLay
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t m = blk.m0 + row0 + 16 * mt + g + 8 * h;
+      const PairMaskRow<scalar_t> rules = kMasked && m < p.M ? pair_mask.row(m, n0) : PairMaskRow<scalar_t>{};
       float block_max = negative_infinity<float>();
 #pragma unroll
       for (int nb = 0; nb < kNB; ++nb) {
@@ -135,8 +136,8 @@ __device__ __forceinline__ void mma_fwd_key_tile(MmaFwdWarpState<kDim, MmaFwdLay
           const int j = 8 * nb + 2 * t + e;
           float score = bias[j] == 0.0f ? s[mt][nb].r[2 * h + e] * p.scale : negative_infinity<float>();
           if (kMasked) {
-            const float pair = bias[j] == 0.0f && m < p.M ? pair_mask.bias(m, n0 + j) : negative_infinity<float>();
-            score = masked_score(score, pair);
+            const float pair = bias[j] == 0.0f && m < p.M ? rules.bias(j) : negative_infinity<float>();
+            score = masked_score(pair_mask.capped(score), pair);
           }
           s[mt][nb].r[2 * h + e] = score;
           block_max = fmaxf(block_max, score);
@@ -235,13 +236,16 @@ __device__ __forceinline__ void attention_fwd_mma_block(const CrossAttentionFwdP
     const int64_t m_tiles = (p.M + L::kBlockM - 1) / L::kBlockM;
     blk.m0 = (m_tiles - 1) * L::kBlockM - blk.m0;
   }
-  const int64_t n_end = kPairMasks ? causal_key_end(p.causal, blk.m0 + L::kBlockM, p.N) : p.N;
-  const int64_t num_tiles = (n_end + kBlockN - 1) / kBlockN;
-  // Tiles [0, first_masked) need no pair mask: all of them without pair masks; with the causal rule
-  // alone, those whose last key n0 + kBlockN − 1 ≤ m0 (every row of the block sees every key).
+  // The key tiles the causal rule and the band leave to the block's rows, from n_first (all without pair masks).
+  const IndexRange keys = kPairMasks ? band_keys(p, blk.m0, blk.m0 + L::kBlockM, p.N) : IndexRange{0, p.N};
+  const int64_t n_first = keys.begin / kBlockN * kBlockN;
+  const int64_t num_tiles = (keys.end - n_first + kBlockN - 1) / kBlockN;
+  // Tiles [0, first_masked) of these need no pair mask: all of them without pair masks; with the top-left
+  // causal rule alone, those whose last key n0 + kBlockN − 1 ≤ m0 (every row of the block sees every key);
+  // none with an attn_mask, a band or a score modification (every pair is tested).
   int64_t first_masked = num_tiles;
   if (kPairMasks) {
-    first_masked = p.attn_mask != nullptr ? 0 : (blk.m0 + 1) / kBlockN;
+    first_masked = p.every_tile_per_pair() ? 0 : (blk.m0 + 1) / kBlockN;
     first_masked = first_masked < num_tiles ? first_masked : num_tiles;
   }
 
@@ -251,12 +255,14 @@ __device__ __forceinline__ void attention_fwd_mma_block(const CrossAttentionFwdP
       reinterpret_cast<scalar_t*>(smem + L::kQ), blk.q + blk.m0 * p.q_stride_m, p.q_stride_m, m_rows,
       static_cast<int>(p.D), static_cast<const uint8_t*>(nullptr));
   if (num_tiles > 0) {
-    const int rows0 = static_cast<int>(p.N < kBlockN ? p.N : kBlockN);
-    load_tile_async<L::kThreads, kBlockN, L::kChunks, L::kStride>(reinterpret_cast<scalar_t*>(smem + L::kK), blk.k,
-                                                                  p.k_stride_n, rows0, static_cast<int>(p.D), blk.mask);
+    const int rows0 = static_cast<int>(p.N - n_first < kBlockN ? p.N - n_first : kBlockN);
+    const uint8_t* padding0 = blk.mask == nullptr ? nullptr : blk.mask + n_first;
+    load_tile_async<L::kThreads, kBlockN, L::kChunks, L::kStride>(reinterpret_cast<scalar_t*>(smem + L::kK),
+                                                                  blk.k + n_first * p.k_stride_n, p.k_stride_n, rows0,
+                                                                  static_cast<int>(p.D), padding0);
     float* bias0 = reinterpret_cast<float*>(smem + L::kBias);
     for (int j = threadIdx.x; j < kBlockN; j += L::kThreads) {
-      bias0[j] = j < rows0 && (blk.mask == nullptr || blk.mask[j] == 0) ? 0.0f : negative_infinity<float>();
+      bias0[j] = j < rows0 && (padding0 == nullptr || padding0[j] == 0) ? 0.0f : negative_infinity<float>();
     }
   }
   cp_async_commit();
@@ -270,13 +276,13 @@ __device__ __forceinline__ void attention_fwd_mma_block(const CrossAttentionFwdP
   }
 #pragma unroll 1
   for (int64_t tile = 0; tile < first_masked; ++tile) {
-    mma_fwd_key_tile<scalar_t, kDim, false>(st, p, blk, smem, tile * kBlockN,
+    mma_fwd_key_tile<scalar_t, kDim, false>(st, p, blk, smem, n_first + tile * kBlockN,
                                                         static_cast<int>(tile), num_tiles);
   }
   if (kPairMasks) {
 #pragma unroll 1
     for (int64_t tile = first_masked; tile < num_tiles; ++tile) {
-      mma_fwd_key_tile<scalar_t, kDim, true>(st, p, blk, smem, tile * kBlockN,
+      mma_fwd_key_tile<scalar_t, kDim, true>(st, p, blk, smem, n_first + tile * kBlockN,
                                                          static_cast<int>(tile), num_tiles);
     }
   }

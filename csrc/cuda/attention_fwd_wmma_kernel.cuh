@@ -85,8 +85,9 @@ __device__ __forceinline__ void cross_attention_fwd_wmma_block(const CrossAttent
 
   OnlineSoftmaxRow<float> row = online_softmax_empty<float>();  // meaningful in lanes 0..15 (row row0 + lane)
   const PairMaskHead<scalar_t> pair_mask = pair_mask_head<scalar_t>(p, blk.b, blk.h);
-  const int64_t n_end = kPairMasks ? causal_key_end(p.causal, m0 + kBlockM, p.N) : p.N;
-  for (int64_t n0 = 0; n0 < n_end; n0 += kBlockN) {
+  // The key tiles the causal rule and the band leave to the block's rows (all without pair masks).
+  const IndexRange keys = kPairMasks ? band_keys(p, m0, m0 + kBlockM, p.N) : IndexRange{0, p.N};
+  for (int64_t n0 = keys.begin / kBlockN * kBlockN; n0 < keys.end; n0 += kBlockN) {
     const int n_rows = static_cast<int>(p.N - n0 < kBlockN ? p.N - n0 : kBlockN);
     __syncthreads();  // every warp is done with the previous K/V tile (and the Q tile is complete)
     // Padded keys are zero rows: the P·V product would take 0 · NaN from a padded value, and the
@@ -127,7 +128,7 @@ __device__ __forceinline__ void cross_attention_fwd_wmma_block(const CrossAttent
         if (kPairMasks) {
           const float bias = key_bias[j] == 0.0f && m < p.M ? pair_mask.bias(m, n0 + j) : negative_infinity<float>();
           if (is_negative_infinity(bias)) masked_keys |= 1u << j;
-          score = masked_score(score, bias);
+          score = masked_score(pair_mask.capped(score), bias);
         }
         s_row[j] = score;
         block_max = fmaxf(block_max, score);

@@ -17,6 +17,7 @@
 #include "attention_bwd.cuh"
 #include "cuda_emulation/emulator_extras_tree.h"
 #include "cuda_emulation/scalar_types.h"
+#include "cuda_score_rules_case.h"
 
 namespace bwd_emulation {
 
@@ -44,6 +45,7 @@ struct Case {
   int64_t kv_group = 1;  // query heads per key/value head
   // Rows padded by 8 elements (16 bytes) instead of 3, as the mma kernels' cp.async loads need.
   bool aligned = false;
+  emulation_rules::ScoreRules rules{};  // a band, soft cap, ALiBi (pair-mask instantiations too)
 };
 
 inline void fail(const Case& c, const char* what, int64_t index, double got, double want) {
@@ -160,6 +162,7 @@ void run_backward_case(const Case& c, uint32_t seed, Kernels kernels) {
   const auto allowed = [&](int64_t b, int64_t h, int64_t m, int64_t n) {
     if (mask[b * (N + 5) + n]) return false;
     if (c.causal && n > m) return false;
+    if (!c.rules.in_band(m, n)) return false;
     const int64_t at = b * am_b + h * am_h + m * am_m + n * am_n;
     if (c.attn_mask == kBoolMask) return bool_mask[at] != 0;
     if (c.attn_mask == kAdditiveMask) return !std::isinf(to_float(add_mask[at]));
@@ -176,7 +179,7 @@ void run_backward_case(const Case& c, uint32_t seed, Kernels kernels) {
     if (!allowed(b, h, m, n)) return -kInf;  // masked pairs are never read
     double dot = 0;
     for (int64_t d = 0; d < D; ++d) dot += q.get(b, h, m, d) * k.get(b, h / group, n, d);
-    return dot * double(scale_f) + additive(b, h, m, n);
+    return c.rules.score(dot * double(scale_f), additive(b, h, m, n), h, m, n);
   };
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)
@@ -203,6 +206,8 @@ void run_backward_case(const Case& c, uint32_t seed, Kernels kernels) {
   CrossAttentionBwdParams p;
   p.B = B, p.H = H, p.M = M, p.N = N, p.D = D, p.Dv = Dv, p.scale = scale_f, p.dtype = scalar_type<scalar_t>();
   p.kv_group = group, p.causal = c.causal;
+  std::vector<float> slopes;
+  c.rules.apply(p, H, slopes);
   if (c.attn_mask != kNoAttnMask) {
     p.attn_mask = c.attn_mask == kBoolMask ? static_cast<const void*>(bool_mask.data())
                                            : static_cast<const void*>(add_mask.data());
@@ -245,7 +250,9 @@ void run_backward_case(const Case& c, uint32_t seed, Kernels kernels) {
           const double prob = std::exp(sc - double(lse[row]));
           double dp = 0;
           for (int64_t d = 0; d < Dv; ++d) dp += dout.get(b, h, m, d) * v.get(b, h / group, n, d);
-          const double ds = prob * (dp - dd + grad_lse[row]);
+          double dot = 0;  // the soft cap's factor of dS
+          for (int64_t d = 0; d < D; ++d) dot += q.get(b, h, m, d) * k.get(b, h / group, n, d);
+          const double ds = prob * (dp - dd + grad_lse[row]) * c.rules.score_slope(dot * double(scale_f));
           const int64_t key = (b * Hkv + h / group) * N + n;  // GQA: the group's query heads sum here
           for (int64_t d = 0; d < Dv; ++d) rv[key * Dv + d] += prob * dout.get(b, h, m, d);
           for (int64_t d = 0; d < D; ++d) {

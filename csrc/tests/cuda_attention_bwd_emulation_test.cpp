@@ -28,7 +28,7 @@ constexpr int preferred_tile(int dim) {
 /// kPair: the pair-mask instantiations (the case must have causal or attn_mask).
 template <typename scalar_t, int kDim = 0, int kTile = preferred_tile(kDim), bool kPair = false>
 void run_case(const Case& c, uint32_t seed, std::size_t smem_limit = kSm90) {
-  if (kPair != (c.causal || c.attn_mask != kNoAttnMask)) return fail(c, "kPair must match the case", 0, 0, 0);
+  if (kPair != (c.causal || c.attn_mask != kNoAttnMask || c.rules.any())) return fail(c, "kPair must match the case", 0, 0, 0);
   const auto kernels = [&](const CrossAttentionBwdParams& p) -> bool {
     const CrossAttentionBwdPlan plan = attn_ext::cuda::plan_cross_attention_bwd(
         p.B, p.H, p.M, p.N, p.D, p.Dv, p.dtype, smem_limit, kEveryDtypeCapability, p.kv_group);
@@ -105,6 +105,14 @@ void test_plan() {
          "grid overflow rejected");
 }
 
+
+/// `c` with score rules (a band, soft cap, ALiBi); kU: a side of the band without a limit.
+Case ruled(Case c, emulation_rules::ScoreRules rules) {
+  c.rules = rules;
+  return c;
+}
+constexpr int64_t kU = emulation_rules::kBandUnbounded;
+
 }  // namespace
 
 int main() {
@@ -152,6 +160,20 @@ int main() {
                                   seed++);
   run_case<__half, 128, 1, true>({"fp16 bool causal, 64 KiB: 1 warp", 1, 2, 40, 35, 128, 128, false, true, kBoolMask},
                                  seed++, kSm75);
+  // Score rules (ScoreRules: band_lo, band_hi, diagonal, softcap, alibi with head h's slope alibi·(h + 1)): the
+  // query and key tiles outside a band skipped, the soft cap's factor in dS, ALiBi over an additive mask.
+  run_case<float, 0, 16, true>(
+      ruled({"fp32 window (6, 0) bottom-right M=20 N=70", 1, 2, 20, 70, 24, 24, false}, {44, 50, 50}), seed++);
+  run_case<float, 0, 16, true>(
+      ruled({"fp32 window (5, 9) + softcap + ALiBi, padded", 2, 2, 45, 50, 16, 16, true}, {-5, 9, 0, 1.0f, 0.25f}),
+      seed++);
+  run_case<__half, 64, 4, true>(
+      ruled({"fp16 band (25, 25): rows without keys", 1, 2, 40, 30, 40, 40, false}, {25, 25, 0}), seed++);
+  run_case<__nv_bfloat16, 128, 4, true>(
+      ruled({"bf16 ALiBi (diagonal 10) + softcap + additive, GQA 2/1", 2, 2, 60, 70, 96, 96, true, false,
+             kAdditiveMask, 2},
+            {-kU, kU, 10, 1.5f, 0.125f}),
+      seed++);
   if (g_failures != 0) {
     std::fprintf(stderr, "attn_ext_cuda_attention_bwd_emulation_tests: %d failure(s)\n", g_failures);
     return 1;

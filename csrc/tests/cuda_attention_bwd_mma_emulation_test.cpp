@@ -19,7 +19,7 @@ using attn_ext::cuda::CrossAttentionBwdParams;
 template <typename scalar_t, int kDim>
 void run_case(Case c, uint32_t seed) {
   c.aligned = true;
-  const bool pair = c.causal || c.attn_mask != kNoAttnMask;
+  const bool pair = c.causal || c.attn_mask != kNoAttnMask || c.rules.any();
   const auto kernels = [&](const CrossAttentionBwdParams& p) -> bool {
     namespace det = attn_ext::cuda::detail;
     using L = det::MmaBwdLayout<kDim>;
@@ -56,6 +56,14 @@ void run_case(Case c, uint32_t seed) {
   run_backward_case<scalar_t>(c, seed, kernels);
 }
 
+
+/// `c` with score rules (a band, soft cap, ALiBi); kU: a side of the band without a limit.
+Case ruled(Case c, emulation_rules::ScoreRules rules) {
+  c.rules = rules;
+  return c;
+}
+constexpr int64_t kU = emulation_rules::kBandUnbounded;
+
 }  // namespace
 
 int main() {
@@ -76,6 +84,22 @@ int main() {
                               seed++);
   run_case<__half, 64>({"mma fp16 causal M=10 N=90 (keys past M)", 1, 1, 10, 90, 48, 48, false, true}, seed++);
   run_case<__half, 128>({"mma fp16 causal M=90 N=20", 2, 1, 90, 20, 128, 128, true, true}, seed++);
+  // Score rules (ScoreRules: band_lo, band_hi, diagonal, softcap, alibi with head h's slope alibi·(h + 1)): the
+  // streamed tiles outside a band skipped, the soft cap's factor in dS, ALiBi over an additive mask with GQA.
+  run_case<__half, 64>(
+      ruled({"mma fp16 window (20, 0) bottom-right M=70 N=300", 1, 2, 70, 300, 64, 64, false}, {210, 230, 230}),
+      seed++);
+  run_case<__nv_bfloat16, 128>(
+      ruled({"mma bf16 window (30, 9) + softcap + ALiBi, padded", 2, 2, 130, 150, 128, 128, true},
+            {-30, 9, 0, 1.0f, 0.25f}),
+      seed++);
+  run_case<__half, 32>(
+      ruled({"mma fp16 band (25, 25): rows without keys", 1, 1, 40, 30, 32, 32, false}, {25, 25, 0}), seed++);
+  run_case<__half, 64>(
+      ruled({"mma fp16 ALiBi (diagonal -7) + additive, GQA 4/2", 2, 4, 37, 50, 40, 40, false, false, kAdditiveMask,
+             2},
+            {-kU, kU, -7, 0.0f, 0.0625f}),
+      seed++);
   if (g_failures != 0) {
     std::fprintf(stderr, "attn_ext_cuda_attention_bwd_mma_emulation_tests: %d failure(s)\n", g_failures);
     return 1;

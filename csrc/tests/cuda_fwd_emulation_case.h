@@ -21,6 +21,7 @@
 #include "attention_fwd.cuh"
 #include "cuda_emulation/emulator_extras_tree.h"  // smem_raw
 #include "cuda_emulation/scalar_types.h"
+#include "cuda_score_rules_case.h"
 
 namespace fwd_emulation {
 
@@ -57,6 +58,7 @@ struct Case {
   // Rows padded by multiples of 8 elements (16 bytes), as the mma kernel's cp.async loads need; the
   // other kernels' cases pad by odd amounts to catch any assumption of alignment.
   bool aligned = false;
+  emulation_rules::ScoreRules rules{};  // a band, soft cap, ALiBi (pair-mask instantiations too)
 };
 
 /// The geometry a planner gives a case: grid, threads and shared memory of one block (grid 0: the
@@ -187,6 +189,7 @@ void run_forward_case(const Case& c, uint32_t seed, std::size_t smem_limit, Plan
   const auto allowed = [&](int64_t b, int64_t h, int64_t m, int64_t n) {
     if (c.mask && mask[b * p.mask_stride_b + n] != 0) return false;
     if (c.causal && n > m) return false;
+    if (!c.rules.in_band(m, n)) return false;
     const int64_t at = b * p.attn_mask_stride_b + h * p.attn_mask_stride_h + m * p.attn_mask_stride_m +
                        n * p.attn_mask_stride_n;
     if (c.attn_mask == kBoolMask) return bool_mask[at] != 0;
@@ -200,6 +203,8 @@ void run_forward_case(const Case& c, uint32_t seed, std::size_t smem_limit, Plan
   };
   p.scale = c.score_scale / std::sqrt(static_cast<float>(D));
   p.dtype = scalar_type<scalar_t>();
+  std::vector<float> slopes;
+  c.rules.apply(p, H, slopes);
 
   constexpr int64_t kGuard = 37;
   const float kSentinel = 12288.0f;  // exact in fp16 and bf16
@@ -242,7 +247,7 @@ void run_forward_case(const Case& c, uint32_t seed, std::size_t smem_limit, Plan
           double dot = 0;
           for (int64_t d = 0; d < D; ++d) dot += double(as_float(q[qi(b, h, m, d)])) * as_float(k[ki(b, hk, n, d)]);
           // The kernel pre-scales q in fp32; mirror that rounding so the check stays tight.
-          s[n] = dot * double(p.scale) + additive(b, h, m, n);
+          s[n] = c.rules.score(dot * double(p.scale), additive(b, h, m, n), h, m, n);
           mx = std::isnan(s[n]) || std::isnan(mx) ? s[n] + mx : std::max(mx, s[n]);  // NaN-propagating max
         }
         double want_lse = -std::numeric_limits<double>::infinity();

@@ -24,7 +24,7 @@ constexpr int preferred_tile() {
 /// per warp (fp32). kPair: the pair-mask instantiation (the case must have causal or attn_mask).
 template <typename scalar_t, int kD, int kDv, int kTile = preferred_tile<scalar_t, kDv>(), bool kPair = false>
 void run_case(const Case& c, uint32_t seed, std::size_t smem_limit = kSm90) {
-  if (kPair != (c.causal || c.attn_mask != kNoAttnMask)) {
+  if (kPair != (c.causal || c.attn_mask != kNoAttnMask || c.rules.any())) {
     fail(c, "kPair must be set exactly for causal / attn_mask cases", 0, 0, 0);
     return;
   }
@@ -53,6 +53,14 @@ void run_case(const Case& c, uint32_t seed, std::size_t smem_limit = kSm90) {
   };
   run_forward_case<scalar_t>(c, seed, smem_limit, planner, kernel);
 }
+
+
+/// `c` with score rules (a band, soft cap, ALiBi); kU: a side of the band without a limit.
+Case ruled(Case c, emulation_rules::ScoreRules rules) {
+  c.rules = rules;
+  return c;
+}
+constexpr int64_t kU = emulation_rules::kBandUnbounded;
 
 }  // namespace
 
@@ -113,6 +121,23 @@ int main() {
   run_case<__nv_bfloat16, 128, 128, 2, true>(
       {"bf16 bool attn_mask, 64 KiB: 2 warps", 2, 1, 40, 50, 96, 128, false, false, 1.0f, false, kBoolMask}, seed++,
       kSm75);
+  // Score rules: a sliding window aligned bottom-right (tiles left of it skipped), a two-sided window with soft
+  // cap and ALiBi on padded keys, a band leaving rows without keys (out 0, lse -inf), ALiBi over an additive mask.
+  // ScoreRules: band_lo, band_hi, diagonal, softcap, alibi (head h's slope alibi·(h + 1)).
+  run_case<float, 64, 64, 8, true>(
+      ruled({"fp32 window (16, 0) bottom-right M=40 N=100", 2, 2, 40, 100, 40, 40, false, false, 1.0f}, {44, 60, 60}),
+      seed++);
+  run_case<float, 32, 32, 8, true>(
+      ruled({"fp32 window (5, 7) + softcap + ALiBi, padded", 2, 2, 50, 70, 32, 32, true, false, 6.0f},
+            {-5, 7, 0, 3.0f, 0.25f}),
+      seed++);
+  run_case<__half, 64, 64, 4, true>(
+      ruled({"fp16 band (25, 25): rows without keys", 1, 2, 40, 30, 64, 64, false, false, 1.0f}, {25, 25, 0}), seed++);
+  run_case<__nv_bfloat16, 128, 128, 4, true>(
+      ruled({"bf16 ALiBi (diagonal 10) + softcap + additive, GQA 2/1", 2, 2, 60, 70, 96, 96, true, false, 4.0f, false,
+             kAdditiveMask, 2},
+            {-kU, kU, 10, 5.0f, 0.125f}),
+      seed++);
   if (g_failures != 0) {
     std::fprintf(stderr, "attn_ext_cuda_emulation_tests: %d mismatch(es)\n", g_failures);
     return 1;

@@ -19,7 +19,7 @@ using attn_ext::cuda::CrossAttentionFwdParams;
 template <typename scalar_t, int kDim>
 void run_case(Case c, uint32_t seed) {
   c.aligned = true;
-  const bool pair = c.causal || c.attn_mask != kNoAttnMask;
+  const bool pair = c.causal || c.attn_mask != kNoAttnMask || c.rules.any();
   const auto planner = [&](const CrossAttentionFwdParams& p) {
     const char* why = attn_ext::cuda::mma_qkv_ineligible(80, p.D, p.Dv, p.q, p.k, p.v, p);
     const int dim = attn_ext::cuda::cross_attention_fwd_head_dim_instantiation(p.D > p.Dv ? p.D : p.Dv);
@@ -41,6 +41,14 @@ void run_case(Case c, uint32_t seed) {
   };
   run_forward_case<scalar_t>(c, seed, kSm90, planner, kernel);
 }
+
+
+/// `c` with score rules (a band, soft cap, ALiBi); kU: a side of the band without a limit.
+Case ruled(Case c, emulation_rules::ScoreRules rules) {
+  c.rules = rules;
+  return c;
+}
+constexpr int64_t kU = emulation_rules::kBandUnbounded;
 
 }  // namespace
 
@@ -67,6 +75,25 @@ int main() {
                                seed++);
   run_case<__half, 64>(
       {"mma fp16 bool attn_mask, GQA 4/2", 2, 4, 37, 50, 40, 40, false, false, 1.0f, false, kBoolMask, 2}, seed++);
+  // Score rules (ScoreRules: band_lo, band_hi, diagonal, softcap, alibi with head h's slope alibi·(h + 1)): a
+  // bottom-right window over long keys (the first tiles skipped), a two-sided window with soft cap and ALiBi on
+  // padded keys, a band leaving rows without keys, ALiBi over an additive mask with GQA.
+  run_case<__half, 64>(
+      ruled({"mma fp16 window (20, 0) bottom-right M=70 N=300", 1, 2, 70, 300, 64, 64, false, false, 1.0f},
+            {210, 230, 230}),
+      seed++);
+  run_case<__nv_bfloat16, 128>(
+      ruled({"mma bf16 window (30, 9) + softcap + ALiBi, padded", 2, 2, 130, 150, 128, 128, true, false, 8.0f},
+            {-30, 9, 0, 4.0f, 0.25f}),
+      seed++);
+  run_case<__half, 32>(
+      ruled({"mma fp16 band (25, 25): rows without keys", 1, 1, 40, 30, 32, 32, false, false, 1.0f}, {25, 25, 0}),
+      seed++);
+  run_case<__half, 64>(
+      ruled({"mma fp16 ALiBi (diagonal -7) + additive, GQA 4/2", 2, 4, 37, 50, 40, 40, false, false, 1.0f, false,
+             kAdditiveMask, 2},
+            {-kU, kU, -7, 0.0f, 0.0625f}),
+      seed++);
   if (g_failures != 0) {
     std::fprintf(stderr, "attn_ext_cuda_fwd_mma_emulation_tests: %d mismatch(es)\n", g_failures);
     return 1;

@@ -160,21 +160,18 @@ def test_opcheck():
         torch.library.opcheck(op, (q, k, v, None, None, 0.3, False, 0.0, None, 4, 2, 5, 0, 0.0, slopes))
 
 
-def test_backends_without_them_say_why_and_auto_takes_one_with_them():
+def test_every_backend_takes_them_and_auto_keeps_its_choice():
+    """No backend refuses a soft cap or ALiBi any more (the CUDA kernels have them too, tested on their source in
+    the host emulation and on a GPU in python_tests/gpu/test_gpu_band_scores.py): the automatic choice is the one
+    it makes without them, and a CUDA tensor's call would reach the CUDA kernels' op, which takes the arguments."""
     q, k, v = _qkv(1, 2, 2, 5, 7, 4, 4, dtype=torch.float32)
-    reasons = ae.available_backends(q, "scaled_dot_product_attention")
-    from attn_ext.ops.attention.registration import SCALED_DOT_PRODUCT_ATTENTION
-    from attn_ext.ops.utils import dispatch
-
-    with_mods = dispatch.rejection_reasons(SCALED_DOT_PRODUCT_ATTENTION, q, score_mod=True)
-    if reasons["triton"] is None:
-        assert with_mods["triton"] is None  # the Triton kernels have them (test_sdpa_triton_band_scores.py)
     from attn_ext.ops.attention import registration
 
-    assert "softcap or ALiBi" in registration._cuda_supports_call(q, {"score_mod": True})  # on a CUDA device
-    assert with_mods["cuda"] is not None
-    name = dispatch.select_backend(SCALED_DOT_PRODUCT_ATTENTION, None, q, score_mod=True)
-    assert name in ("cpp", "reference")
+    assert registration._cuda_supports_call(q, {"dropout_p": 0.0}) is None
+    assert "dropout" in registration._cuda_supports_call(q, {"dropout_p": 0.1})
+    out = ae.scaled_dot_product_attention(q, k, v, softcap=2.0, alibi_slopes=torch.tensor([0.5, 0.25]))
+    ref = dense(q.double(), k.double(), v.double(), 2.0, torch.tensor([0.5, 0.25]), None, "top_left")
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-6)
 
 
 

@@ -210,7 +210,7 @@ def test_a_nan_key_outside_every_window_reaches_no_row(backend):
     assert torch.isfinite(out[0, 0, :15]).all() and torch.isnan(out[0, 0, 15]).all()
 
 
-def test_triton_takes_the_band_and_a_backend_without_one_reads_it_as_a_mask(monkeypatch):
+def test_triton_takes_the_band_through_the_public_function_and_the_op():
     pytest.importorskip("triton")
     from attn_ext.ops.utils.triton import triton_unavailable_reason
 
@@ -227,13 +227,7 @@ def test_triton_takes_the_band_and_a_backend_without_one_reads_it_as_a_mask(monk
     ref3, _ = dense_attention(q.double(), k.double(), v.double(), attn_mask=band_mask(20, 33, False, (3, 0)),
                               scale=0.25)
     torch.testing.assert_close(direct.double(), ref3, rtol=1e-4, atol=1e-5)
-    # A backend whose kernels have no band (the CUDA kernels) is given the band as a bool mask: the same result.
-    from attn_ext.ops.attention import scaled_dot_product
 
-    monkeypatch.setattr(scaled_dot_product, "BAND_BACKENDS", ("cpp", "reference"))
-    masked = ae.scaled_dot_product_attention(q, k, v, is_causal=True, window_size=(4, 0), alignment="bottom_right",
-                                             backend="triton")
-    torch.testing.assert_close(masked.double(), ref, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("kwargs, error, match", [

@@ -1,5 +1,6 @@
-"""The Triton kernels' sliding window, offset causal rule, soft cap and ALiBi on a CUDA device (the interpreter
-tests them on the CPU in python_tests/attention/test_sdpa_triton_band_scores.py): forward and backward of fp16 and
+"""The Triton and CUDA kernels' sliding window, offset causal rule, soft cap and ALiBi on a CUDA device (the
+interpreter tests the Triton ones on the CPU in python_tests/attention/test_sdpa_triton_band_scores.py, the host
+emulation the CUDA ones' source in csrc/tests/cuda_*_emulation_test.cpp): forward and backward of fp16 and
 bf16 calls at D = 64 and 128 against the dense fp64 definition with FlashAttention's rule (calibrated by PyTorch's
 same-precision computation on the GPU), with the autotuned tiles; skipped, with the reason, without a CUDA device.
 """
@@ -25,7 +26,7 @@ CASES = {  # softcap, alibi, is_causal, window, alignment
 }
 
 
-@pytest.mark.parametrize("backend", backends("scaled_dot_product_attention", ("triton",)))
+@pytest.mark.parametrize("backend", backends("scaled_dot_product_attention", ("triton", "cuda")))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("case", list(CASES))

@@ -105,8 +105,6 @@ def attention_bwd_reference(grad_out, grad_lse, q, k, v, attn_mask, key_padding_
                                         diagonal, softcap, alibi_slopes)
 
 
-#: The backends whose kernels take the band arguments (the public function gives the others a band as a mask).
-BAND_BACKENDS = ("cpp", "reference", "triton")
 #: The backends whose kernels take a packed batch (``cu_seqlens_q/k``; ``ae.varlen_attention`` runs the others one
 #: call per sequence).
 PACKED_BACKENDS = ("cpp", "reference", "triton")
@@ -203,14 +201,10 @@ if _COMPILED_KERNELS:
 
 
 def _cuda_supports_call(x: Tensor, context: Mapping[str, Any]) -> Optional[str]:
-    """What the hand-written CUDA attention kernels do not take: dropout (the Triton kernels have it), softcap
-    and ALiBi (the cpp and reference kernels have them)."""
+    """What the hand-written CUDA attention kernels do not take: dropout (the Triton kernels have it)."""
     if context.get("dropout_p", 0.0) > 0.0:
         return "the CUDA kernels have no attention dropout (the Triton kernels have)"
-    if context.get("score_mod", False):
-        return "the CUDA kernels have no softcap or ALiBi yet (the cpp, reference and Triton kernels have)"
     return None
-
 
 
 def _compiled_reason(x: Tensor, context: Mapping[str, Any]) -> Optional[str]:

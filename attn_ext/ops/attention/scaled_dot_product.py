@@ -11,9 +11,9 @@ from torch.nn.attention.bias import CausalBias, CausalVariant
 
 from attn_ext.ops.attention.chunked import DEFAULT_CHUNK_SIZE
 from attn_ext.ops.attention.dropout import draw_seed
-from attn_ext.ops.attention.band import Band, check_band_args
+from attn_ext.ops.attention.band import check_band_args
 from attn_ext.ops.attention.bias_grad import attention_with_bias_gradient, takes_bias_gradient
-from attn_ext.ops.attention.registration import BAND_BACKENDS, SCALED_DOT_PRODUCT_ATTENTION
+from attn_ext.ops.attention.registration import SCALED_DOT_PRODUCT_ATTENTION
 from attn_ext.ops.utils import dispatch
 from attn_ext.ops.utils.validation import SUPPORTED_DTYPES, check_chunk_size, check_scale, is_real_scalar
 
@@ -144,17 +144,6 @@ def alibi_slopes_for(slopes, query: Tensor) -> Tensor:
     return slopes.expand(heads).contiguous()
 
 
-def _band_as_mask(attn_mask: Optional[Tensor], band: Band, queries: int, keys: int, device) -> Tensor:
-    """``attn_mask`` (None, bool, or additive) with the band's pairs outside it masked, in ``attn_mask``'s own
-    broadcast shape with ``[L, S]``: for the backends whose kernels have no band (they read it as a mask)."""
-    inside = band.allowed(queries, 0, keys, device)
-    if attn_mask is None:
-        return inside
-    if attn_mask.dtype == torch.bool:
-        return attn_mask & inside
-    return attn_mask.masked_fill(~inside, -math.inf)
-
-
 def _check_padding(key_padding_mask: Tensor, query: Tensor, keys: int) -> None:
     expected = _shape(query)[:-3] + (keys,)
     if not isinstance(key_padding_mask, Tensor) or key_padding_mask.dtype != torch.bool:
@@ -249,9 +238,8 @@ def scaled_dot_product_attention(
     window_size : (int, int), optional
         ``(left, right)``: key ``j`` takes part for query ``i`` only if ``i' − left ≤ j ≤ i' + right`` (a
         sliding window); ``-1`` leaves that side unbounded. ``is_causal=True`` sets ``right = 0`` (pass 0 or
-        -1 there). Combines with masks, padding, grouped heads and dropout. The cpp, reference and Triton
-        kernels skip the key chunks outside the band (cost ∝ ``L · (left + right)``); the CUDA kernels do
-        not have it yet and read the band as a bool mask.
+        -1 there). Combines with masks, padding, grouped heads and dropout. Every backend's kernels skip the
+        key chunks outside the band (cost ∝ ``L · (left + right)``).
     softcap : float, optional
         ``c > 0``: the scaled scores become ``c · tanh(scale · q·k / c)`` before the mask and ALiBi are added
         (Gemma 2, Grok); None or 0: none. Differentiable (the backward applies ``1 − tanh²``).
@@ -332,13 +320,7 @@ def _attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable
 
     q, k, v = _as_4d(query), _as_4d(key), _as_4d(value)
     B, Hq, L, _ = q.shape
-    name = dispatch.select_backend(SCALED_DOT_PRODUCT_ATTENTION, backend, q, dropout_p=dropout_p,
-                                   score_mod=softcap > 0 or slopes is not None)
-    band = Band.of(is_causal, window_left, window_right, diagonal)
-    if band.active and band != Band.of(is_causal) and name not in BAND_BACKENDS:
-        # A sliding window or an offset causal rule on kernels without them: read as a bool mask.
-        attn_mask = _band_as_mask(attn_mask, band, queries, keys, query.device)
-        is_causal, window_left, window_right, diagonal = False, -1, -1, 0
+    name = dispatch.select_backend(SCALED_DOT_PRODUCT_ATTENTION, backend, q, dropout_p=dropout_p)
     mask = None
     if attn_mask is not None:
         mask = attn_mask.expand(_shape(query)[:-1] + (keys,)).reshape(B, Hq, L, keys)

@@ -54,8 +54,7 @@ def _fused(q, k, v, cu_q, cu_k, dropout_p, is_causal, scale, window_size, softca
     slopes = None
     if alibi_slopes is not None:  # [H] or [B, H]: as SDPA's (..., Hq) for a batch of B sequences
         slopes = alibi_slopes_for(alibi_slopes, torch.empty((batch, heads, 1, 1), device=q.device))
-    name = dispatch.select_backend(SCALED_DOT_PRODUCT_ATTENTION, backend, q4, dropout_p=0.0,
-                                   score_mod=softcap > 0 or slopes is not None)
+    name = dispatch.select_backend(SCALED_DOT_PRODUCT_ATTENTION, backend, q4, dropout_p=0.0)
     if name not in PACKED_BACKENDS:
         return None
     scale = check_scale(scale, "varlen_attention")

@@ -5,8 +5,11 @@
 // inputs with the checks its CPU op uses (csrc/checks/attention_checks.h, same messages), then both
 // run the one launch code below; outputs have the CPU ops' shapes and dtypes.
 //
+// The band (a sliding window, the causal rule off the top-left diagonal), the soft cap and ALiBi's slopes go
+// to the kernels as the AttentionMaskLayout's rules (fill_score_rules).
 // What the CUDA kernels do not take raises here, naming the op and the reason, so that the Python
-// dispatch can route such calls elsewhere: dropout (dropout_p > 0: NotImplementedError), float64.
+// dispatch can route such calls elsewhere: dropout (dropout_p > 0: NotImplementedError), a packed (varlen)
+// batch, float64.
 // attn_mask is read in place through its strides (a broadcast mask is an expand()ed view with
 // stride 0, never materialised). chunk_size is validated but otherwise unused: the kernels stream the
 // keys in their own tiles, and the result does not depend on the chunking (it is the exact softmax
@@ -15,6 +18,8 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
+#include <cmath>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -61,18 +66,66 @@ Inputs prepare(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   return in;
 }
 
+/// The rules of a call beyond masks and padding, as the op received them (checked by the CPU op's checks).
+struct ScoreRules {
+  bool is_causal = false;
+  int64_t window_left = -1, window_right = -1, diagonal = 0;
+  double softcap = 0;
+  at::Tensor alibi_slopes;  ///< fp32 [B, Hq] or undefined
+};
+
+ScoreRules checked_score_rules(const AttentionShape& s, const at::Tensor& q, bool is_causal, int64_t window_left,
+                               int64_t window_right, int64_t diagonal, double softcap,
+                               const std::optional<at::Tensor>& alibi_slopes, const char* op) {
+  check_attention_band(window_left, window_right, diagonal);
+  check_score_mods(s, q, softcap, alibi_slopes);
+  // The kernels compute in float with c and 1 / c: a cap whose either float32 cannot hold would silently be no cap
+  // (or an infinite one).
+  const float cap = static_cast<float>(softcap), inverse = static_cast<float>(1.0 / softcap);
+  TORCH_CHECK_VALUE(softcap == 0 || (cap > 0 && std::isfinite(cap) && std::isfinite(inverse)), "attn_ext::", op,
+                    " (CUDA): softcap ", softcap, " or its inverse is outside float32's positive finite range");
+  ScoreRules rules{is_causal, window_left, window_right, diagonal, softcap, {}};
+  if (alibi_slopes.has_value()) rules.alibi_slopes = *alibi_slopes;
+  return rules;
+}
+
+/// The layout's causal rule, band and score modifications of `rules` for M queries and N keys. The top-left
+/// causal rule alone stays `causal` (the kernels' split loops); any other band is made as the CPU kernels'
+/// (lo = diagonal − left, hi = diagonal or diagonal + right), each side without effect for these M and N
+/// made unbounded (no per-pair test for it) and the others clamped to [−M, N] (no overflow in m + lo).
+void fill_score_rules(AttentionMaskLayout& p, const ScoreRules& rules, int64_t M, int64_t N) {
+  const bool windowed = rules.window_left >= 0 || rules.window_right >= 0;
+  p.diagonal = rules.diagonal;
+  if (rules.is_causal && !windowed && rules.diagonal == 0) {
+    p.causal = true;
+  } else if (rules.is_causal || windowed) {
+    int64_t lo = -kBandUnbounded, hi = kBandUnbounded;
+    if (rules.window_left >= 0) lo = rules.diagonal - rules.window_left;
+    if (rules.is_causal) hi = rules.diagonal;
+    if (rules.window_right >= 0) hi = std::min(hi, rules.diagonal + rules.window_right);
+    p.band_lo = lo <= 1 - M ? -kBandUnbounded : std::min(lo, N);  // n >= m + lo for every n >= 0, m < M
+    p.band_hi = hi >= N - 1 ? kBandUnbounded : std::max(hi, -M);  // n <= m + hi for every n < N, m >= 0
+  }
+  p.softcap = static_cast<float>(rules.softcap);
+  p.softcap_inverse = rules.softcap > 0 ? static_cast<float>(1.0 / rules.softcap) : 0.0f;
+  if (rules.alibi_slopes.defined()) {
+    p.alibi_slopes = rules.alibi_slopes.const_data_ptr<float>();
+    p.alibi_stride_b = rules.alibi_slopes.stride(0), p.alibi_stride_h = rules.alibi_slopes.stride(1);
+  }
+}
+
 /// Fills the fields the forward and backward params share (the two structs name them alike). Without
 /// attn_mask, causal or grouped heads the AttentionMaskLayout part stays at its defaults, which
 /// selects the kernels without pair masks.
 template <typename Params>
-void fill_inputs(Params& p, const Inputs& in, double scale, bool is_causal) {
+void fill_inputs(Params& p, const Inputs& in, double scale, const ScoreRules& rules) {
   const AttentionShape& s = in.s;
   p.B = s.batch, p.H = s.q_heads, p.M = s.queries, p.N = s.keys, p.D = s.head_dim, p.Dv = s.value_dim;
   p.q = in.q.data_ptr(), p.k = in.k.data_ptr(), p.v = in.v.data_ptr();
   if (in.padding.defined()) p.key_padding_mask = in.padding.const_data_ptr<uint8_t>();
   fill_qkv_layout(p, in.q, in.k, in.v, in.padding, scale, in.dtype);
   p.kv_group = s.kv_heads > 0 ? s.q_heads / s.kv_heads : 1;  // Hq = Hkv = 0: an empty problem (no launch)
-  p.causal = is_causal;
+  fill_score_rules(p, rules, s.queries, s.keys);
   if (in.attn_mask.defined()) {
     const at::Tensor& m = in.attn_mask;
     p.attn_mask = m.data_ptr();  // bool is one byte per element, as the kernels read it
@@ -84,12 +137,12 @@ void fill_inputs(Params& p, const Inputs& in, double scale, bool is_causal) {
 
 /// The forward of both ops: plan, outputs, launch. `describe()` names the call's arguments in a plan error.
 template <typename Describe>
-std::tuple<at::Tensor, at::Tensor> launch_forward(const Inputs& in, double scale, bool is_causal, const char* op,
-                                                  Describe&& describe) {
+std::tuple<at::Tensor, at::Tensor> launch_forward(const Inputs& in, double scale, const ScoreRules& rules,
+                                                  const char* op, Describe&& describe) {
   const AttentionShape& s = in.s;
   const at::Tensor& q = in.q;
   CrossAttentionFwdParams p;
-  fill_inputs(p, in, scale, is_causal);
+  fill_inputs(p, in, scale, rules);
   const CrossAttentionLaunchPlan plan =
       plan_cross_attention_fwd(s.batch, s.q_heads, s.queries, s.keys, s.head_dim, s.value_dim, in.dtype,
                                smem_limit_of(q.device(), op), capability_of(q.device(), op), p.has_pair_masks());
@@ -107,12 +160,13 @@ std::tuple<at::Tensor, at::Tensor> launch_forward(const Inputs& in, double scale
 template <typename Describe>
 std::tuple<at::Tensor, at::Tensor, at::Tensor> launch_backward(const Inputs& in, const at::Tensor& grad_out,
                                                                const at::Tensor& grad_lse, const at::Tensor& out,
-                                                               const at::Tensor& lse, double scale, bool is_causal,
-                                                               const char* op, Describe&& describe) {
+                                                               const at::Tensor& lse, double scale,
+                                                               const ScoreRules& rules, const char* op,
+                                                               Describe&& describe) {
   const AttentionShape& s = in.s;
   const at::Tensor& q = in.q;
   CrossAttentionBwdParams p;
-  fill_inputs(p, in, scale, is_causal);
+  fill_inputs(p, in, scale, rules);
   const CrossAttentionBwdPlan plan =
       plan_cross_attention_bwd(s.batch, s.q_heads, s.queries, s.keys, s.head_dim, s.value_dim, in.dtype,
                                smem_limit_of(q.device(), op), capability_of(q.device(), op), p.kv_group);
@@ -137,24 +191,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> launch_backward(const Inputs& in,
 
 std::string describe_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   return c10::str("q ", q.sizes(), " ", q.scalar_type(), ", k ", k.sizes(), ", v ", v.sizes());
-}
-
-/// The CUDA kernels' only band is the top-left causal rule: a sliding window or the causal rule aligned
-/// elsewhere is refused, naming why (the public function's dispatch does not send such calls here).
-void check_no_band(bool is_causal, int64_t window_left, int64_t window_right, int64_t diagonal, const char* op) {
-  check_attention_band(window_left, window_right, diagonal);
-  TORCH_CHECK_NOT_IMPLEMENTED(window_left < 0 && window_right < 0 && (!is_causal || diagonal == 0), "attn_ext::", op,
-                              " (CUDA): no sliding window (window_size = (", window_left, ", ", window_right,
-                              ")) or causal rule off the top-left diagonal (diagonal ", diagonal,
-                              ") in the CUDA kernels yet; use the cpp or reference backend");
-}
-
-/// Nor a soft cap or ALiBi (the cpp and reference kernels have them).
-void check_no_score_mods(const AttentionShape& s, const at::Tensor& q, double softcap,
-                         const std::optional<at::Tensor>& alibi_slopes, const char* op) {
-  check_score_mods(s, q, softcap, alibi_slopes);
-  TORCH_CHECK_NOT_IMPLEMENTED(softcap == 0 && !alibi_slopes.has_value(), "attn_ext::", op,
-                              " (CUDA): no softcap or ALiBi in the CUDA kernels yet; use the cpp or reference backend");
 }
 
 /// Nor a packed (varlen) batch (ae.varlen_attention runs its sequences one call each on these kernels).
@@ -186,10 +222,10 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_cuda(const at::Tensor& q, const
   check_not_packed(cu_seqlens_q, cu_seqlens_k, bottom_right, op);
   const AttentionShape s =
       check_attention_inputs(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size);
-  check_no_band(is_causal, window_left, window_right, diagonal, op);
-  check_no_score_mods(s, q, softcap, alibi_slopes, op);
+  const ScoreRules rules =
+      checked_score_rules(s, q, is_causal, window_left, window_right, diagonal, softcap, alibi_slopes, op);
   const Inputs in = prepare(q, k, v, attn_mask, key_padding_mask, s, dropout_p, op);
-  return launch_forward(in, scale, is_causal, op, [&] { return describe_qkv(q, k, v); });
+  return launch_forward(in, scale, rules, op, [&] { return describe_qkv(q, k, v); });
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_cuda(
@@ -203,11 +239,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_cuda(
   check_not_packed(cu_seqlens_q, cu_seqlens_k, bottom_right, op);
   const AttentionShape s =
       check_attention_inputs(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size);
-  check_no_band(is_causal, window_left, window_right, diagonal, op);
-  check_no_score_mods(s, q, softcap, alibi_slopes, op);
+  const ScoreRules rules =
+      checked_score_rules(s, q, is_causal, window_left, window_right, diagonal, softcap, alibi_slopes, op);
   const Inputs in = prepare(q, k, v, attn_mask, key_padding_mask, s, dropout_p, op);
   check_attention_grads(s, q, grad_out, grad_lse, out, lse);
-  return launch_backward(in, grad_out, grad_lse, out, lse, scale, is_causal, op, [&] { return describe_qkv(q, k, v); });
+  return launch_backward(in, grad_out, grad_lse, out, lse, scale, rules, op, [&] { return describe_qkv(q, k, v); });
 }
 
 std::tuple<at::Tensor, at::Tensor> cross_attention_fwd_cuda(const at::Tensor& q, const at::Tensor& k,
@@ -217,7 +253,7 @@ std::tuple<at::Tensor, at::Tensor> cross_attention_fwd_cuda(const at::Tensor& q,
   const char* op = "cross_attention_fwd";
   const CrossAttentionShape s = check_cross_attention_inputs(q, k, v, key_padding_mask, scale, chunk_size);
   const Inputs in = prepare(q, k, v, std::nullopt, key_padding_mask, as_attention_shape(s), 0.0, op);
-  return launch_forward(in, scale, false, op, [&] { return describe_qv(q, v); });
+  return launch_forward(in, scale, ScoreRules{}, op, [&] { return describe_qv(q, v); });
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_attention_bwd_cuda(
@@ -232,7 +268,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> cross_attention_bwd_cuda(
                                 {grad_lse, "grad_lse"}, {out, "out"}, {lse, "lse"}}) {
     check_on_device(t, name, q.device(), op);
   }
-  return launch_backward(in, grad_out, grad_lse, out, lse, scale, false, op, [&] { return describe_qv(q, v); });
+  return launch_backward(in, grad_out, grad_lse, out, lse, scale, ScoreRules{}, op, [&] { return describe_qv(q, v); });
 }
 
 }  // namespace cuda

@@ -20,6 +20,14 @@ ATTN_EXT_HOST_DEVICE double math_log(double x) { return log(x); }
 ATTN_EXT_HOST_DEVICE float math_log1p(float x) { return log1pf(x); }
 ATTN_EXT_HOST_DEVICE double math_log1p(double x) { return log1p(x); }
 ATTN_EXT_HOST_DEVICE float math_sqrt(float x) { return sqrtf(x); }
+/// a / b within 2 ulp for |b| in [2^-126, 2^126]: on the device without the IEEE division's subroutine call.
+ATTN_EXT_HOST_DEVICE float math_fast_divide(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdividef(a, b);
+#else
+  return a / b;
+#endif
+}
 ATTN_EXT_HOST_DEVICE double math_sqrt(double x) { return sqrt(x); }
 
 template <typename T>
