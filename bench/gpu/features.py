@@ -51,10 +51,11 @@ PREDICTED = {
     # backward), Triton's grid is as large as SDPA's. The CUDA backend runs one call per sequence (64 x fwd +
     # bwd launches from Python): tens of times slower until its kernels take a packed batch.
     ("varlen", "triton"): (0.8, 1.5), ("varlen", "cuda"): (15.0, 40.0),
-    # 4.1 GB of K and V to stream: SDPA splits them over all 132 SMs (~1 ms at ~4.5 TB/s); ours runs one program
-    # per (query tile, head), 8 programs on 8 SMs, each pulling perhaps 60-100 GB/s: 5-8x slower, until the
-    # keys are split over programs (issue 44 item 3 on the GPU, not yet built).
-    ("decode", "triton"): (4.0, 8.0), ("decode", "cuda"): (5.0, 10.0),
+    # 4.1 GB of K and V to stream: SDPA splits them over all 132 SMs (~1 ms at ~4.5 TB/s). Triton splits them too
+    # (triton_split_keys: 33 parts of ~30k keys per head, 264 programs) with 16-row query tiles that waste 15/16 of
+    # each MMA but stay bandwidth-bound, plus the merge of 33 float32 states (a few us): 1.0-1.6x. The CUDA kernels
+    # run one program per (query tile, head), 8 programs on 8 SMs, each pulling perhaps 60-100 GB/s: 5-10x.
+    ("decode", "triton"): (1.0, 1.6), ("decode", "cuda"): (5.0, 10.0),
     # The forward is fused; the backward with the bias's gradient runs the reference kernels' chunked PyTorch ops
     # (fp32 score chunks of 2^22 elements): about 2x SDPA's fused kernel.
     ("bias", "triton"): (1.5, 3.0), ("bias", "cuda"): (1.5, 3.0),

@@ -21,6 +21,8 @@ import re
 
 import torch
 
+from attn_ext.ops.attention.band import Band
+
 __all__ = ["DTYPES", "HEAD_DIMS", "KERNEL_TARGETS", "SASS_SCOPE", "TMA_DIMS", "TMA_DTYPES", "Case", "all_cases",
            "in_sass_scope", "select"]
 
@@ -37,7 +39,7 @@ ATTENTION_CAUSAL_DIMS = (64, 128)
 #: mask or dropout up to a [BLOCK_M, BLOCK_N] tile more, see triton_tiles._smem_estimate), which the largest
 #: config shows where it matters most: fp32 dK/dV at D = 16 with 128x128 tiles was over sm_80's limit.
 PAIR_FLAGS = frozenset({"HAS_MASK", "ATTN_MASK", "IS_CAUSAL", "HAS_DROPOUT", "WINDOW", "SOFTCAP", "ALIBI", "VARLEN",
-                        "BOTTOM_RIGHT"})
+                        "BOTTOM_RIGHT", "SPLIT_K"})
 #: The machine-code report's scope (``--scope sass``, ``make sass-report``): the attention kernels (the
 #: families' launches: forward, backward, merge) at the head dims and dtypes of issue 43, every kept config.
 #: Every code path of the attention kernels, causal with dropout too: the spill table (spill_table.py) is
@@ -146,6 +148,20 @@ def _attention_varlen(dtype, d: int, scored: bool) -> None:
                        **packed)
 
 
+def _attention_decode_split(dtype, d: int) -> None:
+    """A decoding step split over keys (``SPLIT_K``, :mod:`attn_ext.ops.attention.triton_split_keys`; three parts
+    forced, as a GPU chooses for few heads over a long cache): two new tokens aligned at the end of 600 keys
+    with the causal rule among them, grouped heads, key padding. Forward only (the backward does not split)."""
+    from attn_ext.ops.attention.triton_fwd import launch_forward
+    from attn_ext.ops.attention.triton_score_mod import kernel_scores
+
+    hq, m, n = 2 * H, 2, 600
+    q, k, v = _randn(B, hq, m, d, dtype=dtype), _randn(B, H, n, d, dtype=dtype), _randn(B, H, n, d, dtype=dtype)
+    band = Band.of(True, -1, -1, n - m)
+    scores = kernel_scores(band, True, 0.0, None, n - m, q, k)
+    launch_forward(q, k, v, _key_mask(n), d ** -0.5, 128, scores=scores, key_parts=3)
+
+
 def _attention_tma(dtype, d: int, causal: bool, n: int = N) -> None:
     """The Hopper forward and backward through TMA descriptors (grouped heads, no mask), called directly: their
     dispatch takes them only on a compute capability 9 device, so they are compiled for sm_90 alone. ``n`` = 136
@@ -222,6 +238,8 @@ def all_cases() -> list[Case]:
                 for scored in (False, True):
                     cases.append(Case("attention", name, dims + (" varlen scored" if scored else " varlen causal"),
                                       lambda dtype=dtype, d=d, scored=scored: _attention_varlen(dtype, d, scored)))
+                cases.append(Case("attention", name, dims + " decode split",
+                                  lambda dtype=dtype, d=d: _attention_decode_split(dtype, d)))
             if name in TMA_DTYPES and d in TMA_DIMS:
                 for variant, causal, n in (("", False, N), (" N=256", False, 256), (" causal", True, N)):
                     cases.append(Case("attention_tma", name, dims + variant,

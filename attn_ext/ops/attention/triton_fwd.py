@@ -3,17 +3,14 @@ behind ``scaled_dot_product_attention``: the same kernel, whose constexpr flags 
 the causal rule, dropout and grouped key/value heads (all off for cross attention, which then
 compiles exactly the code it had; see :mod:`.triton_pairs`).
 
-One program per (query block, batch*head) streams over the keys in blocks of
-``BLOCK_N`` with an online softmax, so no ``[M, N]`` matrix ever exists.
-Scores, the running max and ``lse`` are in natural units, exactly as the
-backward recomputes them (``dot * scale``), and ``tl.exp`` is applied to the
-shifted score (on NVIDIA GPUs it lowers to ``ex2.approx`` of ``x * log2(e)``,
-as fast as an explicit ``exp2``). Keeping them in base 2 (scores scaled by
-``scale * log2(e)``) and converting ``lse`` to the natural log and back in the
-backward does not round trip: with a huge finite score (~1e30) the backward's
-``s - lse`` is a residue of ulp(s) ~ 1e23 instead of 0, whose exp overflows
-(non-finite gradients), and with ordinary scores the extra roundings cost the
-backward accuracy.
+One program per (query block, batch*head) streams over the keys in blocks of ``BLOCK_N`` with an online
+softmax, so no ``[M, N]`` matrix ever exists (a decoding call's keys are split over more programs:
+:mod:`.triton_split_keys`). Scores, the running max and ``lse`` are in natural units, exactly as the backward
+recomputes them (``dot * scale``), and ``tl.exp`` is applied to the shifted score (on NVIDIA GPUs it lowers to
+``ex2.approx`` of ``x * log2(e)``, as fast as an explicit ``exp2``). Keeping them in base 2 (scores scaled by
+``scale * log2(e)``) and converting ``lse`` to the natural log and back in the backward does not round trip:
+with a huge finite score (~1e30) the backward's ``s - lse`` is a residue of ulp(s) ~ 1e23 instead of 0, whose
+exp overflows (non-finite gradients), and with ordinary scores the extra roundings cost the backward accuracy.
 
 With the causal rule a query block stops at the diagonal, about half the work at L = S, and only the
 key blocks that the diagonal crosses pay for the per-pair causal test (FlashAttention's split of the
@@ -37,9 +34,10 @@ from attn_ext.ops.attention.triton_args import check_attention_args
 from attn_ext.ops.attention.triton_fwd_tma import launch_forward_tma, tma_forward_unavailable_reason
 from attn_ext.ops.attention.triton_pairs import attn_mask_arg, dropout_arg, dropout_keep, pair_dot_into
 from attn_ext.ops.attention.triton_score_mod import ScoreArgs, band_keys, kernel_scores, score_args, scored_pairs
+from attn_ext.ops.attention.triton_split_keys import key_split, merge_parts, part_states
 from attn_ext.ops.attention.triton_tiles import autotuned, block_d, launch, launch_fixed
-from attn_ext.ops.attention.triton_varlen import (Packed, entry_offset, packed_args, packed_call, packed_scores,
-                                                  sequence)
+from attn_ext.ops.attention.triton_varlen import (Packed, check_packed_scores_in_range, entry_offset, packed_args,
+                                                  packed_call, packed_scores, sequence)
 from attn_ext.ops.utils.triton import check_device, check_dtypes, interpreting, mask_arg
 from attn_ext.ops.utils.triton_jit import attention_rows, load_tile, valid_rows
 from attn_ext.ops.utils.score_range import check_scores_in_range
@@ -102,10 +100,11 @@ def _fwd_kernel(
     slb, slh, slm,
     H, GROUP, M, N, D, DV,
     scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, SLOPES, diagonal, CU_Q, CU_K,
+    split_base, split_len, sps, spl,
     BLOCK_N_MAX, M_BUCKET, N_BUCKET,
     HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     GUARD_ROWS: tl.constexpr, UPCAST: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-    VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr,
+    VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -174,9 +173,23 @@ def _fwd_kernel(
         if tl.sum(redo.to(tl.int32)) == 0:
             hi = 0
             full_hi = 0
+    # The plain loop covers [lo, plain_hi), the per-pair one [full_hi, hi). A split over keys (SPLIT_K, decoding:
+    # :mod:`.triton_split_keys`) gives each program of the grid's third axis its part, whose partial state
+    # (out, lse) it stores in its own slice of OUT and LSE (sps, spl: their strides between parts) for the merge.
+    lo = 0
+    plain_hi = full_hi
+    if SPLIT_K:
+        part = tl.program_id(2)
+        lo = split_base + part * split_len
+        plain_hi = tl.minimum(full_hi, lo + split_len)
+        full_hi = tl.maximum(full_hi, lo)
+        hi = tl.minimum(hi, lo + split_len)
+        OUT += part.to(tl.int64) * sps
+        LSE += part.to(tl.int64) * spl
+        UNSAFE += part.to(tl.int64) * spl  # laid out as LSE: a flag per (part, row)
     if not WINDOW:
         acc, l_i, m_i = _attend_key_blocks(
-            acc, l_i, m_i, q, k_base, v_base, attn_base, MASK, SEED, 0, full_hi,
+            acc, l_i, m_i, q, k_base, v_base, attn_base, MASK, SEED, lo, plain_hi,
             offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, rows, off_b * smb, smn, skn, skd, svn, svd, sam, san,
             N_keys, scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, slope, diagonal,
             HAS_MASK, ATTN_MASK, False, HAS_DROPOUT, ATTN_MASK != 0, GUARD_ROWS, UPCAST, False, SOFTCAP, ALIBI,
@@ -241,12 +254,10 @@ def cross_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     Notes
     -----
-    Accumulation is float32 and float32 dots use ``input_precision="ieee"``
-    (no TF32). On CUDA, ``BLOCK_M``/``BLOCK_N``/warps/stages are autotuned
-    per (padded D, padded Dv, chunk hint, power-of-two buckets of M and N,
-    dtype); under ``TRITON_INTERPRET=1`` a fixed small configuration is used
-    because autotuning needs a GPU. Results do not depend on the tiles
-    beyond float rounding.
+    Accumulation is float32 and float32 dots use ``input_precision="ieee"`` (no TF32). On CUDA,
+    ``BLOCK_M``/``BLOCK_N``/warps/stages are autotuned per (padded D, padded Dv, chunk hint, power-of-two
+    buckets of M and N, dtype); under ``TRITON_INTERPRET=1`` a fixed small configuration is used because
+    autotuning needs a GPU. Results do not depend on the tiles beyond float rounding.
     """
     # Shapes, mask and scale as for every backend; then what is particular to Triton.
     check_cross_attention_args(q, k, v, key_padding_mask, scale, chunk_size, op="cross_attention")
@@ -258,11 +269,14 @@ def cross_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None,
                    scale: float, chunk_size: int, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
                    dropout_p: float = 0.0, dropout_seed: torch.Tensor | None = None,
-                   scores: Optional[ScoreArgs] = None, packed: Optional[Packed] = None):
+                   scores: Optional[ScoreArgs] = None, packed: Optional[Packed] = None,
+                   key_parts: Optional[int] = None):
     """The forward kernel on checked arguments: ``k``, ``v`` may have fewer heads than ``q`` (GQA),
     ``attn_mask`` is a ``[B, Hq, L, S]`` view (bool or q's dtype), ``scores`` the band and score modifications
     (:func:`~.triton_score_mod.score_args`; None: none), ``packed`` a packed batch (:mod:`.triton_varlen`: q, k, v
-    ``[1, ·, total, ·]``; the band's sides relative to each sequence's diagonal); see :func:`attention_forward`."""
+    ``[1, ·, total, ·]``; the band's sides relative to each sequence's diagonal); see :func:`attention_forward`.
+    A decoding-like call splits its keys over programs (:mod:`.triton_split_keys`; ``key_parts`` forces a number
+    of parts, for tests)."""
     check_device(_fwd_kernel, q, k, v, *(t for t in (key_padding_mask, attn_mask) if t is not None))
     check_dtypes(q=q, k=k, v=v)
     if scores is None:
@@ -282,24 +296,36 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_paddin
     lse = torch.empty((B, H, M), dtype=torch.float32, device=q.device)
     if lse.numel() == 0:
         return out, lse  # an empty launch grid is an error in Triton
-
+    split = None if packed is not None or has_dropout else key_split(
+        q, k, bool(is_causal), scores.window, scores.args[0], scores.args[1], key_parts)
+    parts = 1 if split is None else split.parts
     # With per-pair rules, the first launch multiplies whole tiles and marks its non-finite rows (a masked pair
     # meeting a NaN or inf row of V poisons only those); a second, guarded launch recomputes them (16 x 16 tiles;
-    # its blocks without a marked row load nothing and run no loop).
+    # its blocks without a marked row load nothing and run no loop), after the merge of a split's parts.
     pair_rules = attn_kind != 0 or bool(is_causal) or scores.window
-    unsafe = torch.empty(B * H * M if pair_rules else 1, dtype=torch.int8, device=q.device)  # every row written
-    args = (q, k, v, mask, attn, seed, out, lse, unsafe,
-            *q.stride(), *k.stride(), *v.stride(), smb, smn, *attn_strides, *out.stride(), *lse.stride(),
-            H, H // k.shape[1], M, N, D, DV, float(scale), threshold, drop_scale, *scores.args, *cu_args)
+    unsafe = torch.empty(parts * B * H * M if pair_rules else 1, dtype=torch.int8, device=q.device)  # all written
+
+    def kernel_args(states, flags: Tensor) -> tuple:
+        o, o_strides, lse_t, lse_strides, split_args = states
+        return (q, k, v, mask, attn, seed, o, lse_t, flags, *q.stride(), *k.stride(), *v.stride(), smb, smn,
+                *attn_strides, *o_strides, *lse_strides, H, H // k.shape[1], M, N, D, DV, float(scale), threshold,
+                drop_scale, *scores.args, *cu_args, *split_args)
+
+    states = part_states(split, out, lse)  # the split's float32 partial states, or out and lse themselves
     meta = dict(HAS_MASK=has_mask, ATTN_MASK=attn_kind, IS_CAUSAL=bool(is_causal), HAS_DROPOUT=has_dropout,
-                GUARD_ROWS=False, UPCAST=interpreting(), **scores.meta, **varlen_meta, BLOCK_D=block_d(D),
-                BLOCK_DV=block_d(DV))
-    # A packed batch: a program per block of the longest sequence, per sequence and head.
+                GUARD_ROWS=False, UPCAST=interpreting(), **scores.meta, **varlen_meta, SPLIT_K=split is not None,
+                BLOCK_D=block_d(D), BLOCK_DV=block_d(DV))
+    # A packed batch: a program per block of the longest sequence, per sequence and head; a split: per part too.
     rows, keys, entries = (M, N, B) if packed is None else (packed.max_q, packed.max_k, packed.sequences)
-    grid = lambda meta: (max(1, triton.cdiv(rows, meta["BLOCK_M"])), entries * H)  # noqa: E731
-    launch(_fwd_kernel, _fwd_kernel_tuned, grid, args, meta, rows, keys, chunk_size)
-    if pair_rules:
-        launch_fixed(_fwd_kernel, grid, args, {**meta, "GUARD_ROWS": True}, rows, keys, chunk_size)
+    grid = lambda meta: (max(1, triton.cdiv(rows, meta["BLOCK_M"])), entries * H, parts)  # noqa: E731
+    launch(_fwd_kernel, _fwd_kernel_tuned, grid, kernel_args(states, unsafe), meta, rows, keys, chunk_size)
+    if split is not None:
+        merge_parts(states[0], states[2], out, lse)
+        unsafe = unsafe.view(parts, -1).amax(0) if pair_rules else unsafe  # a row marked by any part
+    if pair_rules:  # on the merged rows, over all their keys
+        fix_grid = lambda meta: (max(1, triton.cdiv(rows, meta["BLOCK_M"])), entries * H)  # noqa: E731
+        launch_fixed(_fwd_kernel, fix_grid, kernel_args(part_states(None, out, lse), unsafe),
+                     {**meta, "GUARD_ROWS": True, "SPLIT_K": False}, rows, keys, chunk_size)
     return out, lse
 
 
@@ -370,15 +396,3 @@ def attention_forward(q: Tensor, k: Tensor, v: Tensor, attn_mask: Optional[Tenso
     check_scores_in_range("scaled_dot_product_attention", q, k, v, out, lse, scale, attn_mask, key_padding_mask,
                           band)
     return out, lse
-
-
-def check_packed_scores_in_range(q, k, v, out, lse, scale, is_causal, window_left, window_right,
-                                 packed: Packed) -> None:
-    """:func:`check_scores_in_range` per sequence of a packed batch (on the host's tensors only, as it)."""
-    if lse.device.type != "cpu":
-        return
-    for q0, q1, k0, k1 in packed.segments:
-        diag = (k1 - k0) - (q1 - q0) if packed.bottom_right else 0
-        check_scores_in_range("varlen_attention", q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1], out[:, :, q0:q1],
-                              lse[:, :, q0:q1], scale, band=Band.of(is_causal, window_left, window_right, diag))
-

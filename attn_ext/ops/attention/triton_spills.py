@@ -32,8 +32,8 @@ from typing import Iterable, Optional
 
 import triton
 
-__all__ = ["CHECKED_VARIANTS", "GUARDED", "PERSISTENT", "SCORED", "SPILL_TABLE_ENV", "VARLEN", "device_arch", "full_rate",
-           "launch_variants", "spill_free_configs", "spill_gaps", "spill_table", "table_arch"]
+__all__ = ["CHECKED_VARIANTS", "GUARDED", "PERSISTENT", "SCORED", "SPILL_TABLE_ENV", "SPLIT", "VARLEN", "device_arch",
+           "full_rate", "launch_variants", "spill_free_configs", "spill_gaps", "spill_table", "table_arch"]
 
 SPILL_TABLE_ENV = "ATTN_EXT_TRITON_SPILL_TABLE"
 
@@ -79,6 +79,9 @@ SCORED = "scored"
 VARLEN = "_varlen"
 #: The suffix of a variant compiled in the persistent grid (``causal_persistent``).
 PERSISTENT = "_persistent"
+#: The suffix of a forward split over keys (decoding, :mod:`.triton_split_keys`): not in the table (its configs are
+#: left as they are), its own compiles (the part's bounds and offsets change the code around the loop).
+SPLIT = "_split"
 #: The suffix of the backward's guarded variants (``causal_guarded``): the code a call takes only when its q or k
 #: holds a NaN or inf (``backward_route`` in :mod:`.triton_bwd`), never measured into the table, so its configs
 #: are left as they are (the guard's exact product spills at D = 128; a rare call's cost, not training's).
@@ -100,6 +103,8 @@ def launch_variants(flags) -> tuple[str, ...]:
         variants = [(SCORED if scored else "causal") + VARLEN]  # the plain one (one loop less)
     if flags.get("PROGRAMS_PER_SM"):  # the TMA forward's persistent grid: the same path inside a loop over tiles
         variants = [f"{v}{PERSISTENT}" for v in variants]
+    if flags.get("SPLIT_K"):
+        variants = [f"{v}{SPLIT}" for v in variants]
     if flags.get("GUARD_ROWS"):  # the backward's path for a non-finite q or k: not in the table, not pruned
         variants = [f"{v}{GUARDED}" for v in variants]
     return tuple(variants)

@@ -110,9 +110,10 @@ _FP32_MAX_TILE = 1024
 
 # The per-pair flags too: causal halves the work per program and the masks and dropout add to it, so
 # their best tiles may differ from cross attention's.
-# The backward's GUARD_ROWS too (a call with a non-finite q or k runs another code path).
+# The backward's GUARD_ROWS too (a call with a non-finite q or k runs another code path), and the forward's
+# SPLIT_K (a decoding call's parts hold few queries and a slice of the keys).
 _TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "BLOCK_N_MAX", "M_BUCKET", "N_BUCKET", "ATTN_MASK", "IS_CAUSAL", "HAS_DROPOUT",
-             "GUARD_ROWS", "WINDOW", "SOFTCAP", "ALIBI"]
+             "GUARD_ROWS", "WINDOW", "SOFTCAP", "ALIBI", "SPLIT_K"]
 
 
 #: The tiles each kernel runs under ``ATTN_EXT_TRITON_PIN=1`` when its pruning keeps them (else the largest

@@ -18,8 +18,10 @@ import triton.language as tl
 from attn_ext.ops.attention.band import Band
 from attn_ext.ops.attention.packed import segments
 from attn_ext.ops.attention.triton_score_mod import score_args
+from attn_ext.ops.utils.score_range import check_scores_in_range
 
-__all__ = ["Packed", "entry_offset", "packed_args", "packed_call", "packed_scores", "sequence"]
+__all__ = ["Packed", "check_packed_scores_in_range", "entry_offset", "packed_args", "packed_call", "packed_scores",
+           "sequence"]
 
 
 @triton.jit
@@ -94,3 +96,15 @@ def packed_scores(packed: Packed, is_causal: bool, window_left: int, window_righ
     window = band.active and (band != Band.of(is_causal) or packed.bottom_right)
     reach = packed.max_q + packed.max_k + 1
     return score_args(band if window else None, softcap, alibi_slopes, 0, reach, reach, fallback)
+
+
+def check_packed_scores_in_range(q, k, v, out, lse, scale, is_causal, window_left, window_right,
+                                 packed: Packed) -> None:
+    """:func:`check_scores_in_range` per sequence of a packed batch (on the host's tensors only, as it)."""
+    if lse.device.type != "cpu":
+        return
+    for q0, q1, k0, k1 in packed.segments:
+        diag = (k1 - k0) - (q1 - q0) if packed.bottom_right else 0
+        check_scores_in_range("varlen_attention", q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1], out[:, :, q0:q1],
+                              lse[:, :, q0:q1], scale, band=Band.of(is_causal, window_left, window_right, diag))
+
