@@ -9,7 +9,7 @@ from torch import Tensor, nn
 from torch.distributions import Normal
 
 from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points, mlp
-from attn_ext.models.layers import CLONED_STACKS, LatentDecoder, block_class, layer_stack
+from attn_ext.models.layers import CLONED_STACKS, LatentDecoder, block_class, layer_stack, packed_latents
 from attn_ext.nn import CMAB, CMABState
 from attn_ext.nn.latents import learned_latents
 from attn_ext.ops.attention.state import DEFAULT_MIN_REMAINING
@@ -166,3 +166,20 @@ class CMANP(NeuralProcess):
     def predict(self, xc: Tensor, yc: Tensor, xt: Tensor) -> Normal:
         check_points(self, xc=xc, yc=yc, xt=xt)
         return self.query(self.condition(xc, yc), xt)
+
+    def predict_packed(self, xc: Tensor, yc: Tensor, xt: Tensor, cu_seqlens_c: Tensor, cu_seqlens_t: Tensor) -> Normal:
+        """Predictive ``Normal`` over the packed targets ``[T_t, dim_y]`` of tasks packed end to end (the layout of
+        :class:`~attn_ext.data.PackedNPBatch`): each CMAB attends over each task's own context
+        (:meth:`attn_ext.nn.CMAB.packed`, exact, no state formed), the targets over their task's latents; per
+        task, what :meth:`predict` gives it alone. Every task needs a context point, as :meth:`condition` does."""
+        empty = (cu_seqlens_c.diff() <= 0).nonzero()
+        if empty.numel():
+            raise ValueError(f"{type(self).__name__}: every task of a packed batch needs a context point; task "
+                             f"{int(empty[0])} has none")
+        context = self.embed_pairs(xc, yc)
+        latent, cu_latents = packed_latents(self.latents, cu_seqlens_c)
+        latents = []
+        for block in self.blocks:
+            latent = block.packed(latent, cu_latents, context, cu_seqlens_c)
+            latents.append(latent)
+        return self.head(self.decoder.packed(self.embed_targets(xt), cu_seqlens_t, latents, cu_latents))

@@ -11,7 +11,7 @@ from torch.distributions import LowRankMultivariateNormal, MultivariateNormal, N
 from attn_ext.models.base import NPConfig, check_points
 from attn_ext.models.cmanp import CMANP, CMANPState
 from attn_ext.models.lowrank_normal import TaskwiseLowRankNormal
-from attn_ext.models.not_diagonal import NotDiagonalHead, check_targets, marginal_normal, sample_joint
+from attn_ext.models.not_diagonal import NotDiagonalHead, check_targets, marginal_normal, refuse_packed, sample_joint
 from attn_ext.nn.layer_norm import LayerNorm
 from attn_ext.ops.utils.validation import is_int_scalar
 
@@ -112,12 +112,16 @@ class CMANPAND(CMANP):
         check_targets(self, xt)
         return self.head(self.decode(state, xt))
 
+    def predict_packed(self, xc: Tensor, yc: Tensor, xt: Tensor, cu_seqlens_c: Tensor, cu_seqlens_t: Tensor):
+        refuse_packed(self)
+
     def query(self, state: CMANPState, xt: Tensor) -> Normal:
         """Marginal ``Normal`` per target (the diagonal of the joint covariance)."""
         return marginal_normal(self.joint(state, xt), (*xt.shape[:2], self.config.dim_y))
 
     def forward(self, batch) -> Tensor:
         """Joint negative log-likelihood of all targets, divided by ``N_t`` (per target), batch mean."""
+        refuse_packed(self, batch)
         check_points(self, xc=batch.xc, yc=batch.yc, xt=batch.xt, yt=batch.yt)
         joint = self.joint(self.condition(batch.xc, batch.yc), batch.xt)
         return -(joint.log_prob(batch.yt.flatten(1)) / batch.xt.shape[1]).mean()
@@ -133,6 +137,7 @@ class CMANPAND(CMANP):
     @torch.no_grad()
     def log_likelihood(self, batch, block_size: Optional[int] = None) -> Tensor:
         """``[B]`` block-autoregressive log-likelihood per target, conditioning on true earlier blocks."""
+        refuse_packed(self, batch)
         check_points(self, xc=batch.xc, yc=batch.yc, xt=batch.xt, yt=batch.yt)
         state = self.condition(batch.xc, batch.yc)
         total = batch.yt.new_zeros(batch.yt.shape[0])

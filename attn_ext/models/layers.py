@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Callable, Sequence, Tuple
 
+import torch
 from torch import Tensor, nn
 
 from attn_ext.nn import Intention, MultiheadCrossAttention, OfficialPerceiverBlock, PerceiverBlock, PreNormBlock
@@ -124,6 +125,25 @@ class LatentDecoder(nn.Module):
         for block, lat in zip(self.blocks, latents):
             queries = block(queries, lat)
         return queries
+
+    def packed(self, queries: Tensor, cu_seqlens_q: Tensor, latents: Sequence[Tensor],
+               cu_seqlens_latents: Tensor) -> Tensor:
+        """:meth:`forward` over a packed batch: ``queries [T_q, dim]`` and each latent set ``[T_l, dim]`` packed by
+        task (``cu_seqlens_*``, :meth:`~attn_ext.nn.PreNormBlock.packed`)."""
+        if len(latents) != len(self.blocks):
+            raise ValueError(f"LatentDecoder: {len(self.blocks)} blocks but {len(latents)} latent sets")
+        for block, lat in zip(self.blocks, latents):
+            queries = block.packed(queries, cu_seqlens_q, lat, cu_seqlens_latents)
+        return queries
+
+
+def packed_latents(latents: Tensor, cu_seqlens: Tensor) -> Tuple[Tensor, Tensor]:
+    """Learned latents ``[L, dim]`` (or ``[1, L, dim]``) repeated for each task of a packed batch whose offsets are
+    ``cu_seqlens`` (``[B + 1]``): ``([B·L, dim], int32 offsets [0, L, 2L, …] on the offsets' device)``."""
+    latents = latents.reshape(-1, latents.shape[-1])
+    tasks = cu_seqlens.numel() - 1
+    offsets = torch.arange(tasks + 1, dtype=torch.int32, device=cu_seqlens.device) * latents.shape[0]
+    return latents.repeat(tasks, 1), offsets
 
 
 def layer_stack(factory: Callable[[], nn.Module], n: int, *, cloned: bool = False) -> nn.ModuleList:

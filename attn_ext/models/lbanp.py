@@ -7,7 +7,7 @@ from torch import Tensor
 from torch.distributions import Normal
 
 from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points, mlp
-from attn_ext.models.layers import CLONED_STACKS, LatentDecoder, block_class, layer_stack
+from attn_ext.models.layers import CLONED_STACKS, LatentDecoder, block_class, layer_stack, packed_latents
 from attn_ext.nn.latents import learned_latents
 
 
@@ -65,3 +65,16 @@ class LBANP(NeuralProcess):
             latent = self_attention(cross(latent, context))
             latents.append(latent)
         return self.head(self.decoder(self.embed_targets(xt), latents))
+
+    def predict_packed(self, xc: Tensor, yc: Tensor, xt: Tensor, cu_seqlens_c: Tensor, cu_seqlens_t: Tensor) -> Normal:
+        """Predictive ``Normal`` over the packed targets ``[T_t, dim_y]`` of tasks packed end to end (the layout of
+        :class:`~attn_ext.data.PackedNPBatch`): each task's latents (the learned ones, repeated) attend over its own
+        context, its targets over its own latents, by :func:`attn_ext.varlen_attention`; per task, what
+        :meth:`predict` gives it alone."""
+        context = self.embed_pairs(xc, yc)
+        latent, cu_latents = packed_latents(self.latents, cu_seqlens_c)
+        latents = []
+        for cross, self_attention in zip(self.cross, self.self_attention):
+            latent = self_attention.packed(cross.packed(latent, cu_latents, context, cu_seqlens_c), cu_latents)
+            latents.append(latent)
+        return self.head(self.decoder.packed(self.embed_targets(xt), cu_seqlens_t, latents, cu_latents))

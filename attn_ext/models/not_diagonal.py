@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import LowRankMultivariateNormal, MultivariateNormal, Normal
 
+from attn_ext.data.batch import PackedNPBatch
 from attn_ext.models.base import check_points, mlp
 from attn_ext.nn import PreNormBlock
 from attn_ext.nn.layer_norm import LayerNorm
@@ -135,6 +136,15 @@ def sample_joint(joint, generator: Optional[torch.Generator] = None) -> Tensor:
     return loc + (joint.scale_tril @ eps).squeeze(-1)
 
 
+def refuse_packed(model, batch=None) -> None:
+    """``NotImplementedError`` for a joint-covariance model asked for its packed path, or given a
+    :class:`~attn_ext.data.PackedNPBatch`: the joint covariance over a task's targets is formed per task (its
+    ``[N_t·dim_y]²`` factor), which has no packed layout here."""
+    if batch is None or isinstance(batch, PackedNPBatch):
+        raise NotImplementedError(f"{type(model).__name__}: a packed batch is not supported (the joint covariance "
+                                  "over each task's targets is formed per task); pass an NPBatch")
+
+
 class NotDiagonalNP:
     """Mixin for a :class:`~attn_ext.models.NeuralProcess` whose ``predict`` ends in ``self.head``:
     :meth:`use_not_diagonal_head` swaps in a :class:`NotDiagonalHead`, and the loss and metric become
@@ -157,12 +167,16 @@ class NotDiagonalNP:
         check_targets(self, xt)
         return super().predict(xc, yc, xt)
 
+    def predict_packed(self, xc: Tensor, yc: Tensor, xt: Tensor, cu_seqlens_c: Tensor, cu_seqlens_t: Tensor):
+        refuse_packed(self)
+
     def marginals(self, xc: Tensor, yc: Tensor, xt: Tensor) -> Normal:
         """Per-target ``Normal`` (mean and scale ``[B, N_t, dim_y]``): the joint's marginals."""
         return marginal_normal(self.predict(xc, yc, xt), (*xt.shape[:2], self.config.dim_y))
 
     def forward(self, batch) -> Tensor:
         """Joint negative log-likelihood of all targets divided by ``N_t`` (per target), batch mean."""
+        refuse_packed(self, batch)
         check_points(self, xc=batch.xc, yc=batch.yc, xt=batch.xt, yt=batch.yt)
         joint = self.predict(batch.xc, batch.yc, batch.xt)
         return -(joint.log_prob(batch.yt.flatten(1)) / batch.xt.shape[1]).mean()
@@ -170,6 +184,7 @@ class NotDiagonalNP:
     @torch.no_grad()
     def log_likelihood(self, batch) -> Tensor:
         """``[B]``: the joint log-likelihood of all targets divided by ``N_t`` (the ND papers' metric)."""
+        refuse_packed(self, batch)
         check_points(self, xc=batch.xc, yc=batch.yc, xt=batch.xt, yt=batch.yt)
         joint = self.predict(batch.xc, batch.yc, batch.xt)
         return joint.log_prob(batch.yt.flatten(1)) / batch.xt.shape[1]

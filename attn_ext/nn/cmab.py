@@ -170,6 +170,18 @@ class CMAB(nn.Module):
         compressed = self.latent_self(compressed)
         return self.output_self(self.cross(latents, compressed))
 
+    def packed(self, latents: Tensor, cu_seqlens_latents: Tensor, context: Tensor, cu_seqlens_context: Tensor) -> Tensor:
+        """``CMAB(latents, D)`` of each task of a packed batch: ``latents [T_l, dim]`` and ``context [T_c, dim]``
+        packed by task (int32 offsets ``[B + 1]``, the layout of :func:`attn_ext.varlen_attention`); returns
+        ``[T_l, dim]``, row for row what :meth:`forward` gives each task alone (its exact attention over its own
+        context: no state, no padding)."""
+        tasks = cu_seqlens_context.numel() - 1
+        cu_block = torch.arange(tasks + 1, dtype=torch.int32, device=cu_seqlens_context.device) * self.num_latents
+        compressed = self.compress.packed(self.latents.repeat(tasks, 1), cu_block, context, cu_seqlens_context)
+        compressed = self.latent_self.packed(compressed, cu_block)
+        return self.output_self.packed(self.cross.packed(latents, cu_seqlens_latents, compressed, cu_block),
+                                       cu_seqlens_latents)
+
     def forward(self, latents: Tensor, context: Tensor, context_mask: Optional[Tensor] = None) -> Tensor:
         """``CMAB(latents, context)``: ``latents [B, L_I, dim]`` (or ``[L_I, dim]``), ``context
         [B, N, dim]``, bool ``context_mask [B, N]`` with True = padding; returns ``[B, L_I, dim]``."""

@@ -67,3 +67,17 @@ class PreNormBlock(nn.Module):
 
     def forward(self, x: Tensor, context: Optional[Tensor] = None, context_mask: Optional[Tensor] = None) -> Tensor:
         return self.finish(x, *self.attend(x, context, context_mask))
+
+    def packed(self, x: Tensor, cu_seqlens_x: Tensor, context: Optional[Tensor] = None,
+               cu_seqlens_context: Optional[Tensor] = None) -> Tensor:
+        """:meth:`forward` over a packed batch (the layout of :func:`attn_ext.varlen_attention`): ``x [T_x, dim]``,
+        sequence ``b`` its rows ``cu_seqlens_x[b]:cu_seqlens_x[b + 1]``, attending over its own rows of ``context
+        [T_c, dim]`` (``cu_seqlens_context``; a self-attention block over its own rows of ``x``). Row for row what
+        :meth:`forward` gives each sequence alone; no padding is formed."""
+        if (self.norm_context is None) != (context is None) or (context is None) != (cu_seqlens_context is None):
+            kind = "cross=True needs a context and its cu_seqlens" if self.norm_context is not None else \
+                "cross=False attends over x itself: pass no context"
+            raise ValueError(f"{type(self).__name__}.packed: {kind}")
+        q = self.norm_query(x)
+        c, cu_c = (q, cu_seqlens_x) if context is None else (self.norm_context(context), cu_seqlens_context)
+        return self.finish(x, q, self.attention.packed(q, c, c, cu_seqlens_x, cu_c))

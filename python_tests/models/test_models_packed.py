@@ -1,14 +1,15 @@
 """Packed batches of NP tasks (``attn_ext.data.PackedNPBatch``): ``GPSampler.sample_packed`` draws what
-``sample`` draws one task at a time, ``pack_tasks`` and ``task`` invert each other, and TNP-D's packed path gives
-each task what the padded path gives it alone (fp64), loss and gradients included; models without a packed path
-and malformed batches raise errors that say so."""
+``sample`` draws one task at a time, ``pack_tasks`` and ``task`` invert each other, and the packed paths of TNP-D,
+LBANP and CMANP (every block kind) give each task what the padded path gives it alone (fp64), loss and gradients
+included; models without a packed path (joint covariances, non-softmax attention), a CMANP task without context and
+malformed batches raise errors that say so."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from attn_ext.data import GPSampler, NPBatch, PackedNPBatch, pack_tasks
-from attn_ext.models import CMANP, TNPD
+from attn_ext.models import CMANP, CMANPAND, LBANP, LBANPND, TNPD, TNPND, LinearTNP
 
 
 def _batch(size=5, seed=0):
@@ -38,6 +39,31 @@ def test_pack_tasks_and_task_invert_each_other():
         pack_tasks([])
 
 
+def _packed_equals_each_task_alone(model, batch):
+    ll = model.log_likelihood(batch)
+    per_task = torch.cat([model.log_likelihood(batch.task(b)) for b in range(batch.batch_size)])
+    torch.testing.assert_close(ll, per_task, rtol=1e-12, atol=1e-12)
+    loss = model(batch)
+    grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+    loss_ref = torch.stack([model(batch.task(b)) for b in range(batch.batch_size)]).mean()
+    grads_ref = torch.autograd.grad(loss_ref, list(model.parameters()), allow_unused=True)
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-12, atol=1e-12)
+    for (name, _), a, b in zip(model.named_parameters(), grads, grads_ref):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("cls", [LBANP, CMANP])
+@pytest.mark.parametrize("block", ["prenorm", "perceiver", "official"])
+def test_latent_models_packed_equal_each_task_alone(cls, block):
+    torch.manual_seed(0)
+    model = cls(num_layers=2, d_model=16, num_latents=6, block=block).double()
+    batch = _batch(4)
+    assert len(set(batch.num_context.tolist())) > 1 and len(set(batch.num_target.tolist())) > 1
+    _packed_equals_each_task_alone(model, batch)
+
+
 def test_tnpd_packed_equals_each_task_alone():
     torch.manual_seed(0)
     model = TNPD(num_layers=2, d_model=32).double()
@@ -57,8 +83,18 @@ def test_tnpd_packed_equals_each_task_alone():
 
 def test_refusals():
     batch = _batch(3)
-    with pytest.raises(NotImplementedError, match="CMANP has no packed-batch path"):
-        CMANP(num_layers=1, d_model=16).double().log_likelihood(batch)
+    for model in (TNPND(num_layers=1, d_model=16), LBANPND(num_layers=1, d_model=16, num_latents=4),
+                  CMANPAND(num_layers=1, d_model=16, num_latents=4)):
+        for call in (model, model.log_likelihood, lambda b, m=model: m.predict_packed(
+                b.xc, b.yc, b.xt, b.cu_seqlens_c, b.cu_seqlens_t)):
+            with pytest.raises(NotImplementedError, match="joint covariance over each task's targets"):
+                call(batch)
+    with pytest.raises(NotImplementedError, match="needs softmax attention"):
+        LinearTNP(num_layers=1, d_model=16).double().log_likelihood(batch)
+    no_context = pack_tasks([batch.task(0), NPBatch(batch.xc[:0][None], batch.yc[:0][None], batch.xt[:2][None],
+                                                    batch.yt[:2][None])])
+    with pytest.raises(ValueError, match="task 1 has none"):
+        CMANP(num_layers=1, d_model=16, num_latents=4).double()(no_context)
     model = TNPD(num_layers=1, d_model=16).double()
     no_target = PackedNPBatch(batch.xc, batch.yc, batch.xt[:0], batch.yt[:0], batch.cu_seqlens_c,
                               torch.zeros_like(batch.cu_seqlens_t))
