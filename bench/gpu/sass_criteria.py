@@ -215,8 +215,6 @@ _STATIC_GAPS: tuple[KnownGap, ...] = (
     # dK/dV's key tile BLOCK_N) compiles to mma.sync (HMMA) instead. Prune those tiles on sm_90 or accept them.
     KnownGap(r"_fwd_kernel|_bwd_dq", _SM90, "HGMMA > 0", r"BLOCK_M=(16|32) ", f"{_ITEM2}: tiles under 64 rows"),
     KnownGap(r"_bwd_dkdv", _SM90, "HGMMA > 0", r"BLOCK_N=(16|32) ", f"{_ITEM2}: key tiles under 64 rows"),
-    # The one-stage config (16x16, 2 warps) has no pipeline, so no cp.async.
-    KnownGap(_TRITON_MMA, r"sm_80", "LDGSTS > 0", r" s1$", f"{_ITEM2}: the one-stage config loads without cp.async"),
 )
 
 

@@ -221,3 +221,32 @@ def test_prune_configs_on_a_gpu_target_uses_the_table(monkeypatch):
         else:
             assert kept == sized, variant
     assert pruned_some
+
+
+def test_prune_configs_on_sm80_keeps_only_pipelined_configs_up_to_d128(monkeypatch):
+    """On sm_80-sm_89 a one-stage config loads without cp.async: up to a padded head dim of 128 the pruning offers
+    only pipelined configs (issue 43's LDGSTS in every config the autotuner may pick); above, the one-stage 16 x 16
+    tile stays, the last resort when two stages do not fit."""
+    class Driver:
+        class utils:
+            @staticmethod
+            def get_device_properties(index):
+                return {"max_shared_mem": 166912}  # A100's opt-in shared memory per block
+
+        @staticmethod
+        def get_current_target():
+            return GPUTarget("cuda", 80, 32)
+
+    driver = triton.runtime.driver
+    monkeypatch.setattr(driver, "_active", None, raising=False)  # restored after: the lazily made CPU one
+    driver.set_active(Driver())
+    configs = triton_tiles._gpu_configs()
+    assert any(c.num_stages == 1 for c in configs)
+    for elem_dtype in (torch.bfloat16, torch.float32):
+        named = {"Q": torch.empty(1, dtype=elem_dtype), "BLOCK_N_MAX": 128, "M_BUCKET": 4096, "N_BUCKET": 4096}
+        for d in (64, 128):
+            kept = triton_tiles._prune_configs(configs, named, BLOCK_D=d, BLOCK_DV=d)
+            assert kept and all(c.num_stages > 1 for c in kept), (elem_dtype, d)
+    named = {"Q": torch.empty(1, dtype=torch.float32), "BLOCK_N_MAX": 16, "M_BUCKET": 16, "N_BUCKET": 16}
+    kept = triton_tiles._prune_configs(configs, named, BLOCK_D=256, BLOCK_DV=256)
+    assert any(c.num_stages == 1 for c in kept)  # D = 256: the one-stage tile is still offered

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import triton
 
-from attn_ext.ops.attention.triton_spills import device_arch, spill_free_configs
+from attn_ext.ops.attention.triton_spills import device_arch, spill_free_configs, table_arch
 from attn_ext.ops.utils.triton import block_dim as block_d
 from attn_ext.ops.utils.triton import interpreting, lazily_autotuned, next_pow2
 
-__all__ = ["FIXED_TILES", "PINNED_TILES", "autotuned", "block_d", "block_m_interpreted", "launch", "launch_fixed"]
+__all__ = ["FIXED_TILES", "FIXED_TILES_PIPELINED", "PINNED_TILES", "autotuned", "block_d", "block_m_interpreted", "launch", "launch_fixed"]
 
 
 def _pow2_floor(x: int) -> int:
@@ -97,7 +97,18 @@ def _prune_configs(configs, named_args, kernel_name: str = "", **kwargs):
             and (elem < 4 or c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= _FP32_MAX_TILE)]
     if not kept:
         return [min(configs, key=lambda c: _smem_estimate(c, elem, d, dv, pair_rules))]
-    return spill_free_configs(kept, kernel_name, device_arch(), elem, d, dv, kwargs)
+    arch = device_arch()
+    if table_arch(arch) == 80 and max(d, dv) <= _MAX_PIPELINED_D:
+        # On sm_80-sm_89 a one-stage config loads its tiles without cp.async (no pipeline: every load waits for
+        # the MMAs before it); up to D = 128 a pipelined config always fits, and the one-stage ones stay the last
+        # resort of the larger head dims (issue 43: LDGSTS in every config the autotuner may pick there).
+        kept = [c for c in kept if c.num_stages > 1] or kept
+    return spill_free_configs(kept, kernel_name, arch, elem, d, dv, kwargs)
+
+
+#: The largest padded head dim at which the configs of sm_80-sm_89 are all pipelined (above: the one-stage
+#: 16 x 16 tile may be the only one whose stages fit shared memory).
+_MAX_PIPELINED_D = 128
 
 
 # fp32 runs its products as exact fp32 FMAs (no tensor cores), whose operand tiles live in registers: from
@@ -143,8 +154,10 @@ def autotuned(kernel, pinned: str):
 
 
 #: The one config of a launch that is not autotuned (:func:`launch_fixed`): the smallest tile, which fits every
-#: head dim, dtype and card.
+#: head dim, dtype and card; two stages (a cp.async pipeline on sm_80 and later) up to a padded head dim of 128,
+#: one beyond (fp32 at D = 256 would need 99 KiB of shared memory for two).
 FIXED_TILES = (16, 16, 4, 1)
+FIXED_TILES_PIPELINED = (16, 16, 4, 2)
 
 
 def launch_fixed(kernel, grid, args, meta, m: int, n: int, chunk_size: int) -> None:
@@ -153,7 +166,8 @@ def launch_fixed(kernel, grid, args, meta, m: int, n: int, chunk_size: int) -> N
     if interpreting():
         launch(kernel, None, grid, args, meta, m, n, chunk_size)
         return
-    bm, bn, warps, stages = FIXED_TILES
+    pipelined = max(meta["BLOCK_D"], meta["BLOCK_DV"]) <= _MAX_PIPELINED_D
+    bm, bn, warps, stages = FIXED_TILES_PIPELINED if pipelined else FIXED_TILES
     args = (*args, bn, _bucket(m), _bucket(n))
     kernel[grid({**meta, "BLOCK_M": bm, "BLOCK_N": bn})](*args, BLOCK_M=bm, BLOCK_N=bn, num_warps=warps,
                                                          num_stages=stages, **meta)
