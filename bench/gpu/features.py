@@ -13,6 +13,10 @@ baseline in the same process, with the time predicted before any GPU ran it besi
 - **bias**: a learned additive bias ``[H, L, S]`` that requires grad, B=4, H=8, L=S=2048, D=64, bf16, fwd+bwd
   (gradients of q, k, v and the bias) against SDPA (its memory-efficient kernel takes a bias with a gradient).
   Goal (CPU's, against SDPA's math path there): <= 1.0.
+- **paged**: ``ae.paged_attention`` of one new token per entry over a paged cache (B=4 entries of 32,768 keys in
+  16-key blocks in a random order, H=8, D=128, bf16) against the same backend's call over the cache laid out
+  contiguously (``is_causal``, aligned at the end). Goal (CPU's): <= 1.2. Triton only (the CUDA kernels have no
+  paged path).
 
 Rows per case: one backend (``triton``, ``cuda``); the ratio is ours / baseline (below 1: ours faster).
 """
@@ -31,14 +35,17 @@ from bench.harness.report import markdown_table
 
 NAME = "features"
 BACKENDS = ("triton", "cuda")
-KINDS = ("window", "varlen", "decode", "bias")
+KINDS = ("window", "varlen", "decode", "bias", "paged")
+#: The backends each kind runs on (the CUDA kernels have no paged path).
+KIND_BACKENDS = {kind: BACKENDS for kind in KINDS} | {"paged": ("triton",)}
 #: Relative error allowed against PyTorch's bf16 result (gradients: twice).
 TOLERANCE = 4e-2
 WINDOW = dict(B=1, H=8, L=16384, D=64, left=256, checked_rows=256)
 VARLEN = dict(sequences=64, H=8, D=64, low=3, high=197)
 DECODE = dict(B=1, H=8, N=1_000_000, D=128)
 BIAS = dict(B=4, H=8, L=2048, D=64)
-GOALS = {"window": 0.1, "varlen": 0.6, "decode": 1.0, "bias": 1.0}
+PAGED = dict(B=4, H=8, N=32_768, D=128, block_size=16)
+GOALS = {"window": 0.1, "varlen": 0.6, "decode": 1.0, "bias": 1.0, "paged": 1.2}
 
 #: Ours / baseline predicted for an H200 before any run (written on the CPU machine; see docs/gpu_check.md):
 #: (low, high) per (kind, backend).
@@ -59,6 +66,9 @@ PREDICTED = {
     # The forward is fused; the backward with the bias's gradient runs the reference kernels' chunked PyTorch ops
     # (fp32 score chunks of 2^22 elements): about 2x SDPA's fused kernel.
     ("bias", "triton"): (1.5, 3.0), ("bias", "cuda"): (1.5, 3.0),
+    # The same split decoding over 4 x 32k keys, its K and V rows gathered per 16-key block (4 KB contiguous
+    # pieces, a table read per row) in 64-key tiles against 128-key tiles of contiguous rows.
+    ("paged", "triton"): (1.0, 1.4),
 }
 
 
@@ -73,7 +83,7 @@ class Case:
 
 
 def cases() -> list[Case]:
-    return [Case(kind, backend) for kind in KINDS for backend in BACKENDS]
+    return [Case(kind, backend) for kind in KINDS for backend in KIND_BACKENDS[kind]]
 
 
 def _normal(gen, *shape) -> torch.Tensor:
@@ -187,7 +197,34 @@ def _bias_calls(backend: str):
     return ours, baseline, check
 
 
-CALLS = {"window": _window_calls, "varlen": _varlen_calls, "decode": _decode_calls, "bias": _bias_calls}
+def _paged_calls(backend: str):
+    c = PAGED
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    blocks = c["N"] // c["block_size"]
+    k_cache, v_cache = (_normal(gen, c["B"] * blocks, c["block_size"], c["H"], c["D"]) for _ in range(2))
+    table = torch.randperm(c["B"] * blocks, generator=torch.Generator().manual_seed(0)).to(torch.int32)
+    table = table.reshape(c["B"], blocks).cuda()
+    seqlens = torch.full((c["B"],), c["N"], dtype=torch.int32, device="cuda")
+    q = _normal(gen, c["B"], c["H"], 1, c["D"])
+    # The same keys laid out contiguously, entry by entry: [B, H, N, D].
+    contiguous = [cache[table.long()].reshape(c["B"], c["N"], c["H"], c["D"]).transpose(1, 2).contiguous()
+                  for cache in (k_cache, v_cache)]
+
+    def ours():
+        return ae.paged_attention(q, k_cache, v_cache, table, seqlens, is_causal=True, backend=backend)
+
+    def baseline():
+        return ae.scaled_dot_product_attention(q, *contiguous, is_causal=True, alignment="bottom_right",
+                                               backend=backend)
+
+    def check(out) -> float:
+        return require_close("paged vs the contiguous cache", {"out": (out, baseline())}, TOLERANCE)
+
+    return ours, baseline, check
+
+
+CALLS = {"window": _window_calls, "varlen": _varlen_calls, "decode": _decode_calls, "bias": _bias_calls,
+         "paged": _paged_calls}
 
 
 def measure(case: Case, budget: Budget, progress: Callable[[str], None]) -> list[dict]:
@@ -220,7 +257,7 @@ def triton_work(case: Case) -> None:
 
 
 BASELINES = {"window": "same backend, full causal", "varlen": "SDPA, padded batch", "decode": "SDPA (flash)",
-             "bias": "SDPA with the bias"}
+             "bias": "SDPA with the bias", "paged": "same backend, contiguous cache"}
 
 
 def markdown(rows: list[dict]) -> str:

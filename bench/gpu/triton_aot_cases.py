@@ -39,7 +39,7 @@ ATTENTION_CAUSAL_DIMS = (64, 128)
 #: mask or dropout up to a [BLOCK_M, BLOCK_N] tile more, see triton_tiles._smem_estimate), which the largest
 #: config shows where it matters most: fp32 dK/dV at D = 16 with 128x128 tiles was over sm_80's limit.
 PAIR_FLAGS = frozenset({"HAS_MASK", "ATTN_MASK", "IS_CAUSAL", "HAS_DROPOUT", "WINDOW", "SOFTCAP", "ALIBI", "VARLEN",
-                        "BOTTOM_RIGHT", "SPLIT_K"})
+                        "BOTTOM_RIGHT", "SPLIT_K", "PAGED"})
 #: The machine-code report's scope (``--scope sass``, ``make sass-report``): the attention kernels (the
 #: families' launches: forward, backward, merge) at the head dims and dtypes of issue 43, every kept config.
 #: Every code path of the attention kernels, causal with dropout too: the spill table (spill_table.py) is
@@ -162,6 +162,21 @@ def _attention_decode_split(dtype, d: int) -> None:
     launch_forward(q, k, v, _key_mask(n), d ** -0.5, 128, scores=scores, key_parts=3)
 
 
+def _attention_paged(dtype, d: int) -> None:
+    """Decoding from a paged cache (``PAGED``, :mod:`attn_ext.ops.attention.triton_paged`): two entries of 300 and
+    41 cached keys in blocks of 16, two new tokens each under the causal rule, grouped heads; split over keys (three
+    parts forced) and not."""
+    from attn_ext.ops.attention.triton_paged import paged_forward
+
+    hq, blocks = 2 * H, 24
+    q = _randn(2, hq, 2, d, dtype=dtype)
+    k_cache, v_cache = _randn(blocks, 16, H, d, dtype=dtype), _randn(blocks, 16, H, d, dtype=dtype)
+    table = torch.arange(2 * 19, dtype=torch.int32).remainder(blocks).reshape(2, 19)
+    for parts in (None, 3):
+        paged_forward(q, k_cache, v_cache, table, [300, 41], d ** -0.5, True, -1, -1, 0.0, None, 128,
+                      key_parts=parts)
+
+
 def _attention_tma(dtype, d: int, causal: bool, n: int = N) -> None:
     """The Hopper forward and backward through TMA descriptors (grouped heads, no mask), called directly: their
     dispatch takes them only on a compute capability 9 device, so they are compiled for sm_90 alone. ``n`` = 136
@@ -240,6 +255,8 @@ def all_cases() -> list[Case]:
                                       lambda dtype=dtype, d=d, scored=scored: _attention_varlen(dtype, d, scored)))
                 cases.append(Case("attention", name, dims + " decode split",
                                   lambda dtype=dtype, d=d: _attention_decode_split(dtype, d)))
+                cases.append(Case("attention", name, dims + " paged",
+                                  lambda dtype=dtype, d=d: _attention_paged(dtype, d)))
             if name in TMA_DTYPES and d in TMA_DIMS:
                 for variant, causal, n in (("", False, N), (" N=256", False, 256), (" causal", True, N)):
                     cases.append(Case("attention_tma", name, dims + variant,

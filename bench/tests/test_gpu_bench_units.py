@@ -36,6 +36,7 @@ def test_benchmark_grids_are_the_ones_documented():
     assert {c.what for c in other_ops.cases()} == {"intention", "sigma_intention", "sdpa", "cholesky"}
     # The features section: each kind on both backends, each with a prediction written before any run.
     assert {(c.kind, c.backend) for c in features.cases()} == set(features.PREDICTED)
+    assert {c.kind for c in features.cases() if c.backend == "cuda"} == set(features.KINDS) - {"paged"}
     assert set(features.GOALS) == set(features.KINDS) == set(features.CALLS)
     ids = [p.id for p in plan.plan()]
     assert len(ids) == sum(len(m.cases()) for m in plan.SECTIONS.values()) and len(set(ids)) == len(ids)

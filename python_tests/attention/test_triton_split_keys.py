@@ -59,7 +59,7 @@ def test_parts_merged_equal_the_definition_and_the_unsplit_kernel(case, parts):
     padding = torch.rand(B, S, generator=g) < 0.2
     slopes = slopes_for(B, Hq, True) if alibi else None
     kw = dict(is_causal=is_causal, window=window, alignment=alignment, softcap=softcap, slopes=slopes, padding=padding)
-    split = triton_split_keys.key_split(q, k, *_kernel_band(L, S, is_causal, window, alignment), parts)
+    split = _key_split(q, k, *_kernel_band(L, S, is_causal, window, alignment), parts)
     assert split is not None and split.parts > 1 and split.length % 128 == 0 and split.base % 128 == 0
     out, lse = _forward(q, k, v, parts=parts, **kw)
     whole, whole_lse = _forward(q, k, v, **kw)
@@ -70,6 +70,11 @@ def test_parts_merged_equal_the_definition_and_the_unsplit_kernel(case, parts):
     ref = dense(q.double(), k_rep.double(), v_rep.double(), softcap, slopes, mask, alignment, scale=0.25)
     same = dense(q, k_rep, v_rep, softcap, slopes, mask, alignment, scale=0.25)
     assert_within_flash_rule(out, ref, same, name="out")
+
+
+def _key_split(q, k, *band_and_parts):
+    """``key_split`` of a call's q ``[B, H, L, D]`` and k ``[B, Hkv, S, D]``."""
+    return triton_split_keys.key_split(q.shape[0] * q.shape[1], q.shape[2], k.shape[2], q.device, *band_and_parts)
 
 
 def _kernel_band(L, S, is_causal, window, alignment):
@@ -88,12 +93,12 @@ def _kernel_band(L, S, is_causal, window, alignment):
 def test_parts_start_at_the_band_and_cover_only_reachable_keys():
     q, k = torch.zeros(1, 1, 2, 8), torch.zeros(1, 1, 10_000, 8)
     # A window (300, 0) aligned at the end: keys 9,698 .. 9,999 only, from a multiple of 128 below.
-    split = triton_split_keys.key_split(q, k, *_kernel_band(2, 10_000, True, (300, 0), "bottom_right"), 2)
+    split = _key_split(q, k, *_kernel_band(2, 10_000, True, (300, 0), "bottom_right"), 2)
     assert split.base == 9_698 // 128 * 128 and split.base + split.parts * split.length >= 10_000
     # Top-left causal: the queries see the first two keys, nothing to split.
-    assert triton_split_keys.key_split(q, k, *_kernel_band(2, 10_000, True, None, "top_left"), 4) is None
+    assert _key_split(q, k, *_kernel_band(2, 10_000, True, None, "top_left"), 4) is None
     # Not forced: never under the interpreter or on CPU tensors.
-    assert triton_split_keys.key_split(q, k, False, False, 0, 0) is None
+    assert _key_split(q, k, False, False, 0, 0) is None
 
 
 def test_automatic_parts_fill_the_device_only_for_decoding_shapes():

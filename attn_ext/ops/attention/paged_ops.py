@@ -1,6 +1,7 @@
-"""Op ``paged_attention_fwd`` (forward only): its reference backend, fake kernel, the refusal of derivatives, and
-the backends :func:`attn_ext.paged_attention` dispatches to (``cpp``: the C++ kernels reading the cache through
-the block table, ``csrc/cpu/attention_ops.cpp``; ``reference``: a gather and the packed reference).
+"""Op ``paged_attention_fwd`` (forward only): its reference and Triton backends, fake kernel, the refusal of
+derivatives, and the backends :func:`attn_ext.paged_attention` dispatches to (``cpp``: the C++ kernels reading the
+cache through the block table, ``csrc/cpu/attention_ops.cpp``; ``triton``: the forward kernel reading it through the
+block table too, :mod:`.triton_paged`; ``reference``: a gather and the packed reference).
 
 Derivatives are refused here by design: the public function takes the differentiable route (a gather, then
 :func:`attn_ext.varlen_attention`) whenever an input requires a gradient.
@@ -19,7 +20,8 @@ from attn_ext.ops.utils.dtypes import accumulation_dtype
 from attn_ext.ops.utils.extension import extension_error
 from attn_ext.ops.utils.registration import define_op
 
-__all__ = ["PAGED_ATTENTION", "attention_by_gather", "gather_cache", "paged_attention_fwd_reference"]
+__all__ = ["PAGED_ATTENTION", "attention_by_gather", "gather_cache", "paged_attention_fwd_reference",
+           "paged_attention_fwd_triton"]
 
 
 def gather_cache(cache: Tensor, block_table: Tensor, lengths: list) -> Tensor:
@@ -62,6 +64,20 @@ def paged_attention_fwd_reference(q, k_cache, v_cache, block_table, cache_seqlen
     return out.contiguous(), lse.contiguous()
 
 
+@define_op("attn_ext::paged_attention_fwd_triton")
+def paged_attention_fwd_triton(q, k_cache, v_cache, block_table, cache_seqlens, scale, is_causal, window_left,
+                               window_right, softcap, alibi_slopes, chunk_size):
+    from attn_ext.ops.attention import triton_paged  # optional dependency: Triton
+
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("block_table", block_table),
+                    ("cache_seqlens", cache_seqlens)):
+        if t.device != q.device:
+            raise RuntimeError(f"attn_ext.paged_attention (triton): {name} is on {t.device} but q is on {q.device}")
+    slopes = None if alibi_slopes is None else alibi_slopes.to(torch.float32).contiguous()
+    return triton_paged.paged_forward(q, k_cache, v_cache, block_table, [int(n) for n in cache_seqlens.tolist()],
+                                      scale, is_causal, window_left, window_right, softcap, slopes, chunk_size)
+
+
 def _fake_paged(q, k_cache, v_cache, block_table, cache_seqlens, *_rest):
     B, H, M, _ = q.shape
     return q.new_empty((B, H, M, v_cache.shape[-1])), q.new_empty((B, H, M), dtype=accumulation_dtype(q.dtype))
@@ -69,8 +85,9 @@ def _fake_paged(q, k_cache, v_cache, block_table, cache_seqlens, *_rest):
 
 _REASON = ("by design: ae.paged_attention differentiates through a gather of the live cache rows whenever an "
            "input requires a gradient")
-torch.library.register_fake("attn_ext::paged_attention_fwd_reference")(_fake_paged)
-register_not_differentiable("attn_ext::paged_attention_fwd_reference", _REASON)
+for _name in ("attn_ext::paged_attention_fwd_reference", "attn_ext::paged_attention_fwd_triton"):
+    torch.library.register_fake(_name)(_fake_paged)
+    register_not_differentiable(_name, _REASON)
 if extension_error() is None and hasattr(torch.ops.attn_ext, "paged_attention_fwd"):
     torch.library.register_fake("attn_ext::paged_attention_fwd")(_fake_paged)
     register_not_differentiable("attn_ext::paged_attention_fwd", _REASON)
@@ -78,4 +95,5 @@ if extension_error() is None and hasattr(torch.ops.attn_ext, "paged_attention_fw
 PAGED_ATTENTION = declare(
     "paged_attention",
     cpp=Implementation("paged_attention_fwd", (_extension_reason,)),
+    triton=Implementation(paged_attention_fwd_triton),
     reference=Implementation(paged_attention_fwd_reference))

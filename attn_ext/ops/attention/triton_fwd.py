@@ -32,14 +32,15 @@ from torch import Tensor
 from attn_ext.ops.attention.band import Band
 from attn_ext.ops.attention.triton_args import check_attention_args
 from attn_ext.ops.attention.triton_fwd_tma import launch_forward_tma, tma_forward_unavailable_reason
-from attn_ext.ops.attention.triton_pairs import attn_mask_arg, dropout_arg, dropout_keep, pair_dot_into
-from attn_ext.ops.attention.triton_score_mod import ScoreArgs, band_keys, kernel_scores, score_args, scored_pairs
+from attn_ext.ops.attention.triton_fwd_blocks import attend_key_blocks
+from attn_ext.ops.attention.triton_pairs import attn_mask_arg, dropout_arg
+from attn_ext.ops.attention.triton_score_mod import ScoreArgs, band_keys, kernel_scores, score_args
 from attn_ext.ops.attention.triton_split_keys import key_split, merge_parts, part_states
 from attn_ext.ops.attention.triton_tiles import autotuned, block_d, launch, launch_fixed
-from attn_ext.ops.attention.triton_varlen import (Packed, check_packed_scores_in_range, entry_offset, packed_args,
-                                                  packed_call, packed_scores, sequence)
+from attn_ext.ops.attention.triton_varlen import (Packed, PagedKeys, check_packed_scores_in_range, entry_offset,
+                                                  packed_args, packed_call, packed_scores, sequence)
 from attn_ext.ops.utils.triton import check_device, check_dtypes, interpreting, mask_arg
-from attn_ext.ops.utils.triton_jit import attention_rows, load_tile, valid_rows
+from attn_ext.ops.utils.triton_jit import attention_rows, load_tile
 from attn_ext.ops.utils.score_range import check_scores_in_range
 from attn_ext.ops.utils.validation import check_cross_attention_args
 
@@ -47,46 +48,6 @@ __all__ = ["attention_forward", "cross_attention_forward", "launch_forward"]
 
 
 # --------------------------------------------------------------------------- kernel
-
-@triton.jit
-def _attend_key_blocks(
-    acc, l_i, m_i, q, k_base, v_base, attn_base, MASK, SEED, lo, hi,
-    offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, rows, mask_row, smn, skn, skd, svn, svd, sam, san,
-    N, scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, slope, diagonal,
-    HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
-    PAIR_MASKS: tl.constexpr, GUARD_ROWS: tl.constexpr, UPCAST: tl.constexpr,
-    WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr,
-):
-    """The online softmax of one query block over the key blocks ``[lo, hi)``: returns the updated
-    ``(acc, l_i, m_i)``. ``IS_CAUSAL``, ``WINDOW`` and ``PAIR_MASKS`` are the per-pair rules these blocks need
-    (:func:`~.triton_score_mod.scored_pairs` has the window and the score modifications); with
-    ``PAIR_MASKS``, ``GUARD_ROWS`` takes the exact product where a masked pair meets a non-finite V row (else
-    the plain GEMM, whose poisoned rows the fix-up launch recomputes)."""
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_ok = valid_rows(MASK, mask_row, smn, offs_n, N, HAS_MASK)
-        kt = load_tile(k_base, offs_d, offs_n, skd, skn, d_ok, n_ok, UPCAST)  # Kᵀ: padded keys never loaded
-        v = load_tile(v_base, offs_n, offs_dv, svn, svd, n_ok, dv_ok, UPCAST)
-
-        s = tl.dot(q, kt, input_precision="ieee") * scale
-        s, allowed, _ = scored_pairs(s, attn_base, sam, san, offs_m[:, None], offs_n[None, :],
-                                     m_ok[:, None] & n_ok[None, :], band_lo, band_hi, softcap, slope, diagonal,
-                                     ATTN_MASK, IS_CAUSAL, WINDOW, SOFTCAP, ALIBI)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # While a row has seen no valid key its max is -inf; shift by 0 instead
-        # so that no (-inf) - (-inf) = NaN appears.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)  # lse and the normaliser are of the undropped weights
-        if HAS_DROPOUT:
-            keep = dropout_keep(SEED, rows[:, None], offs_n[None, :], N, drop_threshold)
-            p = tl.where(keep, p * drop_scale, 0.0)
-        acc = pair_dot_into(acc * alpha[:, None], p, v, allowed, m_ok, n_ok, PAIR_MASKS and GUARD_ROWS, BLOCK_N)
-        m_i = m_new
-    return acc, l_i, m_i
-
 
 @triton.jit
 def _fwd_kernel(
@@ -100,11 +61,11 @@ def _fwd_kernel(
     slb, slh, slm,
     H, GROUP, M, N, D, DV,
     scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, SLOPES, diagonal, CU_Q, CU_K,
-    split_base, split_len, sps, spl,
+    split_base, split_len, sps, spl, BT, sbt, PAGE, skblk, svblk,
     BLOCK_N_MAX, M_BUCKET, N_BUCKET,
     HAS_MASK: tl.constexpr, ATTN_MASK: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_DROPOUT: tl.constexpr,
     GUARD_ROWS: tl.constexpr, UPCAST: tl.constexpr, WINDOW: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr,
-    VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, SPLIT_K: tl.constexpr,
+    VARLEN: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, SPLIT_K: tl.constexpr, PAGED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
@@ -123,6 +84,11 @@ def _fwd_kernel(
     q_batch = entry_offset(off_b, sqb, q_row0, sqm, VARLEN)
     k_batch = entry_offset(off_b, skb, k_row0, skn, VARLEN)
     v_batch = entry_offset(off_b, svb, k_row0, svn, VARLEN)
+    bt_row = BT
+    if PAGED:  # a paged cache (:mod:`.triton_paged`): K and V rows through the entry's row of the block table
+        k_batch = 0
+        v_batch = 0
+        bt_row = BT + off_b * sbt
     o_batch = entry_offset(off_b, sob, q_row0, som, VARLEN)
     l_batch = entry_offset(off_b, slb, q_row0, slm, VARLEN)
     rows = pid_bh.to(tl.int64) * M  # (b·H + h)·M: the first of dropout's counter rows, UNSAFE's index
@@ -188,19 +154,21 @@ def _fwd_kernel(
         LSE += part.to(tl.int64) * spl
         UNSAFE += part.to(tl.int64) * spl  # laid out as LSE: a flag per (part, row)
     if not WINDOW:
-        acc, l_i, m_i = _attend_key_blocks(
+        acc, l_i, m_i = attend_key_blocks(
             acc, l_i, m_i, q, k_base, v_base, attn_base, MASK, SEED, lo, plain_hi,
             offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, rows, off_b * smb, smn, skn, skd, svn, svd, sam, san,
             N_keys, scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, slope, diagonal,
+            bt_row, PAGE, skblk, svblk,
             HAS_MASK, ATTN_MASK, False, HAS_DROPOUT, ATTN_MASK != 0, GUARD_ROWS, UPCAST, False, SOFTCAP, ALIBI,
-            BLOCK_M, BLOCK_N, BLOCK_DV)
+            PAGED, BLOCK_M, BLOCK_N, BLOCK_DV)
     if IS_CAUSAL or WINDOW:
-        acc, l_i, m_i = _attend_key_blocks(
+        acc, l_i, m_i = attend_key_blocks(
             acc, l_i, m_i, q, k_base, v_base, attn_base, MASK, SEED, full_hi, hi,
             offs_m, m_ok, offs_d, d_ok, offs_dv, dv_ok, rows, off_b * smb, smn, skn, skd, svn, svd, sam, san,
             N_keys, scale, drop_threshold, drop_scale, band_lo, band_hi, softcap, slope, diagonal,
+            bt_row, PAGE, skblk, svblk,
             HAS_MASK, ATTN_MASK, IS_CAUSAL, HAS_DROPOUT, True, GUARD_ROWS, UPCAST, WINDOW, SOFTCAP, ALIBI,
-            BLOCK_M, BLOCK_N, BLOCK_DV)
+            PAGED, BLOCK_M, BLOCK_N, BLOCK_DV)
 
     out, lse = attention_rows(acc, l_i, m_i)  # empty rows (0, -inf), NaN rows NaN
     tl.store(OUT + o_batch + off_h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod,
@@ -270,13 +238,13 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_paddin
                    scale: float, chunk_size: int, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
                    dropout_p: float = 0.0, dropout_seed: torch.Tensor | None = None,
                    scores: Optional[ScoreArgs] = None, packed: Optional[Packed] = None,
-                   key_parts: Optional[int] = None):
+                   key_parts: Optional[int] = None, paged: Optional[PagedKeys] = None):
     """The forward kernel on checked arguments: ``k``, ``v`` may have fewer heads than ``q`` (GQA),
     ``attn_mask`` is a ``[B, Hq, L, S]`` view (bool or q's dtype), ``scores`` the band and score modifications
     (:func:`~.triton_score_mod.score_args`; None: none), ``packed`` a packed batch (:mod:`.triton_varlen`: q, k, v
-    ``[1, ·, total, ·]``; the band's sides relative to each sequence's diagonal); see :func:`attention_forward`.
-    A decoding-like call splits its keys over programs (:mod:`.triton_split_keys`; ``key_parts`` forces a number
-    of parts, for tests)."""
+    ``[1, ·, total, ·]``; the band's sides relative to each sequence's diagonal); ``paged`` its keys read through a
+    block table instead (:mod:`.triton_paged`); see :func:`attention_forward`. A decoding-like call splits its
+    keys over programs (:mod:`.triton_split_keys`; ``key_parts`` forces a number of parts, for tests)."""
     check_device(_fwd_kernel, q, k, v, *(t for t in (key_padding_mask, attn_mask) if t is not None))
     check_dtypes(q=q, k=k, v=v)
     if scores is None:
@@ -296,8 +264,13 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_paddin
     lse = torch.empty((B, H, M), dtype=torch.float32, device=q.device)
     if lse.numel() == 0:
         return out, lse  # an empty launch grid is an error in Triton
-    split = None if packed is not None or has_dropout else key_split(
-        q, k, bool(is_causal), scores.window, scores.args[0], scores.args[1], key_parts)
+    if has_dropout:
+        split = None
+    elif packed is None:
+        split = key_split(B * H, M, N, q.device, bool(is_causal), scores.window, scores.args[0], scores.args[1],
+                          key_parts)
+    else:  # the band's sides are relative to each sequence's diagonal: its parts cover every key up to the longest
+        split = key_split(packed.sequences * H, packed.max_q, packed.max_k, q.device, False, False, 0, 0, key_parts)
     parts = 1 if split is None else split.parts
     # With per-pair rules, the first launch multiplies whole tiles and marks its non-finite rows (a masked pair
     # meeting a NaN or inf row of V poisons only those); a second, guarded launch recomputes them (16 x 16 tiles;
@@ -309,11 +282,13 @@ def launch_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_paddin
         o, o_strides, lse_t, lse_strides, split_args = states
         return (q, k, v, mask, attn, seed, o, lse_t, flags, *q.stride(), *k.stride(), *v.stride(), smb, smn,
                 *attn_strides, *o_strides, *lse_strides, H, H // k.shape[1], M, N, D, DV, float(scale), threshold,
-                drop_scale, *scores.args, *cu_args, *split_args)
+                drop_scale, *scores.args, *cu_args, *split_args, *paged_args)
 
     states = part_states(split, out, lse)  # the split's float32 partial states, or out and lse themselves
+    paged_args = (q, 0, 1, 0, 0) if paged is None else tuple(paged)
     meta = dict(HAS_MASK=has_mask, ATTN_MASK=attn_kind, IS_CAUSAL=bool(is_causal), HAS_DROPOUT=has_dropout,
                 GUARD_ROWS=False, UPCAST=interpreting(), **scores.meta, **varlen_meta, SPLIT_K=split is not None,
+                PAGED=paged is not None,
                 BLOCK_D=block_d(D), BLOCK_DV=block_d(DV))
     # A packed batch: a program per block of the longest sequence, per sequence and head; a split: per part too.
     rows, keys, entries = (M, N, B) if packed is None else (packed.max_q, packed.max_k, packed.sequences)

@@ -32,7 +32,7 @@ from typing import Iterable, Optional
 
 import triton
 
-__all__ = ["CHECKED_VARIANTS", "GUARDED", "PERSISTENT", "SCORED", "SPILL_TABLE_ENV", "SPLIT", "VARLEN", "device_arch",
+__all__ = ["CHECKED_VARIANTS", "GUARDED", "PAGED", "PERSISTENT", "SCORED", "SPILL_TABLE_ENV", "SPLIT", "VARLEN", "device_arch",
            "full_rate", "launch_variants", "spill_free_configs", "spill_gaps", "spill_table", "table_arch"]
 
 SPILL_TABLE_ENV = "ATTN_EXT_TRITON_SPILL_TABLE"
@@ -79,6 +79,8 @@ SCORED = "scored"
 VARLEN = "_varlen"
 #: The suffix of a variant compiled in the persistent grid (``causal_persistent``).
 PERSISTENT = "_persistent"
+#: The suffix of a forward reading a paged cache (:mod:`.triton_paged`): not in the table (left as they are).
+PAGED = "_paged"
 #: The suffix of a forward split over keys (decoding, :mod:`.triton_split_keys`): not in the table (its configs are
 #: left as they are), its own compiles (the part's bounds and offsets change the code around the loop).
 SPLIT = "_split"
@@ -103,6 +105,8 @@ def launch_variants(flags) -> tuple[str, ...]:
         variants = [(SCORED if scored else "causal") + VARLEN]  # the plain one (one loop less)
     if flags.get("PROGRAMS_PER_SM"):  # the TMA forward's persistent grid: the same path inside a loop over tiles
         variants = [f"{v}{PERSISTENT}" for v in variants]
+    if flags.get("PAGED"):
+        variants = [f"{v}{PAGED}" for v in variants]
     if flags.get("SPLIT_K"):
         variants = [f"{v}{SPLIT}" for v in variants]
     if flags.get("GUARD_ROWS"):  # the backward's path for a non-finite q or k: not in the table, not pruned

@@ -66,19 +66,19 @@ def automatic_parts(heads: int, queries: int, keys: int, multiprocessors: int) -
     return max(1, min(triton.cdiv(2 * multiprocessors, programs), keys // MIN_PART_KEYS))
 
 
-def key_split(q: Tensor, k: Tensor, is_causal: bool, window: bool, band_lo: int, band_hi: int,
-              parts: Optional[int] = None) -> Optional[KeySplit]:
-    """The split of a (non-packed, dropout-free) call's keys over programs, or None for one program per query
-    block and head. ``parts`` forces a number of parts (tests under the interpreter); by default
-    :func:`automatic_parts` on a CUDA device, none elsewhere. The parts cover the reachable keys from a multiple
-    of 128 below their first."""
-    B, H, M, _ = q.shape
-    lo, hi = _reachable_keys(M, k.shape[2], is_causal, window, band_lo, band_hi)
+def key_split(heads: int, queries: int, keys: int, device: torch.device, is_causal: bool, window: bool, band_lo: int,
+              band_hi: int, parts: Optional[int] = None) -> Optional[KeySplit]:
+    """The split over programs of the keys of a (dropout-free) call of ``heads`` batch entries times query heads,
+    ``queries`` rows and ``keys`` keys each (a packed batch: its sequences, longest lengths), on ``device``; None
+    for one program per query block and head. ``parts`` forces a number of parts (tests under the interpreter); by
+    default :func:`automatic_parts` on a CUDA device, none elsewhere. The parts cover the reachable keys (the causal
+    rule and the band's sides, as the kernel reads them) from a multiple of 128 below their first."""
+    lo, hi = _reachable_keys(queries, keys, is_causal, window, band_lo, band_hi)
     base = lo // _ALIGN * _ALIGN
     if parts is None:
-        if interpreting() or q.device.type != "cuda":
+        if interpreting() or device.type != "cuda":
             return None
-        parts = automatic_parts(B * H, M, hi - base, _multiprocessors(q.device))
+        parts = automatic_parts(heads, queries, hi - base, _multiprocessors(device))
     if parts <= 1 or hi <= base:
         return None
     length = triton.cdiv(triton.cdiv(hi - base, parts), _ALIGN) * _ALIGN

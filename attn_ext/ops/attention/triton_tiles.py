@@ -97,6 +97,10 @@ def _prune_configs(configs, named_args, kernel_name: str = "", **kwargs):
             and (elem < 4 or c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= _FP32_MAX_TILE)]
     if not kept:
         return [min(configs, key=lambda c: _smem_estimate(c, elem, d, dv, pair_rules))]
+    if kwargs.get("PAGED"):
+        # A paged cache's keys come through per-row addresses (block table): with 128-key tiles the forward at
+        # D = 128 spills 16 bytes on sm_90 (16x128, 8 warps; Triton 3.9 AOT), 64-key tiles none.
+        kept = [c for c in kept if c.kwargs["BLOCK_N"] <= _MAX_PAGED_BLOCK_N] or kept
     arch = device_arch()
     if table_arch(arch) == 80 and max(d, dv) <= _MAX_PIPELINED_D:
         # On sm_80-sm_89 a one-stage config loads its tiles without cp.async (no pipeline: every load waits for
@@ -106,6 +110,8 @@ def _prune_configs(configs, named_args, kernel_name: str = "", **kwargs):
     return spill_free_configs(kept, kernel_name, arch, elem, d, dv, kwargs)
 
 
+#: The widest key tile of a forward reading a paged cache.
+_MAX_PAGED_BLOCK_N = 64
 #: The largest padded head dim at which the configs of sm_80-sm_89 are all pipelined (above: the one-stage
 #: 16 x 16 tile may be the only one whose stages fit shared memory).
 _MAX_PIPELINED_D = 128
@@ -124,7 +130,7 @@ _FP32_MAX_TILE = 1024
 # The backward's GUARD_ROWS too (a call with a non-finite q or k runs another code path), and the forward's
 # SPLIT_K (a decoding call's parts hold few queries and a slice of the keys).
 _TUNE_KEY = ["BLOCK_D", "BLOCK_DV", "BLOCK_N_MAX", "M_BUCKET", "N_BUCKET", "ATTN_MASK", "IS_CAUSAL", "HAS_DROPOUT",
-             "GUARD_ROWS", "WINDOW", "SOFTCAP", "ALIBI", "SPLIT_K"]
+             "GUARD_ROWS", "WINDOW", "SOFTCAP", "ALIBI", "SPLIT_K", "PAGED"]
 
 
 #: The tiles each kernel runs under ``ATTN_EXT_TRITON_PIN=1`` when its pruning keeps them (else the largest

@@ -20,7 +20,7 @@ from attn_ext.ops.attention.packed import segments
 from attn_ext.ops.attention.triton_score_mod import score_args
 from attn_ext.ops.utils.score_range import check_scores_in_range
 
-__all__ = ["Packed", "check_packed_scores_in_range", "entry_offset", "packed_args", "packed_call", "packed_scores",
+__all__ = ["Packed", "PagedKeys", "check_packed_scores_in_range", "entry_offset", "packed_args", "packed_call", "packed_scores",
            "sequence"]
 
 
@@ -68,6 +68,17 @@ class Packed(NamedTuple):
     @property
     def sequences(self) -> int:
         return len(self.segments)
+
+
+class PagedKeys(NamedTuple):
+    """A packed batch's keys read from a paged cache (:mod:`.triton_paged`) as the forward kernel takes them: the
+    block table ``[S, max_blocks]`` (int32), its row stride, the block size, and the K and V caches' block strides
+    (their row, head and feature strides are those of the ``k``, ``v`` views the kernel gets)."""
+    block_table: torch.Tensor
+    table_stride: int
+    block_size: int
+    k_block_stride: int
+    v_block_stride: int
 
 
 def packed_args(packed: Optional[Packed], fallback: torch.Tensor) -> tuple:
