@@ -81,7 +81,8 @@ def test_cases_cover_every_dtype_and_head_dim():
     attention_dims = {c.dims for c in cases if c.family == "attention"}
     assert attention_dims == ({f"D={d} mask" for d in (16, 40, 64, 128, 256)}
                               | {f"D={d} {variant}" for d in (64, 128)
-                                 for variant in ("causal", "causal dropout", "scored", "varlen causal", "varlen scored")})
+                                 for variant in ("causal", "causal dropout", "scored", "varlen causal", "varlen scored",
+                                                 "decode split", "paged")})
 
 
 def test_sass_scope_is_the_attention_kernels_at_the_issues_dtypes_and_head_dims():
@@ -90,7 +91,8 @@ def test_sass_scope_is_the_attention_kernels_at_the_issues_dtypes_and_head_dims(
                      for family, dims in (("cross_attention", f"D={d}"), ("attention", f"D={d} mask"),
                                           ("attention", f"D={d} causal"), ("attention", f"D={d} causal dropout"),
                                           ("attention", f"D={d} scored"), ("attention", f"D={d} varlen causal"),
-                                          ("attention", f"D={d} varlen scored"), ("merge", f"Dv={d}"),
+                                          ("attention", f"D={d} varlen scored"), ("attention", f"D={d} decode split"),
+                                          ("attention", f"D={d} paged"), ("merge", f"Dv={d}"),
                                           ("attention_tma", f"D={d}"), ("attention_tma", f"D={d} N=256"),
                                           ("attention_tma", f"D={d} causal"))}
     # A job is in the scope when one of its cases is.

@@ -28,7 +28,8 @@ CASES = {  # softcap, alibi, is_causal, window, alignment
 
 # The CUDA kernels in bf16 only: their fp16 and bf16 instantiations share the per-pair code, and the tests stage of
 # make gpu-check has a fixed time (docs/gpu_check.md).
-BACKEND_DTYPES = [pytest.param(*backend.values, dtype, marks=backend.marks, id=f"{backend.id}-{str(dtype)[6:]}")
+# Ids end with the backend: the tests stage orders the tests by it (python_tests/gpu/_order.py).
+BACKEND_DTYPES = [pytest.param(*backend.values, dtype, marks=backend.marks, id=f"{str(dtype)[6:]}-{backend.id}")
                   for backend in backends("scaled_dot_product_attention", ("triton", "cuda"))
                   for dtype in (torch.float16, torch.bfloat16) if backend.id == "triton" or dtype == torch.bfloat16]
 
