@@ -147,7 +147,7 @@ def _varlen_calls(backend: str):
         out, grads = result
         ref_out, ref_grads = baseline()
         take = lambda x: x.transpose(1, 2).reshape(-1, c["H"], c["D"])[index]  # noqa: E731
-        pairs = {"out": (out, take(ref_out))}
+        pairs = {"out": (out.detach(), take(ref_out.detach()))}
         pairs.update({f"d{n}": (g, take(r)) for n, g, r in zip("qkv", grads, ref_grads)})
         return require_close("varlen vs SDPA on the padded batch", pairs, 2 * TOLERANCE)
 
@@ -190,7 +190,7 @@ def _bias_calls(backend: str):
 
     def check(result) -> float:
         (out, grads), (ref_out, ref_grads) = result, baseline()
-        pairs = {"out": (out, ref_out)}
+        pairs = {"out": (out.detach(), ref_out.detach())}
         pairs.update({f"d{n}": (g, r) for n, g, r in zip(("q", "k", "v", "bias"), grads, ref_grads)})
         return require_close("bias vs SDPA", pairs, 2 * TOLERANCE)
 
