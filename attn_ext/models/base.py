@@ -147,8 +147,8 @@ class NeuralProcess(nn.Module):
     def predict_packed(self, xc: Tensor, yc: Tensor, xt: Tensor, cu_seqlens_c: Tensor, cu_seqlens_t: Tensor) -> Normal:
         """Predictive ``Normal`` over the packed targets ``[T_t, dim_y]`` of a packed batch (the layout of
         :class:`~attn_ext.data.PackedNPBatch`); only the models that have a packed path implement it."""
-        raise NotImplementedError(f"{type(self).__name__} has no packed-batch path (TNPD, LBANP and CMANP have one): "
-                                  "pass an NPBatch, whose tasks share N_c and N_t")
+        raise NotImplementedError(f"{type(self).__name__} has no packed-batch path (TNPD, LBANP, CMANP, TransformerCA "
+                                  "and PerceiverIONP have one): pass an NPBatch, whose tasks share N_c and N_t")
 
     def forward(self, batch) -> Tensor:
         """Mean negative log-likelihood per target of ``batch`` (an ``NPBatch``), a scalar; of a

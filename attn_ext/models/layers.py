@@ -8,7 +8,7 @@ is the query phase of LBANP and CMANP: ``X^i = CA(X^{i−1}, L_i)`` per layer.
 from __future__ import annotations
 
 import copy
-from typing import Callable, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -75,18 +75,21 @@ class ContextAttentionLayer(nn.Module):
         x = x + self.attention(h, context, context)
         return x + self.ff(self.norm_ff(x))
 
-    def packed(self, context: Tensor, targets: Tensor, cu_seqlens_c: Tensor,
-               cu_seqlens_t: Tensor) -> Tuple[Tensor, Tensor]:
-        """:meth:`forward` over a packed batch: ``context [T_c, dim]``, ``targets [T_t, dim]``, each task's tokens
-        attending over its own context tokens (softmax attention only)."""
+    def packed(self, context: Tensor, targets: Optional[Tensor], cu_seqlens_c: Tensor,
+               cu_seqlens_t: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor]]:
+        """:meth:`forward` over a packed batch: ``context [T_c, dim]``, ``targets [T_t, dim]`` (or None: the context
+        alone), each task's tokens attending over its own context tokens (softmax attention only)."""
         if not isinstance(self.attention, _FirstOutput):
             raise NotImplementedError(f"ContextAttentionLayer: a packed batch needs softmax attention, this layer has "
                                       f"{type(self.attention).__name__}")
         mha = self.attention.attention
-        hc, ht = self.norm(context), self.norm(targets)
+        hc = self.norm(context)
+        if targets is not None:
+            ht = self.norm(targets)
+            targets = targets + mha.packed(ht, hc, hc, cu_seqlens_t, cu_seqlens_c)
+            targets = targets + self.ff(self.norm_ff(targets))
         context = context + mha.packed(hc, hc, hc, cu_seqlens_c, cu_seqlens_c)
-        targets = targets + mha.packed(ht, hc, hc, cu_seqlens_t, cu_seqlens_c)
-        return context + self.ff(self.norm_ff(context)), targets + self.ff(self.norm_ff(targets))
+        return context + self.ff(self.norm_ff(context)), targets
 
 
 class ContextEncoder(nn.Module):
@@ -103,11 +106,13 @@ class ContextEncoder(nn.Module):
             x = layer(x, num_context)
         return self.norm(x)
 
-    def packed(self, context: Tensor, targets: Tensor, cu_seqlens_c: Tensor, cu_seqlens_t: Tensor) -> Tensor:
-        """The final target tokens ``[T_t, dim]`` of a packed batch (see :meth:`ContextAttentionLayer.packed`)."""
+    def packed(self, context: Tensor, targets: Optional[Tensor], cu_seqlens_c: Tensor,
+               cu_seqlens_t: Optional[Tensor]) -> Tensor:
+        """The final target tokens ``[T_t, dim]`` of a packed batch (see :meth:`ContextAttentionLayer.packed`), or
+        with ``targets`` None the final context tokens ``[T_c, dim]``."""
         for layer in self.layers:
             context, targets = layer.packed(context, targets, cu_seqlens_c, cu_seqlens_t)
-        return self.norm(targets)
+        return self.norm(context if targets is None else targets)
 
 
 class LatentDecoder(nn.Module):

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from torch.distributions import Normal
 
 from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points
+from attn_ext.models.layers import packed_latents
 from attn_ext.nn import MultiheadCrossAttention, PreNormBlock, learned_latents
 from attn_ext.nn.layer_norm import LayerNorm
 from attn_ext.ops.tree import tree_num_selected
@@ -113,3 +114,15 @@ class PerceiverIONP(NeuralProcess):
         query = self.embed_pairs(xt, None)
         return self.head(query + self.cross_attention(query, latents, latents)[0])
 
+    def predict_packed(self, xc: Tensor, yc: Tensor, xt: Tensor, cu_seqlens_c: Tensor, cu_seqlens_t: Tensor) -> Normal:
+        """Predictive ``Normal`` over the packed targets ``[T_t, dim_y]`` of tasks packed end to end (the layout of
+        :class:`~attn_ext.data.PackedNPBatch`): each task's latents (the learned ones, repeated) read its own
+        context, its targets its own latents, by :func:`attn_ext.varlen_attention`; per task, what :meth:`predict`
+        gives it alone."""
+        context = self.embed_pairs(xc, yc)
+        latents, cu_latents = packed_latents(self.latents, cu_seqlens_c)
+        for read, mix in zip(self.read_context, self.mix_latents):
+            latents = mix.packed(read.packed(latents, cu_latents, context, cu_seqlens_c), cu_latents)
+        latents = self.norm_latents(latents)
+        query = self.embed_pairs(xt, None)
+        return self.head(query + self.cross_attention.packed(query, latents, latents, cu_seqlens_t, cu_latents))

@@ -66,3 +66,11 @@ class TransformerCA(NeuralProcess):
         context = self.encode(xc, yc)
         query = self.embed_pairs(xt, None)
         return self.head(query + self.cross_attention(query, context, context)[0])
+
+    def predict_packed(self, xc: Tensor, yc: Tensor, xt: Tensor, cu_seqlens_c: Tensor, cu_seqlens_t: Tensor) -> Normal:
+        """Predictive ``Normal`` over the packed targets ``[T_t, dim_y]`` of tasks packed end to end (the layout of
+        :class:`~attn_ext.data.PackedNPBatch`): each task's context encoded over itself, its targets reading it, by
+        :func:`attn_ext.varlen_attention`; per task, what :meth:`predict` gives it alone."""
+        context = self.encoder.packed(self.embed_pairs(xc, yc), None, cu_seqlens_c, None)
+        query = self.embed_pairs(xt, None)
+        return self.head(query + self.cross_attention.packed(query, context, context, cu_seqlens_t, cu_seqlens_c))

@@ -1,6 +1,6 @@
 """Packed batches of NP tasks (``attn_ext.data.PackedNPBatch``): ``GPSampler.sample_packed`` draws what
 ``sample`` draws one task at a time, ``pack_tasks`` and ``task`` invert each other, and the packed paths of TNP-D,
-LBANP and CMANP (every block kind) give each task what the padded path gives it alone (fp64), loss and gradients
+LBANP, CMANP (every block kind), TransformerCA and Perceiver IO give each task what the padded path gives it alone (fp64), loss and gradients
 included; models without a packed path (joint covariances, non-softmax attention), a CMANP task without context and
 malformed batches raise errors that say so."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from attn_ext.data import GPSampler, NPBatch, PackedNPBatch, pack_tasks
-from attn_ext.models import CMANP, CMANPAND, LBANP, LBANPND, TNPD, TNPND, LinearTNP
+from attn_ext.models import CMANP, CMANPAND, LBANP, LBANPND, TNPD, TNPND, LinearTNP, PerceiverIONP, TransformerCA
 
 
 def _batch(size=5, seed=0):
@@ -62,6 +62,12 @@ def test_latent_models_packed_equal_each_task_alone(cls, block):
     batch = _batch(4)
     assert len(set(batch.num_context.tolist())) > 1 and len(set(batch.num_target.tolist())) > 1
     _packed_equals_each_task_alone(model, batch)
+
+
+@pytest.mark.parametrize("cls", [TransformerCA, PerceiverIONP])
+def test_encoder_models_packed_equal_each_task_alone(cls):
+    torch.manual_seed(0)
+    _packed_equals_each_task_alone(cls(num_layers=2, d_model=16, num_latents=5).double(), _batch(4))
 
 
 def test_tnpd_packed_equals_each_task_alone():
