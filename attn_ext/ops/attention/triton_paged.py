@@ -8,6 +8,7 @@ A decoding step over long caches splits its keys over programs like any other (:
 """
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import Optional, Tuple
 
 import torch
@@ -26,14 +27,15 @@ def paged_forward(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_table: Tens
     """``(out [B, H, M, Dv], lse [B, H, M])`` of checked arguments (``lengths``: the host copy of ``cache_seqlens``;
     ``alibi_slopes`` float32 ``[B, H]`` or None); ``key_parts`` forces the split over keys (tests)."""
     B, H, M, D = q.shape
-    num_blocks, block_size, Hkv = k_cache.shape[:3]
+    block_size, Hkv = k_cache.shape[1:3]
     Dv = v_cache.shape[-1]
     if B * H * M == 0:
         return q.new_zeros(B, H, M, Dv), q.new_full((B, H, M), float("-inf"), dtype=torch.float32)
+    key_offsets = list(accumulate(lengths, initial=0))  # on the host: the segments need them there
+    segments = [(b * M, (b + 1) * M, key_offsets[b], key_offsets[b + 1]) for b in range(B)]
     cu_q = torch.arange(B + 1, dtype=torch.int32, device=q.device) * M
-    cu_k = torch.tensor([0] + lengths, dtype=torch.int64).cumsum(0).to(torch.int32)
-    segments = [(b * M, (b + 1) * M, int(cu_k[b]), int(cu_k[b + 1])) for b in range(B)]
-    packed = Packed(cu_q, cu_k.to(q.device), segments, M, max(lengths, default=0), True)
+    cu_k = torch.tensor(key_offsets, dtype=torch.int32, device=q.device)
+    packed = Packed(cu_q, cu_k, segments, M, max(lengths, default=0), True)
     # The packed rows of the queries: entry after entry, as [1, H, B·M, D].
     rows = q.transpose(1, 2).reshape(B * M, H, D).transpose(0, 1)[None]
     # K and V as the kernel reads them: its head, row and feature strides those of the cache, its rows within a block
