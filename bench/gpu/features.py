@@ -55,9 +55,9 @@ PREDICTED = {
     ("window", "triton"): (0.05, 0.10), ("window", "cuda"): (0.05, 0.12),
     # Sequences of 3-197 keys: SDPA's padded batch does about 3x the pairs, but at these sizes both are bound by
     # launches and host work; ours reads the offsets on the host (two synchronisations per forward, one per
-    # backward), Triton's grid is as large as SDPA's. The CUDA backend runs one call per sequence (64 x fwd +
-    # bwd launches from Python): tens of times slower until its kernels take a packed batch.
-    ("varlen", "triton"): (0.8, 1.5), ("varlen", "cuda"): (15.0, 40.0),
+    # backward), Triton's grid is as large as SDPA's. The CUDA kernels take the packed batch in one launch each too
+    # (blocks per tile of the longest sequence; those past their sequence return), with their smaller tiles.
+    ("varlen", "triton"): (0.8, 1.5), ("varlen", "cuda"): (0.8, 2.0),
     # 4.1 GB of K and V to stream: SDPA splits them over all 132 SMs (~1 ms at ~4.5 TB/s). Triton splits them too
     # (triton_split_keys: 33 parts of ~30k keys per head, 264 programs) with 16-row query tiles that waste 15/16 of
     # each MMA but stay bandwidth-bound, plus the merge of 33 float32 states (a few us): 1.0-1.6x. The CUDA kernels

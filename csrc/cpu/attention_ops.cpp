@@ -11,6 +11,7 @@
 
 #include "attention_kernels.h"
 #include "checks/attention_checks.h"
+#include "checks/packed_checks.h"
 #include "ops.h"
 
 namespace attn_ext::cpu {
@@ -37,31 +38,13 @@ std::vector<Segment> packed_segments(const at::Tensor& q, const at::Tensor& k, c
                                      int64_t window_right, int64_t diagonal, bool bottom_right,
                                      const std::optional<at::Tensor>& attn_mask,
                                      const std::optional<at::Tensor>& key_padding_mask, double dropout_p) {
-  const char* who = "attn_ext.varlen_attention";
-  TORCH_CHECK_VALUE(!(dropout_p > 0), who, ": a packed batch takes no dropout here (ae.varlen_attention runs "
-                    "dropout one sequence at a time)");
-  TORCH_CHECK_VALUE(cu_q_t.has_value() && cu_k_t.has_value(), who, ": cu_seqlens_q and cu_seqlens_k come together");
-  TORCH_CHECK_VALUE(q.size(0) == 1, who, ": a packed batch is q [1, H, total_q, D], got ", q.sizes());
-  TORCH_CHECK_VALUE(diagonal == 0, who, ": the diagonal of a packed batch is per sequence (bottom_right), got ",
-                    diagonal);
-  TORCH_CHECK_VALUE(!attn_mask.has_value() && !key_padding_mask.has_value(), who,
-                    ": a packed batch takes no attn_mask or key padding mask");
-  const at::Tensor cu_q = cu_q_t->cpu(), cu_k = cu_k_t->cpu();
-  for (const at::Tensor* cu : {&cu_q, &cu_k}) {
-    TORCH_CHECK_TYPE(cu->scalar_type() == at::kInt && cu->dim() == 1 && cu->numel() >= 1, who,
-                     ": cu_seqlens must be int32 [S + 1], got ", cu->scalar_type(), " ", cu->sizes());
-  }
-  TORCH_CHECK_VALUE(cu_q.numel() == cu_k.numel(), who, ": cu_seqlens_q ", cu_q.sizes(), " and cu_seqlens_k ",
-                    cu_k.sizes(), " must describe the same sequences");
-  const int32_t* oq = cu_q.contiguous().const_data_ptr<int32_t>();
-  const int32_t* ok = cu_k.contiguous().const_data_ptr<int32_t>();
-  const int64_t n = cu_q.numel() - 1;
-  TORCH_CHECK_VALUE(oq[0] == 0 && ok[0] == 0 && oq[n] == q.size(2) && ok[n] == k.size(2), who,
-                    ": cu_seqlens must start at 0 and end at the packed rows (", q.size(2), " queries, ", k.size(2),
-                    " keys)");
+  const PackedOffsets offsets =
+      check_packed_offsets(q, k, cu_q_t, cu_k_t, diagonal, attn_mask, key_padding_mask, dropout_p);
+  const int32_t* oq = offsets.q.data();
+  const int32_t* ok = offsets.k.data();
+  const int64_t n = offsets.sequences();
   std::vector<Segment> segments;
   for (int64_t s = 0; s < n; ++s) {
-    TORCH_CHECK_VALUE(oq[s + 1] >= oq[s] && ok[s + 1] >= ok[s], who, ": cu_seqlens must not decrease");
     const int64_t L = oq[s + 1] - oq[s], S = ok[s + 1] - ok[s], shift = ok[s] - oq[s];
     const int64_t diag = bottom_right ? S - L : 0;
     Band band = make_band(causal, window_left, window_right, diag);

@@ -67,9 +67,10 @@ cudaError_t launch_cross_attention_bwd(const CrossAttentionBwdParams& p, cudaStr
   cudaError_t err = current_smem_optin_limit(&smem_limit);
   if (err == cudaSuccess) err = current_compute_capability(&capability);
   if (err != cudaSuccess) return err;
-  const CrossAttentionBwdPlan plan = plan_cross_attention_bwd(p.B, p.H, p.M, p.N, p.D, p.Dv, p.dtype, smem_limit,
-                                                              capability, p.kv_group);
+  CrossAttentionBwdPlan plan = plan_cross_attention_bwd(p.B, p.H, p.M, p.N, p.D, p.Dv, p.dtype, smem_limit, capability,
+                                                        p.kv_group);
   if (!plan.supported) return cudaErrorInvalidValue;
+  plan.delta_grid.x = cross_attention_bwd_delta_grid(p, plan);
   if (p.attn_mask != nullptr && p.attn_mask_kind == AttnMaskKind::kNone) return cudaErrorInvalidValue;
   const bool has_rows = p.B * p.H * p.M > 0, has_keys = p.B * p.H * p.N > 0;
   if ((has_rows && (p.q == nullptr || p.out == nullptr || p.grad_out == nullptr || p.lse == nullptr ||

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common/attention_mask.h"
+#include "common/packed_sequences.h"
 #include "common/qkv_layout.h"
 #include "attention_bwd_plan.h"
 
@@ -17,8 +18,9 @@ namespace cuda {
 /// Raw pointers and element strides (innermost stride 1) of one backward call. q, k, v, out,
 /// grad_out and the gradients share `dtype`; lse, grad_lse and the workspace are fp32. The
 /// AttentionMaskLayout part as in the forward; with GQA, k, v, grad_k and grad_v have H / kv_group
-/// heads (dK/dV sum over each group's query heads, in one block: no atomics).
-struct CrossAttentionBwdParams : QkvLayout, AttentionMaskLayout {
+/// heads (dK/dV sum over each group's query heads, in one block: no atomics). A packed call (PackedSequences)
+/// as in the forward: lse, grad_lse, Δ and the gradients are laid out over the packed rows.
+struct CrossAttentionBwdParams : QkvLayout, AttentionMaskLayout, PackedSequences {
   const void* q = nullptr;         ///< [B,H,M,D]
   const void* k = nullptr;         ///< [B,H,N,D]
   const void* v = nullptr;         ///< [B,H,N,Dv]
@@ -36,6 +38,12 @@ struct CrossAttentionBwdParams : QkvLayout, AttentionMaskLayout {
   int64_t out_stride_b = 0, out_stride_h = 0, out_stride_m = 0;
   int64_t dout_stride_b = 0, dout_stride_h = 0, dout_stride_m = 0;
 };
+
+/// The Δ pre-pass's blocks: the plan's, or a packed call's packed rows (the gradient kernels' grids count the
+/// longest sequence's tiles).
+inline unsigned int cross_attention_bwd_delta_grid(const CrossAttentionBwdParams& p, const CrossAttentionBwdPlan& plan) {
+  return p.packed() ? cross_attention_bwd_delta_blocks(p.H * p.total_q) : plan.delta_grid.x;
+}
 
 /// Enqueues the Δ pre-pass, the dK/dV kernel and the dQ kernel on `stream` (see the plan header;
 /// fp16/bf16 take the tensor-core kernels, with D and Dv zero-padded to one head-dim bucket: from sm_80

@@ -130,16 +130,18 @@ __device__ __forceinline__ void accumulate_tile(float* __restrict__ acc, int acc
   }
 }
 
-/// Δ_i = dO_i·o_i, one warp per row of [B·H·M]; warps past the end still take part in the shuffles.
+/// Δ_i = dO_i·o_i, one warp per row of [B·H·M] (a packed call: [1·H·total_q]); warps past the end still take
+/// part in the shuffles.
 template <typename scalar_t>
 __global__ void __launch_bounds__(kCrossAttentionBwdThreads) cross_attention_bwd_delta_kernel(
     const CrossAttentionBwdParams p) {
   const int lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kCrossAttentionDeltaRowsPerBlock + threadIdx.x / 32;
-  const bool valid = row < p.B * p.H * p.M;
+  const int64_t batches = p.packed() ? 1 : p.B, rows = p.packed() ? p.total_q : p.M;
+  const bool valid = row < batches * p.H * rows;
   float partial = 0.0f;
   if (valid) {
-    const int64_t bh = row / p.M, m = row % p.M, b = bh / p.H, h = bh % p.H;
+    const int64_t bh = row / rows, m = row % rows, b = bh / p.H, h = bh % p.H;
     const scalar_t* o = static_cast<const scalar_t*>(p.out) + b * p.out_stride_b + h * p.out_stride_h + m * p.out_stride_m;
     const scalar_t* g =
         static_cast<const scalar_t*>(p.grad_out) + b * p.dout_stride_b + h * p.dout_stride_h + m * p.dout_stride_m;
@@ -149,36 +151,39 @@ __global__ void __launch_bounds__(kCrossAttentionBwdThreads) cross_attention_bwd
   if (valid && lane == 0) p.delta[row] = delta;
 }
 
-/// Loads query tile `m0` of query head (b, h) (bh = b·H + h): Q, dO and the row statistics.
+/// Loads query tile `m0` of query head h of the sequence `seq` (common/packed_sequences.h): Q, dO and the row
+/// statistics.
 template <typename scalar_t, int kTile>
 __device__ __forceinline__ void load_query_tile(float* smem, const CrossAttentionBwdSmem& s,
-                                                const CrossAttentionBwdParams& p, int64_t bh, int64_t m0,
-                                                bool* nonfinite = nullptr) {
-  const int64_t b = bh / p.H, h = bh % p.H;
-  const int rows = static_cast<int>(p.M - m0 < kTile ? p.M - m0 : kTile);
+                                                const CrossAttentionBwdParams& p, const SequenceView& seq, int64_t h,
+                                                int64_t m0, bool* nonfinite = nullptr) {
+  const int rows = static_cast<int>(seq.M - m0 < kTile ? seq.M - m0 : kTile);
   const int D = static_cast<int>(p.D), Dv = static_cast<int>(p.Dv);
-  load_rows(smem + s.q, static_cast<const scalar_t*>(p.q) + b * p.q_stride_b + h * p.q_stride_h + m0 * p.q_stride_m,
+  const int64_t m = seq.q0 + m0;
+  load_rows(smem + s.q, static_cast<const scalar_t*>(p.q) + seq.b * p.q_stride_b + h * p.q_stride_h + m * p.q_stride_m,
             p.q_stride_m, kTile, rows, D, nullptr, nonfinite);
   load_rows(smem + s.dout,
-            static_cast<const scalar_t*>(p.grad_out) + b * p.dout_stride_b + h * p.dout_stride_h + m0 * p.dout_stride_m,
+            static_cast<const scalar_t*>(p.grad_out) + seq.b * p.dout_stride_b + h * p.dout_stride_h +
+                m * p.dout_stride_m,
             p.dout_stride_m, kTile, rows, Dv, nullptr, nonfinite);
-  load_row_stats<kTile>(smem, s, p, bh * p.M + m0, rows);
+  load_row_stats<kTile>(smem, s, p, seq.query_row(p.H, h) + m0, rows);
 }
 
-/// Loads key tile `n0` of batch b's key/value head `kv_head`: K, V and the key biases.
+/// Loads key tile `n0` of the sequence's key/value head `kv_head`: K, V and the key biases.
 template <typename scalar_t, int kTile>
 __device__ __forceinline__ void load_key_tile(float* smem, const CrossAttentionBwdSmem& s,
-                                              const CrossAttentionBwdParams& p, int64_t b, int64_t kv_head, int64_t n0,
-                                              bool* nonfinite = nullptr) {
-  const int rows = static_cast<int>(p.N - n0 < kTile ? p.N - n0 : kTile);
+                                              const CrossAttentionBwdParams& p, const SequenceView& seq,
+                                              int64_t kv_head, int64_t n0, bool* nonfinite = nullptr) {
+  const int rows = static_cast<int>(seq.N - n0 < kTile ? seq.N - n0 : kTile);
   const int D = static_cast<int>(p.D), Dv = static_cast<int>(p.Dv);
-  const uint8_t* mask = p.key_padding_mask == nullptr ? nullptr : p.key_padding_mask + b * p.mask_stride_b;
+  const uint8_t* mask = p.key_padding_mask == nullptr ? nullptr : p.key_padding_mask + seq.b * p.mask_stride_b + seq.k0;
   const uint8_t* tile_padding = mask == nullptr ? nullptr : mask + n0;
+  const int64_t n = seq.k0 + n0;
   load_rows(smem + s.k,
-            static_cast<const scalar_t*>(p.k) + b * p.k_stride_b + kv_head * p.k_stride_h + n0 * p.k_stride_n,
+            static_cast<const scalar_t*>(p.k) + seq.b * p.k_stride_b + kv_head * p.k_stride_h + n * p.k_stride_n,
             p.k_stride_n, kTile, rows, D, tile_padding, nonfinite);
   load_rows(smem + s.v,
-            static_cast<const scalar_t*>(p.v) + b * p.v_stride_b + kv_head * p.v_stride_h + n0 * p.v_stride_n,
+            static_cast<const scalar_t*>(p.v) + seq.b * p.v_stride_b + kv_head * p.v_stride_h + n * p.v_stride_n,
             p.v_stride_n, kTile, rows, Dv, tile_padding, nonfinite);
   load_key_bias<kTile>(smem, s, mask, n0, rows);
 }
@@ -196,24 +201,25 @@ __device__ __forceinline__ void store_rows(scalar_t* __restrict__ dst, const flo
 }
 
 /// One step of either gradient kernel: once every thread is done with the previous step's tiles,
-/// loads the moving tile (query tile `t0` of query head (b, h) for dK/dV, key tile `t0` of key/value
-/// head kv_head for dQ) and computes P and dS. Returns (kPairMasks only) whether the moving tile,
-/// the one the products then read, holds inf or NaN.
+/// loads the moving tile (query tile `m0` of query head h for dK/dV, key tile `n0` of key/value head
+/// kv_head for dQ, of batch entry or packed sequence b seen as `seq`) and computes P and dS. Returns
+/// (kPairMasks only) whether the moving tile, the one the products then read, holds inf or NaN.
 template <typename scalar_t, int kTile, bool kKeyTileKernel, bool kPairMasks>
 __device__ __forceinline__ bool bwd_step(float* smem, const CrossAttentionBwdSmem& s, const CrossAttentionBwdParams& p,
-                                         int64_t b, int64_t h, int64_t kv_head, int64_t m0, int64_t n0) {
+                                         const SequenceView& seq, int64_t b, int64_t h, int64_t kv_head, int64_t m0,
+                                         int64_t n0) {
   __syncthreads();
   bool nonfinite = false;
   bool* check = kPairMasks ? &nonfinite : nullptr;
   if (kKeyTileKernel) {
-    load_query_tile<scalar_t, kTile>(smem, s, p, b * p.H + h, m0, check);
+    load_query_tile<scalar_t, kTile>(smem, s, p, seq, h, m0, check);
   } else {
-    load_key_tile<scalar_t, kTile>(smem, s, p, b, kv_head, n0, check);
+    load_key_tile<scalar_t, kTile>(smem, s, p, seq, kv_head, n0, check);
   }
   if (kPairMasks) {
     nonfinite = __syncthreads_or(nonfinite) != 0;
-    const BwdPairTile<scalar_t> pair{pair_mask_head<scalar_t>(p, b, h), m0, n0,
-                                     static_cast<int>(p.M - m0 < kTile ? p.M - m0 : kTile)};
+    const BwdPairTile<scalar_t> pair{pair_mask_head<scalar_t>(p, b, h, seq.shift), m0, n0,
+                                     static_cast<int>(seq.M - m0 < kTile ? seq.M - m0 : kTile)};
     bwd_tile_scores<kTile, true>(smem, s, static_cast<int>(p.D), static_cast<int>(p.Dv), p.scale, &pair);
   } else {
     __syncthreads();
@@ -245,24 +251,27 @@ __global__ void __launch_bounds__(kCrossAttentionBwdThreads, 8) cross_attention_
   const unsigned int bkv = blockIdx.x / n_tiles;
   const int64_t b = bkv / kv_heads, kv_head = bkv % kv_heads;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x % n_tiles) * BN;
+  const SequenceView seq = sequence_view(p, b, p.M, p.N);
+  if (n0 >= seq.N) return;  // a packed sequence shorter than the longest (block-uniform: before any barrier)
 
-  load_key_tile<scalar_t, kTile>(smem, s, p, b, kv_head, n0);
+  load_key_tile<scalar_t, kTile>(smem, s, p, seq, kv_head, n0);
   for (int e = threadIdx.x; e < BN * D; e += kCrossAttentionBwdThreads) smem[s.acc_a + e] = 0.0f;
   for (int e = threadIdx.x; e < BN * Dv; e += kCrossAttentionBwdThreads) smem[s.acc_b + e] = 0.0f;
   // The query tiles the causal rule and the band leave to the block's keys (all without pair masks).
-  const IndexRange queries = kPairMasks ? band_queries(p, n0, n0 + BN, p.M) : IndexRange{0, p.M};
+  const IndexRange queries = kPairMasks ? band_queries(p, n0, n0 + BN, seq.M, seq.shift) : IndexRange{0, seq.M};
   for (int64_t g = 0; g < p.kv_group; ++g) {
     const int64_t h = kv_head * p.kv_group + g;
     for (int64_t m0 = queries.begin / BM * BM; m0 < queries.end; m0 += BM) {
-      const bool exact = bwd_step<scalar_t, kTile, true, kPairMasks>(smem, s, p, b, h, kv_head, m0, n0);
+      const bool exact = bwd_step<scalar_t, kTile, true, kPairMasks>(smem, s, p, seq, b, h, kv_head, m0, n0);
       accumulate_tile<kTile>(smem + s.acc_b, BN, Dv, smem + s.p, 1, BN, smem + s.dout, 1.0f, exact);   // dV += Pᵀ dO
       accumulate_tile<kTile>(smem + s.acc_a, BN, D, smem + s.ds, 1, BN, smem + s.q, p.scale, exact);  // dK += scale·dSᵀ Q
     }
   }
   // Each thread stores the accumulator elements it alone updated: no barrier needed.
-  const int rows = static_cast<int>(p.N - n0 < BN ? p.N - n0 : BN);
-  store_rows(static_cast<scalar_t*>(p.grad_k) + (bkv * p.N + n0) * p.D, smem + s.acc_a, rows, D, smem + s.bias);
-  store_rows(static_cast<scalar_t*>(p.grad_v) + (bkv * p.N + n0) * p.Dv, smem + s.acc_b, rows, Dv, smem + s.bias);
+  const int rows = static_cast<int>(seq.N - n0 < BN ? seq.N - n0 : BN);
+  const int64_t key = seq.key_row(kv_heads, kv_head) + n0;
+  store_rows(static_cast<scalar_t*>(p.grad_k) + key * p.D, smem + s.acc_a, rows, D, smem + s.bias);
+  store_rows(static_cast<scalar_t*>(p.grad_v) + key * p.Dv, smem + s.acc_b, rows, Dv, smem + s.bias);
 }
 
 /// dQ of one query tile; grid.x = B·H·ceil(M/kTile), query tile fastest. kPairMasks as above (a
@@ -280,17 +289,19 @@ __global__ void __launch_bounds__(kCrossAttentionBwdThreads, 8) cross_attention_
   const int64_t bh = blockIdx.x / m_tiles, m0 = static_cast<int64_t>(blockIdx.x % m_tiles) * BM;
   const int64_t b = bh / p.H, h = bh % p.H;
   const int64_t kv_head = static_cast<unsigned int>(h) / static_cast<unsigned int>(p.kv_group);
+  const SequenceView seq = sequence_view(p, b, p.M, p.N);
+  if (m0 >= seq.M) return;  // a packed sequence shorter than the longest (block-uniform: before any barrier)
 
-  load_query_tile<scalar_t, kTile>(smem, s, p, bh, m0);
+  load_query_tile<scalar_t, kTile>(smem, s, p, seq, h, m0);
   for (int e = threadIdx.x; e < BM * D; e += kCrossAttentionBwdThreads) smem[s.acc_a + e] = 0.0f;
   // The key tiles the causal rule and the band leave to the block's rows (all without pair masks).
-  const IndexRange keys = kPairMasks ? band_keys(p, m0, m0 + BM, p.N) : IndexRange{0, p.N};
+  const IndexRange keys = kPairMasks ? band_keys(p, m0, m0 + BM, seq.N, seq.shift) : IndexRange{0, seq.N};
   for (int64_t n0 = keys.begin / BN * BN; n0 < keys.end; n0 += BN) {
-    const bool exact = bwd_step<scalar_t, kTile, false, kPairMasks>(smem, s, p, b, h, kv_head, m0, n0);
+    const bool exact = bwd_step<scalar_t, kTile, false, kPairMasks>(smem, s, p, seq, b, h, kv_head, m0, n0);
     accumulate_tile<kTile>(smem + s.acc_a, BM, D, smem + s.ds, BN, 1, smem + s.k, p.scale, exact);  // dQ += scale·dS K
   }
-  const int rows = static_cast<int>(p.M - m0 < BM ? p.M - m0 : BM);
-  store_rows(static_cast<scalar_t*>(p.grad_q) + (bh * p.M + m0) * p.D, smem + s.acc_a, rows, D);
+  const int rows = static_cast<int>(seq.M - m0 < BM ? seq.M - m0 : BM);
+  store_rows(static_cast<scalar_t*>(p.grad_q) + (seq.query_row(p.H, h) + m0) * p.D, smem + s.acc_a, rows, D);
 }
 
 }  // namespace detail

@@ -50,13 +50,13 @@ struct MmaBwdLayout {
 };
 
 /// Issues the cp.async of one side's pair of tiles: (K, V) of key/value head `head` from key r0, or
-/// (Q, dO) of query head `head` from query r0. Padded keys load as zero rows.
+/// (Q, dO) of query head `head` from query r0, of the sequence `seq`. Padded keys load as zero rows.
 template <typename scalar_t, int kDim, int kRows>
 __device__ __forceinline__ void load_pair_async(char* smem, std::size_t a_offset, std::size_t b_offset,
-                                                const CrossAttentionBwdParams& p, bool keys, int64_t b, int64_t head,
-                                                int64_t r0, int valid) {
+                                                const CrossAttentionBwdParams& p, bool keys, const SequenceView& seq,
+                                                int64_t head, int64_t r0, int valid) {
   using L = MmaBwdLayout<kDim>;
-  const BwdSide<scalar_t> side = bwd_side<scalar_t>(p, keys, b, head, r0);
+  const BwdSide<scalar_t> side = bwd_side<scalar_t>(p, keys, seq, head, r0);
   load_tile_async<L::kThreads, kRows, L::kChunks, L::kStride>(reinterpret_cast<scalar_t*>(smem + a_offset), side.first,
                                                               side.first_stride, valid, static_cast<int>(p.D),
                                                               side.padding);
@@ -65,8 +65,8 @@ __device__ __forceinline__ void load_pair_async(char* smem, std::size_t a_offset
                                                               side.padding);
 }
 
-/// lse | Δ | dlse of `count` query rows from row `row0` of [B·H·M] (−inf | 0 | 0 past `valid`), or the
-/// biases (0, −inf for padding or past N) of `count` keys from key n0 of batch b.
+/// lse | Δ | dlse of `count` query rows from row `row0` of [B·H·M] (a packed call's [H·total_q]; −inf | 0 | 0
+/// past `valid`), or the biases (0, −inf for padding or past N) of `count` keys from key n0 of the sequence.
 __device__ __forceinline__ void load_query_rows(float* stats, const CrossAttentionBwdParams& p, int64_t row0,
                                                 int count, int valid) {
   for (int i = threadIdx.x; i < count; i += blockDim.x) {
@@ -76,9 +76,10 @@ __device__ __forceinline__ void load_query_rows(float* stats, const CrossAttenti
     stats[2 * kMmaBwdOwnRows + i] = ok ? p.grad_lse[row0 + i] : 0.0f;
   }
 }
-__device__ __forceinline__ void load_key_rows(float* bias, const CrossAttentionBwdParams& p, int64_t b, int64_t n0,
-                                              int count, int valid) {
-  const uint8_t* mask = p.key_padding_mask == nullptr ? nullptr : p.key_padding_mask + b * p.mask_stride_b;
+__device__ __forceinline__ void load_key_rows(float* bias, const CrossAttentionBwdParams& p, const SequenceView& seq,
+                                              int64_t n0, int count, int valid) {
+  const uint8_t* mask =
+      p.key_padding_mask == nullptr ? nullptr : p.key_padding_mask + seq.b * p.mask_stride_b + seq.k0;
   for (int j = threadIdx.x; j < count; j += blockDim.x) {
     bias[j] = j < valid && (mask == nullptr || mask[n0 + j] == 0) ? 0.0f : negative_infinity<float>();
   }
@@ -136,22 +137,25 @@ __device__ __forceinline__ void attention_bwd_mma_block(const CrossAttentionBwdP
 
   // Blocks: (batch, key/value head, key tile) for dK/dV, looping over the head's kv_group query heads
   // (GQA); (batch, query head, query tile) for dQ. 32-bit divisions (the plan bounds the grid).
-  const int64_t own_count = kKeyTile ? p.N : p.M, other_count = kKeyTile ? p.M : p.N;
-  const unsigned int own_tiles = static_cast<unsigned int>((own_count + kOwn - 1) / kOwn);
+  // A packed call's grid counts the longest sequence's tiles; the blocks past their sequence's end return.
+  const unsigned int own_tiles = static_cast<unsigned int>(((kKeyTile ? p.N : p.M) + kOwn - 1) / kOwn);
   const unsigned int group = static_cast<unsigned int>(p.kv_group);
   const unsigned int heads = static_cast<unsigned int>(p.H) / (kKeyTile ? group : 1u);
   const unsigned int bh = blockIdx.x / own_tiles;
   const int64_t b = bh / heads, own_head = bh % heads;
   const int64_t kv_head = kKeyTile ? own_head : static_cast<unsigned int>(own_head) / group;
   const int64_t o0 = static_cast<int64_t>(blockIdx.x % own_tiles) * kOwn;
+  const SequenceView seq = sequence_view(p, b, p.M, p.N);
+  const int64_t own_count = kKeyTile ? seq.N : seq.M, other_count = kKeyTile ? seq.M : seq.N;
+  if (o0 >= own_count) return;  // block-uniform: before any barrier
   const int own_valid = static_cast<int>(own_count - o0 < kOwn ? own_count - o0 : kOwn);
 
-  load_pair_async<scalar_t, kDim, kOwn>(smem, L::kOwnA, L::kOwnB, p, kKeyTile, b, own_head, o0, own_valid);
+  load_pair_async<scalar_t, kDim, kOwn>(smem, L::kOwnA, L::kOwnB, p, kKeyTile, seq, own_head, o0, own_valid);
   cp_async_commit();
   if (kKeyTile) {
-    load_key_rows(bias, p, b, o0, kOwn, own_valid);
+    load_key_rows(bias, p, seq, o0, kOwn, own_valid);
   } else {
-    load_query_rows(stats, p, bh * p.M + o0, kOwn, own_valid);
+    load_query_rows(stats, p, seq.query_row(p.H, own_head) + o0, kOwn, own_valid);
   }
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
@@ -177,24 +181,24 @@ __device__ __forceinline__ void attention_bwd_mma_block(const CrossAttentionBwdP
   // The causal rule and the band: the streamed tiles that hold the queries seeing the block's keys (dK/dV) or
   // the keys its queries see (dQ); the tiles outside are masked for every pair.
   const IndexRange streamed = !kPairMasks ? IndexRange{0, other_count}
-                              : kKeyTile  ? band_queries(p, o0, o0 + kOwn, other_count)
-                                          : band_keys(p, o0, o0 + kOwn, other_count);
+                              : kKeyTile  ? band_queries(p, o0, o0 + kOwn, other_count, seq.shift)
+                                          : band_keys(p, o0, o0 + kOwn, other_count, seq.shift);
   const int64_t t_begin = streamed.begin / kOther * kOther, t_end = streamed.end;
 #pragma unroll 1
   for (int64_t gq = 0; gq < (kKeyTile ? p.kv_group : 1); ++gq) {
     const int64_t q_head = kKeyTile ? kv_head * p.kv_group + gq : own_head;
-    const int64_t bq = b * p.H + q_head;  // the (batch, query head) row of lse, Δ and dlse
+    const int64_t q_row = seq.query_row(p.H, q_head);  // row 0 of the query head's lse, Δ and dlse
 #pragma unroll 1
     for (int64_t t0 = t_begin; t0 < t_end; t0 += kOther) {
       const int other_valid = static_cast<int>(other_count - t0 < kOther ? other_count - t0 : kOther);
       __syncthreads();  // every warp is done with the previous streamed tile and its rows' data
-      load_pair_async<scalar_t, kDim, kOther>(smem, L::kOtherA, L::kOtherB, p, !kKeyTile, b,
+      load_pair_async<scalar_t, kDim, kOther>(smem, L::kOtherA, L::kOtherB, p, !kKeyTile, seq,
                                               kKeyTile ? q_head : kv_head, t0, other_valid);
       cp_async_commit();
       if (kKeyTile) {
-        load_query_rows(stats, p, bq * p.M + t0, kOther, other_valid);
+        load_query_rows(stats, p, q_row + t0, kOther, other_valid);
       } else {
-        load_key_rows(bias, p, b, t0, kOther, other_valid);
+        load_key_rows(bias, p, seq, t0, kOther, other_valid);
       }
       cp_async_wait<0>();
       bool exact = false;
@@ -210,7 +214,7 @@ __device__ __forceinline__ void attention_bwd_mma_block(const CrossAttentionBwdP
       warp_scores<scalar_t, kDim>(x, own_a, other_a);
       warp_scores<scalar_t, kDim>(dx, own_b, other_b);
       const PairMaskHead<scalar_t> pair_mask =
-          kPairMasks ? pair_mask_head<scalar_t>(p, b, q_head) : PairMaskHead<scalar_t>{};
+          kPairMasks ? pair_mask_head<scalar_t>(p, b, q_head, seq.shift) : PairMaskHead<scalar_t>{};
       const int64_t m0 = kKeyTile ? t0 : o0, n0 = kKeyTile ? o0 : t0;
       const int m_valid = kKeyTile ? other_valid : own_valid;
 #pragma unroll
@@ -253,7 +257,7 @@ __device__ __forceinline__ void attention_bwd_mma_block(const CrossAttentionBwdP
 
   // Each warp writes its rows: dK and dQ scaled, padded keys' gradients 0 (even when a NaN query row put
   // 0 · NaN into their accumulators). Pairs of columns as one 32-bit store (D and Dv are multiples of 8).
-  const int64_t base = static_cast<int64_t>(bh) * own_count + o0;
+  const int64_t base = (kKeyTile ? seq.key_row(heads, own_head) : seq.query_row(p.H, own_head)) + o0;
   scalar_t* grad_a = static_cast<scalar_t*>(kKeyTile ? p.grad_k : p.grad_q) + base * p.D;
   scalar_t* grad_b = static_cast<scalar_t*>(p.grad_v) + base * p.Dv;
 #pragma unroll

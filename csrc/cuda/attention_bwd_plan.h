@@ -105,6 +105,11 @@ constexpr bool cross_attention_bwd_wmma_warps_compiled(int dim, int warps) {
   return tile_is_compiled(cross_attention_bwd_wmma_preferred_warps(dim), warps, CrossAttentionBwdWmmaSmemOfWarps{dim});
 }
 
+/// Blocks of the Δ pre-pass over `rows` query rows (B·H·M; a packed call's H·total_q), one warp per row.
+constexpr unsigned int cross_attention_bwd_delta_blocks(int64_t rows) {
+  return static_cast<unsigned int>((rows + kCrossAttentionDeltaRowsPerBlock - 1) / kCrossAttentionDeltaRowsPerBlock);
+}
+
 struct CrossAttentionBwdPlan {
   bool supported = false;
   const char* error = nullptr;  ///< static string, set when !supported
@@ -183,8 +188,7 @@ inline CrossAttentionBwdPlan plan_cross_attention_bwd(int64_t B, int64_t H, int6
   }
   plan.delta_block.x = kCrossAttentionBwdThreads;
   plan.block.x = static_cast<unsigned int>(plan.tensor_cores ? 32 * plan.warps : kCrossAttentionBwdThreads);
-  plan.delta_grid.x = static_cast<unsigned int>((B * H * M + kCrossAttentionDeltaRowsPerBlock - 1) /
-                                                kCrossAttentionDeltaRowsPerBlock);
+  plan.delta_grid.x = cross_attention_bwd_delta_blocks(B * H * M);
   plan.dkdv_grid.x = static_cast<unsigned int>(B * (H / kv_group) * n_tiles);
   plan.dq_grid.x = static_cast<unsigned int>(B * H * m_tiles);
   plan.supported = true;

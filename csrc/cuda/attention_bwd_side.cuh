@@ -21,10 +21,14 @@ struct BwdSide {
   const uint8_t* padding;
 };
 
-/// `keys`: the (K, V) side of key/value head `head`, else the (Q, dO) side of query head `head`.
+/// `keys`: the (K, V) side of key/value head `head`, else the (Q, dO) side of query head `head`, of the batch entry
+/// or packed sequence `seq` (common/packed_sequences.h), from its row r0.
 template <typename scalar_t>
-__device__ __forceinline__ BwdSide<scalar_t> bwd_side(const CrossAttentionBwdParams& p, bool keys, int64_t b,
-                                                      int64_t head, int64_t r0) {
+__device__ __forceinline__ BwdSide<scalar_t> bwd_side(const CrossAttentionBwdParams& p, bool keys,
+                                                      const SequenceView& seq, int64_t head, int64_t r0) {
+  const int64_t b = seq.b;
+  const uint8_t* padding = p.key_padding_mask == nullptr ? nullptr : p.key_padding_mask + b * p.mask_stride_b;
+  r0 += keys ? seq.k0 : seq.q0;
   BwdSide<scalar_t> side;
   side.first = static_cast<const scalar_t*>(keys ? p.k : p.q) +
                (keys ? b * p.k_stride_b + head * p.k_stride_h + r0 * p.k_stride_n
@@ -34,7 +38,7 @@ __device__ __forceinline__ BwdSide<scalar_t> bwd_side(const CrossAttentionBwdPar
                       : b * p.dout_stride_b + head * p.dout_stride_h + r0 * p.dout_stride_m);
   side.first_stride = keys ? p.k_stride_n : p.q_stride_m;
   side.second_stride = keys ? p.v_stride_n : p.dout_stride_m;
-  side.padding = keys && p.key_padding_mask != nullptr ? p.key_padding_mask + b * p.mask_stride_b + r0 : nullptr;
+  side.padding = keys && padding != nullptr ? padding + r0 : nullptr;
   return side;
 }
 

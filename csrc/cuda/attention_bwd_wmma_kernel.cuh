@@ -28,7 +28,8 @@ namespace attn_ext {
 namespace cuda {
 namespace detail {
 
-/// Loads the lse/Δ/dlse of `count` query rows starting at row `row0` of [B·H·M] (−inf/0 past `valid`).
+/// Loads the lse/Δ/dlse of `count` query rows starting at row `row0` of [B·H·M] (a packed call's [H·total_q];
+/// −inf/0 past `valid`).
 __device__ __forceinline__ void load_query_stats(float* stats, const CrossAttentionBwdParams& p, int64_t row0,
                                                  int count, int valid) {
   for (int i = threadIdx.x; i < count; i += blockDim.x) {
@@ -39,10 +40,11 @@ __device__ __forceinline__ void load_query_stats(float* stats, const CrossAttent
   }
 }
 
-/// Loads the biases (0 valid, −inf padding or past N) of `count` keys starting at key n0 of batch b.
-__device__ __forceinline__ void load_key_biases(float* bias, const CrossAttentionBwdParams& p, int64_t b, int64_t n0,
-                                                int count, int valid) {
-  const uint8_t* mask = p.key_padding_mask == nullptr ? nullptr : p.key_padding_mask + b * p.mask_stride_b;
+/// Loads the biases (0 valid, −inf padding or past N) of `count` keys starting at key n0 of the sequence.
+__device__ __forceinline__ void load_key_biases(float* bias, const CrossAttentionBwdParams& p, const SequenceView& seq,
+                                                int64_t n0, int count, int valid) {
+  const uint8_t* mask =
+      p.key_padding_mask == nullptr ? nullptr : p.key_padding_mask + seq.b * p.mask_stride_b + seq.k0;
   for (int j = threadIdx.x; j < count; j += blockDim.x) {
     const bool ok = j < valid && (mask == nullptr || mask[n0 + j] == 0);
     bias[j] = ok ? 0.0f : negative_infinity<float>();
@@ -53,10 +55,11 @@ __device__ __forceinline__ void load_key_biases(float* bias, const CrossAttentio
 /// h is the query head for (Q, dO) and the key/value head for (K, V); `nonfinite` as in copy_tile.
 template <typename scalar_t, int kThreads, int kRows, int kDim>
 __device__ __forceinline__ void load_side(scalar_t* tiles, int ld, const CrossAttentionBwdParams& p, bool keys,
-                                          int64_t b, int64_t h, int64_t r0, int valid, bool* nonfinite = nullptr) {
+                                          const SequenceView& seq, int64_t h, int64_t r0, int valid,
+                                          bool* nonfinite = nullptr) {
   static_assert(kRows * kDim >= kThreads, "every thread copies");
   // Padded keys are zero rows, so that dP = dO·vᵀ and dQ += dS·K stay exactly 0 for them.
-  const BwdSide<scalar_t> side = bwd_side<scalar_t>(p, keys, b, h, r0);
+  const BwdSide<scalar_t> side = bwd_side<scalar_t>(p, keys, seq, h, r0);
   // ld is the layout's half stride, kDim + 8 (checked by the launcher's static_assert).
   copy_tile<kThreads, kRows, kDim, kDim + 8>(tiles, side.first, side.first_stride, valid, static_cast<int>(p.D),
                                              side.padding, nonfinite);
@@ -96,22 +99,25 @@ __device__ __forceinline__ void cross_attention_bwd_wmma_block(const CrossAttent
 
   // Blocks: (batch, key/value head, key tile) in the dK/dV kernel, which loops over the head's
   // kv_group query heads (GQA); (batch, query head, query tile) in the dQ kernel.
-  const int64_t own_count = kKeyTile ? p.N : p.M, other_count = kKeyTile ? p.M : p.N;
-  const unsigned int own_tiles = static_cast<unsigned int>((own_count + kOwn - 1) / kOwn);
+  // A packed call's grid counts the longest sequence's tiles; the blocks past their sequence's end return.
+  const unsigned int own_tiles = static_cast<unsigned int>(((kKeyTile ? p.N : p.M) + kOwn - 1) / kOwn);
   const unsigned int group = static_cast<unsigned int>(p.kv_group);
   const unsigned int heads = static_cast<unsigned int>(p.H) / (kKeyTile ? group : 1u);
   const unsigned int bh = blockIdx.x / own_tiles;  // b·heads + (key/value or query) head
   const int64_t b = bh / heads, own_head = bh % heads;
   const int64_t kv_head = kKeyTile ? own_head : static_cast<unsigned int>(own_head) / group;
   const int64_t o0 = static_cast<int64_t>(blockIdx.x % own_tiles) * kOwn;
+  const SequenceView seq = sequence_view(p, b, p.M, p.N);
+  const int64_t own_count = kKeyTile ? seq.N : seq.M, other_count = kKeyTile ? seq.M : seq.N;
+  if (o0 >= own_count) return;  // block-uniform: before any barrier
   const int own_valid = static_cast<int>(own_count - o0 < kOwn ? own_count - o0 : kOwn);
   const int ld = L::half_stride;
 
-  load_side<scalar_t, kThreads, kOwn, kDim>(own, ld, p, kKeyTile, b, own_head, o0, own_valid);
+  load_side<scalar_t, kThreads, kOwn, kDim>(own, ld, p, kKeyTile, seq, own_head, o0, own_valid);
   if (kKeyTile) {
-    load_key_biases(bias, p, b, o0, kOwn, own_valid);
+    load_key_biases(bias, p, seq, o0, kOwn, own_valid);
   } else {
-    load_query_stats(stats, p, bh * p.M + o0, kOwn, own_valid);
+    load_query_stats(stats, p, seq.query_row(p.H, own_head) + o0, kOwn, own_valid);
   }
   constexpr int kAccs = kKeyTile ? 2 : 1;
   for (int idx = threadIdx.x; idx < kAccs * kOwn * L::acc_stride; idx += kThreads) acc[idx] = 0.0f;
@@ -124,23 +130,23 @@ __device__ __forceinline__ void cross_attention_bwd_wmma_block(const CrossAttent
   // The causal rule and the band: the streamed tiles that hold the queries seeing the block's keys (dK/dV) or
   // the keys its queries see (dQ); the tiles outside are masked for every pair.
   const IndexRange streamed = !kPairMasks ? IndexRange{0, other_count}
-                              : kKeyTile  ? band_queries(p, o0, o0 + kOwn, other_count)
-                                          : band_keys(p, o0, o0 + kOwn, other_count);
+                              : kKeyTile  ? band_queries(p, o0, o0 + kOwn, other_count, seq.shift)
+                                          : band_keys(p, o0, o0 + kOwn, other_count, seq.shift);
   const int64_t t_begin = streamed.begin / kOther * kOther, t_end = streamed.end;
   for (int64_t g = 0; g < (kKeyTile ? p.kv_group : 1); ++g) {
     const int64_t q_head = kKeyTile ? kv_head * p.kv_group + g : own_head;
-    const int64_t bq = b * p.H + q_head;  // (batch, query head) row of lse, Δ and dlse
-    const PairMaskHead<scalar_t> pair_mask = pair_mask_head<scalar_t>(p, b, q_head);
+    const int64_t q_row = seq.query_row(p.H, q_head);  // row 0 of the query head's lse, Δ and dlse
+    const PairMaskHead<scalar_t> pair_mask = pair_mask_head<scalar_t>(p, b, q_head, seq.shift);
     for (int64_t t0 = t_begin; t0 < t_end; t0 += kOther) {
       const int other_valid = static_cast<int>(other_count - t0 < kOther ? other_count - t0 : kOther);
       __syncthreads();  // every warp is done with the previous streamed tile (and the own tile is loaded)
       bool nonfinite = false;
-      load_side<scalar_t, kThreads, kOther, kDim>(other, ld, p, !kKeyTile, b, kKeyTile ? q_head : kv_head, t0,
+      load_side<scalar_t, kThreads, kOther, kDim>(other, ld, p, !kKeyTile, seq, kKeyTile ? q_head : kv_head, t0,
                                                   other_valid, kPairMasks ? &nonfinite : nullptr);
       if (kKeyTile) {
-        load_query_stats(stats, p, bq * p.M + t0, kOther, other_valid);
+        load_query_stats(stats, p, q_row + t0, kOther, other_valid);
       } else {
-        load_key_biases(bias, p, b, t0, kOther, other_valid);
+        load_key_biases(bias, p, seq, t0, kOther, other_valid);
       }
       if (kPairMasks) {
         nonfinite = __syncthreads_or(nonfinite) != 0;  // block-uniform: the products' branch below
@@ -201,7 +207,7 @@ __device__ __forceinline__ void cross_attention_bwd_wmma_block(const CrossAttent
 
   // Each warp writes its own rows (its accumulator tiles), scaled where the gradient needs it. Padded
   // keys (bias −inf) get 0, even when a NaN query row put 0 · NaN into their accumulators.
-  const int64_t base = bh * own_count + o0;
+  const int64_t base = (kKeyTile ? seq.key_row(heads, own_head) : seq.query_row(p.H, own_head)) + o0;
   scalar_t* grad_a = static_cast<scalar_t*>(kKeyTile ? p.grad_k : p.grad_q) + base * p.D;
   for (int idx = lane; idx < 16 * kDim; idx += 32) {
     const int r = row0 + idx / kDim, c = idx % kDim;

@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include "common/attention_mask.h"
+#include "common/packed_sequences.h"
 #include "common/qkv_layout.h"
 #include "attention_fwd_plan.h"
 
@@ -24,7 +25,9 @@ namespace cuda {
 /// (in elements, may be 0 for broadcast or anything a view produces); the innermost (feature) stride
 /// must be 1. q, k, v and out share `dtype`. The AttentionMaskLayout part (attention_fwd: causal,
 /// attn_mask, GQA) stays at its defaults for cross_attention_fwd; with GQA, k and v have H / kv_group heads.
-struct CrossAttentionFwdParams : QkvLayout, AttentionMaskLayout {
+/// The PackedSequences part describes a packed (varlen) call (common/packed_sequences.h): then B counts the
+/// sequences, M and N are the longest one's, and out / lse are [1, H, total_q, ·].
+struct CrossAttentionFwdParams : QkvLayout, AttentionMaskLayout, PackedSequences {
   const void* q = nullptr;  ///< [B,H,M,D] of `dtype`
   const void* k = nullptr;  ///< [B,H,N,D] of `dtype`
   const void* v = nullptr;  ///< [B,H,N,Dv] of `dtype`

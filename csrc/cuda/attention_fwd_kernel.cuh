@@ -46,11 +46,14 @@ struct FwdSmemLayout {
   static constexpr int kFloats = kVOffset + kBlockN * kVStride;
 };
 
-/// What a forward block works on: its (batch·head) row-block index, first query row, batch and
-/// query head, and the head's q/k/v/mask base pointers (k and v of its key/value head under GQA).
+/// What a forward block works on: its first query row, batch entry (or packed sequence) and query head; its
+/// sequence's queries, keys and band shift (common/packed_sequences.h: a dense batch entry's are M, N and 0);
+/// and the head's q/k/v/mask base pointers (k and v of its key/value head under GQA) at the sequence's first row.
+/// Where its out and lse rows start is fwd_output_row's (asked in the epilogue: not held through the key loop).
 template <typename scalar_t>
 struct FwdBlock {
-  int64_t bh, m0, b, h;
+  int64_t m0, b, h;
+  int64_t M, N, shift;
   const scalar_t* q;
   const scalar_t* k;
   const scalar_t* v;
@@ -59,7 +62,8 @@ struct FwdBlock {
 
 /// Query tile fastest in blockIdx.x: neighbouring blocks read the same head's K/V, which stays in L2.
 /// 32-bit division suffices (the plan keeps gridDim.x < 2^31) and avoids the 64-bit division
-/// subroutine, whose call forces spills.
+/// subroutine, whose call forces spills. A packed call's grid counts the longest sequence's row tiles:
+/// the caller returns when m0 >= M.
 template <typename scalar_t>
 __device__ __forceinline__ FwdBlock<scalar_t> fwd_block(const CrossAttentionFwdParams& p, int block_m) {
   const unsigned int num_m_tiles = static_cast<unsigned int>((p.M + block_m - 1) / block_m);
@@ -67,14 +71,23 @@ __device__ __forceinline__ FwdBlock<scalar_t> fwd_block(const CrossAttentionFwdP
   const unsigned int bh = blockIdx.x / num_m_tiles;
   const int64_t b = bh / heads, h = bh % heads;
   const int64_t kv_head = static_cast<unsigned int>(h) / static_cast<unsigned int>(p.kv_group);
+  const SequenceView seq = sequence_view(p, b, p.M, p.N);
   FwdBlock<scalar_t> blk;
-  blk.bh = bh, blk.b = b, blk.h = h;
+  blk.b = b, blk.h = h;
+  blk.M = seq.M, blk.N = seq.N, blk.shift = seq.shift;
   blk.m0 = static_cast<int64_t>(blockIdx.x % num_m_tiles) * block_m;
-  blk.q = static_cast<const scalar_t*>(p.q) + b * p.q_stride_b + h * p.q_stride_h;
-  blk.k = static_cast<const scalar_t*>(p.k) + b * p.k_stride_b + kv_head * p.k_stride_h;
-  blk.v = static_cast<const scalar_t*>(p.v) + b * p.v_stride_b + kv_head * p.v_stride_h;
-  blk.mask = p.key_padding_mask == nullptr ? nullptr : p.key_padding_mask + b * p.mask_stride_b;
+  blk.q = static_cast<const scalar_t*>(p.q) + seq.b * p.q_stride_b + h * p.q_stride_h + seq.q0 * p.q_stride_m;
+  blk.k = static_cast<const scalar_t*>(p.k) + seq.b * p.k_stride_b + kv_head * p.k_stride_h + seq.k0 * p.k_stride_n;
+  blk.v = static_cast<const scalar_t*>(p.v) + seq.b * p.v_stride_b + kv_head * p.v_stride_h + seq.k0 * p.v_stride_n;
+  blk.mask = p.key_padding_mask == nullptr ? nullptr : p.key_padding_mask + seq.b * p.mask_stride_b + seq.k0;
   return blk;
+}
+
+/// The block's row 0 among out [·, Dv] rows and lse values (its sequence's offsets read again: cheaper than holding
+/// them in registers through the key loop).
+template <typename scalar_t>
+__device__ __forceinline__ int64_t fwd_output_row(const CrossAttentionFwdParams& p, const FwdBlock<scalar_t>& blk) {
+  return sequence_view(p, blk.b, p.M, p.N).query_row(p.H, blk.h);
 }
 
 /// The P·V phase of one key tile: lane owns columns lane, lane + 32, ...; V rows are read
@@ -125,7 +138,8 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   float* v_tile = reinterpret_cast<float*>(smem_raw) + Layout::kVOffset;
 
   const FwdBlock<scalar_t> blk = fwd_block<scalar_t>(p, kBlockM);
-  const int64_t bh = blk.bh, m0 = blk.m0;
+  const int64_t m0 = blk.m0, M = blk.M, N = blk.N;
+  if (m0 >= M) return;  // a packed sequence shorter than the longest (block-uniform: before any barrier)
   const scalar_t* __restrict__ q = blk.q;
   const scalar_t* __restrict__ k = blk.k;
   const scalar_t* __restrict__ v = blk.v;
@@ -134,7 +148,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   const int dv = static_cast<int>(p.Dv);
 
   // Pre-scaling Q once makes the score loop pure FMAs.
-  const int64_t m_rows = p.M - m0;
+  const int64_t m_rows = M - m0;
   load_tile<kThreads, kBlockM, kHeadDim, Layout::kQStride>(
       q_tile, q + m0 * p.q_stride_m, p.q_stride_m, static_cast<int>(m_rows < kBlockM ? m_rows : kBlockM), d,
       p.scale);
@@ -156,11 +170,11 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
     for (int t = 0; t < kColsPerLane; ++t) acc[r][t] = 0.0f;
   }
 
-  const PairMaskHead<scalar_t> pair_mask = pair_mask_head<scalar_t>(p, blk.b, blk.h);
+  const PairMaskHead<scalar_t> pair_mask = pair_mask_head<scalar_t>(p, blk.b, blk.h, blk.shift);
   // The key tiles the causal rule and the band leave to the block's rows (all without pair masks).
-  const IndexRange keys = kPairMasks ? band_keys(p, m0, m0 + kBlockM, p.N) : IndexRange{0, p.N};
+  const IndexRange keys = kPairMasks ? band_keys(p, m0, m0 + kBlockM, N, blk.shift) : IndexRange{0, N};
   for (int64_t n0 = keys.begin / kBlockN * kBlockN; n0 < keys.end; n0 += kBlockN) {
-    const int n_rows = static_cast<int>(p.N - n0 < kBlockN ? p.N - n0 : kBlockN);
+    const int n_rows = static_cast<int>(N - n0 < kBlockN ? N - n0 : kBlockN);
     __syncthreads();  // the previous K/V tile has been consumed by every warp
     load_tile<kThreads, kBlockN, kHeadDim, Layout::kKStride>(k_tile, k + n0 * p.k_stride_n, p.k_stride_n, n_rows,
                                                              d, 1.0f);
@@ -197,7 +211,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
       float score = key_valid ? s[r] : negative_infinity<float>();
       if (kPairMasks) {
         const int64_t m = m0 + warp * kRowsPerWarp + r;
-        const float bias = key_valid && m < p.M ? pair_mask.bias(m, n0 + lane) : negative_infinity<float>();
+        const float bias = key_valid && m < M ? pair_mask.bias(m, n0 + lane) : negative_infinity<float>();
         masked = is_negative_infinity(bias);
         score = masked_score(pair_mask.capped(s[r]), bias);
       }
@@ -217,15 +231,16 @@ __global__ void __launch_bounds__(kWarps * 32, 2)
   }
 
   // Epilogue: reduce the lane-partial sums, normalise, and write out (input dtype) and lse (fp32).
-  scalar_t* __restrict__ out = static_cast<scalar_t*>(p.out) + bh * p.M * p.Dv;
-  float* __restrict__ lse = p.lse + bh * p.M;
+  const int64_t out_row = fwd_output_row(p, blk);
+  scalar_t* __restrict__ out = static_cast<scalar_t*>(p.out) + out_row * p.Dv;
+  float* __restrict__ lse = p.lse + out_row;
 #pragma unroll
   for (int r = 0; r < kRowsPerWarp; ++r) {
     OnlineSoftmaxRow<float> total = row[r];
     total.sum = warp_sum(row[r].sum);
     const OnlineSoftmaxResult<float> result = online_softmax_finish(total);
     const int64_t m = m0 + warp * kRowsPerWarp + r;
-    if (m < p.M) {
+    if (m < M) {
 #pragma unroll
       for (int t = 0; t < kColsPerLane; ++t) {
         const int c = t * 32 + lane;

@@ -66,12 +66,13 @@ struct MmaFwdWarpState {
 
 /// One key tile for one warp: S = Q·Kᵀ, masks, online softmax, O = factor·O + P·V. kMasked: the tile
 /// reads the pair masks (the second loop). Contains the tile's three barriers: K landed, K free for the
-/// next tile, V landed.
+/// next tile, V landed. Tiles hold kBlockN keys but the last, `last_rows` (up to the end of the block's keys,
+/// band_keys: a key past it is no row's, and loads as padding): one 32-bit count instead of holding the sequence's
+/// 64-bit key count in registers through the loop.
 template <typename scalar_t, int kDim, bool kMasked>
 __device__ __forceinline__ void mma_fwd_key_tile(MmaFwdWarpState<kDim, MmaFwdLayout<kDim>::kMTiles>& st,
                                                  const CrossAttentionFwdParams& p, const FwdBlock<scalar_t>& blk,
-                                                 char* smem, int64_t n0,
-                                                 int tile, int64_t num_tiles) {
+                                                 char* smem, int64_t n0, int tile, int64_t num_tiles, int last_rows) {
   using L = MmaFwdLayout<kDim>;
   constexpr int kMTiles = L::kMTiles, kBlockN = L::kBlockN, kNB = kBlockN / 8;
   const scalar_t* q_tile = reinterpret_cast<const scalar_t*>(smem + L::kQ);
@@ -86,7 +87,7 @@ __device__ __forceinline__ void mma_fwd_key_tile(MmaFwdWarpState<kDim, MmaFwdLay
   // previous P·V, so V may be overwritten.
   cp_async_wait<0>();
   __syncthreads();
-  const int n_rows = static_cast<int>(p.N - n0 < kBlockN ? p.N - n0 : kBlockN);
+  const int n_rows = tile + 1 < num_tiles ? kBlockN : last_rows;
   const uint8_t* padding = blk.mask == nullptr ? nullptr : blk.mask + n0;
   load_tile_async<L::kThreads, kBlockN, L::kChunks, L::kStride>(v_tile, blk.v + n0 * p.v_stride_n, p.v_stride_n,
                                                                 n_rows, static_cast<int>(p.Dv), padding);
@@ -121,13 +122,15 @@ __device__ __forceinline__ void mma_fwd_key_tile(MmaFwdWarpState<kDim, MmaFwdLay
 
   // 2. Scale and mask (selected, never added: see pair_mask.cuh), online softmax per row. The pair
   // masks' pointers are formed here, in the masked tiles only, so they hold no registers elsewhere.
-  const PairMaskHead<scalar_t> pair_mask = kMasked ? pair_mask_head<scalar_t>(p, blk.b, blk.h) : PairMaskHead<scalar_t>{};
+  const PairMaskHead<scalar_t> pair_mask =
+      kMasked ? pair_mask_head<scalar_t>(p, blk.b, blk.h, sequence_shift(p, blk.b)) : PairMaskHead<scalar_t>{};
+  const int64_t M = kMasked ? sequence_rows(p, blk.b, p.M) : 0;  // asked again: see sequence_rows
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t m = blk.m0 + row0 + 16 * mt + g + 8 * h;
-      const PairMaskRow<scalar_t> rules = kMasked && m < p.M ? pair_mask.row(m, n0) : PairMaskRow<scalar_t>{};
+      const PairMaskRow<scalar_t> rules = kMasked && m < M ? pair_mask.row(m, n0) : PairMaskRow<scalar_t>{};
       float block_max = negative_infinity<float>();
 #pragma unroll
       for (int nb = 0; nb < kNB; ++nb) {
@@ -136,7 +139,7 @@ __device__ __forceinline__ void mma_fwd_key_tile(MmaFwdWarpState<kDim, MmaFwdLay
           const int j = 8 * nb + 2 * t + e;
           float score = bias[j] == 0.0f ? s[mt][nb].r[2 * h + e] * p.scale : negative_infinity<float>();
           if (kMasked) {
-            const float pair = bias[j] == 0.0f && m < p.M ? rules.bias(j) : negative_infinity<float>();
+            const float pair = bias[j] == 0.0f && m < M ? rules.bias(j) : negative_infinity<float>();
             score = masked_score(pair_mask.capped(score), pair);
           }
           s[mt][nb].r[2 * h + e] = score;
@@ -174,7 +177,7 @@ __device__ __forceinline__ void mma_fwd_key_tile(MmaFwdWarpState<kDim, MmaFwdLay
   __syncthreads();
   if (tile + 1 < num_tiles) {
     const int64_t n1 = n0 + kBlockN;
-    const int rows1 = static_cast<int>(p.N - n1 < kBlockN ? p.N - n1 : kBlockN);
+    const int rows1 = tile + 2 < num_tiles ? kBlockN : last_rows;
     const uint8_t* padding1 = blk.mask == nullptr ? nullptr : blk.mask + n1;
     load_tile_async<L::kThreads, kBlockN, L::kChunks, L::kStride>(k_tile, blk.k + n1 * p.k_stride_n, p.k_stride_n,
                                                                   rows1, static_cast<int>(p.D), padding1);
@@ -230,16 +233,19 @@ __device__ __forceinline__ void attention_fwd_mma_block(const CrossAttentionFwdP
   char* smem = reinterpret_cast<char*>(smem_raw);
 
   FwdBlock<scalar_t> blk = fwd_block<scalar_t>(p, L::kBlockM);
+  if (blk.m0 >= blk.M) return;  // a packed sequence shorter than the longest (block-uniform: before any barrier)
   if (kPairMasks && p.causal) {
     // Longest row tiles first: under the causal rule the last row tile has the most key tiles, and
     // blocks launch in index order, so the tail of the grid holds the short ones.
-    const int64_t m_tiles = (p.M + L::kBlockM - 1) / L::kBlockM;
+    const int64_t m_tiles = (blk.M + L::kBlockM - 1) / L::kBlockM;
     blk.m0 = (m_tiles - 1) * L::kBlockM - blk.m0;
   }
   // The key tiles the causal rule and the band leave to the block's rows, from n_first (all without pair masks).
-  const IndexRange keys = kPairMasks ? band_keys(p, blk.m0, blk.m0 + L::kBlockM, p.N) : IndexRange{0, p.N};
+  const IndexRange keys =
+      kPairMasks ? band_keys(p, blk.m0, blk.m0 + L::kBlockM, blk.N, blk.shift) : IndexRange{0, blk.N};
   const int64_t n_first = keys.begin / kBlockN * kBlockN;
   const int64_t num_tiles = (keys.end - n_first + kBlockN - 1) / kBlockN;
+  const int last_rows = static_cast<int>(keys.end - (n_first + (num_tiles - 1) * kBlockN));  // of the last tile
   // Tiles [0, first_masked) of these need no pair mask: all of them without pair masks; with the top-left
   // causal rule alone, those whose last key n0 + kBlockN − 1 ≤ m0 (every row of the block sees every key);
   // none with an attn_mask, a band or a score modification (every pair is tested).
@@ -250,12 +256,12 @@ __device__ __forceinline__ void attention_fwd_mma_block(const CrossAttentionFwdP
   }
 
   // Prologue: Q, the first K tile and its bias, one group.
-  const int m_rows = static_cast<int>(p.M - blk.m0 < L::kBlockM ? p.M - blk.m0 : L::kBlockM);
+  const int m_rows = static_cast<int>(blk.M - blk.m0 < L::kBlockM ? blk.M - blk.m0 : L::kBlockM);
   load_tile_async<L::kThreads, L::kBlockM, L::kChunks, L::kStride>(
       reinterpret_cast<scalar_t*>(smem + L::kQ), blk.q + blk.m0 * p.q_stride_m, p.q_stride_m, m_rows,
       static_cast<int>(p.D), static_cast<const uint8_t*>(nullptr));
   if (num_tiles > 0) {
-    const int rows0 = static_cast<int>(p.N - n_first < kBlockN ? p.N - n_first : kBlockN);
+    const int rows0 = num_tiles > 1 ? kBlockN : last_rows;
     const uint8_t* padding0 = blk.mask == nullptr ? nullptr : blk.mask + n_first;
     load_tile_async<L::kThreads, kBlockN, L::kChunks, L::kStride>(reinterpret_cast<scalar_t*>(smem + L::kK),
                                                                   blk.k + n_first * p.k_stride_n, p.k_stride_n, rows0,
@@ -276,14 +282,14 @@ __device__ __forceinline__ void attention_fwd_mma_block(const CrossAttentionFwdP
   }
 #pragma unroll 1
   for (int64_t tile = 0; tile < first_masked; ++tile) {
-    mma_fwd_key_tile<scalar_t, kDim, false>(st, p, blk, smem, n_first + tile * kBlockN,
-                                                        static_cast<int>(tile), num_tiles);
+    mma_fwd_key_tile<scalar_t, kDim, false>(st, p, blk, smem, n_first + tile * kBlockN, static_cast<int>(tile),
+                                            num_tiles, last_rows);
   }
   if (kPairMasks) {
 #pragma unroll 1
     for (int64_t tile = first_masked; tile < num_tiles; ++tile) {
-      mma_fwd_key_tile<scalar_t, kDim, true>(st, p, blk, smem, n_first + tile * kBlockN,
-                                                         static_cast<int>(tile), num_tiles);
+      mma_fwd_key_tile<scalar_t, kDim, true>(st, p, blk, smem, n_first + tile * kBlockN, static_cast<int>(tile),
+                                             num_tiles, last_rows);
     }
   }
   cp_async_wait<0>();  // the prologue's group when there was no key tile; nothing otherwise
@@ -291,7 +297,8 @@ __device__ __forceinline__ void attention_fwd_mma_block(const CrossAttentionFwdP
   // Epilogue: the quad's partial sums, then out = O / sum (0 for an empty row) and lse per row.
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
-  scalar_t* __restrict__ out = static_cast<scalar_t*>(p.out) + blk.bh * p.M * p.Dv;
+  const int64_t out_row = fwd_output_row(p, blk), rows = sequence_rows(p, blk.b, p.M);
+  scalar_t* __restrict__ out = static_cast<scalar_t*>(p.out) + out_row * p.Dv;
 #pragma unroll
   for (int mt = 0; mt < kMTiles; ++mt) {
 #pragma unroll
@@ -301,8 +308,8 @@ __device__ __forceinline__ void attention_fwd_mma_block(const CrossAttentionFwdP
       row.sum += __shfl_xor_sync(0xffffffffu, row.sum, 2);
       const OnlineSoftmaxResult<float> result = online_softmax_finish(row);
       const int64_t m = blk.m0 + warp * 16 * kMTiles + 16 * mt + g + 8 * h;
-      if (m >= p.M) continue;
-      if (t == 0) p.lse[blk.bh * p.M + m] = result.lse;
+      if (m >= rows) continue;
+      if (t == 0) p.lse[out_row + m] = result.lse;
       scalar_t* out_row = out + m * p.Dv;
 #pragma unroll
       for (int db = 0; db < kDim / 8; ++db) {

@@ -72,10 +72,11 @@ __device__ __forceinline__ void cross_attention_fwd_wmma_block(const CrossAttent
   float* key_bias = reinterpret_cast<float*>(smem + L::kBias);
 
   const FwdBlock<scalar_t> blk = fwd_block<scalar_t>(p, kBlockM);  // same block order as the SIMT kernel
-  const int64_t bh = blk.bh, m0 = blk.m0;
+  const int64_t m0 = blk.m0, M = blk.M, N = blk.N;
+  if (m0 >= M) return;  // a packed sequence shorter than the longest (block-uniform: before any barrier)
   const int d = static_cast<int>(p.D), dv = static_cast<int>(p.Dv);
 
-  const int64_t m_rows = p.M - m0;
+  const int64_t m_rows = M - m0;
   copy_tile<kThreads, kBlockM, kDim, L::kHalfStride>(q_tile, blk.q + m0 * p.q_stride_m, p.q_stride_m,
                                                      static_cast<int>(m_rows < kBlockM ? m_rows : kBlockM), d);
   const int warp = threadIdx.x / 32;
@@ -84,11 +85,11 @@ __device__ __forceinline__ void cross_attention_fwd_wmma_block(const CrossAttent
   for (int idx = lane; idx < 16 * kDim; idx += 32) o_tile[(row0 + idx / kDim) * L::kOStride + idx % kDim] = 0.0f;
 
   OnlineSoftmaxRow<float> row = online_softmax_empty<float>();  // meaningful in lanes 0..15 (row row0 + lane)
-  const PairMaskHead<scalar_t> pair_mask = pair_mask_head<scalar_t>(p, blk.b, blk.h);
+  const PairMaskHead<scalar_t> pair_mask = pair_mask_head<scalar_t>(p, blk.b, blk.h, blk.shift);
   // The key tiles the causal rule and the band leave to the block's rows (all without pair masks).
-  const IndexRange keys = kPairMasks ? band_keys(p, m0, m0 + kBlockM, p.N) : IndexRange{0, p.N};
+  const IndexRange keys = kPairMasks ? band_keys(p, m0, m0 + kBlockM, N, blk.shift) : IndexRange{0, N};
   for (int64_t n0 = keys.begin / kBlockN * kBlockN; n0 < keys.end; n0 += kBlockN) {
-    const int n_rows = static_cast<int>(p.N - n0 < kBlockN ? p.N - n0 : kBlockN);
+    const int n_rows = static_cast<int>(N - n0 < kBlockN ? N - n0 : kBlockN);
     __syncthreads();  // every warp is done with the previous K/V tile (and the Q tile is complete)
     // Padded keys are zero rows: the P·V product would take 0 · NaN from a padded value, and the
     // score of a padded key must not depend on what it holds.
@@ -126,7 +127,7 @@ __device__ __forceinline__ void cross_attention_fwd_wmma_block(const CrossAttent
         // would make a row without valid keys NaN instead of empty.
         float score = key_bias[j] == 0.0f ? s_row[j] * p.scale : negative_infinity<float>();
         if (kPairMasks) {
-          const float bias = key_bias[j] == 0.0f && m < p.M ? pair_mask.bias(m, n0 + j) : negative_infinity<float>();
+          const float bias = key_bias[j] == 0.0f && m < M ? pair_mask.bias(m, n0 + j) : negative_infinity<float>();
           if (is_negative_infinity(bias)) masked_keys |= 1u << j;
           score = masked_score(pair_mask.capped(score), bias);
         }
@@ -166,17 +167,18 @@ __device__ __forceinline__ void cross_attention_fwd_wmma_block(const CrossAttent
 
   // Epilogue: normalise and write out (input dtype) and lse (fp32); an empty row gets 0 and −inf.
   __syncwarp();
-  scalar_t* __restrict__ out = static_cast<scalar_t*>(p.out) + bh * p.M * p.Dv;
+  const int64_t out_row = fwd_output_row(p, blk);
+  scalar_t* __restrict__ out = static_cast<scalar_t*>(p.out) + out_row * p.Dv;
   if (lane < 16) {
     const OnlineSoftmaxResult<float> result = online_softmax_finish(row);
     row_factor[row0 + lane] = result.inv_sum;
-    if (m0 + row0 + lane < p.M) p.lse[bh * p.M + m0 + row0 + lane] = result.lse;
+    if (m0 + row0 + lane < M) p.lse[out_row + m0 + row0 + lane] = result.lse;
   }
   __syncwarp();
   for (int idx = lane; idx < 16 * kDim; idx += 32) {
     const int r = row0 + idx / kDim, c = idx % kDim;
     const int64_t m = m0 + r;
-    if (m < p.M && c < dv) out[m * p.Dv + c] = from_float<scalar_t>(o_tile[r * L::kOStride + c] * row_factor[r]);
+    if (m < M && c < dv) out[m * p.Dv + c] = from_float<scalar_t>(o_tile[r * L::kOStride + c] * row_factor[r]);
   }
 }
 

@@ -10,6 +10,7 @@
 #include "attention_bwd_kernel.cuh"
 #include "attention_bwd_wmma_kernel.cuh"
 #include "cuda_attention_bwd_emulation_case.h"
+#include "cuda_packed_emulation_case.h"
 
 
 namespace {
@@ -21,6 +22,31 @@ using attn_ext::cuda::CrossAttentionBwdPlan;
 /// The preferred tile: 16-row tiles (fp32, kDim = 0) or the bucket's preferred warp count.
 constexpr int preferred_tile(int dim) {
   return dim == 0 ? attn_ext::cuda::kCrossAttentionBwdTile : attn_ext::cuda::cross_attention_bwd_wmma_preferred_warps(dim);
+}
+
+/// The Δ pre-pass and both gradient kernels of a plan under the emulator: SIMT (kDim = 0, kTile-row tiles) or
+/// WMMA (that head-dim bucket, kTile warps); false when one wrote shared memory past its plan.
+template <typename scalar_t, int kDim, int kTile, bool kPair>
+bool run_kernels(const CrossAttentionBwdParams& p, const CrossAttentionBwdPlan& plan) {
+  void* smem = attn_ext::cuda::detail::smem_raw;
+  const size_t smem_total = sizeof(attn_ext::cuda::detail::smem_raw);
+  const auto dims = [](attn_ext::cuda::LaunchDims d) { return dim3(d.x, d.y, d.z); };
+  namespace det = attn_ext::cuda::detail;
+  bool ok = cuda_emu::run_grid(dim3(attn_ext::cuda::cross_attention_bwd_delta_grid(p, plan)), dims(plan.delta_block),
+                               smem, smem_total, 0, [&] { det::cross_attention_bwd_delta_kernel<scalar_t>(p); });
+  if constexpr (kDim > 0) {
+    static_assert(attn_ext::cuda::cross_attention_bwd_wmma_warps_compiled(kDim, kTile), "a compiled tile");
+    ok &= cuda_emu::run_grid(dims(plan.dkdv_grid), dims(plan.block), smem, smem_total, plan.dkdv_smem_bytes,
+                             [&] { det::cross_attention_bwd_wmma_kernel<scalar_t, kDim, kTile, true, kPair>(p); });
+    ok &= cuda_emu::run_grid(dims(plan.dq_grid), dims(plan.block), smem, smem_total, plan.dq_smem_bytes,
+                             [&] { det::cross_attention_bwd_wmma_kernel<scalar_t, kDim, kTile, false, kPair>(p); });
+  } else {
+    ok &= cuda_emu::run_grid(dims(plan.dkdv_grid), dims(plan.block), smem, smem_total, plan.dkdv_smem_bytes,
+                             [&] { det::cross_attention_bwd_dkdv_kernel<scalar_t, kTile, kPair>(p); });
+    ok &= cuda_emu::run_grid(dims(plan.dq_grid), dims(plan.block), smem, smem_total, plan.dq_smem_bytes,
+                             [&] { det::cross_attention_bwd_dq_kernel<scalar_t, kTile, kPair>(p); });
+  }
+  return ok;
 }
 
 /// kDim = 0: the SIMT kernels (fp32) with kTile-row tiles; else the tensor-core kernels of that
@@ -38,27 +64,9 @@ void run_case(const Case& c, uint32_t seed, std::size_t smem_limit = kSm90) {
     };
     if (!plan.supported) return refuse("plan rejected the case", 0, 0);
     if ((kDim > 0 ? plan.warps : plan.tile) != kTile) return refuse("plan picks another tile", plan.warps, kTile);
-  if (plan.dkdv_smem_bytes > smem_limit || plan.dq_smem_bytes > smem_limit) fail(c, "plan exceeds the limit", 0, 0, 0);
-  void* smem = attn_ext::cuda::detail::smem_raw;
-  const size_t smem_total = sizeof(attn_ext::cuda::detail::smem_raw);
-  const auto dims = [](attn_ext::cuda::LaunchDims d) { return dim3(d.x, d.y, d.z); };
-  namespace det = attn_ext::cuda::detail;
-  if (plan.tensor_cores != (kDim > 0) || plan.dim != kDim) return refuse("plan picks another kernel", plan.dim, kDim);
-  bool ok = cuda_emu::run_grid(dims(plan.delta_grid), dims(plan.delta_block), smem, smem_total, 0,
-                               [&] { det::cross_attention_bwd_delta_kernel<scalar_t>(p); });
-  if constexpr (kDim > 0) {
-    static_assert(attn_ext::cuda::cross_attention_bwd_wmma_warps_compiled(kDim, kTile), "a compiled tile");
-    ok &= cuda_emu::run_grid(dims(plan.dkdv_grid), dims(plan.block), smem, smem_total, plan.dkdv_smem_bytes,
-                             [&] { det::cross_attention_bwd_wmma_kernel<scalar_t, kDim, kTile, true, kPair>(p); });
-    ok &= cuda_emu::run_grid(dims(plan.dq_grid), dims(plan.block), smem, smem_total, plan.dq_smem_bytes,
-                             [&] { det::cross_attention_bwd_wmma_kernel<scalar_t, kDim, kTile, false, kPair>(p); });
-  } else {
-    ok &= cuda_emu::run_grid(dims(plan.dkdv_grid), dims(plan.block), smem, smem_total, plan.dkdv_smem_bytes,
-                             [&] { det::cross_attention_bwd_dkdv_kernel<scalar_t, kTile, kPair>(p); });
-    ok &= cuda_emu::run_grid(dims(plan.dq_grid), dims(plan.block), smem, smem_total, plan.dq_smem_bytes,
-                             [&] { det::cross_attention_bwd_dq_kernel<scalar_t, kTile, kPair>(p); });
-  }
-    return ok;
+    if (plan.dkdv_smem_bytes > smem_limit || plan.dq_smem_bytes > smem_limit) fail(c, "plan exceeds the limit", 0, 0, 0);
+    if (plan.tensor_cores != (kDim > 0) || plan.dim != kDim) return refuse("plan picks another kernel", plan.dim, kDim);
+    return run_kernels<scalar_t, kDim, kTile, kPair>(p, plan);
   };
   run_backward_case<scalar_t>(c, seed, kernels);
 }
@@ -105,6 +113,26 @@ void test_plan() {
          "grid overflow rejected");
 }
 
+
+/// The packed cases (cuda_packed_emulation_case.h) with the preferred tiles: SIMT (kDim = 0) or WMMA of that
+/// head-dim bucket, without and with pair masks.
+template <typename scalar_t, int kDim = 0>
+void run_packed_cases(int64_t D, int64_t Dv, uint32_t seed) {
+  constexpr int kTile = preferred_tile(kDim);
+  for (const packed_emulation::PackedCase& c : packed_emulation::packed_cases(D, Dv)) {
+    const auto kernels = [&](const CrossAttentionBwdParams& p) -> bool {
+      const CrossAttentionBwdPlan plan = attn_ext::cuda::plan_cross_attention_bwd(
+          p.B, p.H, p.M, p.N, p.D, p.Dv, p.dtype, kSm90, kEveryDtypeCapability, p.kv_group);
+      if (!plan.supported || (kDim > 0 ? plan.warps : plan.tile) != kTile || plan.dim != kDim) {
+        packed_emulation::fail(c, "plan does not select the tested kernels", 0, plan.dim, kDim);
+        return true;
+      }
+      return p.has_pair_masks() ? run_kernels<scalar_t, kDim, kTile, true>(p, plan)
+                                : run_kernels<scalar_t, kDim, kTile, false>(p, plan);
+    };
+    packed_emulation::run_packed_backward<scalar_t>(c, seed++, kernels);
+  }
+}
 
 /// `c` with score rules (a band, soft cap, ALiBi); kU: a side of the band without a limit.
 Case ruled(Case c, emulation_rules::ScoreRules rules) {
@@ -174,6 +202,11 @@ int main() {
              kAdditiveMask, 2},
             {-kU, kU, 10, 1.5f, 0.125f}),
       seed++);
+  // Packed (varlen) batches: each block on its own sequence's rows, keys, band and slopes.
+  run_packed_cases<float>(24, 40, seed), seed += 10;
+  run_packed_cases<__half, 64>(64, 40, seed), seed += 10;
+  run_packed_cases<__nv_bfloat16, 128>(96, 128, seed), seed += 10;
+  g_failures += packed_emulation::g_failures;
   if (g_failures != 0) {
     std::fprintf(stderr, "attn_ext_cuda_attention_bwd_emulation_tests: %d failure(s)\n", g_failures);
     return 1;

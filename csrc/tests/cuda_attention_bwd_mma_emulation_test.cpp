@@ -5,21 +5,28 @@
 // row, M = 0 and N = 0, the causal rule with M ≠ N, bool and additive attn_mask views with a NaN key and a
 // NaN query row masked for every pair that reads them (the exact products), and GQA (dK/dV summed over the
 // group in one block). Inputs are laid out on 16-byte row boundaries, as the kernels require.
+#include <type_traits>
+
 #include "attention_bwd_kernel.cuh"  // the Δ pre-pass
 #include "attention_bwd_mma_kernel.cuh"
 #include "attention_bwd_mma_plan.h"
 #include "attention_fwd_mma_plan.h"
 #include "cuda_attention_bwd_emulation_case.h"
+#include "cuda_packed_emulation_case.h"
 
 namespace {
 
 using namespace bwd_emulation;
 using attn_ext::cuda::CrossAttentionBwdParams;
 
-template <typename scalar_t, int kDim>
-void run_case(Case c, uint32_t seed) {
+bool has_pair_masks(const Case& c) { return c.causal || c.attn_mask != kNoAttnMask || c.rules.any(); }
+bool has_pair_masks(const packed_emulation::PackedCase& c) { return c.pair_masks(); }
+
+/// One case, dense (cuda_attention_bwd_emulation_case.h) or packed (cuda_packed_emulation_case.h).
+template <typename scalar_t, int kDim, typename C = Case>
+void run_case(C c, uint32_t seed) {
   c.aligned = true;
-  const bool pair = c.causal || c.attn_mask != kNoAttnMask || c.rules.any();
+  const bool pair = has_pair_masks(c);
   const auto kernels = [&](const CrossAttentionBwdParams& p) -> bool {
     namespace det = attn_ext::cuda::detail;
     using L = det::MmaBwdLayout<kDim>;
@@ -38,7 +45,8 @@ void run_case(Case c, uint32_t seed) {
       return dim3(static_cast<unsigned int>(p.B * heads * ((rows + L::kOwn - 1) / L::kOwn)));
     };
     const dim3 block(L::kThreads);
-    bool ok = cuda_emu::run_grid(dim3(plan.delta_grid.x), dim3(plan.delta_block.x), smem, smem_total, 0,
+    bool ok = cuda_emu::run_grid(dim3(attn_ext::cuda::cross_attention_bwd_delta_grid(p, plan)),
+                                 dim3(plan.delta_block.x), smem, smem_total, 0,
                                  [&] { det::cross_attention_bwd_delta_kernel<scalar_t>(p); });
     if (pair) {
       ok &= cuda_emu::run_grid(blocks(p.N, p.H / p.kv_group), block, smem, smem_total, L::kBytes,
@@ -53,7 +61,11 @@ void run_case(Case c, uint32_t seed) {
     }
     return ok;
   };
-  run_backward_case<scalar_t>(c, seed, kernels);
+  if constexpr (std::is_same_v<C, Case>) {
+    run_backward_case<scalar_t>(c, seed, kernels);
+  } else {
+    packed_emulation::run_packed_backward<scalar_t>(c, seed, kernels);
+  }
 }
 
 
@@ -100,6 +112,12 @@ int main() {
              2},
             {-kU, kU, -7, 0.0f, 0.0625f}),
       seed++);
+  // Packed (varlen) batches: each block on its own sequence's rows, keys, band and slopes.
+  for (const packed_emulation::PackedCase& c : packed_emulation::packed_cases(64, 40)) run_case<__half, 64>(c, seed++);
+  for (const packed_emulation::PackedCase& c : packed_emulation::packed_cases(128, 96)) {
+    run_case<__nv_bfloat16, 128>(c, seed++);
+  }
+  g_failures += packed_emulation::g_failures;
   if (g_failures != 0) {
     std::fprintf(stderr, "attn_ext_cuda_attention_bwd_mma_emulation_tests: %d failure(s)\n", g_failures);
     return 1;

@@ -5,6 +5,7 @@
 #include "attention_fwd_kernel.cuh"
 #include "attention_fwd_wmma_kernel.cuh"
 #include "cuda_fwd_emulation_case.h"
+#include "cuda_packed_emulation_case.h"
 
 namespace {
 
@@ -54,6 +55,38 @@ void run_case(const Case& c, uint32_t seed, std::size_t smem_limit = kSm90) {
   run_forward_case<scalar_t>(c, seed, smem_limit, planner, kernel);
 }
 
+
+/// The packed cases (cuda_packed_emulation_case.h) with the (kD, kDv) instantiation, without and with pair masks.
+template <typename scalar_t, int kD, int kDv>
+void run_packed_cases(int64_t D, int64_t Dv, uint32_t seed) {
+  constexpr int kTile = preferred_tile<scalar_t, kDv>();
+  for (const packed_emulation::PackedCase& c : packed_emulation::packed_cases(D, Dv)) {
+    const auto grid = [&](const CrossAttentionFwdParams& p, unsigned int* blocks, unsigned int* threads,
+                          std::size_t* smem) {
+      const CrossAttentionLaunchPlan plan = attn_ext::cuda::plan_cross_attention_fwd(
+          p.B, p.H, p.M, p.N, p.D, p.Dv, p.dtype, kSm90, kEveryDtypeCapability, p.has_pair_masks());
+      const int tile = sizeof(scalar_t) == 2 ? plan.warps : plan.rows_per_warp;
+      if (!plan.supported || plan.head_dim_instantiation != kD || plan.head_dim_v_instantiation != kDv ||
+          tile != kTile) {
+        return packed_emulation::fail(c, "plan does not select the tested instantiation", 0, tile, kTile);
+      }
+      *blocks = plan.grid.x, *threads = plan.block.x, *smem = plan.shared_memory_bytes;
+    };
+    const auto kernel = [](const CrossAttentionFwdParams& p) {
+      namespace det = attn_ext::cuda::detail;
+      constexpr int kWarps = attn_ext::cuda::kCrossAttentionFwdWarps;
+      if constexpr (sizeof(scalar_t) == 2) {
+        p.has_pair_masks() ? det::cross_attention_fwd_wmma_kernel<scalar_t, kD, kTile, true>(p)
+                           : det::cross_attention_fwd_wmma_kernel<scalar_t, kD, kTile, false>(p);
+      } else {
+        static_assert(kD == kDv, "the pair-mask fp32 kernel has one head-dim bucket");
+        p.has_pair_masks() ? det::cross_attention_fwd_kernel<scalar_t, kD, kDv, kTile, kWarps, true>(p)
+                           : det::cross_attention_fwd_kernel<scalar_t, kD, kDv, kTile, kWarps, false>(p);
+      }
+    };
+    packed_emulation::run_packed_forward<scalar_t>(c, seed++, grid, kernel);
+  }
+}
 
 /// `c` with score rules (a band, soft cap, ALiBi); kU: a side of the band without a limit.
 Case ruled(Case c, emulation_rules::ScoreRules rules) {
@@ -138,6 +171,11 @@ int main() {
              kAdditiveMask, 2},
             {-kU, kU, 10, 5.0f, 0.125f}),
       seed++);
+  // Packed (varlen) batches: each block on its own sequence's rows, keys, band and slopes.
+  run_packed_cases<float, 64, 64>(40, 59, seed), seed += 10;
+  run_packed_cases<__half, 64, 64>(64, 48, seed), seed += 10;
+  run_packed_cases<__nv_bfloat16, 128, 128>(96, 128, seed), seed += 10;
+  g_failures += packed_emulation::g_failures;
   if (g_failures != 0) {
     std::fprintf(stderr, "attn_ext_cuda_emulation_tests: %d mismatch(es)\n", g_failures);
     return 1;

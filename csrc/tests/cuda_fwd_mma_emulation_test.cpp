@@ -9,6 +9,7 @@
 #include "attention_fwd_mma_kernel.cuh"
 #include "attention_fwd_mma_plan.h"
 #include "cuda_fwd_emulation_case.h"
+#include "cuda_packed_emulation_case.h"
 
 namespace {
 
@@ -42,6 +43,27 @@ void run_case(Case c, uint32_t seed) {
   run_forward_case<scalar_t>(c, seed, kSm90, planner, kernel);
 }
 
+
+/// The packed cases (cuda_packed_emulation_case.h) with the kDim bucket's instantiation, rows 16-byte aligned.
+template <typename scalar_t, int kDim>
+void run_packed_cases(int64_t D, int64_t Dv, uint32_t seed) {
+  for (packed_emulation::PackedCase c : packed_emulation::packed_cases(D, Dv)) {
+    c.aligned = true;
+    const auto grid = [&](const CrossAttentionFwdParams& p, unsigned int* blocks, unsigned int* threads,
+                          std::size_t* smem) {
+      const char* why = attn_ext::cuda::mma_qkv_ineligible(80, p.D, p.Dv, p.q, p.k, p.v, p);
+      if (why != nullptr) return packed_emulation::fail(c, why, 0, 0, 0);
+      using L = attn_ext::cuda::detail::MmaFwdLayout<kDim>;
+      *blocks = static_cast<unsigned int>(p.B * p.H * ((p.M + L::kBlockM - 1) / L::kBlockM));
+      *threads = L::kThreads, *smem = attn_ext::cuda::mma_fwd_smem_bytes(kDim);
+    };
+    const auto kernel = [](const CrossAttentionFwdParams& p) {
+      p.has_pair_masks() ? attn_ext::cuda::detail::attention_fwd_mma_kernel<scalar_t, kDim, true>(p)
+                         : attn_ext::cuda::detail::attention_fwd_mma_kernel<scalar_t, kDim, false>(p);
+    };
+    packed_emulation::run_packed_forward<scalar_t>(c, seed++, grid, kernel);
+  }
+}
 
 /// `c` with score rules (a band, soft cap, ALiBi); kU: a side of the band without a limit.
 Case ruled(Case c, emulation_rules::ScoreRules rules) {
@@ -94,6 +116,10 @@ int main() {
              kAdditiveMask, 2},
             {-kU, kU, -7, 0.0f, 0.0625f}),
       seed++);
+  // Packed (varlen) batches: each block on its own sequence's rows, keys, band and slopes.
+  run_packed_cases<__half, 64>(64, 48, seed), seed += 10;
+  run_packed_cases<__nv_bfloat16, 128>(128, 96, seed), seed += 10;
+  g_failures += packed_emulation::g_failures;
   if (g_failures != 0) {
     std::fprintf(stderr, "attn_ext_cuda_fwd_mma_emulation_tests: %d mismatch(es)\n", g_failures);
     return 1;

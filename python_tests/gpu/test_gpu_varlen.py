@@ -1,5 +1,6 @@
-"""``ae.varlen_attention`` on the Triton kernels on a CUDA device (one launch per kernel over the packed batch; the
-interpreter tests them on the CPU in python_tests/attention/test_varlen_triton.py): an NP-like batch (64 sequences of
+"""``ae.varlen_attention`` on the Triton and CUDA kernels on a CUDA device (one launch per kernel over the packed
+batch; the interpreter tests the Triton kernels on the CPU in python_tests/attention/test_varlen_triton.py, the host
+emulation the CUDA ones in csrc/tests/cuda_packed_emulation_case.h): an NP-like batch (64 sequences of
 3 to 196 rows, grouped heads), fp16 and bf16, D = 64 and 128, forward and backward against each sequence's dense fp64
 attention with FlashAttention's rule (calibrated by PyTorch's same-precision computation on the GPU); skipped, with
 the reason, without a CUDA device.
@@ -18,7 +19,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "attention"
 from test_varlen_attention import per_sequence  # noqa: E402
 
 
-@pytest.mark.parametrize("backend", backends("scaled_dot_product_attention", ("triton",)))
+@pytest.mark.parametrize("backend", backends("scaled_dot_product_attention", ("triton", "cuda")))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("is_causal, alignment", [(False, "top_left"), (True, "bottom_right")])

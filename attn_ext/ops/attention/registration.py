@@ -106,8 +106,8 @@ def attention_bwd_reference(grad_out, grad_lse, q, k, v, attn_mask, key_padding_
 
 
 #: The backends whose kernels take a packed batch (``cu_seqlens_q/k``; ``ae.varlen_attention`` runs the others one
-#: call per sequence).
-PACKED_BACKENDS = ("cpp", "reference", "triton")
+#: call per sequence): all of them (the CUDA kernels since csrc/cuda/common/packed_sequences.h).
+PACKED_BACKENDS = ("cpp", "cuda", "reference", "triton")
 
 
 def _checked_packed(q, diagonal, dropout_p, attn_mask, key_padding_mask, cu_seqlens_q, cu_seqlens_k) -> int:

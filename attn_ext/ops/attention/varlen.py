@@ -1,12 +1,11 @@
 """``attn_ext.varlen_attention``: attention over a packed batch of sequences of different lengths, FlashAttention's
 ``flash_attn_varlen_func`` layout (``q [total_q, H, D]`` with ``cu_seqlens_q [B + 1]``), with no padding formed.
 
-On the ``cpp``, ``reference`` and ``triton`` backends the whole packed batch is one call of op ``attention_fwd``
-with ``cu_seqlens_q/k``: the kernels' work tiles follow the sequences (no tile spans two), each tile attends only
-its sequence's keys, so each sequence's work is proportional to its own lengths and no padding is formed (the
-Triton kernels: :mod:`.triton_varlen`). With dropout, or on the ``cuda`` backend (no packed batch yet), each
-sequence runs
-:func:`~attn_ext.scaled_dot_product_attention` on views of its own rows, one call each. Every keyword of that
+On every backend the whole packed batch is one call of op ``attention_fwd`` with ``cu_seqlens_q/k``: the kernels'
+work tiles follow the sequences (no tile spans two), each tile attends only its sequence's keys, so each sequence's
+work is proportional to its own lengths and no padding is formed (the Triton kernels: :mod:`.triton_varlen`; the
+CUDA kernels: each block reads its sequence's offsets, csrc/cuda/common/packed_sequences.h). With dropout each
+sequence runs :func:`~attn_ext.scaled_dot_product_attention` on views of its own rows, one call each. Every keyword of that
 function that applies per sequence applies here: the causal rule and sliding windows aligned per sequence, the
 soft cap, ALiBi, dropout, grouped key/value heads; derivatives of every order.
 """

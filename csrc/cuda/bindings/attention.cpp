@@ -6,10 +6,11 @@
 // run the one launch code below; outputs have the CPU ops' shapes and dtypes.
 //
 // The band (a sliding window, the causal rule off the top-left diagonal), the soft cap and ALiBi's slopes go
-// to the kernels as the AttentionMaskLayout's rules (fill_score_rules).
+// to the kernels as the AttentionMaskLayout's rules (fill_score_rules). A packed (varlen) batch (cu_seqlens_q/k)
+// goes as PackedSequences: the kernels' B is the number of sequences, their M and N the longest sequence's,
+// and each block reads its sequence's offsets (common/packed_sequences.h).
 // What the CUDA kernels do not take raises here, naming the op and the reason, so that the Python
-// dispatch can route such calls elsewhere: dropout (dropout_p > 0: NotImplementedError), a packed (varlen)
-// batch, float64.
+// dispatch can route such calls elsewhere: dropout (dropout_p > 0: NotImplementedError), float64.
 // attn_mask is read in place through its strides (a broadcast mask is an expand()ed view with
 // stride 0, never materialised). chunk_size is validated but otherwise unused: the kernels stream the
 // keys in their own tiles, and the result does not depend on the chunking (it is the exact softmax
@@ -26,8 +27,10 @@
 #include <utility>
 
 #include "checks/attention_checks.h"
+#include "checks/packed_checks.h"
 #include "cuda/attention_bwd.cuh"
 #include "cuda/attention_fwd.cuh"
+#include "cuda/common/band_rules.h"
 #include "ops.h"
 #include "tensor_checks.h"
 
@@ -89,22 +92,48 @@ ScoreRules checked_score_rules(const AttentionShape& s, const at::Tensor& q, boo
   return rules;
 }
 
-/// The layout's causal rule, band and score modifications of `rules` for M queries and N keys. The top-left
-/// causal rule alone stays `causal` (the kernels' split loops); any other band is made as the CPU kernels'
-/// (lo = diagonal − left, hi = diagonal or diagonal + right), each side without effect for these M and N
-/// made unbounded (no per-pair test for it) and the others clamped to [−M, N] (no overflow in m + lo).
-void fill_score_rules(AttentionMaskLayout& p, const ScoreRules& rules, int64_t M, int64_t N) {
-  const bool windowed = rules.window_left >= 0 || rules.window_right >= 0;
-  p.diagonal = rules.diagonal;
-  if (rules.is_causal && !windowed && rules.diagonal == 0) {
-    p.causal = true;
-  } else if (rules.is_causal || windowed) {
-    int64_t lo = -kBandUnbounded, hi = kBandUnbounded;
-    if (rules.window_left >= 0) lo = rules.diagonal - rules.window_left;
-    if (rules.is_causal) hi = rules.diagonal;
-    if (rules.window_right >= 0) hi = std::min(hi, rules.diagonal + rules.window_right);
-    p.band_lo = lo <= 1 - M ? -kBandUnbounded : std::min(lo, N);  // n >= m + lo for every n >= 0, m < M
-    p.band_hi = hi >= N - 1 ? kBandUnbounded : std::max(hi, -M);  // n <= m + hi for every n < N, m >= 0
+/// A packed call's checked offsets (on the host) and the same offsets on q's device, which the kernels read.
+struct PackedCall {
+  PackedOffsets offsets;
+  at::Tensor cu_q, cu_k;  ///< int32 [S + 1] on q's device
+  bool bottom_right = false;
+};
+
+/// The packed call of a call with cu_seqlens (checked as the CPU op checks it), or none; `s.batch` becomes the
+/// number of sequences (ALiBi's slopes are per sequence).
+std::optional<PackedCall> packed_call(const at::Tensor& q, const at::Tensor& k,
+                                      const std::optional<at::Tensor>& cu_seqlens_q,
+                                      const std::optional<at::Tensor>& cu_seqlens_k, bool bottom_right,
+                                      int64_t diagonal, const std::optional<at::Tensor>& attn_mask,
+                                      const std::optional<at::Tensor>& key_padding_mask, double dropout_p,
+                                      AttentionShape& s) {
+  if (!cu_seqlens_q.has_value() && !cu_seqlens_k.has_value()) {
+    TORCH_CHECK_VALUE(!bottom_right, "attn_ext.scaled_dot_product_attention: bottom_right is a packed batch's "
+                      "alignment; pass the diagonal offset");
+    return std::nullopt;
+  }
+  PackedCall call;
+  call.offsets = check_packed_offsets(q, k, cu_seqlens_q, cu_seqlens_k, diagonal, attn_mask, key_padding_mask,
+                                      dropout_p);
+  // The checked host copy goes back to the device: the kernels read what was checked.
+  const auto on_device = [&](const std::vector<int32_t>& offsets) {
+    return at::tensor(offsets, at::TensorOptions().dtype(at::kInt)).to(q.device());
+  };
+  call.cu_q = on_device(call.offsets.q), call.cu_k = on_device(call.offsets.k);
+  call.bottom_right = bottom_right;
+  s.batch = call.offsets.sequences();
+  return call;
+}
+
+/// The layout's causal rule, band and score modifications of `rules` for M queries and N keys (common/
+/// band_rules.h), or for a packed call's sequences.
+void fill_score_rules(AttentionMaskLayout& p, const ScoreRules& rules, int64_t M, int64_t N,
+                      const PackedCall* packed) {
+  if (packed != nullptr) {
+    fill_packed_band(p, rules.is_causal, rules.window_left, rules.window_right, packed->bottom_right,
+                     packed->offsets.max_q, packed->offsets.max_k);
+  } else {
+    fill_band(p, rules.is_causal, rules.window_left, rules.window_right, rules.diagonal, M, N);
   }
   p.softcap = static_cast<float>(rules.softcap);
   p.softcap_inverse = rules.softcap > 0 ? static_cast<float>(1.0 / rules.softcap) : 0.0f;
@@ -116,16 +145,22 @@ void fill_score_rules(AttentionMaskLayout& p, const ScoreRules& rules, int64_t M
 
 /// Fills the fields the forward and backward params share (the two structs name them alike). Without
 /// attn_mask, causal or grouped heads the AttentionMaskLayout part stays at its defaults, which
-/// selects the kernels without pair masks.
+/// selects the kernels without pair masks. A packed call: the sequences as the batch, the longest one's rows
+/// and keys as M and N, and the device offsets.
 template <typename Params>
-void fill_inputs(Params& p, const Inputs& in, double scale, const ScoreRules& rules) {
+void fill_inputs(Params& p, const Inputs& in, double scale, const ScoreRules& rules, const PackedCall* packed) {
   const AttentionShape& s = in.s;
   p.B = s.batch, p.H = s.q_heads, p.M = s.queries, p.N = s.keys, p.D = s.head_dim, p.Dv = s.value_dim;
+  if (packed != nullptr) {
+    p.B = packed->offsets.sequences(), p.M = packed->offsets.max_q, p.N = packed->offsets.max_k;
+    p.cu_seqlens_q = packed->cu_q.const_data_ptr<int32_t>(), p.cu_seqlens_k = packed->cu_k.const_data_ptr<int32_t>();
+    p.total_q = in.q.size(2), p.total_k = in.k.size(2), p.bottom_right = packed->bottom_right;
+  }
   p.q = in.q.data_ptr(), p.k = in.k.data_ptr(), p.v = in.v.data_ptr();
   if (in.padding.defined()) p.key_padding_mask = in.padding.const_data_ptr<uint8_t>();
   fill_qkv_layout(p, in.q, in.k, in.v, in.padding, scale, in.dtype);
   p.kv_group = s.kv_heads > 0 ? s.q_heads / s.kv_heads : 1;  // Hq = Hkv = 0: an empty problem (no launch)
-  fill_score_rules(p, rules, s.queries, s.keys);
+  fill_score_rules(p, rules, s.queries, s.keys, packed);
   if (in.attn_mask.defined()) {
     const at::Tensor& m = in.attn_mask;
     p.attn_mask = m.data_ptr();  // bool is one byte per element, as the kernels read it
@@ -138,14 +173,15 @@ void fill_inputs(Params& p, const Inputs& in, double scale, const ScoreRules& ru
 /// The forward of both ops: plan, outputs, launch. `describe()` names the call's arguments in a plan error.
 template <typename Describe>
 std::tuple<at::Tensor, at::Tensor> launch_forward(const Inputs& in, double scale, const ScoreRules& rules,
-                                                  const char* op, Describe&& describe) {
+                                                  const char* op, Describe&& describe,
+                                                  const PackedCall* packed = nullptr) {
   const AttentionShape& s = in.s;
   const at::Tensor& q = in.q;
   CrossAttentionFwdParams p;
-  fill_inputs(p, in, scale, rules);
+  fill_inputs(p, in, scale, rules, packed);
   const CrossAttentionLaunchPlan plan =
-      plan_cross_attention_fwd(s.batch, s.q_heads, s.queries, s.keys, s.head_dim, s.value_dim, in.dtype,
-                               smem_limit_of(q.device(), op), capability_of(q.device(), op), p.has_pair_masks());
+      plan_cross_attention_fwd(p.B, p.H, p.M, p.N, p.D, p.Dv, in.dtype, smem_limit_of(q.device(), op),
+                               capability_of(q.device(), op), p.has_pair_masks());
   check_plan(plan, op, std::forward<Describe>(describe));
   at::Tensor out = at::empty({s.batch, s.q_heads, s.queries, s.value_dim}, q.options());
   at::Tensor lse = at::empty({s.batch, s.q_heads, s.queries}, q.options().dtype(accumulation_dtype(q.scalar_type())));
@@ -162,14 +198,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> launch_backward(const Inputs& in,
                                                                const at::Tensor& grad_lse, const at::Tensor& out,
                                                                const at::Tensor& lse, double scale,
                                                                const ScoreRules& rules, const char* op,
-                                                               Describe&& describe) {
+                                                               Describe&& describe,
+                                                               const PackedCall* packed = nullptr) {
   const AttentionShape& s = in.s;
   const at::Tensor& q = in.q;
   CrossAttentionBwdParams p;
-  fill_inputs(p, in, scale, rules);
+  fill_inputs(p, in, scale, rules, packed);
   const CrossAttentionBwdPlan plan =
-      plan_cross_attention_bwd(s.batch, s.q_heads, s.queries, s.keys, s.head_dim, s.value_dim, in.dtype,
-                               smem_limit_of(q.device(), op), capability_of(q.device(), op), p.kv_group);
+      plan_cross_attention_bwd(p.B, p.H, p.M, p.N, p.D, p.Dv, in.dtype, smem_limit_of(q.device(), op),
+                               capability_of(q.device(), op), p.kv_group);
   check_plan(plan, op, std::forward<Describe>(describe));
   const at::Tensor o = with_unit_inner_stride(out), go = with_unit_inner_stride(grad_out);
   const at::Tensor lse_c = lse.contiguous(), glse_c = grad_lse.contiguous();
@@ -193,14 +230,6 @@ std::string describe_qkv(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return c10::str("q ", q.sizes(), " ", q.scalar_type(), ", k ", k.sizes(), ", v ", v.sizes());
 }
 
-/// Nor a packed (varlen) batch (ae.varlen_attention runs its sequences one call each on these kernels).
-void check_not_packed(const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k,
-                      bool bottom_right, const char* op) {
-  TORCH_CHECK_NOT_IMPLEMENTED(!cu_seqlens_q.has_value() && !cu_seqlens_k.has_value() && !bottom_right, "attn_ext::", op,
-                              " (CUDA): no packed (varlen) batch in the CUDA kernels yet; use the cpp or reference "
-                              "backend");
-}
-
 std::string describe_qv(const at::Tensor& q, const at::Tensor& v) {
   return c10::str("q ", q.sizes(), " ", q.scalar_type(), ", v ", v.sizes());
 }
@@ -219,13 +248,15 @@ std::tuple<at::Tensor, at::Tensor> attention_fwd_cuda(const at::Tensor& q, const
                                                       const std::optional<at::Tensor>& cu_seqlens_k,
                                                       bool bottom_right) {
   const char* op = "attention_fwd";
-  check_not_packed(cu_seqlens_q, cu_seqlens_k, bottom_right, op);
   const AttentionShape s =
       check_attention_inputs(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size);
+  AttentionShape rules_shape = s;  // ALiBi's slopes count a packed call's sequences
+  const std::optional<PackedCall> packed = packed_call(q, k, cu_seqlens_q, cu_seqlens_k, bottom_right, diagonal,
+                                                       attn_mask, key_padding_mask, dropout_p, rules_shape);
   const ScoreRules rules =
-      checked_score_rules(s, q, is_causal, window_left, window_right, diagonal, softcap, alibi_slopes, op);
+      checked_score_rules(rules_shape, q, is_causal, window_left, window_right, diagonal, softcap, alibi_slopes, op);
   const Inputs in = prepare(q, k, v, attn_mask, key_padding_mask, s, dropout_p, op);
-  return launch_forward(in, scale, rules, op, [&] { return describe_qkv(q, k, v); });
+  return launch_forward(in, scale, rules, op, [&] { return describe_qkv(q, k, v); }, packed ? &*packed : nullptr);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_cuda(
@@ -236,14 +267,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_bwd_cuda(
     int64_t diagonal, double softcap, const std::optional<at::Tensor>& alibi_slopes,
     const std::optional<at::Tensor>& cu_seqlens_q, const std::optional<at::Tensor>& cu_seqlens_k, bool bottom_right) {
   const char* op = "attention_bwd";
-  check_not_packed(cu_seqlens_q, cu_seqlens_k, bottom_right, op);
   const AttentionShape s =
       check_attention_inputs(q, k, v, attn_mask, key_padding_mask, scale, dropout_p, dropout_seed, chunk_size);
+  AttentionShape rules_shape = s;  // ALiBi's slopes count a packed call's sequences
+  const std::optional<PackedCall> packed = packed_call(q, k, cu_seqlens_q, cu_seqlens_k, bottom_right, diagonal,
+                                                       attn_mask, key_padding_mask, dropout_p, rules_shape);
   const ScoreRules rules =
-      checked_score_rules(s, q, is_causal, window_left, window_right, diagonal, softcap, alibi_slopes, op);
+      checked_score_rules(rules_shape, q, is_causal, window_left, window_right, diagonal, softcap, alibi_slopes, op);
   const Inputs in = prepare(q, k, v, attn_mask, key_padding_mask, s, dropout_p, op);
   check_attention_grads(s, q, grad_out, grad_lse, out, lse);
-  return launch_backward(in, grad_out, grad_lse, out, lse, scale, rules, op, [&] { return describe_qkv(q, k, v); });
+  return launch_backward(in, grad_out, grad_lse, out, lse, scale, rules, op, [&] { return describe_qkv(q, k, v); },
+                         packed ? &*packed : nullptr);
 }
 
 std::tuple<at::Tensor, at::Tensor> cross_attention_fwd_cuda(const at::Tensor& q, const at::Tensor& k,

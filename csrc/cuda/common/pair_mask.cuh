@@ -116,11 +116,21 @@ struct PairMaskHead {
   }
 };
 
+/// A side of the band moved by `shift` (a packed sequence's own diagonal, packed_sequences.h); an unbounded side
+/// stays unbounded.
+__device__ __forceinline__ int64_t shifted_side(int64_t side, int64_t shift) {
+  return side == kBandUnbounded || side == -kBandUnbounded ? side : side + shift;
+}
+
+/// The rules of (batch entry or packed sequence b, query head h); `shift` moves the band and ALiBi's diagonal
+/// (SequenceView::shift, 0 for a dense batch).
 template <typename scalar_t>
-__device__ __forceinline__ PairMaskHead<scalar_t> pair_mask_head(const AttentionMaskLayout& l, int64_t b, int64_t h) {
+__device__ __forceinline__ PairMaskHead<scalar_t> pair_mask_head(const AttentionMaskLayout& l, int64_t b, int64_t h,
+                                                                 int64_t shift = 0) {
   PairMaskHead<scalar_t> head;
   head.causal = l.causal;
-  head.band_lo = l.band_lo, head.band_hi = l.band_hi, head.diagonal = l.diagonal;
+  head.band_lo = shifted_side(l.band_lo, shift), head.band_hi = shifted_side(l.band_hi, shift);
+  head.diagonal = l.diagonal + shift;
   head.softcap = l.softcap, head.softcap_inverse = l.softcap_inverse;
   if (l.alibi_slopes != nullptr) head.alibi_slope = l.alibi_slopes[b * l.alibi_stride_b + h * l.alibi_stride_h];
   head.stride_m = l.attn_mask_stride_m, head.stride_n = l.attn_mask_stride_n;
@@ -139,22 +149,27 @@ struct IndexRange {
 };
 
 /// The keys [begin, end) ⊂ [0, N) that some query of rows [m0, m_end) may attend under the causal rule and
-/// the band ([0, N) without either): the kernels' key loops visit only the tiles holding them.
-__device__ __forceinline__ IndexRange band_keys(const AttentionMaskLayout& l, int64_t m0, int64_t m_end, int64_t N) {
+/// the band ([0, N) without either), the band moved by `shift` as in pair_mask_head: the kernels' key loops
+/// visit only the tiles holding them.
+__device__ __forceinline__ IndexRange band_keys(const AttentionMaskLayout& l, int64_t m0, int64_t m_end, int64_t N,
+                                                int64_t shift = 0) {
   int64_t begin = 0, end = N;
   if (l.causal && m_end < end) end = m_end;
-  if (l.band_lo != -kBandUnbounded) begin = m0 + l.band_lo < 0 ? 0 : (m0 + l.band_lo < N ? m0 + l.band_lo : N);
-  if (l.band_hi != kBandUnbounded && m_end + l.band_hi < end) end = m_end + l.band_hi;
+  const int64_t lo = l.band_lo + shift, hi = l.band_hi + shift;  // read only when bounded
+  if (l.band_lo != -kBandUnbounded) begin = m0 + lo < 0 ? 0 : (m0 + lo < N ? m0 + lo : N);
+  if (l.band_hi != kBandUnbounded && m_end + hi < end) end = m_end + hi;
   return IndexRange{begin, end < begin ? begin : end};
 }
 
 /// The queries [begin, end) ⊂ [0, M) that may attend some key of [n0, n_end) under the causal rule and the
-/// band: the dK/dV kernels' query loops visit only the tiles holding them.
-__device__ __forceinline__ IndexRange band_queries(const AttentionMaskLayout& l, int64_t n0, int64_t n_end, int64_t M) {
+/// band (moved by `shift`): the dK/dV kernels' query loops visit only the tiles holding them.
+__device__ __forceinline__ IndexRange band_queries(const AttentionMaskLayout& l, int64_t n0, int64_t n_end, int64_t M,
+                                                   int64_t shift = 0) {
   int64_t begin = 0, end = M;
   if (l.causal) begin = n0 < M ? n0 : M;
-  if (l.band_hi != kBandUnbounded && n0 - l.band_hi > begin) begin = n0 - l.band_hi < M ? n0 - l.band_hi : M;
-  if (l.band_lo != -kBandUnbounded && n_end - l.band_lo < end) end = n_end - l.band_lo;
+  const int64_t lo = l.band_lo + shift, hi = l.band_hi + shift;  // read only when bounded
+  if (l.band_hi != kBandUnbounded && n0 - hi > begin) begin = n0 - hi < M ? n0 - hi : M;
+  if (l.band_lo != -kBandUnbounded && n_end - lo < end) end = n_end - lo;
   return IndexRange{begin, end < begin ? begin : end};
 }
 
