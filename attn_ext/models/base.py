@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from torch.distributions import Normal
 
 from attn_ext.data.batch import PackedNPBatch
-from attn_ext.models.packed import task_log_likelihood
+from attn_ext.models.packed import per_task_prediction, task_log_likelihood
 from attn_ext.nn.layer_norm import LayerNorm
 
 
@@ -146,9 +146,10 @@ class NeuralProcess(nn.Module):
 
     def predict_packed(self, xc: Tensor, yc: Tensor, xt: Tensor, cu_seqlens_c: Tensor, cu_seqlens_t: Tensor) -> Normal:
         """Predictive ``Normal`` over the packed targets ``[T_t, dim_y]`` of a packed batch (the layout of
-        :class:`~attn_ext.data.PackedNPBatch`); only the models that have a packed path implement it."""
-        raise NotImplementedError(f"{type(self).__name__} has no packed-batch path (TNPD, LBANP, CMANP, TransformerCA "
-                                  "and PerceiverIONP have one): pass an NPBatch, whose tasks share N_c and N_t")
+        :class:`~attn_ext.data.PackedNPBatch`). Here: :meth:`predict` on each task's rows alone, one call per task
+        (:func:`~attn_ext.models.packed.per_task_prediction`); the models with a packed attention path (TNPD,
+        LBANP, CMANP, TransformerCA, PerceiverIONP) override it with one call per layer."""
+        return per_task_prediction(self, xc, yc, xt, cu_seqlens_c, cu_seqlens_t)
 
     def forward(self, batch) -> Tensor:
         """Mean negative log-likelihood per target of ``batch`` (an ``NPBatch``), a scalar; of a

@@ -8,10 +8,12 @@ import torch
 from torch import Tensor, nn
 from torch.distributions import LowRankMultivariateNormal, MultivariateNormal, Normal
 
+from attn_ext.data.batch import PackedNPBatch
 from attn_ext.models.base import NPConfig, check_points
 from attn_ext.models.cmanp import CMANP, CMANPState
 from attn_ext.models.lowrank_normal import TaskwiseLowRankNormal
-from attn_ext.models.not_diagonal import NotDiagonalHead, check_targets, marginal_normal, refuse_packed, sample_joint
+from attn_ext.models.not_diagonal import (NotDiagonalHead, check_targets, marginal_normal, per_task, refuse_packed,
+                                          sample_joint)
 from attn_ext.nn.layer_norm import LayerNorm
 from attn_ext.ops.utils.validation import is_int_scalar
 
@@ -120,8 +122,10 @@ class CMANPAND(CMANP):
         return marginal_normal(self.joint(state, xt), (*xt.shape[:2], self.config.dim_y))
 
     def forward(self, batch) -> Tensor:
-        """Joint negative log-likelihood of all targets, divided by ``N_t`` (per target), batch mean."""
-        refuse_packed(self, batch)
+        """Joint negative log-likelihood of all targets, divided by ``N_t`` (per target), batch mean (a packed batch:
+        the mean over its tasks, each alone)."""
+        if isinstance(batch, PackedNPBatch):
+            return per_task(self, batch, self.forward).mean()
         check_points(self, xc=batch.xc, yc=batch.yc, xt=batch.xt, yt=batch.yt)
         joint = self.joint(self.condition(batch.xc, batch.yc), batch.xt)
         return -(joint.log_prob(batch.yt.flatten(1)) / batch.xt.shape[1]).mean()
@@ -136,8 +140,10 @@ class CMANPAND(CMANP):
 
     @torch.no_grad()
     def log_likelihood(self, batch, block_size: Optional[int] = None) -> Tensor:
-        """``[B]`` block-autoregressive log-likelihood per target, conditioning on true earlier blocks."""
-        refuse_packed(self, batch)
+        """``[B]`` block-autoregressive log-likelihood per target, conditioning on true earlier blocks (a packed
+        batch's tasks each alone)."""
+        if isinstance(batch, PackedNPBatch):
+            return per_task(self, batch, lambda task: self.log_likelihood(task, block_size))
         check_points(self, xc=batch.xc, yc=batch.yc, xt=batch.xt, yt=batch.yt)
         state = self.condition(batch.xc, batch.yc)
         total = batch.yt.new_zeros(batch.yt.shape[0])

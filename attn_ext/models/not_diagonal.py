@@ -29,6 +29,7 @@ from torch.distributions import LowRankMultivariateNormal, MultivariateNormal, N
 
 from attn_ext.data.batch import PackedNPBatch
 from attn_ext.models.base import check_points, mlp
+from attn_ext.models.packed import check_packed
 from attn_ext.nn import PreNormBlock
 from attn_ext.nn.layer_norm import LayerNorm
 from attn_ext.ops.utils.validation import is_int_scalar
@@ -136,13 +137,20 @@ def sample_joint(joint, generator: Optional[torch.Generator] = None) -> Tensor:
     return loc + (joint.scale_tril @ eps).squeeze(-1)
 
 
-def refuse_packed(model, batch=None) -> None:
-    """``NotImplementedError`` for a joint-covariance model asked for its packed path, or given a
-    :class:`~attn_ext.data.PackedNPBatch`: the joint covariance over a task's targets is formed per task (its
-    ``[N_t·dim_y]²`` factor), which has no packed layout here."""
-    if batch is None or isinstance(batch, PackedNPBatch):
-        raise NotImplementedError(f"{type(model).__name__}: a packed batch is not supported (the joint covariance "
-                                  "over each task's targets is formed per task); pass an NPBatch")
+def refuse_packed(model) -> None:
+    """``NotImplementedError`` for a joint-covariance model asked for one prediction over a packed batch's targets:
+    the joint covariance over a task's targets is formed per task (its ``[N_t·dim_y]²`` factor), which has no packed
+    layout; ``forward`` and ``log_likelihood`` take a packed batch one task at a time (:func:`per_task`)."""
+    raise NotImplementedError(f"{type(model).__name__}: predict_packed is not supported (the joint covariance over "
+                              "each task's targets is formed per task); forward and log_likelihood take a packed "
+                              "batch, one task at a time")
+
+
+def per_task(model, batch: PackedNPBatch, method) -> Tensor:
+    """``[B]``: ``method`` (the model's loss or metric of an ``NPBatch``) of each task of a packed batch alone, so
+    that a packed batch's loss is, as for the diagonal models, the mean over tasks of each task's."""
+    check_packed(model, batch)
+    return torch.cat([method(batch.task(b)).reshape(1) for b in range(batch.batch_size)])
 
 
 class NotDiagonalNP:
@@ -175,16 +183,20 @@ class NotDiagonalNP:
         return marginal_normal(self.predict(xc, yc, xt), (*xt.shape[:2], self.config.dim_y))
 
     def forward(self, batch) -> Tensor:
-        """Joint negative log-likelihood of all targets divided by ``N_t`` (per target), batch mean."""
-        refuse_packed(self, batch)
+        """Joint negative log-likelihood of all targets divided by ``N_t`` (per target), batch mean (a packed batch:
+        the mean over its tasks, each alone)."""
+        if isinstance(batch, PackedNPBatch):
+            return per_task(self, batch, self.forward).mean()
         check_points(self, xc=batch.xc, yc=batch.yc, xt=batch.xt, yt=batch.yt)
         joint = self.predict(batch.xc, batch.yc, batch.xt)
         return -(joint.log_prob(batch.yt.flatten(1)) / batch.xt.shape[1]).mean()
 
     @torch.no_grad()
     def log_likelihood(self, batch) -> Tensor:
-        """``[B]``: the joint log-likelihood of all targets divided by ``N_t`` (the ND papers' metric)."""
-        refuse_packed(self, batch)
+        """``[B]``: the joint log-likelihood of all targets divided by ``N_t`` (the ND papers' metric); a packed
+        batch's tasks each alone."""
+        if isinstance(batch, PackedNPBatch):
+            return per_task(self, batch, self.log_likelihood)
         check_points(self, xc=batch.xc, yc=batch.yc, xt=batch.xt, yt=batch.yt)
         joint = self.predict(batch.xc, batch.yc, batch.xt)
         return joint.log_prob(batch.yt.flatten(1)) / batch.xt.shape[1]

@@ -1,5 +1,11 @@
-"""Packed batches in the reference models: the checks and the per-task likelihood of a
-:class:`~attn_ext.data.PackedNPBatch`, for a model with a ``predict_packed`` (TNP-D).
+"""Packed batches in the reference models: the checks, the per-task likelihood of a
+:class:`~attn_ext.data.PackedNPBatch`, and the per-task prediction of a model without a fused packed path.
+
+TNP-D, LBANP, CMANP, TransformerCA and Perceiver IO attend over a packed batch in one call per layer
+(:func:`attn_ext.varlen_attention`); the other diagonal models (TETNP, ConvNP, HyperMixNP, IST, ReTreever, the
+Intention and linear-attention TNPs: their attention or grid has no packed kernel) predict each task by one
+:meth:`predict` call on views of its own rows (:func:`per_task_prediction`): the same numbers, no padding, one call
+per task. The joint-covariance models refuse a packed batch.
 
 A packed batch's loss is the mean over tasks of each task's mean negative log-likelihood per target, its metric
 the ``[B]`` per-task means: for tasks of equal counts the padded batch's numbers, and otherwise no task weighs
@@ -9,6 +15,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
+from torch.distributions import Normal
 
 from attn_ext.data.batch import PackedNPBatch
 
@@ -33,6 +40,24 @@ def check_packed(model, batch: PackedNPBatch) -> None:
     if bool((batch.cu_seqlens_t.diff() <= 0).any()):
         raise ValueError(f"{name}: every task of a packed batch needs a target (a task's likelihood is a mean "
                          f"over its targets); target counts {batch.cu_seqlens_t.diff().tolist()}")
+
+
+def per_task_prediction(model, xc: Tensor, yc: Tensor, xt: Tensor, cu_seqlens_c: Tensor,
+                        cu_seqlens_t: Tensor) -> Normal:
+    """``Normal`` over the packed targets ``[T_t, dim_y]``: ``model.predict`` on each task's rows alone (views, a
+    batch of one), concatenated in the packed order."""
+    oc, ot = cu_seqlens_c.tolist(), cu_seqlens_t.tolist()
+    if len(oc) != len(ot) or len(oc) < 1:
+        raise ValueError(f"{type(model).__name__}: cu_seqlens_c and cu_seqlens_t must both be [B + 1], got "
+                         f"{tuple(cu_seqlens_c.shape)} and {tuple(cu_seqlens_t.shape)}")
+    means, scales = [], []
+    for b in range(len(oc) - 1):
+        task = model.predict(xc[oc[b]:oc[b + 1]][None], yc[oc[b]:oc[b + 1]][None], xt[ot[b]:ot[b + 1]][None])
+        means.append(task.loc[0]), scales.append(task.scale[0])
+    if not means:  # no task: an empty prediction of the model's output width
+        empty = xt.new_empty((0, model.config.dim_y))
+        return Normal(empty, empty.clone(), validate_args=False)
+    return Normal(torch.cat(means), torch.cat(scales), validate_args=False)
 
 
 def task_log_likelihood(model, batch: PackedNPBatch) -> Tensor:

@@ -10,6 +10,7 @@ from torch.distributions import Normal
 
 from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points
 from attn_ext.models.layers import ContextEncoder
+from attn_ext.models.packed import per_task_prediction
 
 
 class TNPD(NeuralProcess):
@@ -56,6 +57,9 @@ class TNPD(NeuralProcess):
     def predict_packed(self, xc: Tensor, yc: Tensor, xt: Tensor, cu_seqlens_c: Tensor, cu_seqlens_t: Tensor) -> Normal:
         """Predictive ``Normal`` over the packed targets ``[T_t, dim_y]`` of tasks packed end to end (the layout of
         :class:`~attn_ext.data.PackedNPBatch`): each task's tokens attend over its own context only, by
-        :func:`attn_ext.varlen_attention`, with no padding formed; per task, what :meth:`predict` gives it alone."""
+        :func:`attn_ext.varlen_attention`, with no padding formed; per task, what :meth:`predict` gives it alone.
+        Layers of another attention (Intention, linear attention: no packed kernel) predict one task at a time."""
+        if self.attention != "softmax":
+            return per_task_prediction(self, xc, yc, xt, cu_seqlens_c, cu_seqlens_t)
         h = self.encoder.packed(self.embed_pairs(xc, yc), self.embed_pairs(xt, None), cu_seqlens_c, cu_seqlens_t)
         return self.head(h)

@@ -1,15 +1,18 @@
 """Packed batches of NP tasks (``attn_ext.data.PackedNPBatch``): ``GPSampler.sample_packed`` draws what
 ``sample`` draws one task at a time, ``pack_tasks`` and ``task`` invert each other, and the packed paths of TNP-D,
-LBANP, CMANP (every block kind), TransformerCA and Perceiver IO give each task what the padded path gives it alone (fp64), loss and gradients
-included; models without a packed path (joint covariances, non-softmax attention), a CMANP task without context and
-malformed batches raise errors that say so."""
+LBANP, CMANP (every block kind), TransformerCA and Perceiver IO give each task what the padded path gives it alone
+(fp64), loss and gradients included; the models that predict one task at a time (TETNP, ConvNP, HyperMixNP, IST,
+ReTreever, IntentionNP, LinearTNP) and the joint-covariance models' loss and metric too (their ``predict_packed``
+refuses, naming the joint covariance); a CMANP task without context and malformed batches raise errors that say
+so."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from attn_ext.data import GPSampler, NPBatch, PackedNPBatch, pack_tasks
-from attn_ext.models import CMANP, CMANPAND, LBANP, LBANPND, TNPD, TNPND, LinearTNP, PerceiverIONP, TransformerCA
+from attn_ext.models import (CMANP, CMANPAND, IST, LBANP, LBANPND, TETNP, TNPD, TNPND, ConvNP, HyperMixNP, IntentionNP,
+                              LinearTNP, PerceiverIONP, ReTreever, TransformerCA)
 
 
 def _batch(size=5, seed=0):
@@ -70,6 +73,19 @@ def test_encoder_models_packed_equal_each_task_alone(cls):
     _packed_equals_each_task_alone(cls(num_layers=2, d_model=16, num_latents=5).double(), _batch(4))
 
 
+SMALL = dict(d_model=16, num_layers=2, num_heads=2, ff_dim=32, emb_depth=2, num_latents=8)
+
+
+@pytest.mark.parametrize("cls", [TETNP, ConvNP, HyperMixNP, IST, IntentionNP, LinearTNP, ReTreever],
+                         ids=lambda c: c.__name__)
+def test_per_task_models_packed_equal_each_task_alone(cls):
+    torch.manual_seed(0)
+    model = cls(**SMALL).double()
+    if cls is ReTreever:
+        model.eval()  # the greedy tree search: the loss draws nothing, so packed and per-task calls meet alike
+    _packed_equals_each_task_alone(model, _batch(3))
+
+
 def test_tnpd_packed_equals_each_task_alone():
     torch.manual_seed(0)
     model = TNPD(num_layers=2, d_model=32).double()
@@ -87,16 +103,18 @@ def test_tnpd_packed_equals_each_task_alone():
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("cls", [TNPND, LBANPND, CMANPAND], ids=lambda c: c.__name__)
+def test_joint_models_take_a_packed_batch_one_task_at_a_time(cls):
+    torch.manual_seed(0)
+    model = cls(num_layers=1, d_model=16, num_latents=4).double()
+    batch = _batch(3)
+    _packed_equals_each_task_alone(model, batch)
+    with pytest.raises(NotImplementedError, match="joint covariance over each task's targets"):
+        model.predict_packed(batch.xc, batch.yc, batch.xt, batch.cu_seqlens_c, batch.cu_seqlens_t)
+
+
 def test_refusals():
     batch = _batch(3)
-    for model in (TNPND(num_layers=1, d_model=16), LBANPND(num_layers=1, d_model=16, num_latents=4),
-                  CMANPAND(num_layers=1, d_model=16, num_latents=4)):
-        for call in (model, model.log_likelihood, lambda b, m=model: m.predict_packed(
-                b.xc, b.yc, b.xt, b.cu_seqlens_c, b.cu_seqlens_t)):
-            with pytest.raises(NotImplementedError, match="joint covariance over each task's targets"):
-                call(batch)
-    with pytest.raises(NotImplementedError, match="needs softmax attention"):
-        LinearTNP(num_layers=1, d_model=16).double().log_likelihood(batch)
     no_context = pack_tasks([batch.task(0), NPBatch(batch.xc[:0][None], batch.yc[:0][None], batch.xt[:2][None],
                                                     batch.yt[:2][None])])
     with pytest.raises(ValueError, match="task 1 has none"):
