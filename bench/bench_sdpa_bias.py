@@ -6,7 +6,8 @@ math path on the same call (``sdpa_kernel(SDPBackend.MATH)``, what PyTorch runs 
 B = 4, H = 8, D = 64, fp32, L = S, timed in this process with the samples interleaved; the gradients of q, k, v and
 the bias are checked against SDPA's first. Peak extra memory of one step in a fresh process each
 (``bench.harness.memory``): ours forms no ``[B, H, L, S]`` buffer (the chunked backward sums each key chunk's score
-gradient into the bias's shape), SDPA's math path several.
+gradient into the bias's shape; its partial dQ sums cover one key/value head's query rows per thread, threads·L·D
+numbers), SDPA's math path several.
 
 Goals (issue 44, full grid, L = 2048): time ours / SDPA math ≤ :data:`MAX_TIME_RATIO`; ours' peak beyond its
 outputs and gradients (out, dq, dk, dv, dbias) below one ``[B, H, L, S]`` fp32 tensor. The quick grid (``make

@@ -8,7 +8,8 @@
 // tiles whose band reaches it, and each tile only the chunk's keys up to its band's end.
 //
 // With the gradient of an additive mask wanted (attention_bwd_bias: a learned bias), dS is also summed into the
-// mask's shape tile by tile, and the work is split over the keys alone (see run): no [L, S] buffer is formed.
+// mask's shape tile by tile, and the work is split over the keys alone (see run_with_mask_gradient): no [L, S]
+// buffer is formed.
 //
 // Masked pairs are never read (attention_masking.h): their P and dS are exactly 0, and a row of
 // Q, K or dO holding inf/NaN that meets a masked pair goes through its GEMM as zeros, its allowed
@@ -176,11 +177,11 @@ struct Backward {
           v_tile(chunk * Dv), dk(chunk * D), dv(chunk * Dv), q_fix(tile_m * D), do_fix(tile_m * Dv), k_fix(chunk * D) {}
   };
 
-  /// Key chunk c of a segment and key/value head: its dK, dV (written), its part of dQ (added to split's partial
-  /// sums) and of the mask gradient.
+  /// Key chunk c of a segment and key/value head: its dK, dV (written), its part of dQ (added to the partial sums
+  /// `partial_grad_q`, query head bh's rows from (bh − first_bh)·M·D) and of the mask gradient.
   void key_chunk(Scratch& sc, const at::Tensor& grad_out, at::Tensor& grad_k, at::Tensor& grad_v,
-                 const MaskGradient<acc_t>& grad_mask, std::vector<acc_t>& partial_grad_q, int64_t split,
-                 int64_t segment, int64_t hkv, int64_t c) {
+                 const MaskGradient<acc_t>& grad_mask, acc_t* partial_grad_q, int64_t first_bh, int64_t segment,
+                 int64_t hkv, int64_t c) {
     const Segment& seg = segments[segment];
     const int64_t b = seg.b;
     const bool dropout = call.dropout_p > 0;
@@ -199,7 +200,7 @@ struct Backward {
       const PairRule<Plane> pr = rule(segment, h);
       const DropoutRule drop = dropout_rule(call, b, h, Hq, M, N);
       const int64_t bh = b * Hq + h;
-      acc_t* grad_q_part = partial_grad_q.data() + (split * B * Hq + bh) * M * D;
+      acc_t* grad_q_part = partial_grad_q + (bh - first_bh) * M * D;
       int64_t m_first, m_end;  // the segment's queries the band lets see some key of the chunk
       band_queries(pr.band, n0, nc, M, &m_first, &m_end);
       m_first = std::max(m_first, seg.q_begin), m_end = std::min(m_end, seg.q_end);
@@ -306,45 +307,29 @@ struct Backward {
 
   void run(const at::Tensor& grad_out, at::Tensor& grad_q, at::Tensor& grad_k, at::Tensor& grad_v,
            const MaskGradient<acc_t>& grad_mask = {}) {
+    if (grad_mask.wanted()) return run_with_mask_gradient(grad_out, grad_q, grad_k, grad_v, grad_mask);
     int64_t pairs = 0;
     for (const Segment& seg : segments) pairs += segment_pairs(seg);
     const int64_t total_macs = 2 * Hq * pairs * (D + Dv);
-    // Work units: a segment's keys (a batch entry's, or a packed sequence's) of one key/value head, in parts.
-    // With a mask gradient a unit owns key chunks of every segment and head instead (chunks split ≡ unit mod
-    // splits: a causal band's work spread evenly), so that the mask's columns, which broadcast dims share, are
-    // written by one thread; one unit per thread, each with its partial dQ sums (B·Hq·L·D each); a mask broadcast
-    // along the keys makes one unit.
+    // Work units: a segment's keys (a batch entry's, or a packed sequence's) of one key/value head, in parts, each
+    // part with its partial dQ sums.
     const int64_t n_segments = static_cast<int64_t>(segments.size());
-    const int64_t splits = !grad_mask.wanted() ? key_splits_for(n_segments * Hkv, n_chunks, total_macs)
-                           : grad_mask.sn == 0 ? 1
-                                               : std::max<int64_t>(1, std::min<int64_t>(n_chunks, at::get_num_threads()));
+    const int64_t splits = key_splits_for(n_segments * Hkv, n_chunks, total_macs);
     std::vector<acc_t> partial_grad_q(splits * B * Hq * M * D, acc_t(0));
-    const bool dropout = call.dropout_p > 0;
-    const int64_t units = grad_mask.wanted() ? splits : n_segments * Hkv * splits;
-
+    const int64_t units = n_segments * Hkv * splits;
     at::parallel_for(0, units, grain_size_for(units, total_macs), [&](int64_t begin, int64_t end) {
-      Scratch sc(tile_m, chunk, D, Dv, dropout, call.softcap > 0);
+      Scratch sc(tile_m, chunk, D, Dv, call.dropout_p > 0, call.softcap > 0);
       for (int64_t unit = begin; unit < end; ++unit) {
-        if (grad_mask.wanted()) {
-          for (int64_t c = unit; c < n_chunks; c += splits) {
-            for (int64_t segment = 0; segment < n_segments; ++segment) {
-              for (int64_t hkv = 0; hkv < Hkv; ++hkv) {
-                key_chunk(sc, grad_out, grad_k, grad_v, grad_mask, partial_grad_q, unit, segment, hkv, c);
-              }
-            }
-          }
-          continue;
-        }
         const int64_t split = unit % splits, segment = unit / (splits * Hkv), hkv = (unit / splits) % Hkv;
         const Segment& seg = segments[segment];
         int64_t c_first, c_last;  // the segment's key chunks, counted from its first key
         split_range((seg.k_end - seg.k_begin + chunk - 1) / chunk, splits, split, &c_first, &c_last);
         for (int64_t c = c_first; c < c_last; ++c) {
-          key_chunk(sc, grad_out, grad_k, grad_v, grad_mask, partial_grad_q, split, segment, hkv, c);
+          key_chunk(sc, grad_out, grad_k, grad_v, {}, partial_grad_q.data() + split * B * Hq * M * D, 0, segment,
+                    hkv, c);
         }
       }
     });
-
     scalar_t* grad_q_data = grad_q.mutable_data_ptr<scalar_t>();
     at::parallel_for(0, B * Hq * M, 64, [&](int64_t begin, int64_t end) {
       for (int64_t row = begin; row < end; ++row) {
@@ -355,6 +340,49 @@ struct Backward {
         }
       }
     });
+  }
+
+  /// The backward with the gradient of an additive mask (attention_bwd_bias): the (segment, key/value head) pairs
+  /// one after another, each one's key chunks split over the threads (chunk c to unit c mod splits, the same for
+  /// every pair: each of the mask's columns, which its broadcast dims share, is written by one thread; a causal
+  /// band's work spreads evenly). Each unit sums its part of the pair's dQ in a buffer of the pair's query rows
+  /// (group·M·D), added in a fixed order: beyond the outputs, threads·group·L·D numbers, whatever the batch and
+  /// the key count (no [L, S] buffer). A mask broadcast along the keys makes one unit.
+  void run_with_mask_gradient(const at::Tensor& grad_out, at::Tensor& grad_q, at::Tensor& grad_k,
+                              at::Tensor& grad_v, const MaskGradient<acc_t>& grad_mask) {
+    const int64_t splits =
+        grad_mask.sn == 0 ? 1 : std::max<int64_t>(1, std::min<int64_t>(n_chunks, at::get_num_threads()));
+    const int64_t pair_rows = group * M;
+    std::vector<acc_t> partial_grad_q(splits * pair_rows * D);
+    scalar_t* grad_q_data = grad_q.mutable_data_ptr<scalar_t>();
+    for (int64_t segment = 0; segment < static_cast<int64_t>(segments.size()); ++segment) {
+      const Segment& seg = segments[segment];
+      for (int64_t hkv = 0; hkv < Hkv; ++hkv) {
+        const int64_t first_bh = seg.b * Hq + hkv * group;  // the pair's query heads are consecutive
+        std::fill(partial_grad_q.begin(), partial_grad_q.end(), acc_t(0));
+        at::parallel_for(0, splits, 1, [&](int64_t begin, int64_t end) {
+          Scratch sc(tile_m, chunk, D, Dv, call.dropout_p > 0, call.softcap > 0);
+          for (int64_t unit = begin; unit < end; ++unit) {
+            for (int64_t c = unit; c < n_chunks; c += splits) {
+              key_chunk(sc, grad_out, grad_k, grad_v, grad_mask, partial_grad_q.data() + unit * pair_rows * D,
+                        first_bh, segment, hkv, c);
+            }
+          }
+        });
+        // The segment's rows of the pair's query heads.
+        const int64_t seg_rows = seg.q_end - seg.q_begin;
+        at::parallel_for(0, group * seg_rows, 64, [&](int64_t begin, int64_t end) {
+          for (int64_t i = begin; i < end; ++i) {
+            const int64_t row = (i / seg_rows) * M + seg.q_begin + i % seg_rows;  // within the pair's rows
+            for (int64_t d = 0; d < D; ++d) {
+              acc_t sum = 0;
+              for (int64_t split = 0; split < splits; ++split) sum += partial_grad_q[(split * pair_rows + row) * D + d];
+              grad_q_data[(first_bh * M + row) * D + d] = static_cast<scalar_t>(sum);
+            }
+          }
+        });
+      }
+    }
   }
 };
 
