@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <vector>
 
