@@ -12,8 +12,8 @@ from attn_ext.data.batch import PackedNPBatch
 from attn_ext.models.base import NPConfig, check_points
 from attn_ext.models.cmanp import CMANP, CMANPState
 from attn_ext.models.lowrank_normal import TaskwiseLowRankNormal
-from attn_ext.models.not_diagonal import (NotDiagonalHead, check_targets, marginal_normal, per_task, refuse_packed,
-                                          sample_joint)
+from attn_ext.models.not_diagonal import NotDiagonalHead, check_targets, marginal_normal, refuse_packed, sample_joint
+from attn_ext.models.packed import per_task
 from attn_ext.nn.layer_norm import LayerNorm
 from attn_ext.ops.utils.validation import is_int_scalar
 

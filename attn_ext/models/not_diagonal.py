@@ -29,7 +29,7 @@ from torch.distributions import LowRankMultivariateNormal, MultivariateNormal, N
 
 from attn_ext.data.batch import PackedNPBatch
 from attn_ext.models.base import check_points, mlp
-from attn_ext.models.packed import check_packed
+from attn_ext.models.packed import per_task
 from attn_ext.nn import PreNormBlock
 from attn_ext.nn.layer_norm import LayerNorm
 from attn_ext.ops.utils.validation import is_int_scalar
@@ -140,17 +140,10 @@ def sample_joint(joint, generator: Optional[torch.Generator] = None) -> Tensor:
 def refuse_packed(model) -> None:
     """``NotImplementedError`` for a joint-covariance model asked for one prediction over a packed batch's targets:
     the joint covariance over a task's targets is formed per task (its ``[N_t·dim_y]²`` factor), which has no packed
-    layout; ``forward`` and ``log_likelihood`` take a packed batch one task at a time (:func:`per_task`)."""
+    layout; ``forward`` and ``log_likelihood`` take a packed batch one task at a time (``packed.per_task``)."""
     raise NotImplementedError(f"{type(model).__name__}: predict_packed is not supported (the joint covariance over "
                               "each task's targets is formed per task); forward and log_likelihood take a packed "
                               "batch, one task at a time")
-
-
-def per_task(model, batch: PackedNPBatch, method) -> Tensor:
-    """``[B]``: ``method`` (the model's loss or metric of an ``NPBatch``) of each task of a packed batch alone, so
-    that a packed batch's loss is, as for the diagonal models, the mean over tasks of each task's."""
-    check_packed(model, batch)
-    return torch.cat([method(batch.task(b)).reshape(1) for b in range(batch.batch_size)])
 
 
 class NotDiagonalNP:

@@ -5,7 +5,8 @@ TNP-D, LBANP, CMANP, TransformerCA and Perceiver IO attend over a packed batch i
 (:func:`attn_ext.varlen_attention`); the other diagonal models (TETNP, ConvNP, HyperMixNP, IST, ReTreever, the
 Intention and linear-attention TNPs: their attention or grid has no packed kernel) predict each task by one
 :meth:`predict` call on views of its own rows (:func:`per_task_prediction`): the same numbers, no padding, one call
-per task. The joint-covariance models refuse a packed batch.
+per task. The joint-covariance models and ReTreever's objective take each task alone (:func:`per_task`); a joint
+covariance over packed targets is not formed (their ``predict_packed`` refuses).
 
 A packed batch's loss is the mean over tasks of each task's mean negative log-likelihood per target, its metric
 the ``[B]`` per-task means: for tasks of equal counts the padded batch's numbers, and otherwise no task weighs
@@ -58,6 +59,13 @@ def per_task_prediction(model, xc: Tensor, yc: Tensor, xt: Tensor, cu_seqlens_c:
         empty = xt.new_empty((0, model.config.dim_y))
         return Normal(empty, empty.clone(), validate_args=False)
     return Normal(torch.cat(means), torch.cat(scales), validate_args=False)
+
+
+def per_task(model, batch: PackedNPBatch, method) -> Tensor:
+    """``[B]``: ``method`` (the model's loss or metric of an ``NPBatch``) of each task of a packed batch alone, so
+    that a packed batch's loss is the mean over tasks of each task's, as for the packed paths."""
+    check_packed(model, batch)
+    return torch.cat([method(batch.task(b)).reshape(1) for b in range(batch.batch_size)])
 
 
 def task_log_likelihood(model, batch: PackedNPBatch) -> Tensor:

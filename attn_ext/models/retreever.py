@@ -9,10 +9,10 @@ import torch
 from torch import Tensor
 from torch.distributions import Normal
 
-from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points
 from attn_ext.data.batch import PackedNPBatch
+from attn_ext.models.base import GaussianHead, NeuralProcess, NPConfig, check_points
 from attn_ext.models.layers import ContextEncoder
-from attn_ext.models.packed import check_packed
+from attn_ext.models.packed import per_task
 from attn_ext.nn import TreeCrossAttention, tca_loss
 from attn_ext.nn.tree_cross_attention import TreeState
 
@@ -136,8 +136,7 @@ class ReTreever(NeuralProcess):
         :class:`~attn_ext.data.PackedNPBatch`, the mean over its tasks of each task's objective (one tree per task,
         as the packed loss of the other models weighs each task alike)."""
         if isinstance(batch, PackedNPBatch):
-            check_packed(self, batch)
-            return torch.stack([self.forward(batch.task(b)) for b in range(batch.batch_size)]).mean()
+            return per_task(self, batch, self.forward).mean()
         check_points(self, xc=batch.xc, yc=batch.yc, xt=batch.xt, yt=batch.yt)
         tree = self.build(batch.xc, batch.yc)
         query = self.embed_pairs(batch.xt, None)
