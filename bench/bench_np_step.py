@@ -80,6 +80,7 @@ WORKLOADS: dict[str, tuple[str, str]] = {
     "intention_np": ("IntentionNP", "intention_np"), "linear_tnp": ("LinearTNP", "linear_tnp"),
     "tnp_nd": ("TNP-ND", "tnp_nd"), "lbanp_nd": ("LBANP-ND", "lbanp_nd"), "hypermix_np": ("HyperMixNP", "hypermix_np"),
     "ist": ("IST", "ist"), "convnp": ("ConvNP", "convnp"), "tetnp": ("TETNP", "tetnp"),
+    "pt_tetnp": ("PT-TETNP", "pt_tetnp"),
     "perceiver_io": ("Perceiver IO", "perceiver_io"), "transformer_ca": ("Transformer + CA", "transformer_ca"),
 }
 _STATE = "conditions through the attention state (`state`/`query`), which torch's module lacks (see the block stack)"

@@ -6,7 +6,7 @@
 >>> import torch
 >>> from attn_ext.models import build_model, MODELS
 >>> sorted(MODELS)
-['cmanp', 'cmanp_and', 'convnp', 'hypermix_np', 'intention_np', 'ist', 'lbanp', 'lbanp_nd', 'linear_tnp', 'perceiver_io', 'retreever', 'tetnp', 'tnp_nd', 'tnpd', 'transformer_ca']
+['cmanp', 'cmanp_and', 'convnp', 'hypermix_np', 'intention_np', 'ist', 'lbanp', 'lbanp_nd', 'linear_tnp', 'perceiver_io', 'pt_tetnp', 'retreever', 'tetnp', 'tnp_nd', 'tnpd', 'transformer_ca']
 >>> model = build_model("lbanp", num_layers=1, num_latents=4)
 >>> model.predict(torch.randn(1, 5, 1), torch.randn(1, 5, 1), torch.randn(1, 3, 1)).mean.shape
 torch.Size([1, 3, 1])
@@ -25,6 +25,7 @@ from attn_ext.models.lbanp_nd import LBANPND
 from attn_ext.models.linear_tnp import LinearTNP
 from attn_ext.models.perceiver_io import PerceiverIONP
 from attn_ext.models.retreever import ReTreever
+from attn_ext.models.pt_tetnp import PTTETNP
 from attn_ext.models.tetnp import TETNP
 from attn_ext.models.tnp_nd import TNPND
 from attn_ext.models.tnpd import TNPD
@@ -44,6 +45,7 @@ MODELS = {
     "ist": IST,
     "convnp": ConvNP,
     "tetnp": TETNP,
+    "pt_tetnp": PTTETNP,
     "perceiver_io": PerceiverIONP,
     "transformer_ca": TransformerCA,
 }
@@ -58,5 +60,5 @@ def build_model(name: str, config: NPConfig | None = None, **overrides) -> Neura
 
 
 __all__ = ["CMANP", "CMANPAND", "CMANPState", "ConvNP", "HyperMixNP", "IST", "IntentionNP", "LBANP", "LBANPND",
-           "LinearTNP", "MODELS", "NPConfig", "NeuralProcess", "PerceiverIONP", "ReTreever", "TETNP", "TNPD",
-           "TNPND", "TransformerCA", "build_model"]
+           "LinearTNP", "MODELS", "NPConfig", "NeuralProcess", "PTTETNP", "PerceiverIONP", "ReTreever", "TETNP",
+           "TNPD", "TNPND", "TransformerCA", "build_model"]

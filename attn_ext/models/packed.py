@@ -2,7 +2,7 @@
 :class:`~attn_ext.data.PackedNPBatch`, and the per-task prediction of a model without a fused packed path.
 
 TNP-D, LBANP, CMANP, TransformerCA and Perceiver IO attend over a packed batch in one call per layer
-(:func:`attn_ext.varlen_attention`); the other diagonal models (TETNP, ConvNP, HyperMixNP, IST, ReTreever, the
+(:func:`attn_ext.varlen_attention`); the other diagonal models (TETNP, PT-TETNP, ConvNP, HyperMixNP, IST, ReTreever, the
 Intention and linear-attention TNPs: their attention or grid has no packed kernel) predict each task by one
 :meth:`predict` call on views of its own rows (:func:`per_task_prediction`): the same numbers, no padding, one call
 per task. The joint-covariance models and ReTreever's objective take each task alone (:func:`per_task`); a joint

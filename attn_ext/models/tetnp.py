@@ -13,6 +13,16 @@ from attn_ext.nn.layer_norm import LayerNorm
 from attn_ext.nn.te_attention import TEMultiheadAttention
 
 
+def embed_from_y(embedder: nn.Module, yc: Tensor, num_targets: int) -> Tensor:
+    """Initial features ``[B, N_c + N_t, d_model]`` of a translation-equivariant model's tokens, from the outputs
+    alone: ``embedder([y_c, 0])`` per context point, then ``embedder([0, 1])`` per target (the flag tells them
+    apart); ``x`` never enters a feature."""
+    context = torch.cat([yc, yc.new_zeros(*yc.shape[:-1], 1)], -1)
+    target = yc.new_zeros(yc.shape[0], num_targets, yc.shape[-1] + 1)
+    target[..., -1] = 1.0
+    return embedder(torch.cat([context, target], 1))
+
+
 class TEContextAttentionLayer(nn.Module):
     """``z = z + TEAttn(LN(z), LN(z_ctx); x, x_ctx); z + FF(LN'(z))`` with ``z_ctx`` the first ``num_context``
     tokens: every token (context and target) attends over the context only, TNP-D's masked self
@@ -93,10 +103,7 @@ class TETNP(NeuralProcess):
 
     def embed_tokens(self, yc: Tensor, num_targets: int) -> Tensor:
         """Initial features ``[B, N_c + N_t, d_model]``: ``MLP([y_c, 0])`` then ``MLP([0, 1])`` per target."""
-        context = torch.cat([yc, yc.new_zeros(*yc.shape[:-1], 1)], -1)
-        target = yc.new_zeros(yc.shape[0], num_targets, yc.shape[-1] + 1)
-        target[..., -1] = 1.0
-        return self.token_embedder(torch.cat([context, target], 1))
+        return embed_from_y(self.token_embedder, yc, num_targets)
 
     def predict(self, xc: Tensor, yc: Tensor, xt: Tensor) -> Normal:
         """Predictive ``Normal`` over ``yt``, mean and scale ``[B, N_t, dim_y]``."""

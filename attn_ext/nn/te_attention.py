@@ -72,9 +72,11 @@ class TEMultiheadAttention(nn.Module):
                              f"{self.dim}], zk/zv [B, N, {self.dim}], xq [B, M, {self.dim_x}], xk [B, N, "
                              f"{self.dim_x}], got {desc}")
 
-    def forward(self, zq: Tensor, zk: Tensor, xq: Tensor, xk: Tensor, zv: Optional[Tensor] = None) -> Tensor:
+    def forward(self, zq: Tensor, zk: Tensor, xq: Tensor, xk: Tensor, zv: Optional[Tensor] = None,
+                return_weights: bool = False):
         """Output ``[B, M, dim]`` for queries ``(zq [B, M, dim], xq [B, M, dim_x])`` over keys
-        ``(zk [B, N, dim], xk [B, N, dim_x])``; values from ``zv`` (default ``zk``)."""
+        ``(zk [B, N, dim], xk [B, N, dim_x])``; values from ``zv`` (default ``zk``). ``return_weights``: also the
+        attention weights averaged over the heads, ``[B, M, N]`` (each row sums to 1), as ``(out, weights)``."""
         zv = zk if zv is None else zv
         self._check(zq, zk, xq, xk, zv)
         b, m, n, h = zq.shape[0], zq.shape[1], zk.shape[1], self.num_heads
@@ -85,5 +87,5 @@ class TEMultiheadAttention(nn.Module):
         diff = xq.unsqueeze(2) - xk.unsqueeze(1)                                 # [B, M, N, dim_x]
         logits = self.kernel(torch.cat([dots, diff], -1))                       # [B, M, N, H]
         weights = torch.softmax(logits, dim=2)
-        out = torch.einsum("bmnh,bnhd->bmhd", weights, v).reshape(b, m, self.dim)
-        return self.to_out(out)
+        out = self.to_out(torch.einsum("bmnh,bnhd->bmhd", weights, v).reshape(b, m, self.dim))
+        return (out, weights.mean(-1)) if return_weights else out

@@ -1,18 +1,18 @@
 """Packed batches of NP tasks (``attn_ext.data.PackedNPBatch``): ``GPSampler.sample_packed`` draws what
 ``sample`` draws one task at a time, ``pack_tasks`` and ``task`` invert each other, and the packed paths of TNP-D,
 LBANP, CMANP (every block kind), TransformerCA and Perceiver IO give each task what the padded path gives it alone
-(fp64), loss and gradients included; the models that predict one task at a time (TETNP, ConvNP, HyperMixNP, IST,
-ReTreever, IntentionNP, LinearTNP) and the joint-covariance models' loss and metric too (their ``predict_packed``
-refuses, naming the joint covariance); a CMANP task without context and malformed batches raise errors that say
-so."""
+(fp64), loss and gradients included; the models that predict one task at a time (TETNP, PT-TETNP, ConvNP,
+HyperMixNP, IST, ReTreever, IntentionNP, LinearTNP) and the joint-covariance models' loss and metric too (their
+``predict_packed`` refuses, naming the joint covariance); a CMANP task without context and malformed batches raise
+errors that say so."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from attn_ext.data import GPSampler, NPBatch, PackedNPBatch, pack_tasks
-from attn_ext.models import (CMANP, CMANPAND, IST, LBANP, LBANPND, TETNP, TNPD, TNPND, ConvNP, HyperMixNP, IntentionNP,
-                              LinearTNP, PerceiverIONP, ReTreever, TransformerCA)
+from attn_ext.models import (CMANP, CMANPAND, IST, LBANP, LBANPND, PTTETNP, TETNP, TNPD, TNPND, ConvNP, HyperMixNP,
+                              IntentionNP, LinearTNP, PerceiverIONP, ReTreever, TransformerCA)
 
 
 def _batch(size=5, seed=0):
@@ -76,7 +76,7 @@ def test_encoder_models_packed_equal_each_task_alone(cls):
 SMALL = dict(d_model=16, num_layers=2, num_heads=2, ff_dim=32, emb_depth=2, num_latents=8)
 
 
-@pytest.mark.parametrize("cls", [TETNP, ConvNP, HyperMixNP, IST, IntentionNP, LinearTNP, ReTreever],
+@pytest.mark.parametrize("cls", [TETNP, PTTETNP, ConvNP, HyperMixNP, IST, IntentionNP, LinearTNP, ReTreever],
                          ids=lambda c: c.__name__)
 def test_per_task_models_packed_equal_each_task_alone(cls):
     torch.manual_seed(0)

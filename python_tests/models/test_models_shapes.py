@@ -71,7 +71,8 @@ def test_bad_shapes_raise_value_error_naming_them(name):
         model.predict(xc, yc, xt[:1])
 
 
-NEEDS_CONTEXT = {"cmanp": "CMANP", "cmanp_and": "CMANP", "retreever": "ReTreever"}   # a state or tree of no point
+# a state, a tree or pseudo-token locations of no point
+NEEDS_CONTEXT = {"cmanp": "CMANP", "cmanp_and": "CMANP", "retreever": "ReTreever", "pt_tetnp": "PTTETNP"}
 NEEDS_TARGETS = {"tnp_nd": "TNPND", "lbanp_nd": "LBANPND", "cmanp_and": "CMANPAND"}  # a joint over no target
 
 
