@@ -18,7 +18,7 @@ from attn_ext.nn.te_attention import TEMultiheadAttention
 class TECrossBlock(nn.Module):
     """``A = A + TEAttn(LN(A), LN(B); x_A, x_B); A + FF(LN'(A))``: tokens ``A`` at inputs ``x_A`` read tokens ``B``
     at ``x_B`` (the pre-norm cross-attention block of IST, on :class:`~attn_ext.nn.te_attention.TEMultiheadAttention`).
-    ``return_weights``: also the head-averaged attention weights ``[B, N_A, N_B]``."""
+    ``return_mean_inputs``: also ``Σ_j w_ij x_B,j`` with the head-averaged attention weights, ``[B, N_A, dim_x]``."""
 
     def __init__(self, dim: int, num_heads: int, ff_dim: int, dim_x: int, kernel_hidden: Optional[int]) -> None:
         super().__init__()
@@ -26,11 +26,12 @@ class TECrossBlock(nn.Module):
         self.attention = TEMultiheadAttention(dim, num_heads, dim_x, kernel_hidden)
         self.ff = nn.Sequential(nn.Linear(dim, ff_dim), nn.ReLU(), nn.Linear(ff_dim, dim))
 
-    def forward(self, a: Tensor, b: Tensor, xa: Tensor, xb: Tensor, return_weights: bool = False):
-        out, weights = self.attention(self.norm_q(a), self.norm_kv(b), xa, xb, return_weights=True)
+    def forward(self, a: Tensor, b: Tensor, xa: Tensor, xb: Tensor, return_mean_inputs: bool = False):
+        attended = self.attention(self.norm_q(a), self.norm_kv(b), xa, xb, return_mean_inputs=return_mean_inputs)
+        out, mean_inputs = attended if return_mean_inputs else (attended, None)
         a = a + out
         a = a + self.ff(self.norm_ff(a))
-        return (a, weights) if return_weights else a
+        return (a, mean_inputs) if return_mean_inputs else a
 
 
 class PTTETNP(NeuralProcess):
@@ -116,9 +117,9 @@ class PTTETNP(NeuralProcess):
         pseudo = self.pseudo_tokens.to(yc.dtype).expand(batch, -1, -1)
         where = xc.mean(1, keepdim=True) + self.pseudo_offsets.to(xc.dtype)            # [B, L, dim_x]
         for i, (read_context, read_pseudo) in enumerate(zip(self.context_to_pseudo, self.pseudo_to_target)):
-            pseudo, weights = read_context(pseudo, context, where, xc, return_weights=True)
-            # Each pseudo token moves towards the context points it read: a weighted sum of differences.
-            where = where + self.location_steps[i] * (weights @ xc - where)
+            pseudo, read_inputs = read_context(pseudo, context, where, xc, return_mean_inputs=True)
+            # Each pseudo token moves towards the context points it read: Σ_j w_j (x_j − u), the weights summing to 1.
+            where = where + self.location_steps[i] * (read_inputs - where)
             targets = read_pseudo(targets, pseudo, xt, where)
             if i < len(self.pseudo_to_context):
                 context = self.pseudo_to_context[i](context, pseudo, xc, where)

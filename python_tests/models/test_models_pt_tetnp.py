@@ -40,6 +40,18 @@ def test_translation_equivariant_with_moving_pseudo_tokens(dim_x):
     assert not torch.allclose(a.mean, model.predict(xc, yc, xt * 2.0).mean)
 
 
+def test_streamed_prediction_equals_the_differentiated_one(monkeypatch):
+    """Under no_grad every attention streams its keys (the location update's weighted inputs as extra value
+    columns): the same prediction as the dense formula, several chunks forced by a small budget."""
+    model, (xc, yc, xt) = _model(), _task(n_c=30)
+    dense = model.predict(xc, yc, xt)
+    monkeypatch.setattr(TEMultiheadAttention, "STREAM_ELEMENTS", 64)
+    with torch.no_grad():
+        streamed = model.predict(xc, yc, xt)
+    torch.testing.assert_close(streamed.mean, dense.mean.detach(), rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(streamed.scale, dense.scale.detach(), rtol=1e-10, atol=1e-10)
+
+
 def test_context_order_and_target_independence():
     model, (xc, yc, xt) = _model(), _task()
     perm = torch.randperm(xc.shape[1], generator=torch.Generator().manual_seed(3))
@@ -53,9 +65,9 @@ def test_every_attention_has_the_pseudo_tokens_on_one_side(monkeypatch):
     model, (xc, yc, xt) = _model(), _task(n_c=23, n_t=11)
     pairs, real = [], TEMultiheadAttention.forward
 
-    def record(self, zq, zk, xq, xk, zv=None, return_weights=False):
+    def record(self, zq, zk, xq, xk, zv=None, **options):
         pairs.append((zq.shape[1], zk.shape[1]))
-        return real(self, zq, zk, xq, xk, zv, return_weights)
+        return real(self, zq, zk, xq, xk, zv, **options)
 
     monkeypatch.setattr(TEMultiheadAttention, "forward", record)
     model.predict(xc, yc, xt)
