@@ -7,8 +7,8 @@ their differences, so shifting every ``x`` by one vector leaves the output uncha
 
 This is plain PyTorch: the logits are a learned non-linear function of the dot products and of a pairwise input
 difference, which none of attn_ext's fused attention ops computes yet (they take ``q·k`` scores, optionally with a
-mask). A call that builds no derivative (under ``torch.no_grad()`` or inference mode, no forward-mode tangent, no
-``torch.func`` transform or compile) streams the keys in chunks with an online softmax
+mask). A call whose derivatives nobody will ask for (no input or parameter that requires grad under grad mode, no
+forward-mode tangent, no ``torch.func`` transform or compile) streams the keys in chunks with an online softmax
 (:func:`attn_ext.ops.te_attention.naive.chunked_forward`): memory ``O(B·M·chunk·kernel_hidden)``, at most
 :attr:`TEMultiheadAttention.STREAM_ELEMENTS` hidden activations per chunk. A differentiated call forms the whole
 ``[B, M, N, kernel_hidden]`` hidden layer, ``O(M·N)`` per layer (the fused op of issue 45 is to remove that).
@@ -19,9 +19,8 @@ from typing import Optional
 
 import torch
 from torch import Tensor, nn
-from torch.autograd import forward_ad
-
 from attn_ext.ops.te_attention.naive import chunked_forward
+from attn_ext.ops.utils.autograd import needs_graph
 
 
 class TEMultiheadAttention(nn.Module):
@@ -68,12 +67,11 @@ class TEMultiheadAttention(nn.Module):
     #: The streamed path's budget: keys per chunk such that one chunk's hidden layer holds at most this many numbers.
     STREAM_ELEMENTS = 1 << 22
 
-    @staticmethod
-    def streams() -> bool:
-        """Whether a call now may stream the keys: no autograd graph or forward-mode tangent to build, no
-        ``torch.func`` transform or compile tracing it (the chunked forward has no derivative of its own)."""
-        return (not torch.is_grad_enabled() and forward_ad._current_level < 0
-                and not torch._C._are_functorch_transforms_active() and not torch.compiler.is_compiling())
+    def streams(self, *tensors: Tensor) -> bool:
+        """Whether a call on ``tensors`` (and this layer's parameters) may stream the keys: no derivative of it will
+        be asked for (the ops' own test, :func:`~attn_ext.ops.utils.autograd.needs_graph`: no graph, tangent or
+        ``torch.func`` transform) and no compile traces it; the chunked forward has no derivative of its own."""
+        return not needs_graph([*tensors, *self.parameters()]) and not torch.compiler.is_compiling()
 
     def _check(self, zq: Tensor, zk: Tensor, xq: Tensor, xk: Tensor, zv: Tensor) -> None:
         shapes = dict(zq=zq, zk=zk, zv=zv, xq=xq, xk=xk)
@@ -103,7 +101,7 @@ class TEMultiheadAttention(nn.Module):
         q = self.to_q(zq).view(b, m, h, self.head_dim)
         k = self.to_k(zk).view(b, n, h, self.head_dim)
         v = self.to_v(zv).view(b, n, h, self.head_dim)
-        if not return_weights and self.streams():
+        if not return_weights and self.streams(zq, zk, zv, xq, xk):
             first, second = self.kernel[0], self.kernel[2]
             chunk = max(1, min(n, self.STREAM_ELEMENTS // max(1, b * m * first.out_features)))
             values = v.transpose(1, 2)

@@ -99,7 +99,7 @@ def _has_tangent(tensors) -> bool:
     return any(isinstance(t, Tensor) and forward_ad.unpack_dual(t).tangent is not None for t in tensors)
 
 
-def _needs_graph(tensors) -> bool:
+def needs_graph(tensors) -> bool:
     """Whether derivatives of what is being computed from ``tensors`` will be asked for."""
     return ((torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors))
             or _has_tangent(tensors) or torch._C._are_functorch_transforms_active())
@@ -142,7 +142,7 @@ def _make_function(name: str, op, spec: Derivatives) -> type:
         exact = spec.exact_first_order([grads[i] for i in spec.differentiable_outputs]) and \
             not any(ctx.needs_input_grad[i] for i in spec.composite_inputs)
         grads = [(_float_zeros_like(outputs[i]) if grads[i] is None else grads[i]) for i in spec.differentiable_outputs]
-        if _needs_graph([*inputs, *outputs, *grads]) or not exact:
+        if needs_graph([*inputs, *outputs, *grads]) or not exact:
             return composite_vjp(spec, inputs, outputs, grads, ctx.needs_input_grad)
         with _BELOW_AUTOGRAD():  # no graph of the backward is wanted: its refusing Autograd kernel can be skipped
             return tuple(spec.backward(inputs, outputs, grads))
@@ -230,7 +230,7 @@ def register_derivatives(qualname: str, spec: Derivatives, public: str) -> None:
     def autograd_kernel(keyset, *args):
         if torch._C._are_functorch_transforms_active():
             transform = _transform_name()
-            if transform is not None and _needs_graph(args):
+            if transform is not None and needs_graph(args):
                 raise RuntimeError(
                     f"attn_ext: {transform} cannot enter torch.ops.attn_ext.{name} from below the dispatcher; "
                     f"call the public function {public}, whose derivatives torch.func transforms compose")
