@@ -1,7 +1,7 @@
 """attn_ext: fused, exact, memory-efficient attention kernels for Neural Processes.
 
 Three op families (``attn_ext.ops``): chunked cross attention with its attention states, tree cross
-attention, and Intention; the drop-in modules of ``attn_ext.nn`` and the reference Neural Processes
+attention, and Intention, with translation-equivariant attention beside them; the drop-in modules of ``attn_ext.nn`` and the reference Neural Processes
 of ``attn_ext.models`` are built on them. Every public op is importable from here.
 
 >>> import torch, attn_ext as ae
@@ -48,6 +48,7 @@ from attn_ext.ops.intention import (
     sigma_intention,
     update_intention_state,
 )
+from attn_ext.ops.te_attention import te_attention
 from attn_ext.ops.tree import Tree, TreeAttentionResult, build_tree, tree_aggregate, tree_cross_attention, tree_num_selected
 from attn_ext.ops.utils.dispatch import BACKENDS, available_backends
 
@@ -99,6 +100,7 @@ __all__ = [
     "scaled_dot_product_attention",
     "sigma_intention",
     "stream_attention",
+    "te_attention",
     "tree_aggregate",
     "tree_cross_attention",
     "tree_num_selected",

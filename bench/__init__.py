@@ -29,6 +29,7 @@ BENCHMARKS: dict[str, str] = {
     "decoding": "bench.bench_decoding",
     "paged": "bench.bench_paged",
     "call_overhead": "bench.bench_call_overhead",
+    "te_attention": "bench.bench_te_attention",
     "np_step": "bench.bench_np_step",
     "np_demo": "bench.np.demo",
     "np_memory": "bench.np.np_memory",
@@ -40,7 +41,8 @@ BENCHMARKS: dict[str, str] = {
 #: ``gp_quick`` (hours) run only when named.
 DEFAULT_BENCHMARKS: tuple[str, ...] = (
     "cross_attention", "state_update", "streaming_memory", "tree_attention", "intention", "batched_cholesky",
-    "sdpa", "sdpa_window", "sdpa_bias", "varlen", "decoding", "paged", "call_overhead", "np_step", "np_demo",
+    "sdpa", "sdpa_window", "sdpa_bias", "varlen", "decoding", "paged", "call_overhead", "te_attention", "np_step",
+    "np_demo",
 )
 
 

@@ -21,6 +21,7 @@ from bench.harness import BenchOptions
 from bench.harness.calls import PASSES, make_call
 from bench.harness.goals import confirm, grid_note
 from bench.harness.machine import machine_info, machine_markdown
+from bench.harness.plot import plot_pass_bars
 from bench.harness.report import format_ms, markdown_table, progress, publish_run, timing_dict
 from bench.harness.timing import median_ms, time_interleaved
 
@@ -97,24 +98,7 @@ def _summary(result: dict) -> tuple:
 
 
 def _plot(result: dict, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    passes = list(result["rows"])
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    width = 0.35
-    for i, name in enumerate(("window", "causal")):
-        ax.bar([x + i * width for x in range(len(passes))],
-               [result["rows"][p][name]["median_ms"] or 0 for p in passes], width, label=name)
-    ax.set_xticks([x + width / 2 for x in range(len(passes))], passes)
-    ax.set_ylabel("ms (median)")
-    ax.set_title(f"W = {WINDOW} window vs causal, L = {result['length']}")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plot_pass_bars(result["rows"], ("window", "causal"), path, f"W = {WINDOW} window vs causal, L = {result['length']}")
 
 
 def run(options: BenchOptions) -> int:

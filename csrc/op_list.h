@@ -135,6 +135,37 @@ ATTN_EXT_OP(merge_states_bwd, (std::tuple<at::Tensor, at::Tensor, at::Tensor, at
             "Tensor lse_b, Tensor out, Tensor lse) -> (Tensor grad_out_a, Tensor grad_lse_a, Tensor grad_out_b, "
             "Tensor grad_lse_b)")
 
+// ---- translation-equivariant attention (CPU: te_attention.cpp, te_attention_bwd.cpp; no CUDA kernel)
+
+/// TE-TNP attention (Ashman et al. 2024): logits ρ(scale·q_i·k_j of every head, xq_i − xk_j) with ρ = Linear(H + dx →
+/// hidden) (w1 [hidden, H + dx], b1 [hidden]), an activation (0 relu, 1 gelu (erf), 2 silu, 3 tanh), Linear(hidden →
+/// H) (w2 [H, hidden], b2 [H]); softmax over the keys per head, values summed. q [B, H, M, D], k [B, H, N, D], v [B,
+/// H, N, Dv], xq [B, M, dx], xk [B, N, dx], key_padding_mask [B, N] (True = padding; a padded key's rows are never
+/// read). Computed per tile of (query, key) pairs, chunk_size keys at a time (0: the kernel's choice): memory
+/// independent of M·N. (out [B, H, M, Dv] in q's dtype, lse [B, H, M]); rows without a key: out 0, lse -inf.
+ATTN_EXT_OP(te_attention_fwd, (std::tuple<at::Tensor, at::Tensor>),
+            (const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& xq, const at::Tensor& xk,
+             const at::Tensor& w1, const at::Tensor& b1, const at::Tensor& w2, const at::Tensor& b2,
+             const std::optional<at::Tensor>& key_padding_mask, double scale, int64_t activation, int64_t chunk_size),
+            "te_attention_fwd(Tensor q, Tensor k, Tensor v, Tensor xq, Tensor xk, Tensor w1, Tensor b1, Tensor w2, "
+            "Tensor b2, Tensor? key_padding_mask, float scale, int activation, int chunk_size) -> "
+            "(Tensor out, Tensor lse)")
+
+/// Its backward from the saved (out, lse), each tile's MLP recomputed: the gradients of the nine tensors (q, k, v,
+/// xq, xk, w1, b1, w2, b2), each in its input's dtype.
+ATTN_EXT_OP(te_attention_bwd,
+            (std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
+                        at::Tensor>),
+            (const at::Tensor& grad_out, const at::Tensor& grad_lse, const at::Tensor& q, const at::Tensor& k,
+             const at::Tensor& v, const at::Tensor& xq, const at::Tensor& xk, const at::Tensor& w1,
+             const at::Tensor& b1, const at::Tensor& w2, const at::Tensor& b2,
+             const std::optional<at::Tensor>& key_padding_mask, const at::Tensor& out, const at::Tensor& lse,
+             double scale, int64_t activation, int64_t chunk_size),
+            "te_attention_bwd(Tensor grad_out, Tensor grad_lse, Tensor q, Tensor k, Tensor v, Tensor xq, Tensor xk, "
+            "Tensor w1, Tensor b1, Tensor w2, Tensor b2, Tensor? key_padding_mask, Tensor out, Tensor lse, "
+            "float scale, int activation, int chunk_size) -> (Tensor grad_q, Tensor grad_k, Tensor grad_v, "
+            "Tensor grad_xq, Tensor grad_xk, Tensor grad_w1, Tensor grad_b1, Tensor grad_w2, Tensor grad_b2)")
+
 // ---- tree (CPU: tree_cross_attention.cpp, tree_cross_attention_bwd.cpp, tree_aggregate.cpp; CUDA: bindings/tree.cpp)
 
 // Tree Cross Attention (docs/spec.md §3): fused descent + online-softmax attention over the selected nodes.

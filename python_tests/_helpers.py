@@ -107,7 +107,7 @@ def naive_grads(q, k, v, mask, scale, grad_out, grad_lse, *, dtype: Optional[tor
 def _max_abs_err(a: Tensor, ref: Tensor, finite: Tensor) -> float:
     if not bool(finite.any()):
         return 0.0
-    return float((a.double()[finite] - ref[finite]).abs().max())
+    return float((a.detach().double()[finite] - ref.detach()[finite]).abs().max())
 
 
 def assert_within_flash_rule(

@@ -1,10 +1,12 @@
-"""Sizes of 0 in every dimension of the Intention family, the tree ops and the batched solvers, forward
-and backward, on every backend (the harness: _zero_sizes.py; attention ops: test_zero_sizes.py).
+"""Sizes of 0 in every dimension of the Intention family, the tree ops, the batched solvers and translation-
+equivariant attention, forward and backward, on every backend (the harness: _zero_sizes.py; attention ops:
+test_zero_sizes.py).
 
 Over no key Intention's ridge system is ``αI`` with nothing to fit, so the output is 0; empty batches,
 heads, queries or value columns give empty results. A zero head dim ``D``, a tree over no point or
 with no head (its policy averages the heads), and Nyström landmarks out of no key are refused naming
-the op.
+the op. TE attention takes every zero: no head dim (the logits see only the differences), no input dim, no
+hidden unit (constant logits b2), no head.
 """
 from __future__ import annotations
 
@@ -80,6 +82,22 @@ def _aggregate_reference(values, tree):
     return ae.tree_aggregate(tree, padded)[..., :values.shape[-1]]
 
 
+TE_SIZES = dict(B=2, H=2, M=3, N=5, D=4, Dv=3, dx=2, hidden=5)
+
+
+def _te_problem(s, dtype, g):
+    B, H, M, N, dx, hidden = s["B"], s["H"], s["M"], s["N"], s["dx"], s["hidden"]
+    return (randn(g, dtype, B, H, M, s["D"]), randn(g, dtype, B, H, N, s["D"]), randn(g, dtype, B, H, N, s["Dv"]),
+            randn(g, dtype, B, M, dx), randn(g, dtype, B, N, dx), randn(g, dtype, hidden, H + dx),
+            randn(g, dtype, hidden), randn(g, dtype, H, hidden), randn(g, dtype, H), padding(g, B, N))
+
+
+def _te_reference(*problem):
+    from attn_ext.ops.te_attention import naive
+
+    return naive.dense(*problem[:9], key_padding_mask=problem[9], scale=0.5)
+
+
 def _solve_problem(s, dtype, g):
     return spd(g, dtype, s["B"], s["n"]), randn(g, dtype, s["B"], s["n"], s["r"])
 
@@ -125,6 +143,9 @@ CASES = [
          lambda b, points: ae.build_tree(points).node_padding_mask.to(F64),
          lambda points: torch.zeros(0, ae.build_tree(torch.rand((1,) + points.shape[1:])).num_nodes, dtype=F64),
          refuses={"N": r"cannot build a tree over N = 0 tokens", "d": "no coordinate"}),
+    Case("te_attention", TE_SIZES, _te_problem,
+         lambda b, *p: ae.te_attention(*p[:9], key_padding_mask=p[9], scale=0.5, return_lse=True, backend=b),
+         _te_reference, ("cpp", "reference"), tuple(range(9))),
     Case("batched_cholesky", dict(B=2, n=3), lambda s, dtype, g: (spd(g, dtype, s["B"], s["n"]),),
          lambda b, a: ae.batched_cholesky(a)[0], lambda a: torch.linalg.cholesky(a)),
     Case("batched_cholesky_solve", dict(B=2, n=3, r=2), _solve_problem,

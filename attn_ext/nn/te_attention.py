@@ -5,13 +5,12 @@ Tokens carry features ``z`` and fixed inputs ``x``. Per head ``h`` the logit of 
 an MLP; the output is ``Σ_j softmax_j(logits) v_j``. The logits depend on the inputs only through
 their differences, so shifting every ``x`` by one vector leaves the output unchanged.
 
-This is plain PyTorch: the logits are a learned non-linear function of the dot products and of a pairwise input
-difference, which none of attn_ext's fused attention ops computes yet (they take ``q·k`` scores, optionally with a
-mask). A call whose derivatives nobody will ask for (no input or parameter that requires grad under grad mode, no
-forward-mode tangent, no ``torch.func`` transform or compile) streams the keys in chunks with an online softmax
-(:func:`attn_ext.ops.te_attention.naive.chunked_forward`): memory ``O(B·M·chunk·kernel_hidden)``, at most
-:attr:`TEMultiheadAttention.STREAM_ELEMENTS` hidden activations per chunk. A differentiated call forms the whole
-``[B, M, N, kernel_hidden]`` hidden layer, ``O(M·N)`` per layer (the fused op of issue 45 is to remove that).
+Every call runs the fused op :func:`attn_ext.te_attention` (the MLP per tile of (query, key) pairs with an online
+softmax, recomputed in the backward): memory independent of ``M·N`` in training and inference alike, where the
+plain formula forms the ``[B, M, N, kernel_hidden]`` hidden layer. ``return_weights`` alone still forms the dense
+logits (it returns an ``[B, M, N]`` tensor anyway). The parameters and state dict are the plain formula's:
+``to_q``, ``to_k``, ``to_v``, ``to_out`` and ``kernel`` (``nn.Sequential(Linear, ReLU, Linear)``), whose linear
+layers the op takes as its ``w1, b1, w2, b2``.
 """
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor, nn
-from attn_ext.ops.te_attention.naive import chunked_forward
-from attn_ext.ops.utils.autograd import needs_graph
+from attn_ext.ops.te_attention import te_attention
 
 
 class TEMultiheadAttention(nn.Module):
@@ -64,15 +62,6 @@ class TEMultiheadAttention(nn.Module):
         hidden = dim if kernel_hidden is None else kernel_hidden
         self.kernel = nn.Sequential(nn.Linear(num_heads + dim_x, hidden), nn.ReLU(), nn.Linear(hidden, num_heads))
 
-    #: The streamed path's budget: keys per chunk such that one chunk's hidden layer holds at most this many numbers.
-    STREAM_ELEMENTS = 1 << 22
-
-    def streams(self, *tensors: Tensor) -> bool:
-        """Whether a call on ``tensors`` (and this layer's parameters) may stream the keys: no derivative of it will
-        be asked for (the ops' own test, :func:`~attn_ext.ops.utils.autograd.needs_graph`: no graph, tangent or
-        ``torch.func`` transform) and no compile traces it; the chunked forward has no derivative of its own."""
-        return not needs_graph([*tensors, *self.parameters()]) and not torch.compiler.is_compiling()
-
     def _check(self, zq: Tensor, zk: Tensor, xq: Tensor, xk: Tensor, zv: Tensor) -> None:
         shapes = dict(zq=zq, zk=zk, zv=zv, xq=xq, xk=xk)
         desc = ", ".join(f"{k} {tuple(v.shape)}" for k, v in shapes.items())
@@ -92,7 +81,8 @@ class TEMultiheadAttention(nn.Module):
         ``(zk [B, N, dim], xk [B, N, dim_x])``; values from ``zv`` (default ``zk``). ``return_weights``: also the
         attention weights averaged over the heads, ``[B, M, N]`` (each row sums to 1), as ``(out, weights)``.
         ``return_mean_inputs``: also ``Σ_j w_ij xk_j`` with those weights, ``[B, M, dim_x]`` (what a query's attention
-        makes of the key inputs; the streamed path gives it without forming the weights), as ``(out, mean)``."""
+        makes of the key inputs, without forming the weights: the inputs ride along as extra value columns), as
+        ``(out, mean)``."""
         if return_weights and return_mean_inputs:
             raise ValueError("TEMultiheadAttention: ask for return_weights or return_mean_inputs, not both")
         zv = zk if zv is None else zv
@@ -101,15 +91,13 @@ class TEMultiheadAttention(nn.Module):
         q = self.to_q(zq).view(b, m, h, self.head_dim)
         k = self.to_k(zk).view(b, n, h, self.head_dim)
         v = self.to_v(zv).view(b, n, h, self.head_dim)
-        if not return_weights and self.streams(zq, zk, zv, xq, xk):
+        if not return_weights:
             first, second = self.kernel[0], self.kernel[2]
-            chunk = max(1, min(n, self.STREAM_ELEMENTS // max(1, b * m * first.out_features)))
             values = v.transpose(1, 2)
             if return_mean_inputs:  # the key inputs as extra value columns of every head
-                values = torch.cat([values, xk[:, None].expand(b, h, n, self.dim_x)], -1)
-            out, _ = chunked_forward(q.transpose(1, 2), k.transpose(1, 2), values, xq, xk, first.weight,
-                                     first.bias, second.weight, second.bias, scale=self.head_dim ** -0.5,
-                                     activation="relu", chunk_size=chunk)
+                values = torch.cat([values, xk[:, None].expand(b, h, n, self.dim_x).to(values.dtype)], -1)
+            out = te_attention(q.transpose(1, 2), k.transpose(1, 2), values, xq, xk, first.weight, first.bias,
+                               second.weight, second.bias, scale=self.head_dim ** -0.5, activation="relu")
             result = self.to_out(out[..., :self.head_dim].transpose(1, 2).reshape(b, m, self.dim))
             return (result, out[..., self.head_dim:].mean(1)) if return_mean_inputs else result
         dots = torch.einsum("bmhd,bnhd->bmnh", q, k) * self.head_dim ** -0.5
@@ -117,6 +105,4 @@ class TEMultiheadAttention(nn.Module):
         logits = self.kernel(torch.cat([dots, diff], -1))                       # [B, M, N, H]
         weights = torch.softmax(logits, dim=2)
         out = self.to_out(torch.einsum("bmnh,bnhd->bmhd", weights, v).reshape(b, m, self.dim))
-        if return_mean_inputs:
-            return out, weights.mean(-1) @ xk
-        return (out, weights.mean(-1)) if return_weights else out
+        return out, weights.mean(-1)

@@ -12,6 +12,6 @@
 The compiled kernels (C++ for CPU, CUDA) live in ``csrc/`` and register under the same op names.
 Shared pieces are in :mod:`attn_ext.ops.utils`.
 """
-from attn_ext.ops import attention, intention, tree  # noqa: F401  (registers every op)
+from attn_ext.ops import attention, intention, te_attention, tree  # noqa: F401  (registers every op)
 
-__all__ = ["attention", "intention", "tree"]
+__all__ = ["attention", "intention", "te_attention", "tree"]

@@ -104,3 +104,25 @@ def plot_panel(series: Sequence[Series], path: str | Path, title: str, xlabel: s
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_pass_bars(rows: dict, names: Sequence[str], path: str | Path, title: str) -> None:
+    """Bars of the median time of each of ``names`` per pass: ``rows[pass][name]["median_ms"]`` (None: 0)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    passes = list(rows)
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        ax.bar([x + i * width for x in range(len(passes))], [rows[p][name]["median_ms"] or 0 for p in passes], width,
+               label=name)
+    ax.set_xticks([x + width * (len(names) - 1) / 2 for x in range(len(passes))], passes)
+    ax.set_ylabel("ms (median)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -21,14 +21,18 @@ import torch
 from torch import Tensor
 
 
+#: Arguments one call's batch entries share (no batch dimension): folding leaves them alone.
+SHARED_ARGUMENTS = frozenset({"w1", "b1", "w2", "b2"})
+
+
 def _vmapped_size(args: Sequence, in_dims: Sequence[Optional[int]]) -> int:
     return next(a.shape[d] for a, d in zip(args, in_dims) if isinstance(a, Tensor) and d is not None)
 
 
-def _batch_size(args: Sequence, in_dims: Sequence[Optional[int]], seeds: Sequence[int]) -> int:
+def _batch_size(args: Sequence, in_dims: Sequence[Optional[int]], unbatched: Sequence[int]) -> int:
     """The op's own batch size B (each result leads with V·B after folding; V may be 0)."""
     return next(a.shape[1 if d == 0 else 0]  # the logical dim 0, behind the vmapped dim if that leads
-                for i, (a, d) in enumerate(zip(args, in_dims)) if isinstance(a, Tensor) and i not in seeds)
+                for i, (a, d) in enumerate(zip(args, in_dims)) if isinstance(a, Tensor) and i not in unbatched)
 
 
 def _fold(arg, in_dim: Optional[int], size: int):
@@ -51,6 +55,9 @@ def register_batch_folding_vmap(qualname: str) -> None:
     """Registers the folding rule of the module docstring as op ``qualname``'s batching rule."""
     op = getattr(torch.ops.attn_ext, qualname.split("::")[1]).default
     seeds = seed_arguments(op)
+    shared = tuple(i for i, a in enumerate(op._schema.arguments) if a.name in SHARED_ARGUMENTS)
+    # The gradient of shared weights sums over the batch: folded, it would sum over the vmapped elements too.
+    sums_over_batch = any(r.name in {f"grad_{n}" for n in SHARED_ARGUMENTS} for r in op._schema.returns)
 
     def per_element(size, in_dims, args):
         calls = [op(*(_element(a, d, i) for a, d in zip(args, in_dims))) for i in range(size)]
@@ -61,11 +68,16 @@ def register_batch_folding_vmap(qualname: str) -> None:
     def rule(info, in_dims, *args):
         size = _vmapped_size(args, in_dims)
         seeded = [i for i in seeds if isinstance(args[i], Tensor)]
-        if seeded and size > 0:
+        per_element_weights = any(in_dims[i] is not None for i in shared)
+        if (seeded or per_element_weights or sums_over_batch) and size > 0:
             return per_element(size, in_dims, args)
-        batch = _batch_size(args, in_dims, seeds)
-        # A seed is not folded; with no element any one-element seed gives the (empty) results.
-        folded = tuple(a.new_zeros(1) if i in seeded else _fold(a, d, size)
+        batch = _batch_size(args, in_dims, seeds + shared)
+        # A seed is not folded (with no element any one-element seed gives the (empty) results), nor are shared
+        # weights (batched ones only reach here with no element: any weights of one element's shape do).
+        folded = tuple(a.new_zeros(1) if i in seeded else
+                       (a if in_dims[i] is None else a.new_zeros(a.shape[:in_dims[i]] + a.shape[in_dims[i] + 1:]))
+                       if i in shared else
+                       _fold(a, d, size)
                        for i, (a, d) in enumerate(zip(args, in_dims)))
         results = op(*folded)
         single = isinstance(results, Tensor)
