@@ -31,6 +31,15 @@ NAME = "chapter_memory"
 GRID: tuple = ((10, 10), (100, 10), (1_000, 10), (5_000, 10), (10, 1_000), (100, 1_000), (1_000, 1_000),
                (5_000, 1_000))
 QUICK_GRID: tuple = ((10, 10), (1_000, 1_000))
+#: Beyond the chapter's grid: the translation-equivariant models, whose attention (``ae.te_attention``) holds no
+#: ``[N, N]`` tensor, at context sizes the chapter could not reach (its TETNP took 24 GB at N_c = 5,000).
+TE_MODELS: tuple = ("tetnp", "pt_tetnp")
+LINEAR_GRID: tuple = ((5_000, 1_000), (10_000, 1_000), (20_000, 1_000), (50_000, 1_000), (100_000, 1_000))
+#: The largest N_c of LINEAR_GRID each TE model is measured at. TETNP's context self-attention is quadratic in time
+#: (its memory linear): on one thread of the 2-core machine N_c = 20,000 took 333 s, so 100,000 would take over two
+#: hours (25x); PT-TETNP's attention is linear in time too.
+LINEAR_MAX_NC = {"tetnp": 50_000, "pt_tetnp": 100_000}
+LINEAR_TIMEOUT = 3600.0
 DIM_X = 2
 #: The chapter's columns -> its MB per grid cell (GRID's order) and the model of ours it names.
 CHAPTER_MB = {
@@ -112,12 +121,44 @@ def tables(result: dict) -> str:
         "",
         beside,
         "",
+        *_linear_section(result),
         "Weights of our models at these sizes:",
         "",
         weights,
         "",
+        *_merge_note(result),
         machine_markdown(result["machine"]),
     ])
+
+
+def _linear_section(result: dict) -> list:
+    rows = result.get("linear_rows")
+    if not rows:
+        return []
+    models = [m for m in TE_MODELS if any(r["model"] == m for r in rows)]
+    grid = sorted({(r["N_c"], r["N_t"]) for r in rows})
+    table = markdown_table(["N_c", "N_t"] + models + [f"{m} s" for m in models],
+                           [[f"{nc:,}", f"{nt:,}"] + [_cell(rows, m, nc, nt) for m in models] +
+                            [_seconds(rows, m, nc, nt) for m in models] for nc, nt in grid])
+    return [f"**Beyond the chapter's grid**: the translation-equivariant models on `ae.te_attention` (no [N, N] "
+            f"tensor in any attention), N_t = 1,000, a fresh process per cell, timeout "
+            f"{LINEAR_TIMEOUT:,.0f} s; the last columns are each probe's wall time (model build, inputs and one "
+            "prediction: TETNP's context self-attention is quadratic in time, PT-TETNP's attention linear). TETNP "
+            f"stops at N_c = {LINEAR_MAX_NC['tetnp']:,}: at 100,000 one prediction would take over two hours on one "
+            "thread here (25x the time at 20,000).", "",
+            table, ""]
+
+
+def _seconds(rows, model, nc, nt) -> Optional[str]:
+    return next((f"{r['probe_seconds']:.0f}" for r in rows if r["model"] == model and r["N_c"] == nc
+                 and r["N_t"] == nt), None)
+
+
+def _merge_note(result: dict) -> list:
+    if not result.get("remeasured_models"):
+        return []
+    return [f"Re-measured in this run: {', '.join(result['remeasured_models'])}; the other columns are kept from "
+            f"the earlier run `{result['kept_from']}` (same probe and grid).", ""]
 
 
 def plot(result: dict, path: Path) -> None:
@@ -139,13 +180,30 @@ def plot(result: dict, path: Path) -> None:
 
 
 def run_chapter_memory(models: Sequence[str], grid: Sequence[tuple], *, out_dir: Path, cap_mb: float = 4000.0,
-                       timeout: float = 300.0, readme=None, command: str = "python -m bench run chapter_memory") -> int:
+                       timeout: float = 300.0, readme=None, command: str = "python -m bench run chapter_memory",
+                       linear: bool = False, earlier: Optional[dict] = None) -> int:
+    """Measures ``models`` on ``grid`` (and, with ``linear``, the TE models among them on :data:`LINEAR_GRID`) and
+    publishes the tables. ``earlier``: a previous result (its JSON) whose other models' rows are kept."""
     machine = machine_info()
     rows = measure(models, grid, cap_mb=cap_mb, timeout=timeout)
+    te_models = [m for m in models if m in TE_MODELS]
+    linear_rows = [row for m in te_models if linear
+                   for row in measure([m], [g for g in LINEAR_GRID if g[0] <= LINEAR_MAX_NC[m]], cap_mb=cap_mb,
+                                      timeout=LINEAR_TIMEOUT)]
     machine["load_average_end"] = load_average()
-    result = {"benchmark": NAME, "machine": machine, "rows": rows, "command": command,
-              "weights_mb": {m: weights_mb(m) for m in models},
-              "config": {"models": list(models), "grid": [list(g) for g in grid], "dim_x": DIM_X, "cap_mb": cap_mb,
+    weights = {m: weights_mb(m) for m in models}
+    remeasured, all_models_ = [], list(models)
+    if earlier is not None:
+        remeasured = list(models)
+        all_models_ = list(dict.fromkeys(earlier["config"]["models"] + list(models)))
+        rows = [r for r in earlier["rows"] if r["model"] not in models] + rows
+        weights = {**earlier["weights_mb"], **weights}
+        if not linear:
+            linear_rows = [r for r in earlier.get("linear_rows", []) if r["model"] not in models]
+    result = {"benchmark": NAME, "machine": machine, "rows": rows, "linear_rows": linear_rows, "command": command,
+              "remeasured_models": remeasured, "kept_from": None if earlier is None else earlier["command"],
+              "weights_mb": weights,
+              "config": {"models": all_models_, "grid": [list(g) for g in grid], "dim_x": DIM_X, "cap_mb": cap_mb,
                          "timeout": timeout}}
     text = tables(result) + f"\n\nProduced by `{command}`, {datetime.date.today().isoformat()}."
     ok = publish(NAME, text, result, out_dir, plot, readme)
@@ -162,4 +220,53 @@ def run(options) -> int:
         return run_chapter_memory(models, QUICK_GRID, out_dir=options.out_dir, timeout=120.0,
                                   command=f"{options.command} (quick grid)")
     return run_chapter_memory(all_models(), GRID, out_dir=options.out_dir, readme=options.update_readme,
-                              command=f"{options.command} (full grid)")
+                              command=f"{options.command} (full grid)", linear=True)
+
+
+def earlier_result(path: Path) -> dict:
+    """An earlier run's result from its ``chapter_memory.json``, or from its ``.md`` report (the committed form:
+    bench/results keeps no JSON): the first table's cells, the weights table and the command."""
+    import json
+    import re
+
+    text = path.read_text()
+    if path.suffix == ".json":
+        return json.loads(text)
+    tables = [block.strip().splitlines() for block in re.split(r"\n\s*\n", text) if block.strip().startswith("|")]
+    header = [c.strip() for c in tables[0][0].strip("|").split("|")]
+    models, rows = header[2:], []
+    for line in tables[0][2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        nc, nt = (int(c.replace(",", "")) for c in cells[:2])
+        for model, status in zip(models, cells[2:]):
+            mb = float(status) if re.fullmatch(r"[0-9.]+", status) else None
+            rows.append({"model": model, "N_c": nc, "N_t": nt, "peak_extra_mb": mb, "status": status, "note": "",
+                         "probe_seconds": None})
+    weights_table = next(t for t in tables if t[0].startswith("| model | weights"))
+    weights = {c[0]: float(c[1]) for c in ([x.strip() for x in line.strip("|").split("|")] for line in weights_table[2:])}
+    produced = re.search(r"Produced by `([^`]*)`, ([0-9-]+)", text)
+    command = f"{produced.group(1)}, {produced.group(2)}" if produced else str(path)
+    return {"rows": rows, "weights_mb": weights, "command": command, "config": {"models": models}}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m bench.np.chapter_memory --models tetnp pt_tetnp --merge bench/results/chapter_memory.json``:
+    re-measure some models (the chapter's grid, and the TE models beyond it) and keep the others' rows from an
+    earlier result, rather than the whole grid's hour."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m bench.np.chapter_memory", description=main.__doc__)
+    parser.add_argument("--models", nargs="+", required=True, choices=all_models())
+    parser.add_argument("--merge", type=Path,
+                        help="an earlier chapter_memory.json or .md report whose other models are kept")
+    parser.add_argument("--out", type=Path, default=Path("bench/out"))
+    parser.add_argument("--no-linear", action="store_true", help="skip the TE models' grid beyond the chapter's")
+    args = parser.parse_args(argv)
+    earlier = earlier_result(args.merge) if args.merge else None
+    command = "python -m bench.np.chapter_memory " + " ".join(sys.argv[1:] if argv is None else argv)
+    return run_chapter_memory(args.models, GRID, out_dir=args.out, command=command, linear=not args.no_linear,
+                              earlier=earlier)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

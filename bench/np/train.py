@@ -86,6 +86,8 @@ def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lambda-rl", type=float, default=None, help="retreever: weight of the RL term (paper: 1)")
     parser.add_argument("--lambda-ca", type=float, default=None,
                         help="retreever: weight of the full-cross-attention term (paper: 1)")
+    parser.add_argument("--points-per-unit", type=float, default=None,
+                        help="convnp: grid density (default 64; a 2-D grid holds its square per unit area)")
 
 
 def add_task_arguments(parser: argparse.ArgumentParser, name: str) -> None:
@@ -151,7 +153,10 @@ def model_overrides(args: argparse.Namespace) -> dict:
 #: Constructor options of one model (beyond NPConfig) settable from the command line.
 MODEL_OPTION_FLAGS = {"retreever": ("aggregator", "backprop_through_tree", "tree_design", "lambda_rl", "lambda_ca"),
                       "lbanp": ("block",), "cmanp": ("block",),
-                      "cmanp_and": ("block", "covariance"), "intention_np": ("intention_form",)}
+                      "cmanp_and": ("block", "covariance"), "intention_np": ("intention_form",),
+                      "convnp": ("points_per_unit",)}
+
+
 def model_options(args: argparse.Namespace) -> dict:
     """The model-specific options given on the command line; an error names any the model lacks."""
     given = {f: getattr(args, f) for flags in MODEL_OPTION_FLAGS.values() for f in flags
