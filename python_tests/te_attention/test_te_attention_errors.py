@@ -35,7 +35,8 @@ def test_bad_tensors(index, bad, match):
     (dict(activation="softplus"), ValueError, "unknown activation 'softplus'"),
     (dict(scale=float("nan")), ValueError, "scale must be a finite float"),
     (dict(chunk_size=-1), ValueError, "chunk_size must be >= 0"),
-    (dict(backend="triton"), RuntimeError, "no triton implementation of te_attention"),
+    (dict(backend="triton"), RuntimeError, "Triton kernels take float16, bfloat16 or float32, not float64"),
+    (dict(backend="fast"), ValueError, "unknown backend 'fast'"),
     (dict(backend="cuda"), RuntimeError, "cuda"),
 ])
 def test_bad_options(kwargs, error, match):

@@ -9,39 +9,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import attn_ext as ae
-from python_tests._helpers import assert_within_flash_rule, require_backend
-from python_tests.te_attention._te_problems import dense, make_mask, make_problem
-
-NAMES = "q k v xq xk w1 b1 w2 b2".split()
-
-
-def _grads(out, lse, inputs, grad_out, grad_lse):
-    objective = (out * grad_out.to(out.dtype)).sum() + (torch.nan_to_num(lse, neginf=0.0) * grad_lse.to(lse.dtype)).sum()
-    return torch.autograd.grad(objective, inputs)
-
+from python_tests._helpers import require_backend
+from python_tests.te_attention._te_problems import check_flash_rule, dense, flash_rule_grads, make_mask, make_problem
 
 @pytest.mark.parametrize("backend", ["cpp", "reference"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_flash_attention_rule(backend, dtype):
-    base = make_problem(2, 4, 20, 70, 8, 8, 2, 16, seed=11)
-    low = [t.to(dtype).requires_grad_() for t in base]
+    low = [t.to(dtype).requires_grad_() for t in make_problem(2, 4, 20, 70, 8, 8, 2, 16, seed=11)]
     require_backend(backend, low[0])
-    ref64 = [t.to(dtype).double().requires_grad_() for t in low]   # the same rounded inputs, in fp64
-    mask = make_mask(2, 70, "padding")
-    out, lse = ae.te_attention(*low, key_padding_mask=mask, return_lse=True, backend=backend)
-    ref_out, ref_lse = dense(ref64, mask)
-    pt_out, pt_lse = dense(low, mask)
-    assert out.dtype == dtype and lse.dtype == torch.float32
-    assert_within_flash_rule(out, ref_out.detach(), pt_out.detach(), name=f"out {dtype}")
-    assert_within_flash_rule(lse, ref_lse.detach(), pt_lse.detach().float(), name=f"lse {dtype}")
-    g = torch.Generator().manual_seed(2)
-    grad_out, grad_lse = torch.randn(out.shape, generator=g), torch.randn(lse.shape, generator=g)
-    ours = _grads(out, lse, low, grad_out, grad_lse)
-    theirs = _grads(pt_out, pt_lse, low, grad_out, grad_lse)
-    truth = _grads(ref_out, ref_lse, ref64, grad_out, grad_lse)
-    for name, a, b, c in zip(NAMES, ours, theirs, truth):
-        assert a.dtype == dtype
-        assert_within_flash_rule(a, c, b, grad=True, name=f"grad {name} {dtype}")
+    check_flash_rule(backend, low, make_mask(2, 70, "padding"), seed=1)
 
 
 @settings(max_examples=25, deadline=None)
@@ -59,6 +35,6 @@ def test_property_cpp_equals_the_dense_formula(B, H, M, N, D, Dv, dx, hidden, ma
     g = torch.Generator().manual_seed(seed)
     grad_out, grad_lse = torch.randn(out.shape, generator=g, dtype=out.dtype), torch.randn(lse.shape, generator=g,
                                                                                            dtype=lse.dtype)
-    for a, b in zip(_grads(out, lse, problem, grad_out, grad_lse), _grads(ref_out, ref_lse, problem, grad_out,
+    for a, b in zip(flash_rule_grads(out, lse, problem, grad_out, grad_lse), flash_rule_grads(ref_out, ref_lse, problem, grad_out,
                                                                           grad_lse)):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)

@@ -1,7 +1,8 @@
 """``ae.te_attention``: translation-equivariant attention (TE-TNP, Ashman et al. 2024), fused: the public op.
 
-The fused kernels (``attn_ext::te_attention_fwd`` / ``_bwd`` for CPU tensors) run the logits' MLP tile by tile of
-(query, key) pairs with an online softmax per head; the readable reference is :mod:`.naive`.
+The fused kernels (``attn_ext::te_attention_fwd`` / ``_bwd`` in C++ for CPU tensors, their Triton twins for CUDA
+tensors) run the logits' MLP tile by tile of (query, key) pairs with an online softmax per head; the readable
+reference is :mod:`.naive`.
 """
 from __future__ import annotations
 
@@ -52,9 +53,9 @@ def te_attention(q: Tensor, k: Tensor, v: Tensor, xq: Tensor, xk: Tensor, w1: Te
         Also return ``lse [B, H, M]``, the log-sum-exp of each row's logits (fp32; fp64 for fp64 inputs).
     chunk_size : int
         Keys per tile (0: the kernel's choice); results do not depend on it beyond rounding.
-    backend : {"cpp", "reference", "auto"}, optional
-        As for :func:`attn_ext.cross_attention`: CPU tensors run the C++ kernels; the reference (chunked PyTorch,
-        any device) is the last resort. All nine tensors get gradients of every order (the first from the fused
+    backend : {"cpp", "triton", "reference", "auto"}, optional
+        As for :func:`attn_ext.cross_attention`: CPU tensors run the C++ kernels, CUDA tensors the Triton ones; the
+        reference (chunked PyTorch, any device) is the last resort. All nine tensors get gradients of every order (the first from the fused
         backward, higher ones and forward mode through the dense formula).
 
     Examples

@@ -9,11 +9,15 @@ Public function → op → backend → kernel function::
       (attention.py)                                                (csrc/cpu/te_attention.cpp),
                                                                     attn_ext::cpu::te_attention_bwd_cpu
                                                                     (csrc/cpu/te_attention_bwd.cpp)
+                           te_attention_fwd_triton       triton     triton_fwd.te_attention_fwd_triton,
+                                                                    triton_bwd.te_attention_bwd_triton
                            te_attention_fwd_reference    reference  naive.chunked_forward, naive.chunked_backward
 
-The compiled op (CPU only: no CUDA kernel) is defined and implemented in C++ (``csrc/op_list.h``); the reference
-op takes the same schema (:func:`~attn_ext.ops.utils.schemas.op_schema`) and, like the kernels, streams the keys
-in chunks (memory independent of ``M·N``), so it also runs on CUDA tensors. ``te_attention_fwd`` returns
+The compiled op (CPU only: no CUDA kernel) is defined and implemented in C++ (``csrc/op_list.h``); the Triton and
+reference ops take the same schema (:func:`~attn_ext.ops.utils.schemas.op_schema`). The reference, like the kernels,
+streams the keys in chunks (memory independent of ``M·N``), so it also runs on any device. The Triton kernel
+modules are imported inside the Triton backend functions: Triton is an optional dependency, and it reads
+``TRITON_INTERPRET`` when a kernel is decorated (:mod:`attn_ext.ops.utils.triton`). ``te_attention_fwd`` returns
 ``(out, lse)``; ``te_attention_bwd`` the gradients of its nine tensors from the saved ``(out, lse)``. Derivatives
 beyond the first order, forward mode and ``torch.func`` go through :mod:`.composite` (the dense formula).
 """
@@ -56,6 +60,25 @@ def te_attention_bwd_reference(grad_out, grad_lse, q, k, v, xq, xk, w1, b1, w2, 
     return tuple(g.to(t.dtype) for g, t in zip(grads, inputs))
 
 
+@define_op("attn_ext::te_attention_fwd_triton")
+def te_attention_fwd_triton_op(q, k, v, xq, xk, w1, b1, w2, b2, key_padding_mask, scale, activation, chunk_size):
+    check_te_attention_args(q, k, v, xq, xk, w1, b1, w2, b2, key_padding_mask, scale, activation, chunk_size)
+    from attn_ext.ops.te_attention import triton_fwd  # optional dependency (Triton)
+
+    return triton_fwd.te_attention_fwd_triton(q, k, v, xq, xk, w1, b1, w2, b2, key_padding_mask, scale, activation,
+                                              chunk_size)
+
+
+@define_op("attn_ext::te_attention_bwd_triton")
+def te_attention_bwd_triton_op(grad_out, grad_lse, q, k, v, xq, xk, w1, b1, w2, b2, key_padding_mask, out, lse, scale,
+                               activation, chunk_size):
+    check_te_attention_args(q, k, v, xq, xk, w1, b1, w2, b2, key_padding_mask, scale, activation, chunk_size)
+    from attn_ext.ops.te_attention import triton_bwd  # optional dependency (Triton)
+
+    return triton_bwd.te_attention_bwd_triton(grad_out, grad_lse, q, k, v, xq, xk, w1, b1, w2, b2, key_padding_mask,
+                                              out, lse, scale, activation, chunk_size)
+
+
 def _fake_forward(q, k, v, xq, xk, w1, b1, w2, b2, key_padding_mask, scale, activation, chunk_size):
     B, H, M, _ = q.shape
     return q.new_empty((B, H, M, v.shape[-1])), q.new_empty((B, H, M), dtype=accumulation_dtype(q.dtype))
@@ -84,6 +107,7 @@ def _register(forward_name: str, backward_name: str) -> None:
 
 
 _register("attn_ext::te_attention_fwd_reference", "attn_ext::te_attention_bwd_reference")
+_register("attn_ext::te_attention_fwd_triton", "attn_ext::te_attention_bwd_triton")
 if extension_error() is None:
     _register("attn_ext::te_attention_fwd", "attn_ext::te_attention_bwd")
 
@@ -93,4 +117,5 @@ if extension_error() is None:
 TE_ATTENTION = declare(
     "te_attention",
     cpp=Implementation("te_attention_fwd"),
+    triton=Implementation(te_attention_fwd_triton_op),
     reference=Implementation(te_attention_fwd_reference))
