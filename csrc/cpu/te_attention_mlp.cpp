@@ -22,9 +22,7 @@ using Vec = typename simd::Vector<T, VB>::type;
 
 template <typename T, int VB>
 ATTN_EXT_ALWAYS_INLINE Vec<T, VB> splat(T x) {
-  Vec<T, VB> v;
-  for (int i = 0; i < kLanes<T, VB>; ++i) v[i] = x;
-  return v;
+  return Vec<T, VB>{} + x;  // one broadcast (a lane-by-lane fill went through the stack)
 }
 
 template <typename T, int VB>
@@ -55,36 +53,155 @@ ATTN_EXT_ALWAYS_INLINE Vec<T, VB> derivative(TeActivation a, Vec<T, VB> x) {
   return x;
 }
 
+/// One register block of te_logits: kTeUnits hidden units (pre-activations from `b`, the hoisted bias splats) over
+/// U vectors of pairs from p.
+template <typename T, int VB, int U>
+ATTN_EXT_ALWAYS_INLINE void logits_block(const TeMlp<T>& mlp, const T* w1, const T* w2, const Vec<T, VB>* b,
+                                         const T* x, T* logits, int64_t P, int64_t p) {
+  constexpr int W = kLanes<T, VB>;
+  const int64_t F = mlp.features, H = mlp.heads;
+  Vec<T, VB> a[kTeUnits][U];
+#pragma GCC unroll 4
+  for (int u = 0; u < kTeUnits; ++u) {
+#pragma GCC unroll 2
+    for (int i = 0; i < U; ++i) a[u][i] = b[u];
+  }
+  for (int64_t f = 0; f < F; ++f) {
+    Vec<T, VB> xf[U];
+#pragma GCC unroll 2
+    for (int i = 0; i < U; ++i) xf[i] = load<T, VB>(x + f * P + p + i * W);
+#pragma GCC unroll 4
+    for (int u = 0; u < kTeUnits; ++u) {
+      const Vec<T, VB> w = splat<T, VB>(w1[u * F + f]);
+#pragma GCC unroll 2
+      for (int i = 0; i < U; ++i) a[u][i] += w * xf[i];
+    }
+  }
+#pragma GCC unroll 4
+  for (int u = 0; u < kTeUnits; ++u) {
+#pragma GCC unroll 2
+    for (int i = 0; i < U; ++i) a[u][i] = activate<T, VB>(mlp.activation, a[u][i]);
+  }
+  for (int64_t h = 0; h < H; ++h) {
+#pragma GCC unroll 2
+    for (int i = 0; i < U; ++i) {
+      T* row = logits + h * P + p + i * W;
+      Vec<T, VB> l = load<T, VB>(row);
+#pragma GCC unroll 4
+      for (int u = 0; u < kTeUnits; ++u) l += w2[u * H + h] * a[u][i];
+      store<T, VB>(row, l);
+    }
+  }
+}
+
 template <typename T, int VB>
 ATTN_EXT_ALWAYS_INLINE void te_logits_impl(const TeMlp<T>& mlp, const T* x, T* logits, int64_t P) {
   constexpr int W = kLanes<T, VB>;
-  const int64_t F = mlp.features, H = mlp.heads;
+  const int64_t H = mlp.heads;
   for (int64_t h = 0; h < H; ++h) {
     const Vec<T, VB> b = splat<T, VB>(mlp.b2[h]);
     for (int64_t p = 0; p < P; p += W) store<T, VB>(logits + h * P + p, b);
   }
   for (int64_t c = 0; c < mlp.hidden; c += kTeUnits) {
-    const T* w1 = mlp.w1 + c * F;
+    const T* w1 = mlp.w1 + c * mlp.features;
     const T* w2 = mlp.w2t + c * H;
-    for (int64_t p = 0; p < P; p += W) {
-      Vec<T, VB> a0 = splat<T, VB>(mlp.b1[c]), a1 = splat<T, VB>(mlp.b1[c + 1]);
-      Vec<T, VB> a2 = splat<T, VB>(mlp.b1[c + 2]), a3 = splat<T, VB>(mlp.b1[c + 3]);
-      for (int64_t f = 0; f < F; ++f) {
-        const Vec<T, VB> xf = load<T, VB>(x + f * P + p);
-        a0 += w1[f] * xf;
-        a1 += w1[F + f] * xf;
-        a2 += w1[2 * F + f] * xf;
-        a3 += w1[3 * F + f] * xf;
-      }
-      a0 = activate<T, VB>(mlp.activation, a0);
-      a1 = activate<T, VB>(mlp.activation, a1);
-      a2 = activate<T, VB>(mlp.activation, a2);
-      a3 = activate<T, VB>(mlp.activation, a3);
-      for (int64_t h = 0; h < H; ++h) {
-        T* row = logits + h * P + p;
-        store<T, VB>(row, load<T, VB>(row) + w2[h] * a0 + w2[H + h] * a1 + w2[2 * H + h] * a2 + w2[3 * H + h] * a3);
-      }
+    Vec<T, VB> b[kTeUnits];
+    for (int u = 0; u < kTeUnits; ++u) b[u] = splat<T, VB>(mlp.b1[c + u]);
+    int64_t p = 0;
+    for (; p + 2 * W <= P; p += 2 * W) logits_block<T, VB, 2>(mlp, w1, w2, b, x, logits, P, p);
+    for (; p < P; p += W) logits_block<T, VB, 1>(mlp, w1, w2, b, x, logits, P, p);
+  }
+}
+
+/// One register block of te_logits_backward over U vectors of pairs from p: the units' pre-activations again, their
+/// gradients, the lane-wise partial sums of the weight gradients in `part` (per unit: F for w1, H for w2, 1 for b1),
+/// and dx (written by the first block of units, added to by the others).
+template <typename T, int VB, int U>
+ATTN_EXT_ALWAYS_INLINE void backward_block(const TeMlp<T>& mlp, const T* w1, const T* w2, const Vec<T, VB>* b,
+                                           const T* x, const T* dl, T* dx, int64_t P, int64_t p, bool first,
+                                           T* const* part) {
+  constexpr int W = kLanes<T, VB>;
+  const int64_t F = mlp.features, H = mlp.heads;
+  Vec<T, VB> a[kTeUnits][U], dh[kTeUnits][U];
+#pragma GCC unroll 4
+  for (int u = 0; u < kTeUnits; ++u) {
+#pragma GCC unroll 2
+    for (int i = 0; i < U; ++i) {
+      a[u][i] = b[u];
+      dh[u][i] = Vec<T, VB>{};
     }
+  }
+  for (int64_t f = 0; f < F; ++f) {
+    Vec<T, VB> xf[U];
+#pragma GCC unroll 2
+    for (int i = 0; i < U; ++i) xf[i] = load<T, VB>(x + f * P + p + i * W);
+#pragma GCC unroll 4
+    for (int u = 0; u < kTeUnits; ++u) {
+      const Vec<T, VB> w = splat<T, VB>(w1[u * F + f]);
+#pragma GCC unroll 2
+      for (int i = 0; i < U; ++i) a[u][i] += w * xf[i];
+    }
+  }
+  Vec<T, VB> hid[kTeUnits][U];  // the activations; `a` becomes their derivatives
+#pragma GCC unroll 4
+  for (int u = 0; u < kTeUnits; ++u) {
+#pragma GCC unroll 2
+    for (int i = 0; i < U; ++i) {
+      hid[u][i] = activate<T, VB>(mlp.activation, a[u][i]);
+      a[u][i] = derivative<T, VB>(mlp.activation, a[u][i]);
+    }
+  }
+  for (int64_t h = 0; h < H; ++h) {
+    Vec<T, VB> d[U];
+#pragma GCC unroll 2
+    for (int i = 0; i < U; ++i) d[i] = load<T, VB>(dl + h * P + p + i * W);
+#pragma GCC unroll 4
+    for (int u = 0; u < kTeUnits; ++u) {
+      const Vec<T, VB> w = splat<T, VB>(w2[u * H + h]);
+      Vec<T, VB> g = d[0] * hid[u][0];
+      dh[u][0] += w * d[0];
+#pragma GCC unroll 2
+      for (int i = 1; i < U; ++i) {
+        g += d[i] * hid[u][i];
+        dh[u][i] += w * d[i];
+      }
+      T* acc = part[u] + (F + h) * W;
+      store<T, VB>(acc, load<T, VB>(acc) + g);
+    }
+  }
+#pragma GCC unroll 4
+  for (int u = 0; u < kTeUnits; ++u) {
+    Vec<T, VB> g{};
+#pragma GCC unroll 2
+    for (int i = 0; i < U; ++i) {
+      dh[u][i] *= a[u][i];  // now the pre-activation's gradient
+      g += dh[u][i];
+    }
+    T* acc = part[u] + (F + H) * W;
+    store<T, VB>(acc, load<T, VB>(acc) + g);
+  }
+  for (int64_t f = 0; f < F; ++f) {
+    Vec<T, VB> xf[U], out[U];
+#pragma GCC unroll 2
+    for (int i = 0; i < U; ++i) {
+      xf[i] = load<T, VB>(x + f * P + p + i * W);
+      out[i] = first ? Vec<T, VB>{} : load<T, VB>(dx + f * P + p + i * W);
+    }
+#pragma GCC unroll 4
+    for (int u = 0; u < kTeUnits; ++u) {
+      const Vec<T, VB> w = splat<T, VB>(w1[u * F + f]);
+      Vec<T, VB> g = dh[u][0] * xf[0];
+      out[0] += w * dh[u][0];
+#pragma GCC unroll 2
+      for (int i = 1; i < U; ++i) {
+        g += dh[u][i] * xf[i];
+        out[i] += w * dh[u][i];
+      }
+      T* acc = part[u] + f * W;
+      store<T, VB>(acc, load<T, VB>(acc) + g);
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < U; ++i) store<T, VB>(dx + f * P + p + i * W, out[i]);
   }
 }
 
@@ -104,41 +221,12 @@ ATTN_EXT_ALWAYS_INLINE void te_logits_backward_impl(const TeMlp<T>& mlp, const T
     const T* w1 = mlp.w1 + c * F;
     const T* w2 = mlp.w2t + c * H;
     std::memset(scratch, 0, sizeof(T) * kTeUnits * per_unit);
-    T* part[kTeUnits] = {scratch, scratch + per_unit, scratch + 2 * per_unit, scratch + 3 * per_unit};
-    for (int64_t p = 0; p < P; p += W) {
-      Vec<T, VB> a[kTeUnits];
-      for (int u = 0; u < kTeUnits; ++u) a[u] = splat<T, VB>(mlp.b1[c + u]);
-      for (int64_t f = 0; f < F; ++f) {
-        const Vec<T, VB> xf = load<T, VB>(x + f * P + p);
-        for (int u = 0; u < kTeUnits; ++u) a[u] += w1[u * F + f] * xf;
-      }
-      Vec<T, VB> dh[kTeUnits] = {};
-      Vec<T, VB> hid[kTeUnits];
-      for (int u = 0; u < kTeUnits; ++u) hid[u] = activate<T, VB>(mlp.activation, a[u]);
-      for (int64_t h = 0; h < H; ++h) {
-        const Vec<T, VB> d = load<T, VB>(dl + h * P + p);
-        for (int u = 0; u < kTeUnits; ++u) {
-          dh[u] += w2[u * H + h] * d;
-          T* acc = part[u] + (F + h) * W;
-          store<T, VB>(acc, load<T, VB>(acc) + d * hid[u]);
-        }
-      }
-      for (int u = 0; u < kTeUnits; ++u) {
-        dh[u] *= derivative<T, VB>(mlp.activation, a[u]);  // now the pre-activation's gradient
-        T* acc = part[u] + (F + H) * W;
-        store<T, VB>(acc, load<T, VB>(acc) + dh[u]);
-      }
-      for (int64_t f = 0; f < F; ++f) {
-        const Vec<T, VB> xf = load<T, VB>(x + f * P + p);
-        Vec<T, VB> g = c == 0 ? Vec<T, VB>{} : load<T, VB>(dx + f * P + p);
-        for (int u = 0; u < kTeUnits; ++u) {
-          T* acc = part[u] + f * W;
-          store<T, VB>(acc, load<T, VB>(acc) + dh[u] * xf);
-          g += w1[u * F + f] * dh[u];
-        }
-        store<T, VB>(dx + f * P + p, g);
-      }
-    }
+    T* const part[kTeUnits] = {scratch, scratch + per_unit, scratch + 2 * per_unit, scratch + 3 * per_unit};
+    Vec<T, VB> b[kTeUnits];
+    for (int u = 0; u < kTeUnits; ++u) b[u] = splat<T, VB>(mlp.b1[c + u]);
+    int64_t p = 0;
+    for (; p + 2 * W <= P; p += 2 * W) backward_block<T, VB, 2>(mlp, w1, w2, b, x, dl, dx, P, p, c == 0, part);
+    for (; p < P; p += W) backward_block<T, VB, 1>(mlp, w1, w2, b, x, dl, dx, P, p, c == 0, part);
     for (int u = 0; u < kTeUnits; ++u) {
       for (int64_t f = 0; f < F; ++f) grads.w1[(c + u) * F + f] += lane_sum<T, VB>(load<T, VB>(part[u] + f * W));
       for (int64_t h = 0; h < H; ++h) grads.w2t[(c + u) * H + h] += lane_sum<T, VB>(load<T, VB>(part[u] + (F + h) * W));
