@@ -53,14 +53,11 @@ ATTN_EXT_ALWAYS_INLINE Vec<T, VB> derivative(TeActivation a, Vec<T, VB> x) {
   return x;
 }
 
-/// One register block of te_logits: kTeUnits hidden units (pre-activations from `b`, the hoisted bias splats) over
-/// U vectors of pairs from p.
+/// a[u][i] ← the pre-activations of unit u (bias splat b[u], weights w1 + u·F) over pair vector i from p.
 template <typename T, int VB, int U>
-ATTN_EXT_ALWAYS_INLINE void logits_block(const TeMlp<T>& mlp, const T* w1, const T* w2, const Vec<T, VB>* b,
-                                         const T* x, T* logits, int64_t P, int64_t p) {
+ATTN_EXT_ALWAYS_INLINE void preactivations(const T* w1, const Vec<T, VB>* b, const T* x, int64_t F, int64_t P,
+                                           int64_t p, Vec<T, VB> (&a)[kTeUnits][U]) {
   constexpr int W = kLanes<T, VB>;
-  const int64_t F = mlp.features, H = mlp.heads;
-  Vec<T, VB> a[kTeUnits][U];
 #pragma GCC unroll 4
   for (int u = 0; u < kTeUnits; ++u) {
 #pragma GCC unroll 2
@@ -77,6 +74,17 @@ ATTN_EXT_ALWAYS_INLINE void logits_block(const TeMlp<T>& mlp, const T* w1, const
       for (int i = 0; i < U; ++i) a[u][i] += w * xf[i];
     }
   }
+}
+
+/// One register block of te_logits: kTeUnits hidden units (pre-activations from `b`, the hoisted bias splats) over
+/// U vectors of pairs from p.
+template <typename T, int VB, int U>
+ATTN_EXT_ALWAYS_INLINE void logits_block(const TeMlp<T>& mlp, const T* w1, const T* w2, const Vec<T, VB>* b,
+                                         const T* x, T* logits, int64_t P, int64_t p) {
+  constexpr int W = kLanes<T, VB>;
+  const int64_t F = mlp.features, H = mlp.heads;
+  Vec<T, VB> a[kTeUnits][U];
+  preactivations<T, VB, U>(w1, b, x, F, P, p, a);
 #pragma GCC unroll 4
   for (int u = 0; u < kTeUnits; ++u) {
 #pragma GCC unroll 2
@@ -122,26 +130,8 @@ ATTN_EXT_ALWAYS_INLINE void backward_block(const TeMlp<T>& mlp, const T* w1, con
                                            T* const* part) {
   constexpr int W = kLanes<T, VB>;
   const int64_t F = mlp.features, H = mlp.heads;
-  Vec<T, VB> a[kTeUnits][U], dh[kTeUnits][U];
-#pragma GCC unroll 4
-  for (int u = 0; u < kTeUnits; ++u) {
-#pragma GCC unroll 2
-    for (int i = 0; i < U; ++i) {
-      a[u][i] = b[u];
-      dh[u][i] = Vec<T, VB>{};
-    }
-  }
-  for (int64_t f = 0; f < F; ++f) {
-    Vec<T, VB> xf[U];
-#pragma GCC unroll 2
-    for (int i = 0; i < U; ++i) xf[i] = load<T, VB>(x + f * P + p + i * W);
-#pragma GCC unroll 4
-    for (int u = 0; u < kTeUnits; ++u) {
-      const Vec<T, VB> w = splat<T, VB>(w1[u * F + f]);
-#pragma GCC unroll 2
-      for (int i = 0; i < U; ++i) a[u][i] += w * xf[i];
-    }
-  }
+  Vec<T, VB> a[kTeUnits][U], dh[kTeUnits][U] = {};
+  preactivations<T, VB, U>(w1, b, x, F, P, p, a);
   Vec<T, VB> hid[kTeUnits][U];  // the activations; `a` becomes their derivatives
 #pragma GCC unroll 4
   for (int u = 0; u < kTeUnits; ++u) {
