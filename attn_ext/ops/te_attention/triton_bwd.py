@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from attn_ext.ops.te_attention.triton_fwd import launch_arguments, tile_sizes
+from attn_ext.ops.te_attention.triton_fwd import NUM_WARPS, launch_arguments, tile_sizes
 from attn_ext.ops.te_attention.triton_mlp import (activate, activation_derivative, chunk_preactivations, head_slice,
                                                   tile_features, tile_logits)
 from attn_ext.ops.utils.triton import check_device, next_pow2
@@ -144,7 +144,7 @@ def te_attention_bwd_triton(grad_out, grad_lse, q, k, v, xq, xk, w1, b1, w2, b2,
         _te_bwd_kernel[(triton.cdiv(N, block_n), B)](
             q, k, values, xq, xk, *weights, mask, do, delta, lse, dq, dk, dv_buffer, dxq, dxk, *partial, *strides,
             *do.stride(), M, N, D, max(DV, 1), hidden, float(scale), ACT=int(activation), BLOCK_M=block_m,
-            BLOCK_N=block_n, BLOCK_DX=next_pow2(xq.shape[2]), **sizes)
+            BLOCK_N=block_n, BLOCK_DX=next_pow2(xq.shape[2]), num_warps=NUM_WARPS, **sizes)
     dw1, db1, dw2, db2 = (p.sum(0) for p in partial)
     grads = (dq, dk, dv, dxq, dxk, dw1, db1, dw2, db2)
     return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v, xq, xk, w1, b1, w2, b2)))

@@ -17,7 +17,7 @@ from attn_ext.ops.te_attention.triton_mlp import head_slice, tile_features, tile
 from attn_ext.ops.utils.triton import block_dim, check_device, mask_arg, next_pow2
 from attn_ext.ops.utils.triton_jit import attention_rows, valid_rows
 
-__all__ = ["te_attention_fwd_triton", "tile_sizes"]
+__all__ = ["HIDDEN_CHUNK", "NUM_WARPS", "te_attention_fwd_triton", "tile_sizes"]
 
 
 @triton.jit
@@ -70,6 +70,12 @@ def _te_fwd_kernel(Q, K, V, XQ, XK, W1, B1, W2, B2, MASK, OUT, LSE,
         tl.store(LSE + b * slb + h * slh + offs_m * slm, lse, mask=m_ok)
 
 
+#: Hidden units per chunk of ρ and warps per program: with 16 x 16 pairs, 8 units and 8 warps the sm_80 and sm_90
+#: compiles keep every tile in registers (16 units or 4 warps spilled; test_te_attention_triton_machine_code.py).
+HIDDEN_CHUNK = 8
+NUM_WARPS = 8
+
+
 def tile_sizes(M: int, N: int) -> tuple:
     """``(BLOCK_M, BLOCK_N)``: 16 x 16 pairs (``tl.dot``'s smallest tile). A chunk of ρ's pre-activations is a
     ``[BLOCK_M, BLOCK_N, 16]`` tile: at 32 x 32 it alone is 128 fp32 per thread of 4 warps, and the sm_90 compile
@@ -84,7 +90,7 @@ def launch_arguments(q, k, v, xq, xk, w1, b1, w2, b2, key_padding_mask):
     mask, smb, smn, has_mask = mask_arg(key_padding_mask, q)
     weights = [t.contiguous() for t in (w1, b1, w2, b2)]
     sizes = dict(H=H, DX=DX, HAS_MASK=has_mask, BLOCK_D=block_dim(D), BLOCK_DV=block_dim(DV), BLOCK_H=next_pow2(H),
-                 BLOCK_F=next_pow2(H + DX), BLOCK_HIDDEN=max(16, next_pow2(hidden)), HIDDEN_CHUNK=16)
+                 BLOCK_F=next_pow2(H + DX), BLOCK_HIDDEN=max(16, next_pow2(hidden)), HIDDEN_CHUNK=HIDDEN_CHUNK)
     strides = (*q.stride(), *k.stride(), *v.stride(), *xq.stride(), *xk.stride(), smb, smn)
     return weights, mask, strides, sizes, (B, H, M, N, D, DV, hidden)
 
@@ -106,5 +112,5 @@ def te_attention_fwd_triton(q, k, v, xq, xk, w1, b1, w2, b2, key_padding_mask, s
     block_m, block_n = tile_sizes(M, N)
     _te_fwd_kernel[(triton.cdiv(M, block_m), B)](
         q, k, v, xq, xk, *weights, mask, out, lse, *strides, *out.stride(), *lse.stride(), M, N, D, DV, hidden,
-        float(scale), ACT=int(activation), BLOCK_M=block_m, BLOCK_N=block_n, **sizes)
+        float(scale), ACT=int(activation), BLOCK_M=block_m, BLOCK_N=block_n, num_warps=NUM_WARPS, **sizes)
     return out, lse
