@@ -50,10 +50,10 @@ class TETNP(NeuralProcess):
     unchanged. In each layer the context tokens attend over the context and the targets attend over
     the context only, so one target's prediction never depends on another target.
 
-    Plain PyTorch, quadratic in time: the logits are an MLP of the per-head dot products and of ``x_i − x_j``,
-    which no fused op of attn_ext computes yet. A prediction under ``torch.no_grad()`` streams the context in chunks
-    (:class:`~attn_ext.nn.te_attention.TEMultiheadAttention`'s streamed path), memory linear in ``N_c + N_t``; a
-    differentiated one holds ``[B, N_c + N_t, N_c, kernel_hidden]`` activations per layer.
+    The attention is the fused op :func:`attn_ext.te_attention` (through
+    :class:`~attn_ext.nn.te_attention.TEMultiheadAttention`): its logits, an MLP of the per-head dot products and of
+    ``x_i − x_j``, are computed tile by tile and recomputed in the backward, so training and prediction alike take
+    memory linear in ``N_c + N_t``; time is quadratic in ``N_c`` (context self attention).
 
     Sizes: ``d_model`` token width, ``num_layers`` layers, ``num_heads`` heads, ``ff_dim`` feed-forward
     width, ``emb_depth`` layers of the ``y`` embedding; ``num_latents`` is unused. At the library's
