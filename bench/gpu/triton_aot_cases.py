@@ -54,6 +54,8 @@ KERNEL_TARGETS = {"_fwd_tma_kernel": ("sm_90",), "_bwd_dkdv_tma_kernel": ("sm_90
 B, H, M, N = 1, 2, 136, 136
 TREE = dict(branching=4, height=2, group_size=16)  # 21 inner nodes, 16 groups of 16 leaves
 TREE_HEADS = 4
+#: Translation-equivariant attention at TE-TNP's sizes: (heads, input dims, hidden units); head dims TE_DIMS.
+TE_SIZES, TE_DIMS = (4, 2, 64), (16, 64)
 
 
 @dataclass(frozen=True)
@@ -235,6 +237,22 @@ def _intention(dtype, d: int, dv: int) -> None:
     intention_bwd_triton(torch.ones(B, H, M, dv, dtype=dtype), q, k, v, mask, factor, weights, 1.0)
 
 
+def _te_attention(dtype, d: int) -> None:
+    from attn_ext.ops.te_attention.triton_bwd import te_attention_bwd_triton
+    from attn_ext.ops.te_attention.triton_fwd import te_attention_fwd_triton
+
+    heads, dx, hidden = TE_SIZES
+    q, k, v = (_randn(B, heads, n, d, dtype=dtype) for n in (M, N, N))
+    xq, xk = _randn(B, M, dx, dtype=dtype), _randn(B, N, dx, dtype=dtype)
+    w1, b1 = _randn(hidden, heads + dx, dtype=dtype), _randn(hidden, dtype=dtype)
+    w2, b2 = _randn(heads, hidden, dtype=dtype), _randn(heads, dtype=dtype)
+    mask = _key_mask(N)
+    te_attention_fwd_triton(q, k, v, xq, xk, w1, b1, w2, b2, mask, d ** -0.5, 0, 0)
+    te_attention_bwd_triton(torch.ones(B, heads, M, d, dtype=dtype), torch.zeros(B, heads, M), q, k, v, xq, xk, w1, b1,
+                            w2, b2, mask, torch.zeros(B, heads, M, d, dtype=dtype), torch.zeros(B, heads, M),
+                            d ** -0.5, 0, 0)
+
+
 def all_cases() -> list[Case]:
     """Every (launcher family, dtype, head dims) the check covers."""
     cases = []
@@ -268,6 +286,8 @@ def all_cases() -> list[Case]:
         for d, dv in INTENTION_DIMS:
             cases.append(Case("intention", name, f"D={d} Dv={dv}",
                               lambda dtype=dtype, d=d, dv=dv: _intention(dtype, d, dv)))
+        for d in TE_DIMS:
+            cases.append(Case("te_attention", name, f"D={d}", lambda dtype=dtype, d=d: _te_attention(dtype, d)))
     return cases
 
 

@@ -23,7 +23,7 @@ from triton_aot_target import TARGETS  # noqa: E402
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 KERNELS = {"_fwd_kernel", "_bwd_preprocess", "_bwd_dkdv", "_bwd_dq", "_merge_fwd_kernel", "_merge_bwd_kernel",
            "_tree_fwd_kernel", "_policy_grad_kernel", "_tree_bwd_kernel", "_transposed_product_kernel",
-           "_row_product_kernel", "_dkdv_kernel", "_solve_kernel"}
+           "_row_product_kernel", "_dkdv_kernel", "_solve_kernel", "_te_fwd_kernel", "_te_bwd_kernel"}
 
 
 def _case(dtype, dims):
@@ -69,13 +69,15 @@ def test_ci_scope_keeps_each_target_and_kernel():
 
 def test_cases_cover_every_dtype_and_head_dim():
     cases = all_cases()
-    assert {c.family for c in cases} == {"cross_attention", "attention", "attention_tma", "merge", "tree", "intention"}
-    for family in ("cross_attention", "attention", "merge", "tree", "intention"):
+    assert {c.family for c in cases} == {"cross_attention", "attention", "attention_tma", "merge", "tree", "intention",
+                                         "te_attention"}
+    for family in ("cross_attention", "attention", "merge", "tree", "intention", "te_attention"):
         assert {c.dtype for c in cases if c.family == family} == {"fp32", "fp16", "bf16"}
     # The Hopper TMA forward takes the 16-bit types only, at the head dims of the machine-code criteria.
     assert {(c.dtype, c.dims) for c in cases if c.family == "attention_tma"} == {
         (dtype, f"D={d}{variant}") for dtype in ("fp16", "bf16") for d in (64, 128)
         for variant in ("", " N=256", " causal")}
+    assert {c.dims for c in cases if c.family == "te_attention"} == {"D=16", "D=64"}
     head_dims = {c.dims for c in cases if c.family == "cross_attention"}
     assert head_dims == {f"D={d}" for d in (16, 40, 64, 128, 256)}
     attention_dims = {c.dims for c in cases if c.family == "attention"}
