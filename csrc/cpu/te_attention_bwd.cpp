@@ -18,14 +18,13 @@ namespace attn_ext::cpu {
 namespace {
 
 /// Per-thread sums: dq [B·H·M·D], dxq [B·M·dx] and the weight gradients in TeMlp's layout.
-template <typename T>
 struct ThreadSums {
   at::Tensor dq, dxq, dw1, db1, dw2t, db2;  // each [threads, ...]
 };
 
 template <typename T>
 void te_backward(const TeProblem<T>& pr, int64_t tile_keys, const T* grad_out, const T* delta, const T* lse,
-                 ThreadSums<T>& sums, T* dk, T* dv, T* dxk) {
+                 ThreadSums& sums, T* dk, T* dv, T* dxk) {
   const int64_t H = pr.H, M = pr.M, N = pr.N, D = pr.D, Dv = pr.Dv, dx = pr.dx, F = pr.mlp.features;
   const int64_t hp = pr.mlp.hidden;
   const int64_t mt_max = std::min(kTeTileQueries, std::max<int64_t>(M, 1)), tn_max = std::min(tile_keys, N);
@@ -130,7 +129,7 @@ te_attention_bwd_cpu(const at::Tensor& grad_out, const at::Tensor& grad_lse, con
   at::Tensor dq, dxq, dw1, db1, dw2t, db2;
   auto run = [&](auto zero) {
     using T = decltype(zero);
-    ThreadSums<T> sums{at::zeros({threads, s.B, s.H, s.M, s.D}, options), at::zeros({threads, s.B, s.M, s.dx}, options),
+    ThreadSums sums{at::zeros({threads, s.B, s.H, s.M, s.D}, options), at::zeros({threads, s.B, s.M, s.dx}, options),
                        at::zeros({threads, hp, F}, options), at::zeros({threads, hp}, options),
                        at::zeros({threads, hp, s.H}, options), at::zeros({threads, s.H}, options)};
     te_backward(TeProblem<T>(in), in.tile_keys, dO.data_ptr<T>(), delta.data_ptr<T>(), lse_c.data_ptr<T>(), sums,
