@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 from attn_ext.ops.te_attention import te_attention
+from attn_ext.ops.te_attention.naive import pair_features
 
 
 class TEMultiheadAttention(nn.Module):
@@ -100,9 +101,8 @@ class TEMultiheadAttention(nn.Module):
                                second.weight, second.bias, scale=self.head_dim ** -0.5, activation="relu")
             result = self.to_out(out[..., :self.head_dim].transpose(1, 2).reshape(b, m, self.dim))
             return (result, out[..., self.head_dim:].mean(1)) if return_mean_inputs else result
-        dots = torch.einsum("bmhd,bnhd->bmnh", q, k) * self.head_dim ** -0.5
-        diff = xq.unsqueeze(2) - xk.unsqueeze(1)                                 # [B, M, N, dim_x]
-        logits = self.kernel(torch.cat([dots, diff], -1))                       # [B, M, N, H]
+        features = pair_features(q.transpose(1, 2), k.transpose(1, 2), xq, xk, self.head_dim ** -0.5)
+        logits = self.kernel(features)                                           # [B, M, N, H]
         weights = torch.softmax(logits, dim=2)
         out = self.to_out(torch.einsum("bmnh,bnhd->bmhd", weights, v).reshape(b, m, self.dim))
         return out, weights.mean(-1)

@@ -23,7 +23,8 @@ from typing import Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-__all__ = ["ACTIVATIONS", "ACTIVATION_NAMES", "activation_derivative", "chunked_backward", "chunked_forward", "default_scale", "dense", "logits"]
+__all__ = ["ACTIVATIONS", "ACTIVATION_NAMES", "activation_derivative", "chunked_backward", "chunked_forward",
+           "default_scale", "dense", "logits", "pair_features"]
 
 #: The MLP's activation by name.
 ACTIVATIONS = {"relu": torch.relu, "gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu,
@@ -37,12 +38,17 @@ def default_scale(head_dim: int) -> float:
     return head_dim ** -0.5 if head_dim > 0 else 1.0
 
 
+def pair_features(q: Tensor, k: Tensor, xq: Tensor, xk: Tensor, scale: float) -> Tensor:
+    """``[B, M, N, H + dx]``: ρ's inputs for every (query, key) pair, every head's scaled dot product, then
+    ``xq_i − xk_j`` (the difference formed before any product)."""
+    dots = torch.einsum("bhmd,bhnd->bmnh", q, k) * scale                  # [B, M, N, H]
+    return torch.cat([dots, xq[:, :, None, :] - xk[:, None, :, :]], -1)
+
+
 def logits(q: Tensor, k: Tensor, xq: Tensor, xk: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor, scale: float,
            activation: str = "relu") -> Tensor:
     """``[B, H, M, N]``: the MLP's logits of every (query, key) pair of ``q`` and ``k`` (any N: a chunk's keys)."""
-    dots = torch.einsum("bhmd,bhnd->bmnh", q, k) * scale                  # [B, M, N, H]
-    diff = xq[:, :, None, :] - xk[:, None, :, :]                           # [B, M, N, dx]
-    hidden = ACTIVATIONS[activation](torch.cat([dots, diff], -1) @ w1.transpose(0, 1) + b1)
+    hidden = ACTIVATIONS[activation](pair_features(q, k, xq, xk, scale) @ w1.transpose(0, 1) + b1)
     return (hidden @ w2.transpose(0, 1) + b2).permute(0, 3, 1, 2)          # [B, H, M, N]
 
 
@@ -140,8 +146,7 @@ def chunked_backward(grad_out, grad_lse, q, k, v, xq, xk, w1, b1, w2, b2, key_pa
     for n0, n1 in _chunks(k.shape[2], chunk_size):
         mask = None if key_padding_mask is None else key_padding_mask[:, n0:n1]
         k_c, v_c, xk_c = _without_padded(k[:, :, n0:n1], v[:, :, n0:n1], xk[:, n0:n1], mask)
-        dots = torch.einsum("bhmd,bhnd->bmnh", q, k_c) * scale
-        features = torch.cat([dots, xq[:, :, None, :] - xk_c[:, None, :, :]], -1)   # [B, M, n, H + dx]
+        features = pair_features(q, k_c, xq, xk_c, scale)                        # [B, M, n, H + dx]
         pre = features @ w1.transpose(0, 1) + b1
         hidden = ACTIVATIONS[activation](pre)
         s = (hidden @ w2.transpose(0, 1) + b2).permute(0, 3, 1, 2)                 # [B, H, M, n]
